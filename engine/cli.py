@@ -1,0 +1,178 @@
+"""`ebb-engine`: the engine from a terminal (no display needed).
+
+Every problem a user can fix prints one line on stderr and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.errors import EbbError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_fetch_model(args: argparse.Namespace) -> int:
+    from engine.models import fetch_default_model
+
+    path = fetch_default_model()
+    print(path)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from engine.gguf_info import inspect_files
+    from engine.models import existing_file, resolve_model_path
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else None
+    result = inspect_files(model, mmproj)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    m = result.model
+    print(f"model        {m.path}")
+    print(f"architecture {m.architecture} ({m.name})")
+    print(f"layers       {m.n_layers}   n_embd {m.n_embd}   heads {m.n_head}   "
+          f"context {m.n_ctx_train}")
+    print(f"tensor bytes {_fmt_bytes(m.tensor_bytes)} (file {_fmt_bytes(m.file_bytes)})")
+    print(f"layers       {_fmt_bytes(sum(m.layer_bytes))} in all, "
+          f"{_fmt_bytes(min(m.layer_bytes, default=0))}–{_fmt_bytes(max(m.layer_bytes, default=0))} each")
+    print(f"outside      {_fmt_bytes(m.non_layer_bytes)}: " + ", ".join(
+        f"{k} {_fmt_bytes(v)}" for k, v in m.non_layer_tensors.items()))
+    print(f"KV cache     {m.kv_bytes_per_token} B/token "
+          f"({m.kv_bytes_per_token_per_layer[0] if m.kv_bytes_per_token_per_layer else 0} B/token/layer, f16)")
+    p = result.projector
+    if p:
+        print(f"projector    {p.path}{'  [synthetic: random weights]' if p.synthetic else ''}")
+        print(f"             type {p.projector_type}, {p.n_layers} blocks, width {p.n_embd}, "
+              f"image {p.image_size}px → {p.n_image_tokens} tokens of width {p.output_width}")
+        print(f"             weights {_fmt_bytes(p.weight_bytes)}; compute buffer ≈ "
+              f"{_fmt_bytes(p.compute_buffer_bytes_estimate)} "
+              f"({_fmt_bytes(p.compute_buffer_bytes_estimate_flash_attn)} with flash attention)")
+    return 0
+
+
+def cmd_make_projector(args: argparse.Namespace) -> int:
+    from engine.gguf_info import model_info, read_gguf
+    from engine.models import resolve_model_path
+    from engine.projector_gen import write_projector
+
+    model = model_info(read_gguf(resolve_model_path(args.for_model)))
+    out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed)
+    print(f"wrote {out} ({_fmt_bytes(out.stat().st_size)}, {args.size}, seed {args.seed}, "
+          f"output width {model.n_embd}; synthetic: random weights)")
+    return 0
+
+
+def _install_sigint(cancel: threading.Event) -> None:
+    """First Ctrl-C asks the generation to stop between tokens; a second one aborts."""
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+    signal.signal(signal.SIGINT, handler)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from engine.models import resolve_model_path
+    from engine.runtime import GenParams, LoadParams, TextRuntime
+
+    if args.max_tokens <= 0:
+        raise EbbError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.threads is not None and args.threads <= 0:
+        raise EbbError(f"--threads must be positive, got {args.threads}")
+    model_path = resolve_model_path(args.model)
+    cancel = threading.Event()
+    _install_sigint(cancel)
+    params = LoadParams(model_path=model_path, n_ctx=args.ctx, n_threads=args.threads)
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages.append({"role": "user", "content": args.prompt})
+    gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+    on_text: Callable[[str], None] | None = None
+    if not args.json:
+        on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
+    with TextRuntime(params) as rt:
+        result = rt.generate(messages, gp, on_text=on_text, cancel=cancel)
+        result.extra.update(model=str(model_path), n_threads=rt.n_threads, n_ctx=rt.n_ctx,
+                            load_s=round(rt.load_s, 3))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print()
+        print(f"[{result.n_gen_tokens} tokens, {result.gen_tokens_per_s:.1f} tok/s, "
+              f"prompt {result.n_prompt_tokens} tokens in {result.prompt_s:.2f}s, "
+              f"stop: {result.stop_reason}]", file=sys.stderr)
+    return EXIT_INTERRUPTED if result.stop_reason == "cancelled" else 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ebb-engine", description="Ebb's engine, headless.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("chat", help="chat with a model from the terminal")
+    p.add_argument("--model", default="default", help="GGUF path, or 'default' (SmolLM2-135M)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--system", default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")
+    p.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table")
+    p.add_argument("model", help="GGUF path, or 'default'")
+    p.add_argument("--mmproj", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("make-projector", help="write a synthetic vision projector (random weights)")
+    p.add_argument("--for", dest="for_model", required=True, help="the model it should fit")
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", choices=["tiny", "base", "large"], default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_make_projector)
+
+    p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)")
+    p.set_defaults(func=cmd_fetch_model)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except EbbError as exc:
+        print(f"ebb-engine: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("ebb-engine: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""The one exception the engine raises for problems a user can fix."""
+from __future__ import annotations
+
+
+class EbbError(Exception):
+    """A problem the user can act on: `what` went wrong, and `fix` says what to do.
+
+    The CLI prints it as one line on stderr and exits with code 2; the window shows it inline.
+    """
+
+    def __init__(self, what: str, fix: str = "") -> None:
+        super().__init__(what)
+        self.what = what
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.what}; {self.fix}" if self.fix else self.what

@@ -1,0 +1,265 @@
+"""Read a GGUF's metadata and tensor table (with the `gguf` package) into plain data.
+
+Pure data out; no llama.cpp. Any thread may call it.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import EbbError
+
+GGUF_MAGIC = b"GGUF"
+KV_CACHE_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is f16
+_LAYER_RE = re.compile(r"^(?:blk|v\.blk)\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # ggml order: ne[0] is the row length
+    n_bytes: int
+    data_offset: int
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    path: Path
+    file_bytes: int
+    metadata: dict[str, Any]
+    tensors: tuple[TensorEntry, ...]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def tensor(self, name: str) -> TensorEntry | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+
+def _field_value(field: Any) -> Any:
+    value = field.contents()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def read_gguf(path: Path) -> GGUFFile:
+    """Parse header and tensor table; raise EbbError for anything that is not a whole GGUF."""
+    from gguf import GGUFReader  # import here: gguf pulls numpy and is slow to import
+
+    path = Path(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise EbbError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+                       "pass a .gguf model file (llama.cpp format)")
+    file_bytes = path.stat().st_size
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as exc:  # the reader raises many kinds for a damaged file
+        raise EbbError(f"{path} is a damaged or truncated GGUF file ({type(exc).__name__}: {exc})",
+                       "download the file again") from None
+    tensors = tuple(
+        TensorEntry(t.name, t.tensor_type.name, tuple(int(x) for x in t.shape), int(t.n_bytes),
+                    int(t.data_offset))
+        for t in reader.tensors
+    )
+    end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
+    if end > file_bytes:
+        raise EbbError(f"{path} is truncated: its tensors need {end} bytes, the file has {file_bytes}",
+                       "download the file again")
+    metadata = {}
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or len(fld.data) > 4096:  # skip vocabularies and merges
+            continue
+        try:
+            metadata[name] = _field_value(fld)
+        except Exception:  # an exotic field type we do not need
+            continue
+    return GGUFFile(path, file_bytes, metadata, tensors)
+
+
+# ---------------------------------------------------------------- language model
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    architecture: str
+    name: str
+    n_layers: int
+    n_embd: int
+    n_head: int
+    n_head_kv: list[int]
+    n_ctx_train: int
+    file_bytes: int
+    tensor_bytes: int
+    layer_bytes: list[int]
+    non_layer_bytes: int
+    non_layer_tensors: dict[str, int]
+    kv_bytes_per_token_per_layer: list[int]
+    kv_bytes_per_token: int
+    has_chat_template: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _per_layer(value: Any, n_layers: int, default: int) -> list[int]:
+    if value is None:
+        return [default] * n_layers
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)] * n_layers
+
+
+def model_info(gf: GGUFFile) -> ModelInfo:
+    arch = gf.architecture
+    md = gf.metadata
+    n_layers = int(md.get(f"{arch}.block_count", 0))
+    n_embd = int(md.get(f"{arch}.embedding_length", 0))
+    head_raw = md.get(f"{arch}.attention.head_count", 0)
+    n_head = int(max(head_raw) if isinstance(head_raw, list) else head_raw)
+    heads = _per_layer(head_raw, n_layers, 0)
+    heads_kv = _per_layer(md.get(f"{arch}.attention.head_count_kv"), n_layers, 0)
+    heads_kv = [kv if kv or not h else h for kv, h in zip(heads_kv, heads)]
+    head_dim = n_embd // n_head if n_head else 0
+    k_len = int(md.get(f"{arch}.attention.key_length", head_dim))
+    v_len = int(md.get(f"{arch}.attention.value_length", head_dim))
+    kv_per_layer = [kv * (k_len + v_len) * KV_CACHE_BYTES_PER_ELEMENT for kv in heads_kv]
+    layer_bytes = [0] * n_layers
+    non_layer: dict[str, int] = {}
+    for t in gf.tensors:
+        m = _LAYER_RE.match(t.name)
+        if m and int(m.group(1)) < n_layers:
+            layer_bytes[int(m.group(1))] += t.n_bytes
+        else:
+            non_layer[t.name] = t.n_bytes
+    return ModelInfo(
+        path=str(gf.path), architecture=arch, name=str(md.get("general.name", gf.path.stem)),
+        n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=heads_kv,
+        n_ctx_train=int(md.get(f"{arch}.context_length", 0)),
+        file_bytes=gf.file_bytes, tensor_bytes=gf.tensor_bytes, layer_bytes=layer_bytes,
+        non_layer_bytes=sum(non_layer.values()), non_layer_tensors=non_layer,
+        kv_bytes_per_token_per_layer=kv_per_layer, kv_bytes_per_token=sum(kv_per_layer),
+        has_chat_template="tokenizer.chat_template" in md,
+    )
+
+
+# ---------------------------------------------------------------- vision projector
+
+
+@dataclass(frozen=True)
+class ProjectorInfo:
+    path: str
+    projector_type: str
+    synthetic: bool
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_layers: int
+    n_image_tokens: int
+    output_width: int
+    weight_bytes: int
+    compute_buffer_bytes_estimate: int
+    compute_buffer_bytes_estimate_flash_attn: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _projector_output_width(gf: GGUFFile) -> int:
+    for name in ("mm.2.weight", "mm.model.fc.weight", "mm.input_projection.weight"):
+        t = gf.tensor(name)
+        if t is not None and len(t.shape) >= 2:
+            # A matmul weight's ne[1] is its output width (input_projection is stored transposed).
+            return t.shape[0] if name == "mm.input_projection.weight" else t.shape[1]
+    return int(gf.metadata.get("clip.vision.projection_dim", 0))
+
+
+def estimate_compute_buffer_bytes(n_pos: int, n_embd: int, n_ff: int, n_head: int,
+                                  image_size: int, flash_attn: bool) -> int:
+    """Peak of a ViT encoder graph in ggml's allocator (f32 activations), roughly.
+
+    Live at the attention peak: the residual stream, Q, K, V, and the n_head x n_pos x n_pos
+    score matrix twice (scores and softmax) unless flash attention is on. At the FFN peak:
+    the residual plus the up-projection and its activation. Plus the raw image in f32.
+    """
+    f32 = 4
+    stream = n_pos * n_embd * f32
+    scores = 0 if flash_attn else 2 * n_head * n_pos * n_pos * f32
+    attention_peak = 5 * stream + scores
+    ffn_peak = 2 * stream + 2 * n_pos * n_ff * f32
+    image = 3 * image_size * image_size * f32
+    return max(attention_peak, ffn_peak) + image
+
+
+def projector_info(gf: GGUFFile) -> ProjectorInfo:
+    md = gf.metadata
+    if gf.architecture != "clip" or not md.get("clip.has_vision_encoder", False):
+        raise EbbError(f"{gf.path} is not a vision projector (architecture "
+                       f"'{gf.architecture}', no clip vision encoder)",
+                       "pass the mmproj .gguf that belongs to the model")
+    image_size = int(md.get("clip.vision.image_size", 0))
+    patch_size = int(md.get("clip.vision.patch_size", 1)) or 1
+    n_embd = int(md.get("clip.vision.embedding_length", 0))
+    n_ff = int(md.get("clip.vision.feed_forward_length", 0))
+    n_head = int(md.get("clip.vision.attention.head_count", 1))
+    n_pos = (image_size // patch_size) ** 2 + (1 if gf.tensor("v.class_embd") else 0)
+    kw = dict(n_pos=n_pos, n_embd=n_embd, n_ff=n_ff, n_head=n_head, image_size=image_size)
+    return ProjectorInfo(
+        path=str(gf.path), projector_type=str(md.get("clip.projector_type", "unknown")),
+        synthetic=bool(md.get("ebb.synthetic", False)), image_size=image_size,
+        patch_size=patch_size, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+        n_layers=int(md.get("clip.vision.block_count", 0)),
+        n_image_tokens=(image_size // patch_size) ** 2,
+        output_width=_projector_output_width(gf), weight_bytes=gf.tensor_bytes,
+        compute_buffer_bytes_estimate=estimate_compute_buffer_bytes(flash_attn=False, **kw),
+        compute_buffer_bytes_estimate_flash_attn=estimate_compute_buffer_bytes(flash_attn=True, **kw),
+    )
+
+
+def check_projector_matches(model: ModelInfo, proj: ProjectorInfo) -> None:
+    """Raise EbbError when the projector's output width differs from the model's n_embd."""
+    if proj.output_width and proj.output_width != model.n_embd:
+        raise EbbError(
+            f"projector {Path(proj.path).name} outputs width {proj.output_width} but model "
+            f"{Path(model.path).name} has n_embd {model.n_embd}: they do not belong together",
+            "use the mmproj file made for this model (or `ebb-engine make-projector --for MODEL`)")
+
+
+@dataclass(frozen=True)
+class Inspection:
+    model: ModelInfo
+    projector: ProjectorInfo | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(),
+                "projector": self.projector.to_dict() if self.projector else None,
+                "notes": self.notes}
+
+
+def inspect_files(model_path: Path, mmproj_path: Path | None = None) -> Inspection:
+    gf = read_gguf(model_path)
+    if gf.architecture == "clip":
+        raise EbbError(f"{model_path} is a vision projector, not a language model",
+                       "pass it with --mmproj and give the language model first")
+    model = model_info(gf)
+    proj = None
+    if mmproj_path is not None:
+        proj = projector_info(read_gguf(mmproj_path))
+        check_projector_matches(model, proj)
+    return Inspection(model, proj)

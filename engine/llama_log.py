@@ -1,0 +1,75 @@
+"""Capture llama.cpp / ggml log lines so a failed load can say *why* in one line.
+
+llama.cpp reports most load errors only through its log (the load call just returns NULL).
+We keep the recent lines in a ring buffer, forward them to Python logging at DEBUG, and echo
+them to stderr when EBB_LLAMA_VERBOSE=1. Installed once per process; the callback may run on
+any thread that calls into llama.cpp.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger("ebb.llama")
+
+_LEVEL_ERROR = 3
+_LEVEL_CONT = 5
+_lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=400)
+_lock = threading.Lock()
+_partial: list[str] = []
+_partial_level = [1]
+_callback: Any = None  # keep the ctypes callback alive for the process
+
+
+def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    s = text.decode("utf-8", errors="replace") if text else ""
+    with _lock:
+        if level != _LEVEL_CONT:
+            _partial_level[0] = level
+        _partial.append(s)
+        if not s.endswith("\n"):
+            return
+        line = "".join(_partial).rstrip("\n")
+        _partial.clear()
+        _lines.append((_partial_level[0], line))
+    log.debug("%s", line)
+    if os.environ.get("EBB_LLAMA_VERBOSE") == "1":
+        print(line, file=sys.stderr, flush=True)
+
+
+def install() -> None:
+    """Route llama.cpp and ggml logging through us (idempotent)."""
+    global _callback
+    if _callback is not None:
+        return
+    import llama_cpp
+
+    _callback = llama_cpp.llama_log_callback(_on_log)
+    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def recent(n: int = 50) -> list[tuple[int, str]]:
+    with _lock:
+        return list(_lines)[-n:]
+
+
+def clear() -> None:
+    with _lock:
+        _lines.clear()
+
+
+def last_error(default: str = "") -> str:
+    """The most telling recent error line, without llama.cpp's function-name prefix."""
+    errors = [line for level, line in recent(80) if level == _LEVEL_ERROR and line.strip()]
+    if not errors:
+        return default
+    # Prefer the root cause: llama.cpp logs "error loading model: <cause>" before the summary.
+    for line in errors:
+        if "error loading model" in line:
+            return line.split("error loading model:", 1)[-1].strip()
+    return errors[0].split(": ", 1)[-1].strip()

