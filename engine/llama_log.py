@@ -53,6 +53,12 @@ def install() -> None:
     llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
+def callback() -> Any:
+    """The installed ctypes log callback (for mtmd's own log setters)."""
+    install()
+    return _callback
+
+
 def recent(n: int = 50) -> list[tuple[int, str]]:
     with _lock:
         return list(_lines)[-n:]
@@ -65,11 +71,14 @@ def clear() -> None:
 
 def last_error(default: str = "") -> str:
     """The most telling recent error line, without llama.cpp's function-name prefix."""
-    errors = [line for level, line in recent(80) if level == _LEVEL_ERROR and line.strip()]
+    lines = recent(120)
+    # The root cause comes first: "llama_model_load: error loading model: <cause>".
+    for _level, line in lines:
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[-1].strip()
+    errors = [line for level, line in lines
+              if (level == _LEVEL_ERROR or "error" in line.lower() or "failed" in line.lower())
+              and line.strip()]
     if not errors:
         return default
-    # Prefer the root cause: llama.cpp logs "error loading model: <cause>" before the summary.
-    for line in errors:
-        if "error loading model" in line:
-            return line.split("error loading model:", 1)[-1].strip()
     return errors[0].split(": ", 1)[-1].strip()

@@ -111,7 +111,7 @@ def detect_backend() -> tuple[str, list[str], str]:
             return "cuda-rpc", ["-DGGML_CUDA=on", "-DGGML_RPC=on"], "nvcc works and an NVIDIA driver is present"
         else:
             say("nvcc found but it cannot compile a test program: building for CPU")
-    return "cpu-rpc", ["-DGGML_RPC=on"], "no GPU toolchain detected"
+    return "cpu-rpc", ["-DGGML_RPC=on"], "no usable GPU toolchain"
 
 
 # ---------------------------------------------------------------- llama-cpp-python wheel

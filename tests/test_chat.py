@@ -1,0 +1,92 @@
+"""Headless chat with the real SmolLM2 model through real llama.cpp."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+
+from engine.runtime import GenParams
+from tests.conftest import run_cli
+
+QUESTION = "What is the capital of France? Answer in one word."
+
+
+def test_cli_answers_paris_at_temperature_zero():
+    proc = run_cli("chat", "--prompt", QUESTION, "--temp", "0", "--json", "--threads", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "paris" in out["text"].lower()
+    for key in ("text", "n_prompt_tokens", "n_gen_tokens", "prompt_s", "gen_s",
+                "gen_tokens_per_s", "stop_reason"):
+        assert key in out
+    assert out["stop_reason"] == "stop"
+    assert out["n_prompt_tokens"] > 10 and out["n_gen_tokens"] > 0
+
+
+def test_two_greedy_cli_runs_give_identical_text():
+    args = ("chat", "--prompt", "Name three colours.", "--temp", "0", "--max-tokens", "40",
+            "--json", "--threads", "2")
+    a, b = run_cli(*args), run_cli(*args)
+    assert a.returncode == b.returncode == 0, a.stderr + b.stderr
+    assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]
+
+
+def test_cli_streams_text_to_stdout():
+    proc = run_cli("chat", "--prompt", QUESTION, "--temp", "0", "--threads", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "tok/s" in proc.stderr
+
+
+def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
+    msgs = [{"role": "user", "content": "Tell me a short story about a cat."}]
+    pieces: list[str] = []
+    gp = GenParams(max_tokens=30, temperature=0.9, seed=42)
+    r1 = text_runtime.generate(msgs, gp, on_text=pieces.append)
+    assert "".join(pieces) == r1.text and r1.n_gen_tokens == 30 and r1.stop_reason == "length"
+    r2 = text_runtime.generate(msgs, gp)
+    assert r2.text == r1.text
+    r3 = text_runtime.generate(msgs, GenParams(max_tokens=30, temperature=0.9, seed=43))
+    assert r3.text != r1.text
+
+
+def test_prefix_reuse_evaluates_only_new_tokens(text_runtime):
+    msgs = [{"role": "user", "content": "Hello there, who are you?"}]
+    text_runtime.reset()
+    first = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
+    again = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
+    assert first.n_prompt_tokens_evaluated == first.n_prompt_tokens
+    assert again.n_prompt_tokens_evaluated == 1
+    assert again.text == first.text
+
+
+def test_cancel_stops_between_tokens(text_runtime):
+    cancel = threading.Event()
+    seen: list[str] = []
+
+    def on_text(piece: str) -> None:
+        seen.append(piece)
+        if len(seen) == 3:
+            cancel.set()
+
+    r = text_runtime.generate([{"role": "user", "content": "Count to one hundred."}],
+                              GenParams(max_tokens=200, temperature=0), on_text=on_text,
+                              cancel=cancel)
+    assert r.stop_reason == "cancelled"
+    assert 3 <= r.n_gen_tokens < 10
+
+
+def test_ctrl_c_stops_cleanly_with_partial_result():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "chat", "--prompt", "Count from 1 to 500, one per line.",
+         "--temp", "0", "--max-tokens", "2000", "--threads", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.read(20)  # wait until tokens stream
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    assert "stop: cancelled" in err

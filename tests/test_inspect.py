@@ -1,0 +1,63 @@
+"""Inspection numbers against the file's own tensor table (read independently here)."""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+
+from gguf import GGUFReader
+
+from tests.conftest import run_cli
+
+
+def _table(path):
+    reader = GGUFReader(path, "r")
+    return {t.name: int(t.n_bytes) for t in reader.tensors}, reader
+
+
+def test_inspect_default_matches_tensor_table(model_path):
+    proc = run_cli("inspect", "default", "--json")
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(proc.stdout)["model"]
+    table, reader = _table(model_path)
+    per_layer = defaultdict(int)
+    outside = {}
+    for name, n in table.items():
+        hit = re.match(r"blk\.(\d+)\.", name)
+        if hit:
+            per_layer[int(hit.group(1))] += n
+        else:
+            outside[name] = n
+    assert m["architecture"] == "llama"
+    assert m["n_layers"] == 30 == len(per_layer)
+    assert m["layer_bytes"] == [per_layer[i] for i in range(30)]
+    assert m["non_layer_tensors"] == outside
+    assert sum(m["layer_bytes"]) + m["non_layer_bytes"] == m["tensor_bytes"] == sum(table.values())
+    # The tensor data sits at the end of the file: header + data (+ alignment) = file size.
+    data_start = min(int(t.data_offset) for t in reader.tensors)
+    assert m["file_bytes"] - data_start - m["tensor_bytes"] < 32 * len(table)
+    # KV cache: 3 KV heads x (64 + 64) dims x 2 bytes (f16) per layer per token.
+    assert m["n_embd"] == 576 and m["n_head"] == 9 and m["n_head_kv"] == [3] * 30
+    assert m["kv_bytes_per_token_per_layer"] == [3 * 128 * 2] * 30
+    assert m["kv_bytes_per_token"] == 30 * 768
+    assert m["n_ctx_train"] == 8192
+
+
+def test_inspect_projector_matches_tensor_table(tiny_projector):
+    proc = run_cli("inspect", "default", "--mmproj", str(tiny_projector), "--json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)["projector"]
+    table, _ = _table(tiny_projector)
+    assert p["weight_bytes"] == sum(table.values())
+    assert p["synthetic"] is True
+    assert p["projector_type"] == "mlp"
+    assert p["output_width"] == 576
+    assert p["n_image_tokens"] == (28 // 14) ** 2
+    assert 0 < p["compute_buffer_bytes_estimate_flash_attn"] <= p["compute_buffer_bytes_estimate"]
+
+
+def test_inspect_human_output_names_the_parts():
+    proc = run_cli("inspect", "default")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("architecture llama", "layers", "token_embd.weight", "KV cache"):
+        assert word in proc.stdout
