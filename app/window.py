@@ -9,7 +9,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QMetaObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit, QProgressBar,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
@@ -24,7 +24,6 @@ REDRAW_MS = 50
 class MainWindow(QMainWindow):
     request_load = Signal(object)
     request_generate = Signal(int, object, object)
-    request_shutdown = Signal()
 
     def __init__(self, load_params: LoadParams | None) -> None:
         super().__init__()
@@ -34,6 +33,7 @@ class MainWindow(QMainWindow):
         self._reply_parts: list[str] = []
         self._request_id = 0
         self._busy = False
+        self.gen_params = GenParams()
         self._build_ui()
         self._thread = QThread(self)
         self._thread.setObjectName("EngineWorker")
@@ -42,7 +42,6 @@ class MainWindow(QMainWindow):
         self._worker.event.connect(self._on_event)
         self.request_load.connect(self._worker.load)
         self.request_generate.connect(self._worker.generate)
-        self.request_shutdown.connect(self._worker.shutdown)
         self._thread.finished.connect(self._worker.deleteLater)
         self._thread.start()
         self._redraw = QTimer(self, interval=REDRAW_MS)
@@ -108,7 +107,7 @@ class MainWindow(QMainWindow):
         self._reply_parts = []
         self._set_busy(True)
         history = [{"role": m["role"], "content": m["content"]} for m in self._messages]
-        self.request_generate.emit(self._request_id, history, GenParams())
+        self.request_generate.emit(self._request_id, history, self.gen_params)
         self._render()
 
     @Slot()
@@ -171,7 +170,8 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._worker.cancel()
-        self.request_shutdown.emit()
+        # Runs on the worker thread after the (now cancelled) current job: it frees llama.cpp.
+        QMetaObject.invokeMethod(self._worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()
         self._thread.wait(10_000)
         super().closeEvent(event)

@@ -1,0 +1,22 @@
+"""House rules a tool can check: the engine never imports Qt (import-linter contract)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_linter_contracts_hold():
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+def test_engine_runs_without_qt_loaded():
+    code = ("import sys, engine.cli, engine.runtime, engine.gguf_info, engine.projector_gen, "
+            "engine.projector_runtime, engine.images, engine.events; "
+            "sys.exit(1 if any(m.startswith(('PySide6', 'pyqtgraph', 'app')) for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
