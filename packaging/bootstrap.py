@@ -103,15 +103,16 @@ def detect_backend() -> tuple[str, list[str], str]:
         return f"custom-{digest}", user_args, "your CMAKE_ARGS/GGML_* settings"
     if sys.platform == "darwin":
         return "metal-rpc", ["-DGGML_METAL=on", "-DGGML_RPC=on"], "macOS"
+    why = "no nvcc found"
     if shutil.which("nvcc"):
         if not _nvidia_driver_present():
-            say("nvcc found but no NVIDIA driver: building for CPU "
-                "(set CMAKE_ARGS=-DGGML_CUDA=on to force a CUDA build)")
+            why = ("nvcc found but no NVIDIA driver, so a CUDA build could not run here; "
+                   "set CMAKE_ARGS=-DGGML_CUDA=on to force one")
         elif _nvcc_works():
             return "cuda-rpc", ["-DGGML_CUDA=on", "-DGGML_RPC=on"], "nvcc works and an NVIDIA driver is present"
         else:
-            say("nvcc found but it cannot compile a test program: building for CPU")
-    return "cpu-rpc", ["-DGGML_RPC=on"], "no usable GPU toolchain"
+            why = "nvcc found but it cannot compile a test program"
+    return "cpu-rpc", ["-DGGML_RPC=on"], why
 
 
 # ---------------------------------------------------------------- llama-cpp-python wheel
