@@ -13,17 +13,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EbbError
+from engine.units import fmt_bytes
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 # ---------------------------------------------------------------- commands
@@ -52,11 +45,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"architecture {m.architecture} ({m.name})")
     print(f"layers       {m.n_layers}   n_embd {m.n_embd}   heads {m.n_head}   "
           f"context {m.n_ctx_train}")
-    print(f"tensor bytes {_fmt_bytes(m.tensor_bytes)} (file {_fmt_bytes(m.file_bytes)})")
-    print(f"layers       {_fmt_bytes(sum(m.layer_bytes))} in all, "
-          f"{_fmt_bytes(min(m.layer_bytes, default=0))}–{_fmt_bytes(max(m.layer_bytes, default=0))} each")
-    print(f"outside      {_fmt_bytes(m.non_layer_bytes)}: " + ", ".join(
-        f"{k} {_fmt_bytes(v)}" for k, v in m.non_layer_tensors.items()))
+    print(f"tensor bytes {fmt_bytes(m.tensor_bytes)} (file {fmt_bytes(m.file_bytes)})")
+    print(f"layers       {fmt_bytes(sum(m.layer_bytes))} in all, "
+          f"{fmt_bytes(min(m.layer_bytes, default=0))}–{fmt_bytes(max(m.layer_bytes, default=0))} each")
+    print(f"outside      {fmt_bytes(m.non_layer_bytes)}: " + ", ".join(
+        f"{k} {fmt_bytes(v)}" for k, v in m.non_layer_tensors.items()))
     print(f"KV cache     {m.kv_bytes_per_token} B/token "
           f"({m.kv_bytes_per_token_per_layer[0] if m.kv_bytes_per_token_per_layer else 0} B/token/layer, f16)")
     p = result.projector
@@ -64,9 +57,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"projector    {p.path}{'  [synthetic: random weights]' if p.synthetic else ''}")
         print(f"             type {p.projector_type}, {p.n_layers} blocks, width {p.n_embd}, "
               f"image {p.image_size}px → {p.n_image_tokens} tokens of width {p.output_width}")
-        print(f"             weights {_fmt_bytes(p.weight_bytes)}; compute buffer ≈ "
-              f"{_fmt_bytes(p.compute_buffer_bytes_estimate)} "
-              f"({_fmt_bytes(p.compute_buffer_bytes_estimate_flash_attn)} with flash attention)")
+        print(f"             weights {fmt_bytes(p.weight_bytes)}; compute buffer ≈ "
+              f"{fmt_bytes(p.compute_buffer_bytes_estimate)} "
+              f"({fmt_bytes(p.compute_buffer_bytes_estimate_flash_attn)} with flash attention)")
     return 0
 
 
@@ -77,8 +70,37 @@ def cmd_make_projector(args: argparse.Namespace) -> int:
 
     model = model_info(read_gguf(resolve_model_path(args.for_model)))
     out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed)
-    print(f"wrote {out} ({_fmt_bytes(out.stat().st_size)}, {args.size}, seed {args.seed}, "
+    print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {args.size}, seed {args.seed}, "
           f"output width {model.n_embd}; synthetic: random weights)")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from engine.devices import list_devices, nvml_readings
+
+    devs = list_devices()
+    nvml = nvml_readings()
+    if args.json:
+        print(json.dumps({"devices": [d.to_dict() for d in devs],
+                          "nvml": [r.__dict__ for r in nvml] if nvml is not None else None}))
+        return 0
+    for d in devs:
+        mem = (f"{fmt_bytes(d.free_bytes)} free of {fmt_bytes(d.total_bytes)}"
+               if d.free_bytes is not None and d.total_bytes is not None else "memory n/a")
+        print(f"{d.name:<28} {d.kind:<6} {'remote ' if d.remote else ''}{mem}  {d.description}")
+    if nvml is None:
+        print("NVML: not available (no NVIDIA driver)")
+    else:
+        for r in nvml:
+            print(f"NVML GPU{r.index} {r.name}: {fmt_bytes(r.used_bytes)} used of "
+                  f"{fmt_bytes(r.total_bytes)}")
+    return 0
+
+
+def cmd_rpc_serve(args: argparse.Namespace) -> int:
+    from engine.rpc_server import serve
+
+    serve(args.host, args.port, args.cache, args.threads)
     return 0
 
 
@@ -129,8 +151,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ebb-engine", description="Ebb's engine, headless.")
     sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
+                        help="add a ggml RPC server's devices (repeatable)")
 
-    p = sub.add_parser("chat", help="chat with a model from the terminal")
+    p = sub.add_parser("chat", help="chat with a model from the terminal", parents=[common])
     p.add_argument("--model", default="default", help="GGUF path, or 'default' (SmolLM2-135M)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--system", default=None)
@@ -142,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.set_defaults(func=cmd_chat)
 
-    p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table")
+    p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table",
+                       parents=[common])
     p.add_argument("model", help="GGUF path, or 'default'")
     p.add_argument("--mmproj", default=None)
     p.add_argument("--json", action="store_true")
@@ -155,6 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_make_projector)
 
+    p = sub.add_parser("devices", help="the devices llama.cpp sees", parents=[common])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("rpc-serve", help="serve this machine's devices over ggml RPC (no auth!)")
+    p.add_argument("--host", default="127.0.0.1", help="default loopback; other addresses warn")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--cache", default=None, help="folder for ggml's RPC tensor cache")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_rpc_serve)
+
     p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)")
     p.set_defaults(func=cmd_fetch_model)
     return ap
@@ -163,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "rpc", None):
+            from engine.devices import connect_rpc
+
+            for endpoint in args.rpc:
+                connect_rpc(endpoint)
         return int(args.func(args))
     except EbbError as exc:
         print(f"ebb-engine: error: {exc}", file=sys.stderr)

@@ -19,11 +19,13 @@ log = logging.getLogger("ebb.llama")
 
 _LEVEL_ERROR = 3
 _LEVEL_CONT = 5
-_lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=400)
+_lines: collections.deque[tuple[int, str]] = collections.deque(maxlen=2000)
 _lock = threading.Lock()
 _partial: list[str] = []
 _partial_level = [1]
-_callback: Any = None  # keep the ctypes callback alive for the process
+_callback: Any = None
+# Per-tensor listings: thousands of lines per load that would push the useful ones out.
+_NOISE = ("llama_graph_n_input_tensors", "llama_model_loader: - ")  # keep the ctypes callback alive for the process
 
 
 def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
@@ -36,6 +38,8 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
             return
         line = "".join(_partial).rstrip("\n")
         _partial.clear()
+        if line.startswith(_NOISE):
+            return
         _lines.append((_partial_level[0], line))
     log.debug("%s", line)
     if os.environ.get("EBB_LLAMA_VERBOSE") == "1":

@@ -1,0 +1,134 @@
+"""The devices llama.cpp sees (ggml backend registry), RPC servers, and NVML telemetry.
+
+Missing data is "not available" (None), never an exception. Called from the engine's thread.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine import ggml
+from engine.errors import EbbError
+
+_rpc_lock = threading.Lock()
+_rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # llama.cpp's name: "CPU", "CUDA0", "RPC0[127.0.0.1:50052]" …
+    description: str
+    kind: str  # cpu, gpu, igpu, accel
+    free_bytes: int | None
+    total_bytes: int | None
+    remote: bool
+    handle: int  # ggml_backend_dev_t; valid for the whole process
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind != "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["handle"]
+        return d
+
+
+def list_devices() -> list[DeviceInfo]:
+    out = []
+    for dev in ggml.device_handles():
+        free, total = ggml.device_memory(dev)
+        reg = ggml.device_reg_name(dev)
+        out.append(DeviceInfo(
+            name=ggml.device_name(dev), description=ggml.device_description(dev),
+            kind=ggml.device_kind(dev), free_bytes=free or None, total_bytes=total or None,
+            remote=reg.upper() == "RPC", handle=dev))
+    return out
+
+
+def accelerators() -> list[DeviceInfo]:
+    return [d for d in list_devices() if d.is_accelerator]
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EbbError(f"'{text}' is not an RPC server address", "use HOST:PORT, e.g. 127.0.0.1:50052")
+    return host.strip("[]"), int(port)
+
+
+def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
+    """Add an RPC server's devices to llama.cpp's registry (once per endpoint). Returns names."""
+    host, port = parse_endpoint(endpoint)
+    with _rpc_lock:
+        if endpoint in _rpc_endpoints:
+            return _rpc_endpoints[endpoint]
+        g = ggml.lib()
+        if g.rpc is None:
+            raise EbbError("this llama.cpp was built without RPC support",
+                           "rebuild with `make setup` (it builds with -DGGML_RPC=on)")
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError as exc:
+            raise EbbError(f"cannot reach RPC server {endpoint}: {exc.strerror or exc}",
+                           "start it with `ebb-engine rpc-serve` and check the address") from None
+        before = {d.handle for d in list_devices()}
+        reg = g.rpc.ggml_backend_rpc_add_server(endpoint.encode())
+        if not reg:
+            raise EbbError(f"RPC server {endpoint} did not answer as a ggml RPC server",
+                           "check that it runs the same llama.cpp version")
+        g.core.ggml_backend_register(reg)
+        names = [d.name for d in list_devices() if d.handle not in before]
+        _rpc_endpoints[endpoint] = names
+        return names
+
+
+def find_device(name: str) -> DeviceInfo:
+    for d in list_devices():
+        if d.name == name:
+            return d
+    raise EbbError(f"no device named {name}", "see `ebb-engine devices`")
+
+
+# ---------------------------------------------------------------- NVML
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+    process_used_bytes: int | None  # this process's usage; None when the driver hides it
+
+
+def nvml_readings(pid: int | None = None) -> list[NvmlReading] | None:
+    """NVIDIA GPUs as the driver sees them, or None when NVML is not available."""
+    try:
+        import os
+
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: "not available"
+        return None
+    pid = pid or os.getpid()
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            mine: int | None = None
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                mine = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == pid)
+            except Exception:
+                mine = None
+            out.append(NvmlReading(i, name if isinstance(name, str) else name.decode(),
+                                   int(mem.used), int(mem.total), mine))
+    except Exception:
+        return None
+    return out

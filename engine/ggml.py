@@ -1,0 +1,100 @@
+"""ctypes bindings for the ggml-backend calls llama-cpp-python does not expose.
+
+We open the *same* ggml that llama.cpp loaded: the `.so.0` files in `llama_cpp/lib` (the wheel
+also ships unversioned copies; opening those would load a second ggml whose pointers differ).
+Registry calls live in libggml.so.0, device and buffer calls in libggml-base.so.0, RPC in
+libggml-rpc.so.0. Any thread may call `lib()`; device calls belong to the engine's thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+c_void_p, c_char_p, c_size_t = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+
+
+@dataclass(frozen=True)
+class GgmlLibs:
+    base: Any
+    core: Any
+    rpc: Any | None  # None when llama.cpp was built without GGML_RPC
+
+
+def _lib_dir() -> Path:
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def _sig(lib: Any, name: str, res: Any, *args: Any) -> None:
+    fn = getattr(lib, name)
+    fn.restype = res
+    fn.argtypes = list(args)
+
+
+@functools.lru_cache(maxsize=1)
+def lib() -> GgmlLibs:
+    """Open and type the ggml libraries llama.cpp itself uses (after importing llama_cpp)."""
+    from engine.runtime import _llama
+
+    _llama()  # loads libllama and, through it, these exact files
+    d = _lib_dir()
+    mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
+    base = ctypes.CDLL(str(d / "libggml-base.so.0"), mode=mode)
+    core = ctypes.CDLL(str(d / "libggml.so.0"), mode=mode)
+    rpc_path = d / "libggml-rpc.so.0"
+    rpc = ctypes.CDLL(str(rpc_path), mode=mode) if rpc_path.exists() else None
+    _sig(core, "ggml_backend_dev_count", c_size_t)
+    _sig(core, "ggml_backend_dev_get", c_void_p, c_size_t)
+    _sig(core, "ggml_backend_register", None, c_void_p)
+    _sig(core, "ggml_backend_reg_count", c_size_t)
+    _sig(core, "ggml_backend_reg_get", c_void_p, c_size_t)
+    _sig(base, "ggml_backend_reg_name", c_char_p, c_void_p)
+    _sig(base, "ggml_backend_reg_dev_count", c_size_t, c_void_p)
+    _sig(base, "ggml_backend_reg_dev_get", c_void_p, c_void_p, c_size_t)
+    _sig(base, "ggml_backend_dev_name", c_char_p, c_void_p)
+    _sig(base, "ggml_backend_dev_description", c_char_p, c_void_p)
+    _sig(base, "ggml_backend_dev_type", ctypes.c_int, c_void_p)
+    _sig(base, "ggml_backend_dev_memory", None, c_void_p, ctypes.POINTER(c_size_t),
+         ctypes.POINTER(c_size_t))
+    _sig(base, "ggml_backend_dev_backend_reg", c_void_p, c_void_p)
+    if rpc is not None:
+        _sig(rpc, "ggml_backend_rpc_add_server", c_void_p, c_char_p)
+        _sig(rpc, "ggml_backend_rpc_start_server", None, c_char_p, c_char_p, c_size_t, c_size_t,
+             ctypes.POINTER(c_void_p))
+    return GgmlLibs(base, core, rpc)
+
+
+def device_handles() -> list[int]:
+    g = lib()
+    return [g.core.ggml_backend_dev_get(i) for i in range(g.core.ggml_backend_dev_count())]
+
+
+def device_name(dev: int) -> str:
+    return (lib().base.ggml_backend_dev_name(dev) or b"?").decode()
+
+
+def device_description(dev: int) -> str:
+    return (lib().base.ggml_backend_dev_description(dev) or b"").decode()
+
+
+def device_kind(dev: int) -> str:
+    return DEVICE_TYPES.get(lib().base.ggml_backend_dev_type(dev), "unknown")
+
+
+def device_memory(dev: int) -> tuple[int, int]:
+    free, total = c_size_t(0), c_size_t(0)
+    lib().base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return int(free.value), int(total.value)
+
+
+def device_reg_name(dev: int) -> str:
+    g = lib()
+    reg = g.base.ggml_backend_dev_backend_reg(dev)
+    return (g.base.ggml_backend_reg_name(reg) or b"").decode() if reg else ""
