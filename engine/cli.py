@@ -113,36 +113,95 @@ def _install_sigint(cancel: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def cmd_chat(args: argparse.Namespace) -> int:
-    from engine.models import resolve_model_path
-    from engine.runtime import GenParams, LoadParams, TextRuntime
+def _read_script(path: str) -> list[dict[str, Any]]:
+    from engine.models import existing_file
+
+    p = existing_file(path, "script")
+    try:
+        turns = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EbbError(f"script {p.name} is not valid JSON ({exc})") from None
+    if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text", ""), str)
+            and isinstance(t.get("images", []), list) for t in turns):
+        raise EbbError(f"script {p.name} must be a JSON list of "
+                       '{"text": "...", "images": ["path", ...]} objects')
+    base = p.parent
+    return [{"text": t.get("text", ""),
+             "images": [str((base / i) if not Path(i).is_absolute() else i) for i in t.get("images", [])]}
+            for t in turns]
+
+
+def _session_config(args: argparse.Namespace) -> Any:
+    from engine.models import existing_file, resolve_model_path
+    from engine.session import SessionConfig
+    from engine.units import parse_size
 
     if args.max_tokens <= 0:
         raise EbbError(f"--max-tokens must be positive, got {args.max_tokens}")
     if args.threads is not None and args.threads <= 0:
         raise EbbError(f"--threads must be positive, got {args.threads}")
-    model_path = resolve_model_path(args.model)
+    return SessionConfig(
+        model_path=resolve_model_path(args.model),
+        mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
+        n_ctx=args.ctx, n_threads=args.threads,
+        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
+        vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from engine.runtime import GenParams
+    from engine.session import Session
+
+    if args.script is None and args.prompt is None:
+        raise EbbError("nothing to say", "pass --prompt TEXT or --script FILE.json")
+    if args.script is not None:
+        turns = _read_script(args.script)
+    else:
+        turns = [{"text": args.prompt, "images": args.image}]
+    cfg = _session_config(args)
     cancel = threading.Event()
     _install_sigint(cancel)
-    params = LoadParams(model_path=model_path, n_ctx=args.ctx, n_threads=args.threads)
-    messages = ([{"role": "system", "content": args.system}] if args.system else [])
-    messages.append({"role": "user", "content": args.prompt})
     gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
     on_text: Callable[[str], None] | None = None
     if not args.json:
         on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
-    with TextRuntime(params) as rt:
-        result = rt.generate(messages, gp, on_text=on_text, cancel=cancel)
-        result.extra.update(model=str(model_path), n_threads=rt.n_threads, n_ctx=rt.n_ctx,
-                            load_s=round(rt.load_s, 3))
-    if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print()
-        print(f"[{result.n_gen_tokens} tokens, {result.gen_tokens_per_s:.1f} tok/s, "
-              f"prompt {result.n_prompt_tokens} tokens in {result.prompt_s:.2f}s, "
-              f"stop: {result.stop_reason}]", file=sys.stderr)
-    return EXIT_INTERRUPTED if result.stop_reason == "cancelled" else 0
+    all_spans: list[Any] = []
+    failed = cancelled = False
+    with Session(cfg) as session:
+        for turn in turns:
+            if cancel.is_set():
+                break
+            res = session.turn(turn["text"], turn["images"], gp, on_text=on_text, cancel=cancel)
+            all_spans.extend(res.spans)
+            out = res.to_dict()
+            out.update(model=str(cfg.model_path), n_threads=session.n_threads,
+                       n_ctx=session.n_ctx, accelerator=session.accel,
+                       n_gpu_layers=session.placement.n_gpu_layers)
+            cancelled = cancelled or out.get("stop_reason") == "cancelled"
+            failed = failed or res.error is not None
+            _print_turn(out, args.json)
+    if args.trace:
+        from engine.trace import write_chrome_trace
+
+        write_chrome_trace(Path(args.trace), all_spans)
+    if cancelled:
+        return EXIT_INTERRUPTED
+    return EXIT_USER_ERROR if failed and args.script is None else 0
+
+
+def _print_turn(out: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(out), flush=True)
+        return
+    if "error" in out:
+        print(f"ebb-engine: error: {out['error']}", file=sys.stderr, flush=True)
+        return
+    print()
+    vision = f"vision: {out['strategy']} ({out['reason']}); " if out["n_images"] else ""
+    print(f"[{vision}{out['n_gen_tokens']} tokens, {out['gen_tokens_per_s']:.1f} tok/s, "
+          f"prompt {out['n_prompt_tokens']} tokens in {out['prompt_s']:.2f}s, "
+          f"stop: {out['stop_reason']}]", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- parser
@@ -157,14 +216,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="chat with a model from the terminal", parents=[common])
     p.add_argument("--model", default="default", help="GGUF path, or 'default' (SmolLM2-135M)")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--mmproj", default=None, help="vision projector GGUF (held in RAM)")
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
+    p.add_argument("--vision", choices=["auto", "resident", "swap", "cpu"], default="auto")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE",
+                   help="cap on every accelerator, e.g. 150MiB, 6GiB (default: free - margin)")
+    p.add_argument("--no-flash-attn", action="store_true")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("--json", action="store_true", help="print one JSON object per turn")
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table",

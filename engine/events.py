@@ -45,3 +45,43 @@ class TurnFinished(Event):
 @dataclass(frozen=True)
 class EngineFailed(Event):
     message: str
+
+
+@dataclass(frozen=True)
+class Span(Event):
+    """One pipeline step: plan, save_state, evict, load_projector, encode, free_projector,
+    restore, restore_state, prefill, decode. Times are monotonic seconds."""
+    name: str
+    start_s: float
+    end_s: float
+    device: str
+    bytes: int = 0
+    predicted_s: float | None = None
+    detail: str = ""
+
+    def to_dict(self, t0: float = 0.0) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "start_s": round(self.start_s - t0, 6),
+                             "end_s": round(self.end_s - t0, 6), "device": self.device,
+                             "bytes": self.bytes}
+        if self.predicted_s is not None:
+            d["predicted_s"] = round(self.predicted_s, 6)
+        if self.detail:
+            d["detail"] = self.detail
+        return d
+
+
+@dataclass(frozen=True)
+class Residency(Event):
+    """Where each part lives now: per layer, output, embeddings, projector, and the ledger."""
+    layer_devices: tuple[str, ...]
+    output_device: str
+    embeddings_device: str
+    projector_device: str  # "RAM", a device name, "loading", or "" without a projector
+    ledger: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class MemorySample(Event):
+    device: str
+    ledger_bytes: int
+    reported_used_bytes: int | None  # the device's own reading (NVML / ggml), if any

@@ -102,6 +102,7 @@ class ModelInfo:
     n_head: int
     n_head_kv: list[int]
     n_ctx_train: int
+    n_vocab: int
     file_bytes: int
     tensor_bytes: int
     layer_bytes: list[int]
@@ -121,6 +122,13 @@ def _per_layer(value: Any, n_layers: int, default: int) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)] * n_layers
+
+
+def _n_vocab(gf: GGUFFile) -> int:
+    t = gf.tensor("token_embd.weight")
+    if t is not None and len(t.shape) >= 2:
+        return t.shape[1]
+    return int(gf.metadata.get(f"{gf.architecture}.vocab_size", 0))
 
 
 def model_info(gf: GGUFFile) -> ModelInfo:
@@ -149,6 +157,7 @@ def model_info(gf: GGUFFile) -> ModelInfo:
         path=str(gf.path), architecture=arch, name=str(md.get("general.name", gf.path.stem)),
         n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=heads_kv,
         n_ctx_train=int(md.get(f"{arch}.context_length", 0)),
+        n_vocab=_n_vocab(gf),
         file_bytes=gf.file_bytes, tensor_bytes=gf.tensor_bytes, layer_bytes=layer_bytes,
         non_layer_bytes=sum(non_layer.values()), non_layer_tensors=non_layer,
         kv_bytes_per_token_per_layer=kv_per_layer, kv_bytes_per_token=sum(kv_per_layer),

@@ -5,10 +5,11 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import EbbError
 
-MAX_IMAGE_PIXELS = 80_000_000  # ~ 9000 x 9000; larger is refused, never decoded
+MAX_IMAGE_PIXELS = 50_000_000  # larger is refused before decoding
 MAX_IMAGE_FILE_BYTES = 200 * 1024 * 1024
 
 
@@ -21,9 +22,27 @@ class LoadedImage:
     rgb: bytes  # width * height * 3, row-major
 
 
+def _to_rgb(im: Any) -> Any:
+    """8-bit RGB from any mode: 16-bit and float greyscale are scaled, alpha is dropped on
+    white, CMYK and palettes are converted."""
+    import numpy as np
+    from PIL import Image
+
+    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        a = np.asarray(im, dtype=np.float64)
+        lo, hi = float(a.min()), float(a.max())
+        a = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
+        return Image.fromarray(a.astype(np.uint8)).convert("RGB")
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
 def load_image(path: Path) -> LoadedImage:
     """Decode an image file to RGB. Any thread. Raises EbbError naming the file and the cause."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     path = Path(path)
     if not path.is_file():
@@ -39,16 +58,18 @@ def load_image(path: Path) -> LoadedImage:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 if im.width * im.height > MAX_IMAGE_PIXELS:
-                    raise EbbError(f"image {path.name} is {im.width}x{im.height} pixels, too large",
-                                   "resize it below 80 megapixels")
+                    raise EbbError(f"image {path.name} is {im.width}x{im.height} pixels "
+                                   f"({im.width * im.height / 1e6:.0f} megapixels), too large",
+                                   f"resize it below {MAX_IMAGE_PIXELS // 1_000_000} megapixels")
+                im.seek(0)  # animated: the first frame
                 im.load()
-                rgb = im.convert("RGB")
+                rgb = _to_rgb(ImageOps.exif_transpose(im))
     except EbbError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise EbbError(f"{path.name} is not an image Ebb can read ({exc})",
                        "use a PNG, JPEG, WebP, GIF or BMP file") from None
-    except (OSError, ValueError, SyntaxError) as exc:
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise EbbError(f"image {path.name} is damaged ({exc})", "use another copy of the image") from None
     if rgb.width == 0 or rgb.height == 0:
         raise EbbError(f"image {path.name} is empty", "use another image")

@@ -19,9 +19,9 @@ from engine import llama_log
 from engine.errors import EbbError
 from engine.gguf_info import check_projector_matches, projector_info, read_gguf
 from engine.images import LoadedImage
-from engine.runtime import TextRuntime, _llama
+from engine.runtime import _llama
 
-_COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
+_COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
 _MTMD_CHUNK_IMAGE = 1
 
 
@@ -44,30 +44,42 @@ def _mtmd() -> Any:
 
 
 class ProjectorRuntime:
-    """One mtmd context. `use_gpu=False` keeps the projector in RAM (CPU backend)."""
+    """One mtmd context bound to a loaded model (anything with `.model` and `.info`).
 
-    def __init__(self, path: Path, text: TextRuntime, use_gpu: bool = False,
-                 n_threads: int | None = None) -> None:
+    `device=None` keeps the projector in RAM (CPU backend); a device name puts its weights and
+    compute buffer on that accelerator.
+    """
+
+    def __init__(self, path: Path, model: Any, n_threads: int, device: str | None = None,
+                 flash_attn: bool | None = None) -> None:
         self.path = Path(path)
         self.info = projector_info(read_gguf(self.path))
-        check_projector_matches(text.info, self.info)
-        self.n_embd = text.info.n_embd
+        check_projector_matches(model.info, self.info)
+        self.n_embd = model.info.n_embd
         M = self._M = _mtmd()
         params = M.mtmd_context_params_default()
-        params.use_gpu = use_gpu
-        params.n_threads = n_threads or text.n_threads
+        params.use_gpu = device is not None
+        if device is not None:
+            from engine.devices import find_device
+
+            params.device = find_device(device).handle
+        params.n_threads = n_threads
         params.print_timings = False
+        params.warmup = True
+        if flash_attn is not None:
+            params.flash_attn_type = 1 if flash_attn else 0
         self._stack = contextlib.ExitStack()
         llama_log.clear()
         t0 = time.perf_counter()
-        ctx = M.mtmd_init_from_file(str(self.path).encode(), text.model, params)
+        ctx = M.mtmd_init_from_file(str(self.path).encode(), model.model, params)
         if not ctx:
             raise EbbError(f"llama.cpp could not load the projector {self.path.name}: "
                            f"{llama_log.last_error('no detail')}", "check the mmproj file")
         self._stack.callback(M.mtmd_free, ctx)
         self.ctx = ctx
         self.load_s = time.perf_counter() - t0
-        self.device, self.compute_buffer_bytes = self._compute_buffer_from_log()
+        self.device_name, self.compute_buffer_bytes = self._compute_buffer_from_log()
+        self.marker = M.mtmd_default_marker().decode()
 
     @staticmethod
     def _compute_buffer_from_log() -> tuple[str, int]:

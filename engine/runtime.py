@@ -1,6 +1,7 @@
-"""The llama.cpp side: load a model, keep a context, generate with streaming and cancel.
+"""The llama.cpp side: load a model, keep a context, prefill text and image embeddings,
+generate with streaming and cancel, save and restore the sequence state.
 
-Thread rule: one thread owns a `TextRuntime` (the CLI's main thread, or the app's engine
+Thread rule: one thread owns these objects (the CLI's main thread, or the app's engine
 worker). Only `cancel` (a threading.Event passed to `generate`) may be set from another thread.
 """
 from __future__ import annotations
@@ -8,11 +9,14 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from engine import llama_log
 from engine.errors import EbbError
@@ -21,6 +25,7 @@ from engine.hw import physical_cores
 
 DEFAULT_CTX = 4096
 _backend_ready = False
+_BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[[^\]]*\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
 
 
 def _llama() -> Any:
@@ -40,9 +45,11 @@ class LoadParams:
     model_path: Path
     n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's training context)
     n_threads: int | None = None  # None: physical cores
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = 0  # llama.cpp's count: the output layer first, then the last layers
+    devices: tuple[str, ...] | None = None  # accelerators to use; None: llama.cpp's default
     flash_attn: bool | None = None  # None: llama.cpp decides
     n_batch: int = 512
+    repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,16 @@ class GenResult:
         }
 
 
+@dataclass(frozen=True)
+class ImageSpan:
+    """Image embeddings at one place in the prompt (key: the image's content hash)."""
+    key: str
+    embeddings: np.ndarray  # (n_tokens, n_embd) float32
+
+
+PromptItem = int | ImageSpan
+
+
 def check_context(info: ModelInfo, n_ctx: int | None) -> int:
     """The context length to use; EbbError when the request exceeds the model's."""
     limit = info.n_ctx_train or DEFAULT_CTX
@@ -98,17 +115,60 @@ def check_context(info: ModelInfo, n_ctx: int | None) -> int:
     return n_ctx
 
 
+def buffers_from_log() -> dict[tuple[str, str], int]:
+    """{(device, kind): bytes} from llama.cpp's "X buffer size = N MiB" lines since clear()."""
+    out: dict[tuple[str, str], int] = {}
+    for _level, line in llama_log.recent(2000):
+        m = _BUFFER_RE.match(line.strip())
+        if m:
+            dev = m.group(1).replace("_Mapped", "")
+            key = (dev, m.group(2).lower())
+            out[key] = out.get(key, 0) + int(float(m.group(3)) * 1024 * 1024)
+    return out
+
+
+class LoadedModel:
+    """A llama_model (weights placed per params). Close frees it."""
+
+    def __init__(self, params: LoadParams, info: ModelInfo | None = None) -> None:
+        L = _llama()
+        self.params = params
+        self.info = info or model_info(read_gguf(params.model_path))
+        self._stack = contextlib.ExitStack()
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = params.n_gpu_layers
+        mparams.use_extra_bufts = params.repack
+        if params.devices is not None:
+            from engine.devices import find_device
+
+            handles = [find_device(n).handle for n in params.devices] + [None]
+            self._devices_arr = (ctypes.c_void_p * len(handles))(*handles)  # alive while loading
+            mparams.devices = ctypes.cast(self._devices_arr, ctypes.c_void_p)
+        llama_log.clear()
+        t0 = time.perf_counter()
+        model = L.llama_model_load_from_file(str(params.model_path).encode(), mparams)
+        if not model:
+            raise _load_error(params.model_path)
+        self.load_s = time.perf_counter() - t0
+        self._stack.callback(L.llama_model_free, model)
+        self.model = model
+        self.vocab = L.llama_model_get_vocab(model)
+        self.buffers = buffers_from_log()
+
+    def close(self) -> None:
+        self._stack.close()
+
+
 class TextRuntime:
     """One loaded language model with one context (sequence 0). Close frees everything."""
 
-    def __init__(self, params: LoadParams) -> None:
+    def __init__(self, params: LoadParams, info: ModelInfo | None = None) -> None:
         self.params = params
-        self.info = model_info(read_gguf(params.model_path))
+        self.info = info or model_info(read_gguf(params.model_path))
         self.n_ctx = check_context(self.info, params.n_ctx)
         self.n_threads = params.n_threads or physical_cores()
         self._stack = contextlib.ExitStack()
-        self._cached_tokens: list[int] = []  # tokens whose KV is in the context, in order
-        self.load_s = 0.0
+        self._cached: list[Any] = []  # one key per KV position: token id or (image key, i)
         try:
             self._load()
         except BaseException:
@@ -120,15 +180,9 @@ class TextRuntime:
     def _load(self) -> None:
         L = _llama()
         t0 = time.perf_counter()
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = self.params.n_gpu_layers
-        llama_log.clear()
-        model = L.llama_model_load_from_file(str(self.params.model_path).encode(), mparams)
-        if not model:
-            raise _load_error(self.params.model_path)
-        self._stack.callback(L.llama_model_free, model)
-        self.model = model
-        self.vocab = L.llama_model_get_vocab(model)
+        self.loaded = LoadedModel(self.params, self.info)
+        self._stack.callback(self.loaded.close)
+        self.model, self.vocab = self.loaded.model, self.loaded.vocab
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.params.n_batch
@@ -137,12 +191,15 @@ class TextRuntime:
         cparams.n_threads_batch = self.n_threads
         if self.params.flash_attn is not None:
             cparams.flash_attn_type = 1 if self.params.flash_attn else 0
-        ctx = L.llama_init_from_model(model, cparams)
+        ctx = L.llama_init_from_model(self.model, cparams)
         if not ctx:
             raise EbbError(f"llama.cpp could not create a context of {self.n_ctx} tokens: "
                            f"{llama_log.last_error('out of memory?')}", "try a smaller --ctx")
         self._stack.callback(L.llama_free, ctx)
         self.ctx = ctx
+        self.buffers = buffers_from_log()
+        for key, n in self.loaded.buffers.items():
+            self.buffers[key] = n
         self.load_s = time.perf_counter() - t0
         self.template = self._chat_template()
 
@@ -166,7 +223,7 @@ class TextRuntime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------ tokens
+    # ------------------------------------------------------------ prompt
 
     def format_chat(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
         """The model's chat template applied to messages, ready for the assistant's reply."""
@@ -184,6 +241,21 @@ class TextRuntime:
             n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, True)
         return list(buf[:n])
 
+    def build_prompt(self, messages: list[dict[str, str]], marker: str,
+                     images: Sequence[ImageSpan]) -> list[PromptItem]:
+        """Tokens of the templated chat with each `marker` replaced by the next image."""
+        prompt, added_special = self.format_chat(messages)
+        parts = prompt.split(marker)
+        if len(parts) - 1 != len(images):
+            raise EbbError(f"the conversation has {len(parts) - 1} image places but "
+                           f"{len(images)} images", "this is a bug in Ebb; please report it")
+        items: list[PromptItem] = []
+        for i, part in enumerate(parts):
+            items.extend(self.tokenize(part, add_special=(i == 0 and not added_special)))
+            if i < len(images):
+                items.append(images[i])
+        return items
+
     def _piece(self, token: int) -> bytes:
         L = _llama()
         buf = ctypes.create_string_buffer(64)
@@ -195,38 +267,114 @@ class TextRuntime:
 
     # ------------------------------------------------------------ evaluation
 
-    def _decode(self, tokens: list[int]) -> None:
-        """Append tokens to sequence 0 in batches of n_batch."""
+    def _check(self, rc: int) -> None:
+        if rc != 0:
+            raise EbbError(f"llama.cpp decode failed (code {rc}): "
+                           f"{llama_log.last_error('no detail')}", "start a new conversation")
+
+    def _decode_tokens(self, tokens: list[int]) -> None:
         L = _llama()
         for i in range(0, len(tokens), self.params.n_batch):
             chunk = tokens[i:i + self.params.n_batch]
             arr = (L.llama_token * len(chunk))(*chunk)
-            rc = L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(chunk)))
-            if rc != 0:
-                raise EbbError(f"llama.cpp decode failed (code {rc}): "
-                               f"{llama_log.last_error('no detail')}", "start a new conversation")
-            self._cached_tokens.extend(chunk)
+            self._check(L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(chunk))))
+            self._cached.extend(chunk)
 
-    def _prefill(self, tokens: list[int]) -> int:
-        """Evaluate `tokens`, reusing the longest prefix already in the KV cache."""
+    def _decode_image(self, img: ImageSpan) -> None:
         L = _llama()
+        emb = np.ascontiguousarray(img.embeddings, dtype=np.float32)
+        n_embd = emb.shape[1]
+        for start in range(0, emb.shape[0], self.params.n_batch):
+            chunk = emb[start:start + self.params.n_batch]
+            n = chunk.shape[0]
+            batch = L.llama_batch_init(n, n_embd, 1)
+            try:
+                batch.n_tokens = n
+                ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
+                n_past = len(self._cached)
+                for i in range(n):
+                    batch.pos[i] = n_past + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1 if i == n - 1 else 0
+                self._check(L.llama_decode(self.ctx, batch))
+            finally:
+                L.llama_batch_free(batch)
+            self._cached.extend((img.key, start + i) for i in range(n))
+
+    @staticmethod
+    def _keys(items: Sequence[PromptItem]) -> list[Any]:
+        keys: list[Any] = []
+        for it in items:
+            if isinstance(it, ImageSpan):
+                keys.extend((it.key, i) for i in range(it.embeddings.shape[0]))
+            else:
+                keys.append(it)
+        return keys
+
+    def prefill(self, items: Sequence[PromptItem]) -> int:
+        """Evaluate items, reusing the longest prefix already in the KV cache. Returns the
+        number of positions evaluated."""
+        L = _llama()
+        keys = self._keys(items)
         n_keep = 0
-        for a, b in zip(self._cached_tokens, tokens):
+        for a, b in zip(self._cached, keys):
             if a != b:
                 break
             n_keep += 1
-        n_keep = min(n_keep, len(tokens) - 1)  # always evaluate one token to get logits
-        mem = L.llama_get_memory(self.ctx)
-        L.llama_memory_seq_rm(mem, 0, n_keep, -1)
-        del self._cached_tokens[n_keep:]
-        self._decode(tokens[n_keep:])
-        return len(tokens) - n_keep
+        n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
+        if isinstance(keys[n_keep], tuple):  # never start inside an image: redo all of it
+            while n_keep > 0 and isinstance(keys[n_keep - 1], tuple) and keys[n_keep - 1][0] == keys[n_keep][0]:
+                n_keep -= 1
+        L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, n_keep, -1)
+        del self._cached[n_keep:]
+        pos, run = 0, []
+        for it in items:
+            width = it.embeddings.shape[0] if isinstance(it, ImageSpan) else 1
+            if pos + width > n_keep:
+                if isinstance(it, ImageSpan):
+                    self._decode_tokens(run)
+                    run = []
+                    self._decode_image(it)
+                else:
+                    run.append(it)
+            pos += width
+        self._decode_tokens(run)
+        return len(keys) - n_keep
+
+    def n_positions(self) -> int:
+        return len(self._cached)
 
     def reset(self) -> None:
         """Forget the conversation's KV cache."""
         L = _llama()
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        self._cached_tokens.clear()
+        self._cached.clear()
+
+    def reschedule(self) -> None:
+        """Make llama.cpp plan its next graph afresh (after device buffers changed)."""
+        _llama().llama_set_adapter_cvec(self.ctx, None, 0, 0, 0, 0)
+
+    # ------------------------------------------------------------ state
+
+    def save_state(self) -> tuple[bytes, list[Any]]:
+        """Sequence 0's KV cache (and our record of what it holds) as host bytes."""
+        L = _llama()
+        size = L.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        return bytes(buf[:n]), list(self._cached)
+
+    def restore_state(self, state: tuple[bytes, list[Any]]) -> None:
+        L = _llama()
+        data, cached = state
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
+            raise EbbError("llama.cpp could not restore the conversation state",
+                           "the conversation goes on without its earlier context")
+        self._cached = list(cached)
+
+    # ------------------------------------------------------------ generation
 
     def _sampler(self, gp: GenParams) -> Any:
         L = _llama()
@@ -244,21 +392,34 @@ class TextRuntime:
     def generate(self, messages: list[dict[str, str]], gp: GenParams,
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None) -> GenResult:
-        """Reply to `messages` (OpenAI-style dicts), streaming text pieces to `on_text`."""
-        L = _llama()
+        """Reply to text-only `messages` (OpenAI-style dicts), streaming pieces to `on_text`."""
         prompt, added_special = self.format_chat(messages)
-        tokens = self.tokenize(prompt, add_special=not added_special)
-        if len(tokens) >= self.n_ctx:
-            raise EbbError(f"the conversation is {len(tokens)} tokens, the context holds "
+        return self.generate_from(self.tokenize(prompt, add_special=not added_special), gp,
+                                  on_text, cancel)
+
+    def generate_from(self, items: Sequence[PromptItem], gp: GenParams,
+                      on_text: Callable[[str], None] | None = None,
+                      cancel: threading.Event | None = None) -> GenResult:
+        n_prompt = len(self._keys(items))
+        if n_prompt >= self.n_ctx:
+            raise EbbError(f"the conversation is {n_prompt} tokens, the context holds "
                            f"{self.n_ctx}", "start a new conversation or raise --ctx")
         t0 = time.perf_counter()
-        n_eval = self._prefill(tokens)
+        n_eval = self.prefill(items)
         prompt_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        text, n_gen, stop = self._decode_loop(gp, on_text, cancel)
+        return GenResult(text=text, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen,
+                         prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
+                         n_prompt_tokens_evaluated=n_eval)
+
+    def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
+                     cancel: threading.Event | None) -> tuple[str, int, str]:
+        L = _llama()
         chain = self._sampler(gp)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
         n_gen, stop = 0, "length"
-        t1 = time.perf_counter()
         try:
             while n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
@@ -274,10 +435,10 @@ class TextRuntime:
                     pieces.append(piece)
                     if on_text is not None:
                         on_text(piece)
-                if len(self._cached_tokens) >= self.n_ctx - 1:
+                if len(self._cached) >= self.n_ctx - 1:
                     stop = "context_full"
                     break
-                self._decode([tok])
+                self._decode_tokens([tok])
         finally:
             L.llama_sampler_free(chain)
         tail = decoder.decode(b"", final=True)
@@ -285,9 +446,7 @@ class TextRuntime:
             pieces.append(tail)
             if on_text is not None:
                 on_text(tail)
-        return GenResult(text="".join(pieces), n_prompt_tokens=len(tokens), n_gen_tokens=n_gen,
-                         prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
-                         n_prompt_tokens_evaluated=n_eval)
+        return "".join(pieces), n_gen, stop
 
 
 CHATML_TEMPLATE = (

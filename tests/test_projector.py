@@ -40,7 +40,7 @@ def test_same_seed_same_file_other_seed_other_weights(tmp_path):
 
 
 def test_tiny_projector_encodes_an_image_to_model_width(text_runtime, tiny_projector, photo):
-    with ProjectorRuntime(tiny_projector, text_runtime, use_gpu=False, n_threads=N_THREADS) as pr:
+    with ProjectorRuntime(tiny_projector, text_runtime, n_threads=N_THREADS) as pr:
         enc = pr.encode(load_image(photo))
     assert enc.n_tokens == 4
     assert enc.embeddings.shape == (4, 576)
@@ -52,7 +52,7 @@ def test_base_and_large_sizes_and_compute_estimate(text_runtime, photo, tmp_path
     path = write_projector(tmp_path / f"{size}.gguf", 576, size=size, seed=0)
     assert low_mb * 2**20 < path.stat().st_size < high_mb * 2**20
     info = projector_info(read_gguf(path))
-    with ProjectorRuntime(path, text_runtime, use_gpu=False, n_threads=N_THREADS) as pr:
+    with ProjectorRuntime(path, text_runtime, n_threads=N_THREADS) as pr:
         enc = pr.encode(load_image(photo))
         measured = pr.compute_buffer_bytes
     assert enc.embeddings.shape == (info.n_image_tokens, 576)

@@ -1,0 +1,183 @@
+"""The planner: pure functions, no I/O. Where each part of the model and the projector lives,
+what it costs, and the vision strategy for a turn. "Does not fit" is a value with a reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.gguf_info import ModelInfo, ProjectorInfo
+
+CPU = "CPU"
+F32 = 4
+Strategy = Literal["resident", "swap", "cpu"]
+STRATEGIES: tuple[Strategy, ...] = ("resident", "swap", "cpu")
+
+
+@dataclass(frozen=True)
+class DoesNotFit:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which device holds each part of the language model (llama.cpp semantics: n_gpu_layers
+    offloads the output layer first, then the last repeating layers)."""
+    accel: str | None
+    n_gpu_layers: int
+    layer_devices: tuple[str, ...]
+    output_device: str
+    embeddings_device: str = CPU  # llama.cpp keeps the input embeddings on the host
+    accel_bytes: dict[str, int] = field(default_factory=dict)  # weights, kv, compute
+
+    @property
+    def accel_total_bytes(self) -> int:
+        return sum(self.accel_bytes.values())
+
+    @property
+    def n_layers_on_accel(self) -> int:
+        return sum(1 for d in self.layer_devices if d != CPU)
+
+
+def output_bytes(model: ModelInfo) -> int:
+    """Bytes of the output matrix on a device (a tied embedding is duplicated there)."""
+    t = model.non_layer_tensors
+    return t.get("output.weight", t.get("token_embd.weight", 0)) + t.get("output_norm.weight", 0)
+
+
+def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
+                flash_attn: bool) -> dict[str, int]:
+    """Predicted device bytes for a placement, by kind."""
+    if n_gpu_layers <= 0:
+        return {"weights": 0, "kv": 0, "compute": 0}
+    n_rep = min(n_gpu_layers - 1, model.n_layers)
+    layers = range(model.n_layers - n_rep, model.n_layers)
+    weights = output_bytes(model) + sum(model.layer_bytes[i] for i in layers)
+    kv = sum(model.kv_bytes_per_token_per_layer[i] for i in layers) * n_ctx
+    compute = model.n_vocab * n_ubatch * F32 + 2 * n_ubatch * model.n_embd * F32
+    if not flash_attn:
+        compute += model.n_head * n_ctx * n_ubatch * F32
+    return {"weights": weights, "kv": kv, "compute": compute}
+
+
+def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx: int,
+                  n_ubatch: int, flash_attn: bool) -> Placement:
+    k = max(0, min(n_gpu_layers, model.n_layers + 1)) if accel else 0
+    n_rep = max(0, min(k - 1, model.n_layers))
+    layer_devices = tuple(accel if (accel and i >= model.n_layers - n_rep) else CPU
+                          for i in range(model.n_layers))
+    return Placement(accel, k, layer_devices, accel if (accel and k >= 1) else CPU,
+                     accel_bytes=accel_bytes(model, k, n_ctx, n_ubatch, flash_attn))
+
+
+def plan_placement(model: ModelInfo, accel: str | None, budget_bytes: int, n_ctx: int,
+                   n_ubatch: int, flash_attn: bool, reserve_bytes: int = 0) -> Placement:
+    """The most layers on `accel` whose bytes (plus `reserve_bytes`) fit the budget."""
+    best = placement_for(model, None, 0, n_ctx, n_ubatch, flash_attn)
+    if accel is None:
+        return best
+    for k in range(model.n_layers + 1, 0, -1):
+        p = placement_for(model, accel, k, n_ctx, n_ubatch, flash_attn)
+        if p.accel_total_bytes + reserve_bytes <= budget_bytes:
+            return p
+    return best
+
+
+# ---------------------------------------------------------------- the vision turn
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured (or default) costs the vision plan weighs. Seconds and bytes per second."""
+    bus_Bps: float = 1.0e9
+    cpu_encode_s_per_token: float = 2e-3
+    accel_encode_s_per_token: float = 2e-3
+    reload_overhead_s: float = 0.3
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    name: str
+    device: str
+    bytes: int
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class VisionPlan:
+    strategy: Strategy
+    reason: str
+    steps: tuple[PlannedStep, ...]
+    predicted_s: dict[str, float | None]  # each strategy's cost; None where it does not fit
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.predicted_s for s in self.steps)
+
+
+def projector_need_bytes(proj: ProjectorInfo, flash_attn: bool) -> int:
+    compute = (proj.compute_buffer_bytes_estimate_flash_attn if flash_attn
+               else proj.compute_buffer_bytes_estimate)
+    return proj.weight_bytes + compute
+
+
+def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj_bytes: int,
+           n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs) -> list[PlannedStep]:
+    encode_accel = PlannedStep("encode", accel, 0, n_tokens * c.accel_encode_s_per_token)
+    if strategy == "cpu":
+        return [PlannedStep("encode", CPU, 0, n_tokens * c.cpu_encode_s_per_token)]
+    load = PlannedStep("load_projector", accel, need, proj_bytes / c.bus_Bps)
+    if strategy == "resident":
+        return ([] if resident_loaded else [load]) + [encode_accel]
+    model_bytes = placement.accel_bytes.get("weights", 0)
+    return [
+        PlannedStep("save_state", CPU, state_bytes, state_bytes / c.bus_Bps),
+        PlannedStep("evict", accel, placement.accel_total_bytes, 0.01),
+        load, encode_accel,
+        PlannedStep("free_projector", accel, need, 0.001),
+        PlannedStep("restore", accel, placement.accel_total_bytes,
+                    model_bytes / c.bus_Bps + c.reload_overhead_s),
+        PlannedStep("restore_state", accel, state_bytes, state_bytes / c.bus_Bps),
+    ]
+
+
+def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budget_bytes: int,
+                n_tokens: int, state_bytes: int, flash_attn: bool, costs: Costs,
+                resident_loaded: bool = False) -> VisionPlan | DoesNotFit:
+    """Choose how to encode `n_tokens` image tokens. `requested`: auto|resident|swap|cpu."""
+    accel = placement.accel
+    need = projector_need_bytes(proj, flash_attn)
+    free_beside = budget_bytes - placement.accel_total_bytes
+    why_not: dict[str, str] = {}
+    if accel is None:
+        why_not["resident"] = why_not["swap"] = "there is no accelerator"
+    else:
+        if not resident_loaded and need > free_beside:
+            why_not["resident"] = (f"projector needs {need / 2**20:.0f} MiB, the budget leaves "
+                                   f"{max(free_beside, 0) / 2**20:.0f} MiB beside the model")
+        if need > budget_bytes:
+            why_not["swap"] = (f"projector needs {need / 2**20:.0f} MiB, more than the whole "
+                               f"budget of {budget_bytes / 2**20:.0f} MiB")
+    predicted: dict[str, float | None] = {}
+    steps: dict[str, list[PlannedStep]] = {}
+    for s in STRATEGIES:
+        if s in why_not:
+            predicted[s] = None
+            continue
+        steps[s] = _steps(s, accel or CPU, placement, need, proj.weight_bytes, n_tokens,
+                          state_bytes, resident_loaded, costs)
+        predicted[s] = sum(p.predicted_s for p in steps[s])
+    if requested != "auto":
+        if requested not in STRATEGIES:
+            return DoesNotFit(f"unknown vision strategy '{requested}'")
+        if requested in why_not:
+            return DoesNotFit(f"{requested} is not possible: {why_not[requested]}")
+        chosen: Strategy = requested  # type: ignore[assignment]
+        return VisionPlan(chosen, f"{chosen} as requested", tuple(steps[chosen]), predicted)
+    # auto: cheapest; on a tie prefer the one that touches the accelerator least
+    order = {"cpu": 0, "resident": 1, "swap": 2}
+    chosen = min(steps, key=lambda s: (round(predicted[s] or 0.0, 3), order[s]))  # type: ignore[assignment]
+    others = ", ".join(f"{s} {predicted[s]:.2f}s" if predicted[s] is not None
+                       else f"{s} impossible ({why_not[s]})" for s in STRATEGIES if s != chosen)
+    reason = f"auto chose {chosen}: predicted {predicted[chosen]:.2f}s; {others}"
+    return VisionPlan(chosen, reason, tuple(steps[chosen]), predicted)

@@ -1,0 +1,384 @@
+"""A conversation with one model and (optionally) its vision projector held in RAM.
+
+The vision turn (shared/DESIGN.md §3): plan, then encode the request's new images with the
+chosen strategy — resident (projector beside the model on the accelerator), swap (save state,
+evict the model from the accelerator, load the projector there, encode, free it, bring the
+model back, restore state) or cpu (the RAM instance) — then prefill and decode. Every step is
+a Span event. Owned by one thread (the CLI's, or the app's engine worker).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from engine import events
+from engine.devices import accelerators, find_device
+from engine.errors import EbbError
+from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
+from engine.hw import physical_cores
+from engine.images import LoadedImage, load_image
+from engine.ledger import Ledger
+from engine.plan import (CPU, Costs, DoesNotFit, Placement, VisionPlan, plan_placement,
+                         plan_vision, projector_need_bytes)
+from engine.projector_runtime import Encoded, ProjectorRuntime
+from engine.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
+
+SAFETY_MARGIN_BYTES = 256 * 2**20
+_KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    model_path: Path
+    mmproj_path: Path | None = None
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    vram_budget_bytes: int | None = None  # None: the accelerator's free memory minus a margin
+    vision: str = "auto"  # auto | resident | swap | cpu
+    flash_attn: bool = True
+    accel: str | None = None  # None: the first accelerator llama.cpp sees, if any
+    n_batch: int = 512
+    system: str | None = None
+
+
+@dataclass
+class TurnResult:
+    request_id: int
+    text: str = ""
+    strategy: str = "none"
+    reason: str = ""
+    spans: list[events.Span] = field(default_factory=list)
+    device_peak_bytes: dict[str, int] = field(default_factory=dict)
+    n_images: int = 0
+    n_images_encoded: int = 0
+    n_images_cached: int = 0
+    gen: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        t0 = self.spans[0].start_s if self.spans else 0.0
+        d: dict[str, Any] = {"text": self.text, "strategy": self.strategy, "reason": self.reason,
+                             "spans": [s.to_dict(t0) for s in self.spans],
+                             "device_peak_bytes": self.device_peak_bytes,
+                             "n_images": self.n_images, "n_images_encoded": self.n_images_encoded,
+                             "n_images_cached": self.n_images_cached, **self.gen}
+        if self.error is not None:
+            d["error"] = self.error
+        return d
+
+
+def _projector_identity(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+class Session:
+    def __init__(self, cfg: SessionConfig, emit: Callable[[events.Event], None] | None = None) -> None:
+        self.cfg = cfg
+        self._emit = emit or (lambda ev: None)
+        self.info = model_info(read_gguf(cfg.model_path))
+        self.n_ctx = check_context(self.info, cfg.n_ctx)
+        self.n_threads = cfg.n_threads or physical_cores()
+        self.proj_info = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
+        if self.proj_info is not None:
+            check_projector_matches(self.info, self.proj_info)
+        self.accel = self._pick_accel()
+        self.budget_bytes = self._budget()
+        self.ledger = Ledger()
+        self.costs = self._default_costs()
+        self.vision_enabled = self.proj_info is not None
+        self.messages: list[dict[str, str]] = (
+            [{"role": "system", "content": cfg.system}] if cfg.system else [])
+        self._history_images: list[str] = []  # cache keys, in prompt order
+        self._cache: dict[str, Encoded] = {}
+        self._request_id = 0
+        self.n_model_loads = 0
+        self._stack = contextlib.ExitStack()
+        self._accel_projector: ProjectorRuntime | None = None
+        reserve = (projector_need_bytes(self.proj_info, cfg.flash_attn)
+                   if self.proj_info is not None and cfg.vision == "resident" else 0)
+        self.placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                        cfg.n_batch, cfg.flash_attn, reserve)
+        try:
+            self.runtime: TextRuntime | None = self._load_text()
+            self._stack.callback(self._close_runtime)
+            self._load_ram_projector()
+        except BaseException:
+            self._stack.close()
+            raise
+        self._emit_residency()
+
+    # ------------------------------------------------------------ setup
+
+    def _pick_accel(self) -> str | None:
+        if self.cfg.accel is not None:
+            return find_device(self.cfg.accel).name
+        accs = accelerators()
+        return accs[0].name if accs else None
+
+    def _budget(self) -> int:
+        if self.accel is None:
+            return 0
+        if self.cfg.vram_budget_bytes is not None:
+            return self.cfg.vram_budget_bytes
+        free = find_device(self.accel).free_bytes or 0
+        return max(0, free - max(SAFETY_MARGIN_BYTES, free // 20))
+
+    def _default_costs(self) -> Costs:
+        flops_per_token = 2 * (self.proj_info.weight_bytes // 2) if self.proj_info else 1
+        cpu_s = flops_per_token / (40e9 * self.n_threads)
+        remote = self.accel is not None and find_device(self.accel).remote
+        accel_s = cpu_s if (self.accel is None or remote) else flops_per_token / 20e12
+        return Costs(bus_Bps=1e9 if remote or self.accel is None else 12e9,
+                     cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
+
+    def _text_params(self, placement: Placement) -> LoadParams:
+        return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                          n_gpu_layers=placement.n_gpu_layers,
+                          devices=(placement.accel,) if placement.accel else (),
+                          flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch)
+
+    def _load_text(self) -> TextRuntime:
+        rt = TextRuntime(self._text_params(self.placement), self.info)
+        self.n_model_loads += 1
+        for (dev, kind), n in rt.buffers.items():
+            if kind in _KIND:
+                self.ledger.set(dev, _KIND[kind], n)
+        return rt
+
+    def _load_ram_projector(self) -> None:
+        if self.cfg.mmproj_path is None:
+            self.ram_projector = None
+            return
+        assert self.runtime is not None
+        if self.placement.n_gpu_layers == 0:
+            holder: Any = self.runtime  # already all in RAM
+        else:  # a host-only instance of the model for the projector to bind to (mmapped)
+            holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0, devices=(),
+                                            repack=False), self.info)
+            self._stack.callback(holder.close)
+        self._ram_model = holder
+        self.ram_projector = ProjectorRuntime(self.cfg.mmproj_path, holder, self.n_threads,
+                                              device=None, flash_attn=self.cfg.flash_attn)
+        self._stack.callback(self.ram_projector.close)
+        self.ledger.set(CPU, "projector", self.ram_projector.info.weight_bytes)
+        self._proj_id = _projector_identity(self.cfg.mmproj_path)
+
+    def _close_runtime(self) -> None:
+        self._free_accel_projector()
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ events
+
+    def _emit_residency(self, projector: str | None = None, evicted: bool = False) -> None:
+        p = self.placement
+        layers = tuple(CPU for _ in p.layer_devices) if evicted else p.layer_devices
+        where = projector if projector is not None else (
+            "" if self.proj_info is None else
+            self._accel_projector.device_name if self._accel_projector else "RAM")
+        self._emit(events.Residency(self._request_id, layer_devices=layers,
+                                    output_device=CPU if evicted else p.output_device,
+                                    embeddings_device=p.embeddings_device,
+                                    projector_device=where, ledger=self.ledger.snapshot()))
+
+    @contextlib.contextmanager
+    def _span(self, spans: list[events.Span], name: str, device: str, n_bytes: int = 0,
+              predicted: VisionPlan | None = None, detail: str = "") -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            pred = None
+            if predicted is not None:
+                pred = next((s.predicted_s for s in predicted.steps if s.name == name), None)
+            span = events.Span(self._request_id, name=name, start_s=t0, end_s=time.monotonic(),
+                               device=device, bytes=n_bytes, predicted_s=pred, detail=detail)
+            spans.append(span)
+            self._emit(span)
+            if self.accel is not None:
+                self._emit(events.MemorySample(self._request_id, device=self.accel,
+                                               ledger_bytes=self.ledger.total(self.accel),
+                                               reported_used_bytes=None))
+
+    # ------------------------------------------------------------ vision control
+
+    def set_vision(self, enabled: bool) -> None:
+        """Turn vision on or off. Never reloads the model; frees a resident projector."""
+        if enabled and self.proj_info is None:
+            raise EbbError("no projector is loaded", "start with --mmproj FILE.gguf")
+        self.vision_enabled = enabled
+        if not enabled:
+            self._free_accel_projector()
+            self._emit_residency()
+
+    def _free_accel_projector(self) -> None:
+        if self._accel_projector is None:
+            return
+        self._accel_projector.close()
+        self._accel_projector = None
+        if self.accel:
+            self.ledger.clear(self.accel, "projector", "projector_compute")
+        if self.runtime is not None:
+            self.runtime.reschedule()  # freed device buffers: plan the next graph afresh
+
+    def _load_accel_projector(self, bound_to: Any) -> ProjectorRuntime:
+        assert self.cfg.mmproj_path is not None and self.accel is not None
+        self._emit_residency(projector="loading")
+        pr = ProjectorRuntime(self.cfg.mmproj_path, bound_to, self.n_threads, device=self.accel,
+                              flash_attn=self.cfg.flash_attn)
+        self.ledger.set(self.accel, "projector", pr.info.weight_bytes)
+        self.ledger.set(self.accel, "projector_compute", pr.compute_buffer_bytes)
+        return pr
+
+    # ------------------------------------------------------------ the turn
+
+    def turn(self, text: str, image_paths: Sequence[str | Path] = (), gp: GenParams | None = None,
+             on_text: Callable[[str], None] | None = None,
+             cancel: threading.Event | None = None) -> TurnResult:
+        """One user turn. A bad input returns a result with `error`; the context is kept."""
+        self._request_id += 1
+        res = TurnResult(self._request_id, n_images=len(image_paths))
+        self.ledger.reset_peaks()
+        try:
+            images = [load_image(Path(p)) for p in image_paths]
+            if images and (self.ram_projector is None or not self.vision_enabled):
+                raise EbbError("this message has images but vision is off" if self.proj_info
+                               else "this message has images but no projector is loaded",
+                               "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
+            self._encode_new(images, res)
+            self._generate(text, images, gp or GenParams(), on_text, cancel, res)
+        except EbbError as exc:
+            res.error = str(exc)
+        res.device_peak_bytes = self.ledger.peaks()
+        return res
+
+    def _key(self, img: LoadedImage) -> str:
+        return f"{self._proj_id}:{img.sha256}"
+
+    def _encode_new(self, images: list[LoadedImage], res: TurnResult) -> None:
+        todo = list({self._key(i): i for i in images if self._key(i) not in self._cache}.values())
+        res.n_images_cached = len(images) - len(todo)
+        if not images:
+            return
+        if not todo:
+            res.reason = f"all {len(images)} images already encoded (cache)"
+            return
+        assert self.proj_info is not None and self.runtime is not None
+        n_tokens = self.proj_info.n_image_tokens * len(todo)
+        state_bytes = self.n_ctx * self.info.kv_bytes_per_token if self.runtime.n_positions() else 0
+        with self._span(res.spans, "plan", CPU):
+            plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,
+                               n_tokens, state_bytes, self.cfg.flash_attn, self.costs,
+                               resident_loaded=self._accel_projector is not None)
+        if isinstance(plan, DoesNotFit):
+            raise EbbError(plan.reason, "use --vision cpu or auto, or raise --vram-budget")
+        res.strategy, res.reason = plan.strategy, plan.reason
+        if plan.strategy == "cpu":
+            assert self.ram_projector is not None
+            self._encode_all(self.ram_projector, todo, res, plan, CPU)
+        elif plan.strategy == "resident":
+            if self._accel_projector is None:
+                with self._span(res.spans, "load_projector", self.accel or CPU,
+                                projector_need_bytes(self.proj_info, self.cfg.flash_attn), plan):
+                    self._accel_projector = self._load_accel_projector(self.runtime)
+                    self.runtime.reschedule()
+                self._emit_residency()
+            self._encode_all(self._accel_projector, todo, res, plan, self.accel or CPU)
+        else:
+            self._swap_encode(todo, res, plan)
+        res.n_images_encoded = len(todo)
+
+    def _encode_all(self, pr: ProjectorRuntime, todo: list[LoadedImage], res: TurnResult,
+                    plan: VisionPlan, device: str) -> None:
+        for img in todo:
+            with self._span(res.spans, "encode", device, len(img.rgb), plan, Path(img.path).name):
+                enc = pr.encode(img)
+            self._cache[self._key(img)] = enc
+            per_token = enc.encode_s / max(enc.n_tokens, 1)
+            if device == CPU:
+                self.costs = replace(self.costs, cpu_encode_s_per_token=per_token)
+            else:
+                self.costs = replace(self.costs, accel_encode_s_per_token=per_token)
+
+    def _swap_encode(self, todo: list[LoadedImage], res: TurnResult, plan: VisionPlan) -> None:
+        assert self.runtime is not None and self.accel is not None and self.proj_info is not None
+        accel = self.accel
+        with self._span(res.spans, "save_state", CPU, 0, plan):
+            state = self.runtime.save_state()
+        res.spans[-1] = replace(res.spans[-1], bytes=len(state[0]))
+        with self._span(res.spans, "evict", accel, self.placement.accel_total_bytes, plan):
+            self._close_runtime()
+            self.ledger.clear(accel, "weights", "kv", "compute", "output")
+        self._emit_residency(evicted=True)
+        pr = None
+        try:
+            with self._span(res.spans, "load_projector", accel,
+                            projector_need_bytes(self.proj_info, self.cfg.flash_attn), plan):
+                pr = self._load_accel_projector(self._ram_model)
+            self._emit_residency(projector=accel, evicted=True)
+            self._encode_all(pr, todo, res, plan, accel)
+        finally:
+            with self._span(res.spans, "free_projector", accel, 0, plan):
+                if pr is not None:
+                    pr.close()
+                self.ledger.clear(accel, "projector", "projector_compute")
+            self._restore_after_swap(state, res, plan)
+
+    def _restore_after_swap(self, state: tuple[bytes, list[Any]], res: TurnResult,
+                            plan: VisionPlan) -> None:
+        accel = self.accel or CPU
+        t0 = time.perf_counter()
+        with self._span(res.spans, "restore", accel, self.placement.accel_total_bytes, plan):
+            try:
+                self.runtime = self._load_text()
+            except EbbError as exc:  # the device is full now: carry on from RAM, say so
+                self.placement = plan_placement(self.info, None, 0, self.n_ctx,
+                                                self.cfg.n_batch, self.cfg.flash_attn)
+                self.runtime = self._load_text()
+                res.reason += f"; could not bring the model back to {accel} ({exc}): running from RAM"
+        weights = self.placement.accel_bytes.get("weights", 0)
+        elapsed = time.perf_counter() - t0
+        self.costs = replace(self.costs, reload_overhead_s=max(0.0, elapsed - weights / self.costs.bus_Bps))
+        with self._span(res.spans, "restore_state", accel, len(state[0]), plan):
+            self.runtime.restore_state(state)
+        self._emit_residency()
+
+    def _generate(self, text: str, images: list[LoadedImage], gp: GenParams,
+                  on_text: Callable[[str], None] | None, cancel: threading.Event | None,
+                  res: TurnResult) -> None:
+        assert self.runtime is not None
+        marker = self.ram_projector.marker if self.ram_projector else ""
+        content = "".join(f"{marker}\n" for _ in images) + text
+        messages = self.messages + [{"role": "user", "content": content}]
+        keys = self._history_images + [self._key(i) for i in images]
+        spans = [ImageSpan(k, self._cache[k].embeddings) for k in keys]
+        items = self.runtime.build_prompt(messages, marker or "\0no-images\0", spans)
+        accel = self.placement.accel or CPU
+        t_start = time.monotonic()
+        result = self.runtime.generate_from(items, gp, on_text, cancel)
+        t_pre = t_start + result.prompt_s
+        for name, a, b in (("prefill", t_start, t_pre), ("decode", t_pre, t_pre + result.gen_s)):
+            span = events.Span(self._request_id, name=name, start_s=a, end_s=b, device=accel)
+            res.spans.append(span)
+            self._emit(span)
+        res.text = result.text
+        res.gen = result.to_dict()
+        del res.gen["text"]
+        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        self._history_images = keys

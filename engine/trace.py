@@ -1,0 +1,36 @@
+"""Timeline spans in the Chrome trace format (open the file in Perfetto or chrome://tracing)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from engine.events import Span
+
+# One row (thread) per kind of work, as the window's timeline draws them.
+ROWS = {"evict": 1, "restore": 1, "save_state": 1, "restore_state": 1,
+        "load_projector": 2, "encode": 2, "free_projector": 2,
+        "plan": 3, "prefill": 3, "decode": 3}
+ROW_NAMES = {1: "transfers", 2: "projector", 3: "compute"}
+
+
+def chrome_trace(spans: Iterable[Span]) -> dict[str, object]:
+    spans = list(spans)
+    t0 = min((s.start_s for s in spans), default=0.0)
+    out: list[dict[str, object]] = [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
+        for tid, name in ROW_NAMES.items()]
+    for s in spans:
+        args: dict[str, object] = {"device": s.device, "bytes": s.bytes, "request_id": s.request_id}
+        if s.predicted_s is not None:
+            args["predicted_s"] = s.predicted_s
+        if s.detail:
+            args["detail"] = s.detail
+        out.append({"name": s.name, "cat": s.device, "ph": "X", "pid": 1,
+                    "tid": ROWS.get(s.name, 3), "ts": round((s.start_s - t0) * 1e6, 1),
+                    "dur": round((s.end_s - s.start_s) * 1e6, 1), "args": args})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(path: Path, spans: Iterable[Span]) -> None:
+    Path(path).write_text(json.dumps(chrome_trace(spans)))
