@@ -63,6 +63,7 @@ def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
 def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx: int,
                   n_ubatch: int, flash_attn: bool) -> Placement:
     k = max(0, min(n_gpu_layers, model.n_layers + 1)) if accel else 0
+    # `accel` stays named even at k == 0: the device the projector may borrow
     n_rep = max(0, min(k - 1, model.n_layers))
     layer_devices = tuple(accel if (accel and i >= model.n_layers - n_rep) else CPU
                           for i in range(model.n_layers))
@@ -73,7 +74,7 @@ def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx:
 def plan_placement(model: ModelInfo, accel: str | None, budget_bytes: int, n_ctx: int,
                    n_ubatch: int, flash_attn: bool, reserve_bytes: int = 0) -> Placement:
     """The most layers on `accel` whose bytes (plus `reserve_bytes`) fit the budget."""
-    best = placement_for(model, None, 0, n_ctx, n_ubatch, flash_attn)
+    best = placement_for(model, accel, 0, n_ctx, n_ubatch, flash_attn)  # all in RAM
     if accel is None:
         return best
     for k in range(model.n_layers + 1, 0, -1):

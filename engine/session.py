@@ -140,7 +140,7 @@ class Session:
     def _text_params(self, placement: Placement) -> LoadParams:
         return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                           n_gpu_layers=placement.n_gpu_layers,
-                          devices=(placement.accel,) if placement.accel else (),
+                          devices=(placement.accel,) if placement.accel and placement.n_gpu_layers else (),
                           flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch)
 
     def _load_text(self) -> TextRuntime:

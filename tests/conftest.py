@@ -45,3 +45,84 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     """Run `python -m engine ARGS` as a user would; returns the finished process."""
     return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
                           text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RpcServer:
+    """`ebb-engine rpc-serve` on loopback in its own process: the stand-in accelerator."""
+
+    def __init__(self) -> None:
+        import socket
+        import time
+
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine", "rpc-serve", "--port", str(self.port), "--threads",
+             str(N_THREADS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("rpc-serve did not start")
+
+    def _status(self, key: str) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    def rss_bytes(self) -> int:
+        return self._status("VmRSS")
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+
+    def peak_rss_bytes(self) -> int:
+        return self._status("VmHWM")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def rpc_server():
+    server = RpcServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def base_projector(projector_dir: Path) -> Path:
+    from engine.projector_gen import write_projector
+
+    return write_projector(projector_dir / "base.gguf", 576, size="base", seed=0)
+
+
+@pytest.fixture(scope="session")
+def pictures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import numpy as np
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("pictures")
+    out = {}
+    for i, (name, shape) in enumerate((("a.png", (200, 300, 3)), ("b.jpg", (300, 200, 3)))):
+        arr = (np.random.default_rng(i).random(shape) * 255).astype(np.uint8)
+        Image.fromarray(arr).save(d / name)
+        out[name] = d / name
+    return out
