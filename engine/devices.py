@@ -92,6 +92,19 @@ def find_device(name: str) -> DeviceInfo:
     raise EbbError(f"no device named {name}", "see `ebb-engine devices`")
 
 
+def reported_used_bytes(name: str) -> int | None:
+    """The device's own reading of its used memory (NVML for CUDA devices, else ggml's)."""
+    if name.startswith("CUDA") and name[4:].isdigit():
+        readings = nvml_readings()
+        if readings is not None and int(name[4:]) < len(readings):
+            return readings[int(name[4:])].used_bytes
+    try:
+        free, total = ggml.device_memory(find_device(name).handle)
+    except EbbError:
+        return None
+    return total - free if total else None
+
+
 # ---------------------------------------------------------------- NVML
 
 

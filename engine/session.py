@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from engine import events
-from engine.devices import accelerators, find_device
+from engine.devices import accelerators, find_device, reported_used_bytes
 from engine.errors import EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
@@ -214,7 +214,7 @@ class Session:
             if self.accel is not None:
                 self._emit(events.MemorySample(self._request_id, device=self.accel,
                                                ledger_bytes=self.ledger.total(self.accel),
-                                               reported_used_bytes=None))
+                                               reported_used_bytes=reported_used_bytes(self.accel)))
 
     # ------------------------------------------------------------ vision control
 

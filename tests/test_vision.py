@@ -133,13 +133,28 @@ def test_bad_images_never_end_the_conversation(tmp_path, rpc_server, base_projec
     (tmp_path / "notes.png").write_text("not an image")
     (tmp_path / "empty.jpg").write_bytes(b"")
     (tmp_path / "cut.png").write_bytes(pictures["a.png"].read_bytes()[:300])
+    from PIL import Image
+
+    Image.new("L", (8000, 7000), 0).save(tmp_path / "huge.png")  # 56 megapixels, tiny file
     turns = [{"text": "Look.", "images": ["notes.png"]},
+             {"text": "And this?", "images": ["huge.png"]},
              {"text": "What is the capital of France? Answer in one word."},
              {"text": "And this?", "images": ["empty.jpg"]},
              {"text": "And this?", "images": ["cut.png"]},
              {"text": "And this?", "images": ["a.png"]}]
     out = _chat(rpc_server, base_projector, _script(tmp_path, pictures, turns), "--vision", "cpu")
     assert "not an image" in out[0]["error"]
-    assert "error" not in out[1] and "Paris" in out[1]["text"]
-    assert "not an image" in out[2]["error"] and "damaged" in out[3]["error"]
-    assert "error" not in out[4] and out[4]["strategy"] == "cpu"
+    assert "megapixels" in out[1]["error"]
+    assert "error" not in out[2] and "Paris" in out[2]["text"]
+    assert "not an image" in out[3]["error"] and "damaged" in out[4]["error"]
+    assert "error" not in out[5] and out[5]["strategy"] == "cpu"
+
+
+def test_mismatched_projector_is_a_clear_error(tmp_path, pictures):
+    from engine.projector_gen import write_projector
+
+    wide = write_projector(tmp_path / "wide.gguf", 1024, size="tiny")
+    proc = run_cli("chat", "--mmproj", str(wide), "--prompt", "hi", "--image",
+                   str(pictures["a.png"]), "--threads", "2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "1024" in proc.stderr and "576" in proc.stderr

@@ -1,0 +1,76 @@
+"""The planner is pure: placements and vision plans from SmolLM2's real tensor table."""
+from __future__ import annotations
+
+import pytest
+
+from engine.gguf_info import model_info, projector_info, read_gguf
+from engine.plan import (CPU, Costs, DoesNotFit, VisionPlan, accel_bytes, placement_for,
+                         plan_placement, plan_vision, projector_need_bytes)
+
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return model_info(read_gguf(model_path))
+
+
+@pytest.fixture(scope="module")
+def proj(tiny_projector):
+    return projector_info(read_gguf(tiny_projector))
+
+
+def test_llama_cpp_semantics_output_first_then_last_layers(model):
+    p = placement_for(model, "RPC0", 10, 2048, 512, True)
+    assert p.output_device == "RPC0" and p.embeddings_device == CPU
+    assert p.layer_devices == (CPU,) * 21 + ("RPC0",) * 9
+    # 9 layers + the (tied, duplicated) output matrix: what llama.cpp reported (47.71 MiB)
+    assert abs(p.accel_bytes["weights"] / MiB - 47.71) < 0.01
+    assert p.accel_bytes["kv"] == 9 * 768 * 2048  # llama.cpp: 13.50 MiB
+    full = placement_for(model, "RPC0", 99, 2048, 512, True)
+    assert full.n_gpu_layers == 31 and full.n_layers_on_accel == 30
+
+
+def test_plan_placement_fits_the_budget_and_reserve(model):
+    for budget in (50, 120, 200, 300, 10_000):
+        p = plan_placement(model, "RPC0", budget * MiB, 2048, 512, True)
+        assert p.accel_total_bytes <= budget * MiB
+        bigger = placement_for(model, "RPC0", p.n_gpu_layers + 1, 2048, 512, True)
+        assert p.n_gpu_layers == 31 or bigger.accel_total_bytes > budget * MiB
+    with_room = plan_placement(model, "RPC0", 300 * MiB, 2048, 512, True, reserve_bytes=100 * MiB)
+    assert with_room.accel_total_bytes + 100 * MiB <= 300 * MiB
+    assert plan_placement(model, None, 300 * MiB, 2048, 512, True).n_gpu_layers == 0
+
+
+def test_flash_attention_off_needs_the_score_matrix(model):
+    on = accel_bytes(model, 31, 2048, 512, True)["compute"]
+    off = accel_bytes(model, 31, 2048, 512, False)["compute"]
+    assert off - on == model.n_head * 2048 * 512 * 4
+
+
+def test_vision_strategies_and_reasons(model, proj):
+    full = placement_for(model, "RPC0", 31, 2048, 512, True)
+    need = projector_need_bytes(proj, True)
+    ample = plan_vision("auto", full, proj, full.accel_total_bytes + need, 4, 0, True, Costs())
+    assert isinstance(ample, VisionPlan) and ample.predicted_s["resident"] is not None
+    tight = plan_vision("resident", full, proj, full.accel_total_bytes + need - 1, 4, 0, True, Costs())
+    assert isinstance(tight, DoesNotFit) and "beside the model" in tight.reason
+    swap = plan_vision("swap", full, proj, full.accel_total_bytes, 4, 10_000, True, Costs())
+    assert isinstance(swap, VisionPlan)
+    assert [s.name for s in swap.steps] == ["save_state", "evict", "load_projector", "encode",
+                                            "free_projector", "restore", "restore_state"]
+    nothing = plan_vision("swap", full, proj, need - 1, 4, 0, True, Costs())
+    assert isinstance(nothing, DoesNotFit) and "whole budget" in nothing.reason
+    auto = plan_vision("auto", full, proj, need - 1, 4, 0, True, Costs())
+    assert isinstance(auto, VisionPlan) and auto.strategy == "cpu"
+    assert "swap impossible" in auto.reason
+
+
+def test_auto_follows_the_costs(model, proj):
+    full = placement_for(model, "RPC0", 31, 2048, 512, True)
+    budget = full.accel_total_bytes  # no room beside: swap or cpu
+    fast_gpu = Costs(bus_Bps=20e9, cpu_encode_s_per_token=0.05, accel_encode_s_per_token=1e-4,
+                     reload_overhead_s=0.01)
+    slow_bus = Costs(bus_Bps=1e6, cpu_encode_s_per_token=1e-4, accel_encode_s_per_token=1e-5)
+    assert plan_vision("auto", full, proj, budget, 576, 0, True, fast_gpu).strategy == "swap"
+    assert plan_vision("auto", full, proj, budget, 576, 0, True, slow_bus).strategy == "cpu"
