@@ -160,7 +160,7 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
             why_not["swap"] = (f"projector needs {need / 2**20:.0f} MiB, more than the whole "
                                f"budget of {budget_bytes / 2**20:.0f} MiB")
     predicted: dict[str, float | None] = {}
-    steps: dict[str, list[PlannedStep]] = {}
+    steps: dict[Strategy, list[PlannedStep]] = {}
     for s in STRATEGIES:
         if s in why_not:
             predicted[s] = None
@@ -173,11 +173,11 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
             return DoesNotFit(f"unknown vision strategy '{requested}'")
         if requested in why_not:
             return DoesNotFit(f"{requested} is not possible: {why_not[requested]}")
-        chosen: Strategy = requested  # type: ignore[assignment]
+        chosen = next(s for s in STRATEGIES if s == requested)
         return VisionPlan(chosen, f"{chosen} as requested", tuple(steps[chosen]), predicted)
     # auto: cheapest; on a tie prefer the one that touches the accelerator least
     order = {"cpu": 0, "resident": 1, "swap": 2}
-    chosen = min(steps, key=lambda s: (round(predicted[s] or 0.0, 3), order[s]))  # type: ignore[assignment]
+    chosen = min(steps, key=lambda s: (round(predicted[s] or 0.0, 3), order[s]))
     others = ", ".join(f"{s} {predicted[s]:.2f}s" if predicted[s] is not None
                        else f"{s} impossible ({why_not[s]})" for s in STRATEGIES if s != chosen)
     reason = f"auto chose {chosen}: predicted {predicted[chosen]:.2f}s; {others}"

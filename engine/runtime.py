@@ -211,7 +211,10 @@ class TextRuntime:
         template = raw.decode("utf-8") if raw else CHATML_TEMPLATE
         bos = L.llama_vocab_bos(self.vocab)
         eos = L.llama_vocab_eos(self.vocab)
-        text = lambda t: L.llama_vocab_get_text(self.vocab, t).decode() if t >= 0 else ""  # noqa: E731
+
+        def text(t: int) -> str:
+            return str(L.llama_vocab_get_text(self.vocab, t).decode()) if t >= 0 else ""
+
         return Jinja2ChatFormatter(template=template, eos_token=text(eos), bos_token=text(bos))
 
     def close(self) -> None:
@@ -328,7 +331,7 @@ class TextRuntime:
                 n_keep -= 1
         L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, n_keep, -1)
         del self._cached[n_keep:]
-        pos, run = 0, []
+        pos, run = 0, list[int]()
         for it in items:
             width = it.embeddings.shape[0] if isinstance(it, ImageSpan) else 1
             if pos + width > n_keep:

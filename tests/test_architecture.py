@@ -20,3 +20,9 @@ def test_engine_runs_without_qt_loaded():
             "engine.projector_runtime, engine.images, engine.events; "
             "sys.exit(1 if any(m.startswith(('PySide6', 'pyqtgraph', 'app')) for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_engine_is_mypy_strict_clean():
+    proc = subprocess.run([sys.executable, "-m", "mypy", "engine"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
