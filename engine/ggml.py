@@ -64,11 +64,76 @@ def lib() -> GgmlLibs:
     _sig(base, "ggml_backend_dev_memory", None, c_void_p, ctypes.POINTER(c_size_t),
          ctypes.POINTER(c_size_t))
     _sig(base, "ggml_backend_dev_backend_reg", c_void_p, c_void_p)
+    _sig(base, "ggml_get_name", c_char_p, c_void_p)
+    _sig(base, "ggml_nbytes", c_size_t, c_void_p)
+    _sig(base, "ggml_tensor_overhead", c_size_t)
+    _sig(base, "ggml_backend_buffer_get_usage", ctypes.c_int, c_void_p)
+    _sig(base, "ggml_backend_buffer_set_usage", None, c_void_p, ctypes.c_int)
+    _sig(base, "ggml_backend_buffer_get_base", c_void_p, c_void_p)
+    _sig(base, "ggml_backend_buffer_get_size", c_size_t, c_void_p)
+    _sig(base, "ggml_backend_buffer_free", None, c_void_p)
+    _sig(base, "ggml_backend_buffer_is_host", ctypes.c_bool, c_void_p)
+    _sig(base, "ggml_backend_buffer_name", c_char_p, c_void_p)
+    _sig(base, "ggml_backend_buft_alloc_buffer", c_void_p, c_void_p, c_size_t)
+    _sig(base, "ggml_backend_buft_get_alloc_size", c_size_t, c_void_p, c_void_p)
+    _sig(base, "ggml_backend_buft_get_alignment", c_size_t, c_void_p)
+    _sig(base, "ggml_backend_buft_name", c_char_p, c_void_p)
+    _sig(base, "ggml_backend_dev_buffer_type", c_void_p, c_void_p)
+    _sig(base, "ggml_backend_cpu_buffer_type", c_void_p)
+    _sig(base, "ggml_backend_tensor_alloc", ctypes.c_int, c_void_p, c_void_p, c_void_p)
+    _sig(base, "ggml_backend_tensor_set", None, c_void_p, c_void_p, c_size_t, c_size_t)
+    _sig(base, "ggml_backend_tensor_get", None, c_void_p, c_void_p, c_size_t, c_size_t)
     if rpc is not None:
         _sig(rpc, "ggml_backend_rpc_add_server", c_void_p, c_char_p)
         _sig(rpc, "ggml_backend_rpc_start_server", None, c_char_p, c_char_p, c_size_t, c_size_t,
              ctypes.POINTER(c_void_p))
     return GgmlLibs(base, core, rpc)
+
+
+BUFFER_USAGE_WEIGHTS = 1
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+
+
+class Tensor(ctypes.Structure):
+    """Mirror of the public `struct ggml_tensor` (ggml.h, ggml 0.25.x). `check_tensor_layout`
+    verifies it against the library before anything relies on it."""
+    _fields_ = [
+        ("type", ctypes.c_int32),
+        ("buffer", c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", c_size_t * 4),
+        ("op", ctypes.c_int32),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", c_void_p * GGML_MAX_SRC),
+        ("view_src", c_void_p),
+        ("view_offs", c_size_t),
+        ("data", c_void_p),
+        ("name", ctypes.c_char * GGML_MAX_NAME),
+        ("extra", c_void_p),
+        ("padding", ctypes.c_char * 8),
+    ]
+
+
+def tensor_at(ptr: int) -> Tensor:
+    return Tensor.from_address(ptr)
+
+
+def check_tensor_layout(sample_ptr: int) -> str | None:
+    """None when our mirror matches the library on a real tensor, else what differs."""
+    g = lib()
+    overhead = int(g.base.ggml_tensor_overhead())
+    if overhead < ctypes.sizeof(Tensor) or overhead - ctypes.sizeof(Tensor) > 64:
+        return f"ggml_tensor_overhead() is {overhead}, our struct is {ctypes.sizeof(Tensor)}"
+    t = tensor_at(sample_ptr)
+    name = (g.base.ggml_get_name(sample_ptr) or b"").decode()
+    if t.name.decode(errors="replace") != name:
+        return f"tensor name at the mirrored offset is {t.name!r}, ggml says {name!r}"
+    elements = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+    if elements <= 0 or int(g.base.ggml_nbytes(sample_ptr)) != t.nb[3] * t.ne[3]:
+        return "tensor shape or strides at the mirrored offsets disagree with ggml_nbytes"
+    return None
 
 
 def device_handles() -> list[int]:

@@ -50,6 +50,8 @@ class LoadParams:
     flash_attn: bool | None = None  # None: llama.cpp decides
     n_batch: int = 512
     repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
+    # (regex, device name or "CPU"): llama.cpp's tensor_buft_overrides, first match wins
+    buft_overrides: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,23 @@ def buffers_from_log() -> dict[tuple[str, str], int]:
     return out
 
 
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _override_array(overrides: tuple[tuple[str, str], ...]) -> Any:
+    from engine import ggml
+    from engine.devices import find_device
+
+    g = ggml.lib()
+    arr = (_BuftOverride * (len(overrides) + 1))()
+    for i, (pattern, dev) in enumerate(overrides):
+        buft = (g.base.ggml_backend_cpu_buffer_type() if dev == "CPU"
+                else g.base.ggml_backend_dev_buffer_type(find_device(dev).handle))
+        arr[i].pattern, arr[i].buft = pattern.encode(), buft
+    return arr
+
+
 class LoadedModel:
     """A llama_model (weights placed per params). Close frees it."""
 
@@ -144,6 +163,9 @@ class LoadedModel:
             handles = [find_device(n).handle for n in params.devices] + [None]
             self._devices_arr = (ctypes.c_void_p * len(handles))(*handles)  # alive while loading
             mparams.devices = ctypes.cast(self._devices_arr, ctypes.c_void_p)
+        if params.buft_overrides:
+            self._overrides = _override_array(params.buft_overrides)  # alive while loading
+            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         llama_log.clear()
         t0 = time.perf_counter()
         model = L.llama_model_load_from_file(str(params.model_path).encode(), mparams)
@@ -183,18 +205,7 @@ class TextRuntime:
         self.loaded = LoadedModel(self.params, self.info)
         self._stack.callback(self.loaded.close)
         self.model, self.vocab = self.loaded.model, self.loaded.vocab
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
-        cparams.n_batch = self.params.n_batch
-        cparams.n_ubatch = self.params.n_batch
-        cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
-        if self.params.flash_attn is not None:
-            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
-        ctx = L.llama_init_from_model(self.model, cparams)
-        if not ctx:
-            raise EbbError(f"llama.cpp could not create a context of {self.n_ctx} tokens: "
-                           f"{llama_log.last_error('out of memory?')}", "try a smaller --ctx")
+        ctx = self._new_context(self.n_ctx)
         self._stack.callback(L.llama_free, ctx)
         self.ctx = ctx
         self.buffers = buffers_from_log()
@@ -202,6 +213,46 @@ class TextRuntime:
             self.buffers[key] = n
         self.load_s = time.perf_counter() - t0
         self.template = self._chat_template()
+
+    def _new_context(self, n_ctx: int, cb_eval: Any = None) -> Any:
+        L = _llama()
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = self.params.n_batch
+        cparams.n_ubatch = self.params.n_batch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        if self.params.flash_attn is not None:
+            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
+        if cb_eval is not None:
+            cparams.cb_eval = cb_eval
+        ctx = L.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            raise EbbError(f"llama.cpp could not create a context of {n_ctx} tokens: "
+                           f"{llama_log.last_error('out of memory?')}", "try a smaller --ctx")
+        return ctx
+
+    def decode_once_with(self, cb_eval: Any) -> None:
+        """Decode one token in a throwaway context that calls `cb_eval` for every node."""
+        L = _llama()
+        ctx = self._new_context(256, cb_eval)
+        try:
+            tok = L.llama_vocab_bos(self.vocab)
+            arr = (L.llama_token * 1)(tok if tok >= 0 else 0)
+            self._check(L.llama_decode(ctx, L.llama_batch_get_one(arr, 1)))
+        finally:
+            L.llama_free(ctx)
+
+    def logits_for(self, tokens: list[int]) -> np.ndarray:
+        """Last-position logits of `tokens` from an empty context (the KV cache is cleared)."""
+        L = _llama()
+        self.reset()
+        self._decode_tokens(tokens)
+        n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        out: np.ndarray = np.array(
+            np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(n_vocab,)), copy=True)
+        self.reset()
+        return out
 
     def _chat_template(self) -> Any:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter

@@ -1,0 +1,201 @@
+"""The live mover: move single layers of a running model between host and accelerator.
+
+The model is loaded with every layer assigned to the accelerator (so its KV cache and compute
+live there) but the weights of all repeating layers forced to host buffers, in plain GGUF
+layout (no CPU repacking). Promoting layer N allocates one device buffer, re-points each of its
+weight tensors there and copies the host bytes in; evicting re-points them back at their host
+copies and frees the buffer (weights are read-only: nothing is copied back). After any move the
+context re-schedules, so ops run where their weights now live.
+
+Only the public ggml-backend API and the public `struct ggml_tensor` layout are used; the
+weight tensors are found from one decode through `cb_eval`. A self-test at load compares logits
+with the reload mover's and refuses to run on any mismatch. Owned by the engine's thread;
+never call while a decode or encode runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from engine import ggml
+from engine.errors import EbbError
+
+_LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
+SELFTEST_FAIL_ENV = "EBB_TEST_BREAK_LIVE_MOVER"  # test-only hook: makes the self-test fail
+
+
+@dataclass
+class _Moved:
+    buffer: int
+    saved: list[tuple[int, int | None, int | None, int | None]]  # tensor, buffer, data, extra
+    n_bytes: int
+
+
+@dataclass
+class MoveStats:
+    promoted_bytes: int = 0
+    promote_s: float = 0.0
+    evict_s: float = 0.0
+    n_allocs: int = 0
+    n_frees: int = 0
+    per_layer: list[tuple[str, int, float]] = field(default_factory=list)
+
+
+def discover_layer_weights(decode_one: Callable[[Any], None]) -> dict[int, list[int]]:
+    """Run one decode through `decode_one(cb_eval)` and collect, per layer, the host weight
+    tensors its graph reads. Keyed by pointer (tied embeddings share a name)."""
+    import llama_cpp
+
+    g = ggml.lib()
+    found: dict[int, int] = {}
+
+    def on_node(node: int, ask: bool, _user: Any) -> bool:
+        if not ask:
+            return True  # "observe" must return True or the graph aborts
+        t = ggml.tensor_at(node)
+        for src in t.src:
+            if not src or src in found:
+                continue
+            s = ggml.tensor_at(src)
+            if s.buffer and g.base.ggml_backend_buffer_get_usage(s.buffer) == ggml.BUFFER_USAGE_WEIGHTS:
+                m = _LAYER_NAME.match(s.name)
+                if m and g.base.ggml_backend_buffer_is_host(s.buffer):
+                    found[src] = int(m.group(1))
+        return False
+
+    cb = llama_cpp.ggml_backend_sched_eval_callback(on_node)
+    decode_one(cb)
+    layers: dict[int, list[int]] = {}
+    for ptr, layer in found.items():
+        layers.setdefault(layer, []).append(ptr)
+    return layers
+
+
+class LiveMover:
+    """Promotes and evicts layers of one loaded model (see module docstring)."""
+
+    def __init__(self, layer_tensors: dict[int, list[int]], accel_handle: int,
+                 reschedule: Callable[[], None]) -> None:
+        self.g = ggml.lib()
+        self.layers = layer_tensors
+        self.buft = self.g.base.ggml_backend_dev_buffer_type(accel_handle)
+        self.align = int(self.g.base.ggml_backend_buft_get_alignment(self.buft))
+        self._reschedule = reschedule
+        self._moved: dict[int, _Moved] = {}
+        self.stats = MoveStats()
+        sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
+        problem = "no layer weights found in host buffers" if sample is None else \
+            ggml.check_tensor_layout(sample)
+        if problem:
+            raise EbbError(f"live mover unavailable: {problem}")
+
+    def layer_bytes(self, layer: int) -> int:
+        return sum(int(self.g.base.ggml_nbytes(p)) for p in self.layers.get(layer, []))
+
+    def on_device(self) -> list[int]:
+        return sorted(self._moved)
+
+    def promote(self, layer: int) -> int:
+        """Copy `layer`'s weights to the accelerator and point the model at them. Bytes copied."""
+        if layer in self._moved or layer not in self.layers:
+            return 0
+        t0 = time.perf_counter()
+        b = self.g.base
+        ptrs = self.layers[layer]
+        sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
+                 for p in ptrs]
+        buf = b.ggml_backend_buft_alloc_buffer(self.buft, sum(sizes))
+        if not buf:
+            raise EbbError(f"the accelerator is out of memory moving layer {layer} "
+                           f"({sum(sizes) / 2**20:.1f} MiB)")
+        self.stats.n_allocs += 1
+        b.ggml_backend_buffer_set_usage(buf, ggml.BUFFER_USAGE_WEIGHTS)
+        addr = int(b.ggml_backend_buffer_get_base(buf))
+        saved: list[tuple[int, int | None, int | None, int | None]] = []
+        n_bytes = 0
+        try:
+            for p, size in zip(ptrs, sizes):
+                t = ggml.tensor_at(p)
+                saved.append((p, t.buffer, t.data, t.extra))
+                host_data, nb = t.data, int(b.ggml_nbytes(p))
+                t.buffer, t.data = None, None
+                if b.ggml_backend_tensor_alloc(buf, p, addr) != 0:
+                    raise EbbError(f"ggml could not place a tensor of layer {layer} on the device")
+                b.ggml_backend_tensor_set(p, host_data, 0, nb)
+                addr += size
+                n_bytes += nb
+        except BaseException:
+            self._restore(saved)
+            b.ggml_backend_buffer_free(buf)
+            self.stats.n_frees += 1
+            raise
+        self._moved[layer] = _Moved(buf, saved, n_bytes)
+        dt = time.perf_counter() - t0
+        self.stats.promoted_bytes += n_bytes
+        self.stats.promote_s += dt
+        self.stats.per_layer.append(("promote", layer, dt))
+        return n_bytes
+
+    @staticmethod
+    def _restore(saved: list[tuple[int, int | None, int | None, int | None]]) -> None:
+        for p, buffer, data, extra in saved:
+            t = ggml.tensor_at(p)
+            t.buffer, t.data, t.extra = buffer, data, extra
+
+    def evict(self, layer: int) -> int:
+        """Point `layer` back at its host copy and free its device buffer. Bytes freed."""
+        moved = self._moved.pop(layer, None)
+        if moved is None:
+            return 0
+        t0 = time.perf_counter()
+        self._restore(moved.saved)
+        self.g.base.ggml_backend_buffer_free(moved.buffer)
+        self.stats.n_frees += 1
+        dt = time.perf_counter() - t0
+        self.stats.evict_s += dt
+        self.stats.per_layer.append(("evict", layer, dt))
+        return moved.n_bytes
+
+    def reschedule(self) -> None:
+        self._reschedule()
+
+    def close(self) -> None:
+        """Evict everything (the model must still be alive)."""
+        for layer in list(self._moved):
+            self.evict(layer)
+
+
+def self_test(mover: LiveMover, layer: int, logits_now: Callable[[], np.ndarray],
+              reference_on_device: np.ndarray) -> str | None:
+    """Move `layer` to the device and back; logits must equal the references exactly.
+
+    `logits_now()` evaluates a fixed prompt on the live model; `reference_on_device` is the
+    reload mover's logits with the same layer on the device. Returns None, or what failed.
+    """
+    before = logits_now()
+    mover.promote(layer)
+    mover.reschedule()
+    on_device = logits_now()
+    mover.evict(layer)
+    mover.reschedule()
+    after = logits_now()
+    if os.environ.get(SELFTEST_FAIL_ENV) == "1":
+        on_device = on_device + 1.0
+    if not np.array_equal(on_device, reference_on_device):
+        diff = float(np.max(np.abs(on_device - reference_on_device)))
+        return (f"logits with layer {layer} moved live differ from the reload mover's "
+                f"(max |diff| {diff:.3g})")
+    if not np.array_equal(before, after):
+        return f"logits after moving layer {layer} back differ from before"
+    return None
+
+
+def layer_tensor_pattern(layer: int | None) -> str:
+    """Regex for llama.cpp's tensor_buft_overrides: one layer's tensors, or all layers'."""
+    return r"^blk\.\d+\." if layer is None else rf"^blk\.{layer}\."
