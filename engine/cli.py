@@ -146,7 +146,8 @@ def _session_config(args: argparse.Namespace) -> Any:
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
-        vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system)
+        vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
+        mover=args.mover)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -177,7 +178,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             out = res.to_dict()
             out.update(model=str(cfg.model_path), n_threads=session.n_threads,
                        n_ctx=session.n_ctx, accelerator=session.accel,
-                       n_gpu_layers=session.placement.n_gpu_layers)
+                       n_gpu_layers=session.placement.n_gpu_layers,
+                       n_layers_on_accel=session.placement.n_layers_on_accel,
+                       mover=session.mover_name, mover_note=session.mover_note)
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None
             _print_turn(out, args.json)
@@ -223,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vision", choices=["auto", "resident", "swap", "cpu"], default="auto")
     p.add_argument("--vram-budget", default=None, metavar="SIZE",
                    help="cap on every accelerator, e.g. 150MiB, 6GiB (default: free - margin)")
+    p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
+                   help="how a swap moves the model: live layers (after a self-test) or reload")
     p.add_argument("--no-flash-attn", action="store_true")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)

@@ -14,20 +14,15 @@ never call while a decode or encode runs.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from engine import ggml
 from engine.errors import EbbError
 
 _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
-SELFTEST_FAIL_ENV = "EBB_TEST_BREAK_LIVE_MOVER"  # test-only hook: makes the self-test fail
 
 
 @dataclass
@@ -169,33 +164,3 @@ class LiveMover:
         """Evict everything (the model must still be alive)."""
         for layer in list(self._moved):
             self.evict(layer)
-
-
-def self_test(mover: LiveMover, layer: int, logits_now: Callable[[], np.ndarray],
-              reference_on_device: np.ndarray) -> str | None:
-    """Move `layer` to the device and back; logits must equal the references exactly.
-
-    `logits_now()` evaluates a fixed prompt on the live model; `reference_on_device` is the
-    reload mover's logits with the same layer on the device. Returns None, or what failed.
-    """
-    before = logits_now()
-    mover.promote(layer)
-    mover.reschedule()
-    on_device = logits_now()
-    mover.evict(layer)
-    mover.reschedule()
-    after = logits_now()
-    if os.environ.get(SELFTEST_FAIL_ENV) == "1":
-        on_device = on_device + 1.0
-    if not np.array_equal(on_device, reference_on_device):
-        diff = float(np.max(np.abs(on_device - reference_on_device)))
-        return (f"logits with layer {layer} moved live differ from the reload mover's "
-                f"(max |diff| {diff:.3g})")
-    if not np.array_equal(before, after):
-        return f"logits after moving layer {layer} back differ from before"
-    return None
-
-
-def layer_tensor_pattern(layer: int | None) -> str:
-    """Regex for llama.cpp's tensor_buft_overrides: one layer's tensors, or all layers'."""
-    return r"^blk\.\d+\." if layer is None else rf"^blk\.{layer}\."

@@ -29,6 +29,8 @@ class Placement:
     output_device: str
     embeddings_device: str = CPU  # llama.cpp keeps the input embeddings on the host
     accel_bytes: dict[str, int] = field(default_factory=dict)  # weights, kv, compute
+    live: bool = False  # the live mover's layout: layers move, the rest stays on the device
+    layer_bytes: tuple[int, ...] = ()
 
     @property
     def accel_total_bytes(self) -> int:
@@ -38,6 +40,29 @@ class Placement:
     def n_layers_on_accel(self) -> int:
         return sum(1 for d in self.layer_devices if d != CPU)
 
+    @property
+    def accel_layers(self) -> list[int]:
+        return [i for i, d in enumerate(self.layer_devices) if d != CPU]
+
+    @property
+    def movable_bytes(self) -> int:
+        """Bytes a swap can free on the device: all of it (reload) or the layers' (live)."""
+        if not self.live:
+            return self.accel_total_bytes
+        return sum(self.layer_bytes[i] for i in self.accel_layers)
+
+
+def layers_to_evict(placement: Placement, deficit_bytes: int) -> list[int]:
+    """The fewest of the last accelerator layers whose weights free `deficit_bytes`."""
+    out: list[int] = []
+    freed = 0
+    for i in reversed(placement.accel_layers):
+        if freed >= deficit_bytes:
+            break
+        out.append(i)
+        freed += placement.layer_bytes[i]
+    return out
+
 
 def output_bytes(model: ModelInfo) -> int:
     """Bytes of the output matrix on a device (a tied embedding is duplicated there)."""
@@ -46,14 +71,16 @@ def output_bytes(model: ModelInfo) -> int:
 
 
 def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
-                flash_attn: bool) -> dict[str, int]:
-    """Predicted device bytes for a placement, by kind."""
-    if n_gpu_layers <= 0:
+                flash_attn: bool, live: bool = False) -> dict[str, int]:
+    """Predicted device bytes for a placement, by kind. `live`: the live mover's layout, where
+    the KV cache of every layer is on the device whichever layers' weights are."""
+    if n_gpu_layers <= 0 and not live:
         return {"weights": 0, "kv": 0, "compute": 0}
-    n_rep = min(n_gpu_layers - 1, model.n_layers)
+    n_rep = max(0, min(n_gpu_layers - 1, model.n_layers))
     layers = range(model.n_layers - n_rep, model.n_layers)
     weights = output_bytes(model) + sum(model.layer_bytes[i] for i in layers)
-    kv = sum(model.kv_bytes_per_token_per_layer[i] for i in layers) * n_ctx
+    kv_layers = range(model.n_layers) if live else layers
+    kv = sum(model.kv_bytes_per_token_per_layer[i] for i in kv_layers) * n_ctx
     compute = model.n_vocab * n_ubatch * F32 + 2 * n_ubatch * model.n_embd * F32
     if not flash_attn:
         compute += model.n_head * n_ctx * n_ubatch * F32
@@ -61,26 +88,34 @@ def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
 
 
 def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx: int,
-                  n_ubatch: int, flash_attn: bool) -> Placement:
+                  n_ubatch: int, flash_attn: bool, live: bool = False) -> Placement:
     k = max(0, min(n_gpu_layers, model.n_layers + 1)) if accel else 0
     # `accel` stays named even at k == 0: the device the projector may borrow
     n_rep = max(0, min(k - 1, model.n_layers))
     layer_devices = tuple(accel if (accel and i >= model.n_layers - n_rep) else CPU
                           for i in range(model.n_layers))
-    return Placement(accel, k, layer_devices, accel if (accel and k >= 1) else CPU,
-                     accel_bytes=accel_bytes(model, k, n_ctx, n_ubatch, flash_attn))
+    live = live and accel is not None
+    return Placement(accel, k, layer_devices, accel if (accel and (k >= 1 or live)) else CPU,
+                     accel_bytes=accel_bytes(model, k, n_ctx, n_ubatch, flash_attn, live),
+                     live=live, layer_bytes=tuple(model.layer_bytes))
 
 
 def plan_placement(model: ModelInfo, accel: str | None, budget_bytes: int, n_ctx: int,
-                   n_ubatch: int, flash_attn: bool, reserve_bytes: int = 0) -> Placement:
+                   n_ubatch: int, flash_attn: bool, reserve_bytes: int = 0,
+                   live: bool = False) -> Placement | DoesNotFit:
     """The most layers on `accel` whose bytes (plus `reserve_bytes`) fit the budget."""
     best = placement_for(model, accel, 0, n_ctx, n_ubatch, flash_attn)  # all in RAM
     if accel is None:
         return best
     for k in range(model.n_layers + 1, 0, -1):
-        p = placement_for(model, accel, k, n_ctx, n_ubatch, flash_attn)
+        p = placement_for(model, accel, k, n_ctx, n_ubatch, flash_attn, live)
         if p.accel_total_bytes + reserve_bytes <= budget_bytes:
             return p
+    if live:
+        floor = placement_for(model, accel, 1, n_ctx, n_ubatch, flash_attn, live)
+        return DoesNotFit(f"the live layout keeps the output layer, every layer's KV cache and "
+                          f"the compute buffer on {accel} ({floor.accel_total_bytes / 2**20:.0f} "
+                          f"MiB), more than the budget of {budget_bytes / 2**20:.0f} MiB")
     return best
 
 
@@ -123,13 +158,21 @@ def projector_need_bytes(proj: ProjectorInfo, flash_attn: bool) -> int:
 
 
 def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj_bytes: int,
-           n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs) -> list[PlannedStep]:
+           n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs,
+           budget: int) -> list[PlannedStep]:
     encode_accel = PlannedStep("encode", accel, 0, n_tokens * c.accel_encode_s_per_token)
     if strategy == "cpu":
         return [PlannedStep("encode", CPU, 0, n_tokens * c.cpu_encode_s_per_token)]
     load = PlannedStep("load_projector", accel, need, proj_bytes / c.bus_Bps)
     if strategy == "resident":
         return ([] if resident_loaded else [load]) + [encode_accel]
+    if placement.live:
+        evict = layers_to_evict(placement, need - (budget - placement.accel_total_bytes))
+        moved = sum(placement.layer_bytes[i] for i in evict)
+        return [PlannedStep("evict", accel, moved, 0.001 * len(evict)),
+                load, encode_accel,
+                PlannedStep("free_projector", accel, need, 0.001),
+                PlannedStep("restore", accel, moved, moved / c.bus_Bps + 0.002 * len(evict))]
     model_bytes = placement.accel_bytes.get("weights", 0)
     return [
         PlannedStep("save_state", CPU, state_bytes, state_bytes / c.bus_Bps),
@@ -156,9 +199,11 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
         if not resident_loaded and need > free_beside:
             why_not["resident"] = (f"projector needs {need / 2**20:.0f} MiB, the budget leaves "
                                    f"{max(free_beside, 0) / 2**20:.0f} MiB beside the model")
-        if need > budget_bytes:
-            why_not["swap"] = (f"projector needs {need / 2**20:.0f} MiB, more than the whole "
-                               f"budget of {budget_bytes / 2**20:.0f} MiB")
+        floor = placement.accel_total_bytes - placement.movable_bytes
+        if need + floor > budget_bytes:
+            what = "the whole budget" if not floor else "what evicting every layer frees"
+            why_not["swap"] = (f"projector needs {need / 2**20:.0f} MiB, more than {what} "
+                               f"({(budget_bytes - floor) / 2**20:.0f} MiB)")
     predicted: dict[str, float | None] = {}
     steps: dict[Strategy, list[PlannedStep]] = {}
     for s in STRATEGIES:
@@ -166,7 +211,7 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
             predicted[s] = None
             continue
         steps[s] = _steps(s, accel or CPU, placement, need, proj.weight_bytes, n_tokens,
-                          state_bytes, resident_loaded, costs)
+                          state_bytes, resident_loaded, costs, budget_bytes)
         predicted[s] = sum(p.predicted_s for p in steps[s])
     if requested != "auto":
         if requested not in STRATEGIES:

@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from engine import events
+from engine import events, swap
 from engine.devices import accelerators, find_device, reported_used_bytes
 from engine.errors import EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
 from engine.images import LoadedImage, load_image
 from engine.ledger import Ledger
-from engine.plan import (CPU, Costs, DoesNotFit, Placement, VisionPlan, plan_placement,
-                         plan_vision, projector_need_bytes)
+from engine.live_mover import LiveMover, discover_layer_weights
+from engine.plan import (CPU, Costs, DoesNotFit, Placement, VisionPlan, layers_to_evict,
+                         plan_placement, plan_vision, projector_need_bytes)
+from engine.selftest import SelfTestReference
 from engine.projector_runtime import Encoded, ProjectorRuntime
 from engine.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
 
+log = logging.getLogger("ebb.session")
 SAFETY_MARGIN_BYTES = 256 * 2**20
 _KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
 
@@ -44,6 +48,7 @@ class SessionConfig:
     accel: str | None = None  # None: the first accelerator llama.cpp sees, if any
     n_batch: int = 512
     system: str | None = None
+    mover: str = "auto"  # auto (live after its self-test, else reload) | live | reload
 
 
 @dataclass
@@ -100,13 +105,12 @@ class Session:
         self.n_model_loads = 0
         self._stack = contextlib.ExitStack()
         self._accel_projector: ProjectorRuntime | None = None
-        reserve = (projector_need_bytes(self.proj_info, cfg.flash_attn)
-                   if self.proj_info is not None and cfg.vision == "resident" else 0)
-        self.placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                        cfg.n_batch, cfg.flash_attn, reserve)
+        self.mover: LiveMover | None = None
+        self.mover_name, self.mover_note = "reload", ""
+        self.runtime: TextRuntime | None = None
+        self._stack.callback(self._close_runtime)
         try:
-            self.runtime: TextRuntime | None = self._load_text()
-            self._stack.callback(self._close_runtime)
+            self._setup_text()
             self._load_ram_projector()
         except BaseException:
             self._stack.close()
@@ -137,27 +141,106 @@ class Session:
         return Costs(bus_Bps=1e9 if remote or self.accel is None else 12e9,
                      cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
 
-    def _text_params(self, placement: Placement) -> LoadParams:
+    def _setup_text(self) -> None:
+        reserve = (projector_need_bytes(self.proj_info, self.cfg.flash_attn)
+                   if self.proj_info is not None and self.cfg.vision == "resident" else 0)
+        if self.accel is not None and self.cfg.mover in ("auto", "live"):
+            try:
+                self._setup_live(reserve)
+                return
+            except EbbError as exc:
+                if self.cfg.mover == "live":
+                    raise
+                self.mover_note = f"live mover not used ({exc}); using the reload mover"
+                log.warning("%s", self.mover_note)
+                self._close_runtime()
+                self.ledger = Ledger()
+        placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                   self.cfg.n_batch, self.cfg.flash_attn, reserve)
+        assert isinstance(placement, Placement)
+        self.placement = placement
+        self.runtime = self._load_text()
+
+    def _setup_live(self, reserve: int) -> None:
+        assert self.accel is not None
+        placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                   self.cfg.n_batch, self.cfg.flash_attn, reserve, live=True)
+        if isinstance(placement, DoesNotFit):
+            raise EbbError(placement.reason)
+        self.placement = placement
+        self._layer_state = [CPU] * self.info.n_layers
+        toggle = placement.accel_layers[-1] if placement.accel_layers else self.info.n_layers - 1
+        before = set(placement.accel_layers)
+        checker = SelfTestReference(self, before, toggle)
+        checker.prepare()  # reference loads first: never two copies on the device at once
+        self.runtime = self._load_text()
+        layers = discover_layer_weights(self.runtime.decode_once_with)
+        self.mover = LiveMover(layers, find_device(self.accel).handle, self.runtime.reschedule)
+        self._stack.callback(self.mover.close)
+        self._move(promote=placement.accel_layers)
+        problem = checker.check(self.runtime, self.mover)
+        if problem:
+            raise EbbError(f"self-test failed: {problem}")
+        self.mover_name = "live"
+
+    def text_params(self, placement: Placement, device_layers: set[int] | None = None) -> LoadParams:
+        """Load parameters for a placement. The live layout assigns every layer to the
+        accelerator and forces repeating-layer weights to host (`device_layers` excepted)."""
+        if placement.live and placement.accel:
+            overrides: tuple[tuple[str, str], ...] = ((r"^blk\.\d+\.", "CPU"),)
+            if device_layers:
+                alt = "|".join(str(i) for i in sorted(device_layers))
+                overrides = ((rf"^blk\.({alt})\.", placement.accel),) + overrides
+            return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                              n_gpu_layers=self.info.n_layers + 1, devices=(placement.accel,),
+                              flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch,
+                              repack=False, buft_overrides=overrides)
         return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                           n_gpu_layers=placement.n_gpu_layers,
                           devices=(placement.accel,) if placement.accel and placement.n_gpu_layers else (),
                           flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch)
 
     def _load_text(self) -> TextRuntime:
-        rt = TextRuntime(self._text_params(self.placement), self.info)
+        rt = TextRuntime(self.text_params(self.placement), self.info)
         self.n_model_loads += 1
         for (dev, kind), n in rt.buffers.items():
             if kind in _KIND:
                 self.ledger.set(dev, _KIND[kind], n)
         return rt
 
+    def _move(self, promote: Sequence[int] = (), evict: Sequence[int] = ()) -> int:
+        """Move layers one by one with the live mover, showing each in the residency map.
+        Returns the bytes copied to the device."""
+        assert self.mover is not None and self.accel is not None
+        copied = 0
+        for layer in evict:
+            self._layer_state[layer] = "moving"
+            self._emit_residency()
+            self.mover.evict(layer)
+            self._layer_state[layer] = CPU
+        for layer in promote:
+            self._layer_state[layer] = "moving"
+            self._emit_residency()
+            try:
+                copied += self.mover.promote(layer)
+            except EbbError:
+                self._layer_state[layer] = CPU
+                self.mover.reschedule()
+                raise
+            self._layer_state[layer] = self.accel
+        self.mover.reschedule()
+        on_device = sum(self.mover.layer_bytes(i) for i in self.mover.on_device())
+        self.ledger.set(self.accel, "layers", on_device)
+        self._emit_residency()
+        return copied
+
     def _load_ram_projector(self) -> None:
         if self.cfg.mmproj_path is None:
             self.ram_projector = None
             return
         assert self.runtime is not None
-        if self.placement.n_gpu_layers == 0:
-            holder: Any = self.runtime  # already all in RAM
+        if self.placement.n_gpu_layers == 0 or self.mover is not None:
+            holder: Any = self.runtime  # all in RAM, or the live model (it never goes away)
         else:  # a host-only instance of the model for the projector to bind to (mmapped)
             holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0, devices=(),
                                             repack=False), self.info)
@@ -187,13 +270,18 @@ class Session:
     # ------------------------------------------------------------ events
 
     def _emit_residency(self, projector: str | None = None, evicted: bool = False) -> None:
+        """Tell the view where everything is. `evicted`: the reload mover freed the model."""
         p = self.placement
-        layers = tuple(CPU for _ in p.layer_devices) if evicted else p.layer_devices
+        if evicted:
+            layers, output = tuple(CPU for _ in p.layer_devices), CPU
+        elif self.mover is not None:
+            layers, output = tuple(self._layer_state), p.output_device
+        else:
+            layers, output = p.layer_devices, p.output_device
         where = projector if projector is not None else (
             "" if self.proj_info is None else
             self._accel_projector.device_name if self._accel_projector else "RAM")
-        self._emit(events.Residency(self._request_id, layer_devices=layers,
-                                    output_device=CPU if evicted else p.output_device,
+        self._emit(events.Residency(self._request_id, layer_devices=layers, output_device=output,
                                     embeddings_device=p.embeddings_device,
                                     projector_device=where, ledger=self.ledger.snapshot()))
 
@@ -300,8 +388,10 @@ class Session:
                     self.runtime.reschedule()
                 self._emit_residency()
             self._encode_all(self._accel_projector, todo, res, plan, self.accel or CPU)
+        elif self.mover is not None:
+            swap.swap_live(self, todo, res, plan)
         else:
-            self._swap_encode(todo, res, plan)
+            swap.swap_reload(self, todo, res, plan)
         res.n_images_encoded = len(todo)
 
     def _encode_all(self, pr: ProjectorRuntime, todo: list[LoadedImage], res: TurnResult,
@@ -315,49 +405,6 @@ class Session:
                 self.costs = replace(self.costs, cpu_encode_s_per_token=per_token)
             else:
                 self.costs = replace(self.costs, accel_encode_s_per_token=per_token)
-
-    def _swap_encode(self, todo: list[LoadedImage], res: TurnResult, plan: VisionPlan) -> None:
-        assert self.runtime is not None and self.accel is not None and self.proj_info is not None
-        accel = self.accel
-        with self._span(res.spans, "save_state", CPU, 0, plan):
-            state = self.runtime.save_state()
-        res.spans[-1] = replace(res.spans[-1], bytes=len(state[0]))
-        with self._span(res.spans, "evict", accel, self.placement.accel_total_bytes, plan):
-            self._close_runtime()
-            self.ledger.clear(accel, "weights", "kv", "compute", "output")
-        self._emit_residency(evicted=True)
-        pr = None
-        try:
-            with self._span(res.spans, "load_projector", accel,
-                            projector_need_bytes(self.proj_info, self.cfg.flash_attn), plan):
-                pr = self._load_accel_projector(self._ram_model)
-            self._emit_residency(projector=accel, evicted=True)
-            self._encode_all(pr, todo, res, plan, accel)
-        finally:
-            with self._span(res.spans, "free_projector", accel, 0, plan):
-                if pr is not None:
-                    pr.close()
-                self.ledger.clear(accel, "projector", "projector_compute")
-            self._restore_after_swap(state, res, plan)
-
-    def _restore_after_swap(self, state: tuple[bytes, list[Any]], res: TurnResult,
-                            plan: VisionPlan) -> None:
-        accel = self.accel or CPU
-        t0 = time.perf_counter()
-        with self._span(res.spans, "restore", accel, self.placement.accel_total_bytes, plan):
-            try:
-                self.runtime = self._load_text()
-            except EbbError as exc:  # the device is full now: carry on from RAM, say so
-                self.placement = plan_placement(self.info, None, 0, self.n_ctx,
-                                                self.cfg.n_batch, self.cfg.flash_attn)
-                self.runtime = self._load_text()
-                res.reason += f"; could not bring the model back to {accel} ({exc}): running from RAM"
-        weights = self.placement.accel_bytes.get("weights", 0)
-        elapsed = time.perf_counter() - t0
-        self.costs = replace(self.costs, reload_overhead_s=max(0.0, elapsed - weights / self.costs.bus_Bps))
-        with self._span(res.spans, "restore_state", accel, len(state[0]), plan):
-            self.runtime.restore_state(state)
-        self._emit_residency()
 
     def _generate(self, text: str, images: list[LoadedImage], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,

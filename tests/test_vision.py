@@ -37,22 +37,31 @@ def test_swap_holds_the_budget_and_matches_resident_and_cpu(tmp_path, rpc_server
     rpc_server.reset_peak()  # the server's own high-water mark of resident memory
     base_rss = rpc_server.rss_bytes()
     swap = _chat(rpc_server, base_projector, script, "--vision", "swap", "--vram-budget", "300MiB",
-                 "--trace", str(tmp_path / "trace.json"))
+                 "--mover", "reload", "--trace", str(tmp_path / "trace.json"))
     server_growth = rpc_server.peak_rss_bytes() - base_rss
+    rpc_server.reset_peak()
+    base_rss = rpc_server.rss_bytes()
+    live = _chat(rpc_server, base_projector, script, "--vision", "swap", "--vram-budget", "300MiB",
+                 "--mover", "live")
+    live_growth = rpc_server.peak_rss_bytes() - base_rss
     cpu = _chat(rpc_server, base_projector, script, "--vision", "cpu", "--vram-budget", "300MiB")
     resident = _chat(rpc_server, base_projector, script, "--vision", "resident")  # ample budget
-    assert [t["strategy"] for t in swap] == ["swap", "none", "swap"]
+    assert [t["strategy"] for t in swap] == ["swap", "none", "swap"] == [t["strategy"] for t in live]
+    assert swap[0]["mover"] == "reload" and live[0]["mover"] == "live"
     assert [t["strategy"] for t in cpu] == ["cpu", "none", "cpu"]
     assert [t["strategy"] for t in resident] == ["resident", "none", "resident"]
     assert [t["text"] for t in swap] == [t["text"] for t in resident] == [t["text"] for t in cpu]
-    assert all(t["n_gpu_layers"] == 31 for t in swap + cpu + resident)
-    for turn in swap:
+    assert [t["text"] for t in live] == [t["text"] for t in swap]
+    assert all(t["n_layers_on_accel"] == 30 for t in swap + cpu + resident + live)
+    for turn in swap + live:
         assert "error" not in turn
         assert turn["device_peak_bytes"]["RPC0"] <= BUDGET
-    print(f"\nserver memory growth during the swap script: {server_growth / MiB:.0f} MiB "
-          f"(budget {BUDGET / MiB:.0f} MiB); ledger peak "
-          f"{max(t['device_peak_bytes']['RPC0'] for t in swap) / MiB:.0f} MiB")
-    assert server_growth <= BUDGET
+    print(f"\nserver memory growth during the swap script: reload {server_growth / MiB:.0f} MiB, "
+          f"live {live_growth / MiB:.0f} MiB (budget {BUDGET / MiB:.0f} MiB); ledger peak "
+          f"{max(t['device_peak_bytes']['RPC0'] for t in swap + live) / MiB:.0f} MiB")
+    assert server_growth <= BUDGET and live_growth <= BUDGET
+    assert [s["name"] for s in live[0]["spans"]] == [
+        "plan", "evict", "load_projector", "encode", "free_projector", "restore", "prefill", "decode"]
     names = [s["name"] for s in swap[0]["spans"]]
     assert names == ["plan", "save_state", "evict", "load_projector", "encode", "free_projector",
                      "restore", "restore_state", "prefill", "decode"]
