@@ -104,6 +104,33 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_swap(args: argparse.Namespace) -> int:
+    from engine.bench import bench_swap
+    from engine.models import default_projector_path, existing_file, resolve_model_path
+    from engine.session import SessionConfig
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
+    cfg = SessionConfig(model_path=model, mmproj_path=mmproj, n_ctx=args.ctx, n_threads=args.threads,
+                        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None)
+    out = bench_swap(cfg)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"device {out['device']}, budget {fmt_bytes(out['vram_budget_bytes'])}, "
+          f"{out['n_layers_on_accel']} layers on the device, {out['n_swaps']} swaps each")
+    print(f"copy bandwidth       {out['bandwidth_Bps'] / 1e9:.2f} GB/s")
+    print(f"reload mover swap    {out['reload_swap_s'] * 1000:.1f} ms "
+          f"({fmt_bytes(out['reload_bytes_moved'])} copied back)")
+    print(f"live mover swap      {out['live_swap_s'] * 1000:.1f} ms "
+          f"({fmt_bytes(out['bytes_moved'])} copied back)")
+    print(f"physical limit       {out['limit_s'] * 1000:.1f} ms")
+    print(f"reload / live        {out['reload_vs_live']}x;  live / limit {out['live_vs_limit']}x;  "
+          f"reload / limit {out['reload_vs_limit']}x;  replies equal: {out['replies_equal']}")
+    return 0
+
+
 def _install_sigint(cancel: threading.Event) -> None:
     """First Ctrl-C asks the generation to stop between tokens; a second one aborts."""
     def handler(signum: int, frame: Any) -> None:
@@ -263,6 +290,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default=None, help="folder for ggml's RPC tensor cache")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rpc_serve)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("swap", help="reload mover vs live mover on one vision turn", parents=[common])
+    p.add_argument("--model", default="default")
+    p.add_argument("--mmproj", default=None, help="default: a generated base projector")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE",
+                   help="default: chosen so the projector takes most of the model's layers")
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench_swap)
 
     p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)")
     p.set_defaults(func=cmd_fetch_model)

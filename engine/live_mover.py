@@ -83,6 +83,7 @@ class LiveMover:
         self.align = int(self.g.base.ggml_backend_buft_get_alignment(self.buft))
         self._reschedule = reschedule
         self._moved: dict[int, _Moved] = {}
+        self._sizes: dict[int, list[int]] = {}  # per layer: aligned device sizes (asked once)
         self.stats = MoveStats()
         sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
         problem = "no layer weights found in host buffers" if sample is None else \
@@ -103,8 +104,11 @@ class LiveMover:
         t0 = time.perf_counter()
         b = self.g.base
         ptrs = self.layers[layer]
-        sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
-                 for p in ptrs]
+        sizes = self._sizes.get(layer)
+        if sizes is None:  # a remote device answers this over the network: ask once
+            sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
+                     for p in ptrs]
+            self._sizes[layer] = sizes
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, sum(sizes))
         if not buf:
             raise EbbError(f"the accelerator is out of memory moving layer {layer} "

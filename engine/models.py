@@ -81,3 +81,17 @@ def existing_file(name: str, what: str) -> Path:
     if path.is_dir():
         raise EbbError(f"{what} path is a folder, not a file: {path}", "pass the .gguf file itself")
     return path
+
+
+def default_projector_path(model: Path, size: str = "base") -> Path:
+    """A generated projector (random weights) for `model`, made once and kept in the cache."""
+    from engine.gguf_info import model_info, read_gguf
+    from engine.projector_gen import write_projector
+
+    info = model_info(read_gguf(model))
+    out = models_dir() / f"ebb-synthetic-mmproj-{size}-{info.n_embd}.gguf"
+    if not out.exists():
+        part = out.with_suffix(".part")
+        write_projector(part, info.n_embd, size=size, seed=0)
+        part.replace(out)
+    return out
