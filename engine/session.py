@@ -176,7 +176,6 @@ class Session:
         self.runtime = self._load_text()
         layers = discover_layer_weights(self.runtime.decode_once_with)
         self.mover = LiveMover(layers, find_device(self.accel).handle, self.runtime.reschedule)
-        self._stack.callback(self.mover.close)
         self._move(promote=placement.accel_layers)
         problem = checker.check(self.runtime, self.mover)
         if problem:
@@ -253,7 +252,12 @@ class Session:
         self._proj_id = _projector_identity(self.cfg.mmproj_path)
 
     def _close_runtime(self) -> None:
+        """Free the projector on the device, the moved layers, then the model (in that order:
+        the mover re-points tensors that belong to the model)."""
         self._free_accel_projector()
+        if self.mover is not None:
+            self.mover.close()
+            self.mover = None
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
@@ -353,6 +357,19 @@ class Session:
             self._generate(text, images, gp or GenParams(), on_text, cancel, res)
         except EbbError as exc:
             res.error = str(exc)
+        res.device_peak_bytes = self.ledger.peaks()
+        return res
+
+    def encode_only(self, image_paths: Sequence[str | Path]) -> TurnResult:
+        """Plan and encode images afresh (cache ignored), without adding them to the
+        conversation: one full swap cycle when the plan says swap. For benchmarks and tests."""
+        self._request_id += 1
+        res = TurnResult(self._request_id, n_images=len(image_paths))
+        self.ledger.reset_peaks()
+        images = [load_image(Path(p)) for p in image_paths]
+        for img in images:
+            self._cache.pop(self._key(img), None)
+        self._encode_new(images, res)
         res.device_peak_bytes = self.ledger.peaks()
         return res
 

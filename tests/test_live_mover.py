@@ -1,0 +1,108 @@
+"""The live mover against a real second device (ggml RPC on loopback)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import run_cli
+
+
+def _one_image_turn(rpc_server, base_projector, pictures, *extra, env=None):
+    cmd = [sys.executable, "-m", "engine", "chat", "--rpc", rpc_server.endpoint, "--mmproj",
+           str(base_projector), "--prompt", "What is this?", "--image", str(pictures["a.png"]),
+           "--vision", "swap", "--vram-budget", "300MiB", "--temp", "0", "--max-tokens", "8",
+           "--ctx", "2048", "--threads", "2", "--json", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_self_test_failure_falls_back_to_the_reload_mover(rpc_server, base_projector, pictures,
+                                                           tmp_path):
+    env = {"EBB_TEST_BREAK_LIVE_MOVER": "1", "EBB_CACHE_DIR": str(tmp_path)}
+    proc = _one_image_turn(rpc_server, base_projector, pictures, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mover"] == "reload" and out["strategy"] == "swap"
+    assert "self-test failed" in out["mover_note"] and "reload mover" in out["mover_note"]
+    assert "save_state" in [s["name"] for s in out["spans"]]
+    forced = _one_image_turn(rpc_server, base_projector, pictures, "--mover", "live", env=env)
+    assert forced.returncode == 2 and "self-test failed" in forced.stderr
+    assert "Traceback" not in forced.stderr
+
+
+def test_live_mover_runs_when_the_self_test_passes(rpc_server, base_projector, pictures, tmp_path):
+    proc = _one_image_turn(rpc_server, base_projector, pictures, "--mover", "live",
+                           env={"EBB_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["mover"] == "live" and out["mover_note"] == ""
+    evict = next(s for s in out["spans"] if s["name"] == "evict")
+    restore = next(s for s in out["spans"] if s["name"] == "restore")
+    assert 0 < evict["bytes"] == restore["bytes"] < 70 * 2**20  # only layers moved, not all
+    assert (tmp_path / "live-mover-selftest.json").exists()  # remembered for the next start
+
+
+CYCLES = """
+import json, os, resource, sys
+from pathlib import Path
+from engine.devices import connect_rpc
+from engine.models import default_model_path
+from engine.session import Session, SessionConfig
+from engine.bench import auto_budget
+connect_rpc(sys.argv[1])
+cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
+                    vision="swap", mover="live")
+with Session(cfg) as probe:
+    budget = auto_budget(probe)
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+samples = []
+with Session(SessionConfig(**{**cfg.__dict__, "vram_budget_bytes": budget})) as s:
+    assert s.mover_name == "live", s.mover_note
+    for i in range(int(sys.argv[4])):
+        res = s.encode_only([sys.argv[3]])
+        assert res.strategy == "swap", res.reason
+        if i in (4, int(sys.argv[4]) - 1):
+            sys.stdout.write(json.dumps({"cycle": i, "ledger": s.ledger.total(s.accel),
+                                         "rss": rss(), "peak": res.device_peak_bytes[s.accel],
+                                         "budget": budget}) + "\\n")
+            sys.stdout.flush()
+            input()
+    st = s.mover.stats
+    print(json.dumps({"allocs": st.n_allocs, "frees": st.n_frees, "held": len(s.mover.on_device()),
+                      "evicted_layers": [sp.detail for sp in res.spans if sp.name == "evict"]}))
+"""
+
+
+def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictures):
+    proc = subprocess.Popen([sys.executable, "-c", CYCLES, rpc_server.endpoint, str(base_projector),
+                             str(pictures["a.png"]), "100"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    server_first = rpc_server.rss_bytes()
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    last = json.loads(proc.stdout.readline())
+    server_last = rpc_server.rss_bytes()
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    MiB = 2**20
+    print(f"\nafter cycle 5 → 100: ledger {first['ledger'] / MiB:.1f} → {last['ledger'] / MiB:.1f} MiB, "
+          f"process RSS {first['rss'] / MiB:.0f} → {last['rss'] / MiB:.0f} MiB, "
+          f"server RSS {server_first / MiB:.0f} → {server_last / MiB:.0f} MiB; "
+          f"{stats['allocs']} device buffers allocated, {stats['frees']} freed, "
+          f"{stats['held']} held by the placement; each swap moved {stats['evicted_layers']}")
+    assert last["ledger"] == first["ledger"]
+    assert last["peak"] <= last["budget"]
+    assert last["rss"] - first["rss"] < 16 * MiB
+    assert server_last - server_first < 16 * MiB
+    assert stats["allocs"] == stats["frees"] + stats["held"]
+    assert stats["allocs"] > 100 * 10  # every cycle really moved layers
