@@ -1,7 +1,7 @@
-"""The main window: a transcript, a composer, Send/Stop, and a status bar with load progress.
+"""The main window: conversations, the chat, images in, the vision switch, the memory panel.
 
-GUI thread only. Engine work goes to the EngineWorker through queued signals; the streamed
-reply is redrawn on a 20 Hz timer, not per token.
+GUI thread only. All engine work goes to the EngineWorker (its own QThread) through queued
+signals; the streamed reply is redrawn on a 20 Hz timer, not per token.
 """
 from __future__ import annotations
 
@@ -10,68 +10,124 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QMetaObject, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit, QProgressBar,
-                               QPushButton, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog,
+                               QLabel, QLineEdit, QListWidget, QListWidgetItem, QMainWindow, QMenu,
+                               QProgressBar, QPushButton, QSplitter, QTextBrowser, QVBoxLayout,
+                               QWidget)
 
+from app.composer import Composer
+from app.dialogs import DEFAULTS, ModelPicker, SettingsDialog
+from app.panel import MemoryPanel
+from app.store import Store
 from app.worker import EngineWorker
 from engine import events
-from engine.runtime import GenParams, LoadParams
+from engine.runtime import GenParams
+from engine.session import SessionConfig
+from engine.telemetry import Telemetry
 
 REDRAW_MS = 50
+DEMO_LABEL = "demo projector: random weights — it exercises the memory pipeline; it does not see"
 
 
 class MainWindow(QMainWindow):
-    request_load = Signal(object)
-    request_generate = Signal(int, object, object)
+    request_load = Signal(object, object)
+    request_send = Signal(int, str, object, object)
+    request_history = Signal(object)
+    request_vision = Signal(bool)
+    request_undo = Signal()
 
-    def __init__(self, load_params: LoadParams | None) -> None:
+    def __init__(self, store: Store, load: SessionConfig | None, rpc: list[str] | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Ebb")
-        self.resize(900, 680)
-        self._messages: list[dict[str, str]] = []
-        self._reply_parts: list[str] = []
+        self.resize(1280, 820)
+        self.setAcceptDrops(True)
+        self.store = store
+        self.telemetry = Telemetry()
+        self.gen_params = GenParams()
         self._request_id = 0
         self._busy = False
-        self.gen_params = GenParams()
+        self._reply_parts: list[str] = []
+        self._pending: tuple[str, list[Path], int] | None = None  # text, images, message id
+        self._loaded = False
+        self.conv_id = 0
         self._build_ui()
-        self._thread = QThread(self)
-        self._thread.setObjectName("EngineWorker")
-        self._worker = EngineWorker()
-        self._worker.moveToThread(self._thread)
-        self._worker.event.connect(self._on_event)
-        self.request_load.connect(self._worker.load)
-        self.request_generate.connect(self._worker.generate)
-        self._thread.finished.connect(self._worker.deleteLater)
-        self._thread.start()
+        self._start_worker()
         self._redraw = QTimer(self, interval=REDRAW_MS)
         self._redraw.timeout.connect(self._render)
-        if load_params is not None:
-            self.request_load.emit(load_params)
+        self._open_first_conversation()
+        self._last_cfg = load
+        self._rpc = rpc or []
+        if load is not None:
+            self.request_load.emit(load, self._rpc)
 
-    # ------------------------------------------------------------ UI
+    # ------------------------------------------------------------ building
 
     def _build_ui(self) -> None:
+        self._build_menu()
+        self.search = QLineEdit(placeholderText="Search chats")
+        self.search.textChanged.connect(self._refresh_conversations)
+        self.conversations = QListWidget()
+        self.conversations.currentItemChanged.connect(self._on_conversation_selected)
+        self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.conversations.customContextMenuRequested.connect(self._on_conversation_menu)
+        new = QPushButton("New chat", clicked=self._on_new_chat)
+        side = QWidget()
+        sl = QVBoxLayout(side)
+        sl.addWidget(new)
+        sl.addWidget(self.search)
+        sl.addWidget(self.conversations, 1)
+
+        self.vision_switch = QCheckBox("Vision", toolTip="Turn vision on and off without reloading the model")
+        self.vision_switch.toggled.connect(self._on_vision_toggled)
+        self.vision_switch.setEnabled(False)
+        self.projector_label = QLabel("")
+        self.demo_label = QLabel("")
+        self.demo_label.setStyleSheet("color: #b26a00;")
+        top = QHBoxLayout()
+        top.addWidget(self.vision_switch)
+        top.addWidget(self.projector_label)
+        top.addStretch(1)
+        top.addWidget(self.demo_label)
         self.transcript = QTextBrowser(openExternalLinks=True)
         self.transcript.setPlaceholderText("Loading the model…")
-        self.composer = QPlainTextEdit(placeholderText="Message Ebb  (Ctrl+Enter to send)")
-        self.composer.setMaximumHeight(110)
-        self.send_button = QPushButton("Send", enabled=False, clicked=self._on_send)
-        self.stop_button = QPushButton("Stop", enabled=False, clicked=self._on_stop)
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self._on_send)
+        self.regen_button = QPushButton("Regenerate", clicked=self._on_regenerate, enabled=False)
+        self.copy_button = QPushButton("Copy reply", clicked=self._on_copy, enabled=False)
+        acts = QHBoxLayout()
+        acts.addStretch(1)
+        acts.addWidget(self.regen_button)
+        acts.addWidget(self.copy_button)
+        self.composer = Composer()
+        self.composer.send_requested.connect(self._on_send)
+        attach = QPushButton("Attach…", clicked=self._on_attach)
+        self.send_button = QPushButton("Send", clicked=self._on_send, enabled=False)
+        self.stop_button = QPushButton("Stop", clicked=self._on_stop, enabled=False)
         buttons = QVBoxLayout()
-        buttons.addWidget(self.send_button)
-        buttons.addWidget(self.stop_button)
+        for b in (self.send_button, self.stop_button, attach):
+            buttons.addWidget(b)
         buttons.addStretch(1)
         row = QHBoxLayout()
         row.addWidget(self.composer, 1)
         row.addLayout(buttons)
-        body = QVBoxLayout()
-        body.addWidget(self.transcript, 1)
-        body.addLayout(row)
-        central = QWidget()
-        central.setLayout(body)
-        self.setCentralWidget(central)
+        chat = QWidget()
+        cl = QVBoxLayout(chat)
+        cl.addLayout(top)
+        cl.addWidget(self.transcript, 1)
+        cl.addLayout(acts)
+        cl.addLayout(row)
+        split = QSplitter()
+        split.addWidget(side)
+        split.addWidget(chat)
+        split.setSizes([230, 900])
+        self.setCentralWidget(split)
+
+        self.panel = MemoryPanel(self.telemetry)
+        self.panel_dock = QDockWidget("Memory", self)
+        self.panel_dock.setObjectName("memory-panel")
+        self.panel_dock.setWidget(self.panel)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel_dock)
+        self.view_menu.addAction(self.panel_dock.toggleViewAction())
+
         self.progress = QProgressBar(maximumWidth=160, textVisible=False)
         self.progress.setRange(0, 0)
         self.progress.hide()
@@ -79,71 +135,266 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.model_label)
         self.statusBar().addPermanentWidget(self.progress)
 
+    def _build_menu(self) -> None:
+        file = self.menuBar().addMenu("&File")
+        for text, key, slot in (("New chat", "Ctrl+N", self._on_new_chat),
+                                ("Open model…", "Ctrl+O", self._on_open_model),
+                                ("Settings…", "Ctrl+,", self._on_settings),
+                                ("Quit", "Ctrl+Q", self.close)):
+            act = QAction(text, self, shortcut=QKeySequence(key))
+            act.triggered.connect(slot)
+            file.addAction(act)
+        self.view_menu = self.menuBar().addMenu("&View")
+        stop = QAction("Stop", self, shortcut=QKeySequence("Esc"))
+        stop.triggered.connect(self._on_stop)
+        self.addAction(stop)
+
+    def _start_worker(self) -> None:
+        self._thread = QThread(self)
+        self._thread.setObjectName("EngineWorker")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self._thread)
+        self.worker.event.connect(self._on_event)
+        self.request_load.connect(self.worker.load)
+        self.request_send.connect(self.worker.send)
+        self.request_history.connect(self.worker.set_history)
+        self.request_vision.connect(self.worker.set_vision)
+        self.request_undo.connect(self.worker.undo_last)
+        self._thread.finished.connect(self.worker.deleteLater)
+        self._thread.start()
+
+    # ------------------------------------------------------------ conversations
+
+    def _open_first_conversation(self) -> None:
+        convs = self.store.conversations()
+        self.conv_id = convs[0].id if convs else self.store.create_conversation()
+        self._refresh_conversations()
+
+    def _refresh_conversations(self) -> None:
+        self.conversations.blockSignals(True)
+        self.conversations.clear()
+        for c in self.store.conversations(self.search.text()):
+            item = QListWidgetItem(c.title, self.conversations)
+            item.setData(Qt.ItemDataRole.UserRole, c.id)
+            if c.id == self.conv_id:
+                self.conversations.setCurrentItem(item)
+        self.conversations.blockSignals(False)
+        self._render()
+
+    def _on_conversation_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
+        if item is None or self._busy:
+            return
+        self.conv_id = int(item.data(Qt.ItemDataRole.UserRole))
+        self._send_history()
+        self._render()
+
+    def _send_history(self) -> None:
+        turns = [(m.role, m.text, [str(p) for p in m.images]) for m in self.store.messages(self.conv_id)]
+        self.request_history.emit(turns)
+
+    @Slot()
+    def _on_new_chat(self) -> None:
+        if self._busy:
+            return
+        self.conv_id = self.store.create_conversation()
+        self.request_history.emit([])
+        self._refresh_conversations()
+
+    def _on_conversation_menu(self, pos: Any) -> None:
+        item = self.conversations.itemAt(pos)
+        if item is None:
+            return
+        cid = int(item.data(Qt.ItemDataRole.UserRole))
+        menu = QMenu(self)
+        rename = menu.addAction("Rename…")
+        delete = menu.addAction("Delete")
+        chosen = menu.exec(self.conversations.mapToGlobal(pos))
+        if chosen is rename:
+            title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=item.text())
+            if ok:
+                self.store.rename(cid, title)
+        elif chosen is delete and not (self._busy and cid == self.conv_id):
+            self.store.delete(cid)
+            if cid == self.conv_id:
+                self._open_first_conversation()
+                self._send_history()
+        self._refresh_conversations()
+
+    # ------------------------------------------------------------ rendering
+
     def _render(self) -> None:
         parts = []
-        for m in self._messages:
-            who = "You" if m["role"] == "user" else "Ebb"
-            parts.append(f"**{who}**\n\n{m['content']}\n")
-            if m.get("stats"):
-                parts.append(f"<small>{html.escape(m['stats'])}</small>\n")
-        if self._busy:
+        msgs = self.store.messages(self.conv_id) if self.conv_id else []
+        for m in msgs:
+            who = "You" if m.role == "user" else "Ebb"
+            parts.append(f"**{who}**\n\n" + "".join(f"![{p.name}]({thumb(p)}) " for p in m.images))
+            parts.append(m.text + "\n")
+            if m.stats:
+                parts.append(f"<small>{html.escape(stats_line(m.stats))}</small>\n")
+        if self._busy and self._pending is not None:
             parts.append("**Ebb**\n\n" + ("".join(self._reply_parts) or "…") + "\n")
         bar = self.transcript.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
         self.transcript.setMarkdown("\n".join(parts))
         if at_bottom:
             bar.setValue(bar.maximum())
+        has_reply = bool(msgs) and msgs[-1].role == "assistant"
+        self.regen_button.setEnabled(has_reply and not self._busy and self._loaded)
+        self.copy_button.setEnabled(has_reply)
 
     # ------------------------------------------------------------ user actions
 
+    def dragEnterEvent(self, e: QDragEnterEvent) -> None:
+        if e.mimeData().hasUrls() or e.mimeData().hasImage():
+            e.acceptProposedAction()
+
+    def dropEvent(self, e: QDropEvent) -> None:
+        self.composer.edit.insertFromMimeData(e.mimeData())
+        e.acceptProposedAction()
+
+    @Slot()
+    def _on_attach(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
+                                                "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
+        for p in paths:
+            self.composer.add_image(Path(p))
+
     @Slot()
     def _on_send(self) -> None:
-        text = self.composer.toPlainText().strip()
-        if not text or self._busy or not self.send_button.isEnabled():
+        text, images = self.composer.text(), list(self.composer.images)
+        if (not text and not images) or self._busy or not self._loaded:
+            return
+        if images and not self.vision_switch.isChecked():
+            self.composer.show_error("Turn vision on to send images (no reload needed).")
             return
         self.composer.clear()
-        self._messages.append({"role": "user", "content": text})
+        if not self.store.messages(self.conv_id) and text:
+            self.store.rename(self.conv_id, text[:48])
+        mid = self.store.add_message(self.conv_id, "user", text, images)
+        stored = self.store.messages(self.conv_id)[-1].images
+        self._dispatch(text, stored, (text, images, mid))
+        self._refresh_conversations()
+
+    def _dispatch(self, text: str, images: list[Path], pending: tuple[str, list[Path], int]) -> None:
         self._request_id += 1
+        self._pending = pending
         self._reply_parts = []
         self._set_busy(True)
-        history = [{"role": m["role"], "content": m["content"]} for m in self._messages]
-        self.request_generate.emit(self._request_id, history, self.gen_params)
+        self.request_send.emit(self._request_id, text, [str(p) for p in images], self.gen_params)
         self._render()
 
     @Slot()
     def _on_stop(self) -> None:
-        self._worker.cancel()
+        self.worker.cancel()
+
+    @Slot()
+    def _on_regenerate(self) -> None:
+        msgs = self.store.messages(self.conv_id)
+        if self._busy or len(msgs) < 2 or msgs[-1].role != "assistant":
+            return
+        user = msgs[-2]
+        self.store.delete_message(msgs[-1].id)
+        self.request_undo.emit()
+        self._dispatch(user.text, user.images, (user.text, user.images, user.id))
+
+    @Slot()
+    def _on_copy(self) -> None:
+        msgs = self.store.messages(self.conv_id)
+        if msgs and msgs[-1].role == "assistant":
+            QGuiApplication.clipboard().setText(msgs[-1].text)
+
+    def _on_vision_toggled(self, on: bool) -> None:
+        self.projector_label.setText("switching…")
+        self.request_vision.emit(on)
 
     def _set_busy(self, busy: bool) -> None:
         self._busy = busy
-        self.send_button.setEnabled(not busy)
+        self.send_button.setEnabled(not busy and self._loaded)
         self.stop_button.setEnabled(busy)
-        if busy:
-            self._redraw.start()
-        else:
-            self._redraw.stop()
+        (self._redraw.start if busy else self._redraw.stop)()
+
+    def _settings(self) -> dict[str, Any]:
+        return {k: self.store.setting(k, v) for k, v in DEFAULTS.items()}
+
+    @Slot()
+    def _on_settings(self) -> None:
+        dlg = SettingsDialog(self._settings(), self)
+        if dlg.exec():
+            for k, v in dlg.values().items():
+                self.store.set_setting(k, v)
+            if self._last_cfg is not None and not self._busy:
+                self._load(str(self._last_cfg.model_path), str(self._last_cfg.mmproj_path or ""))
+
+    @Slot()
+    def _on_open_model(self) -> None:
+        dlg = ModelPicker(self._settings(), self)
+        if dlg.exec() and not self._busy:
+            self.store.set_setting("model_folders", dlg.settings.get("model_folders", []))
+            model, mmproj = dlg.choice()
+            if model:
+                self._load(model, mmproj)
+
+    def _load(self, model: str, mmproj: str) -> None:
+        from app.main import session_config
+
+        try:
+            cfg, rpc = session_config(self.store, model, mmproj)
+        except Exception as exc:  # a bad path or setting: say so, keep what is loaded
+            self.statusBar().showMessage(f"Error: {exc}")
+            return
+        self._last_cfg = cfg
+        self._loaded = False
+        self.request_load.emit(cfg, rpc)
+        self._send_history()
 
     # ------------------------------------------------------------ engine events
 
     @Slot(object)
     def _on_event(self, ev: events.Event) -> None:
+        self.telemetry.on_event(ev)
         handler = getattr(self, f"_on_{type(ev).__name__}", None)
         if handler is not None:
             handler(ev)
 
     def _on_ModelLoading(self, ev: events.ModelLoading) -> None:
         self.progress.show()
+        self._loaded = False
         self.send_button.setEnabled(False)
         self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…")
 
     def _on_ModelLoaded(self, ev: events.ModelLoaded) -> None:
+        d = ev.details
         self.progress.hide()
+        self._loaded = True
         self.setWindowTitle(f"Ebb — {ev.model_name}")
-        self.model_label.setText(f"{ev.model_name} · {ev.n_layers} layers · ctx {ev.n_ctx} · "
-                                 f"{ev.n_threads} threads")
-        self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s", 5000)
-        self.transcript.setPlaceholderText("Say something.")
-        self.send_button.setEnabled(True)
+        mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
+        accel = d.get("accelerator") or "no accelerator"
+        self.model_label.setText(f"{ev.model_name} · {d.get('n_layers_on_accel', 0)}/{ev.n_layers} "
+                                 f"layers on {accel} · {mover} · ctx {ev.n_ctx}")
+        self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
+                                     + (f" — {d['mover_note']}" if d.get("mover_note") else ""), 15000)
+        self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
+        has_proj = bool(d.get("projector"))
+        self.vision_switch.blockSignals(True)
+        self.vision_switch.setChecked(bool(d.get("vision")))
+        self.vision_switch.blockSignals(False)
+        self.vision_switch.setEnabled(has_proj)
+        self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
+        self.demo_label.setText(DEMO_LABEL if d.get("projector_synthetic") else "")
+        self._set_busy(self._busy)
+        self._send_history()
+        self._render()
+
+    def _on_VisionChanged(self, ev: events.VisionChanged) -> None:
+        self.vision_switch.blockSignals(True)
+        self.vision_switch.setChecked(ev.enabled)
+        self.vision_switch.blockSignals(False)
+        self.projector_label.setText("projector in RAM" if ev.enabled else "vision off")
+
+    def _on_Residency(self, ev: events.Residency) -> None:
+        where = {"RAM": "projector in RAM", "loading": "projector loading…", "": ""}
+        if self.vision_switch.isChecked():
+            self.projector_label.setText(where.get(ev.projector_device, f"projector on {ev.projector_device}"))
 
     def _on_TokenText(self, ev: events.TokenText) -> None:
         if ev.request_id == self._request_id:
@@ -151,27 +402,67 @@ class MainWindow(QMainWindow):
 
     def _on_TurnFinished(self, ev: events.TurnFinished) -> None:
         r: dict[str, Any] = ev.result
-        stats = (f"{r['n_gen_tokens']} tokens · {r['gen_tokens_per_s']:.1f} tok/s · "
-                 f"prompt {r['prompt_s']:.2f}s · {r['stop_reason']}")
-        self._messages.append({"role": "assistant", "content": r["text"], "stats": stats})
+        pending, self._pending = self._pending, None
+        if r.get("error") and pending is not None:
+            self._undo_user_message(pending, r["error"])
+        elif pending is not None:
+            stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
+                                           "stop_reason", "n_images")}
+            spans = r.get("spans", [])
+            stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
+            stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans
+                                  if s["name"] in ("evict", "restore", "save_state", "restore_state"))
+            self.store.add_message(self.conv_id, "assistant", r.get("text", ""), stats=stats)
         self._set_busy(False)
         self._render()
 
+    def _undo_user_message(self, pending: tuple[str, list[Path], int], error: str) -> None:
+        text, images, mid = pending
+        self.store.delete_message(mid)
+        self.request_undo.emit()
+        self.composer.restore(text, images)  # nothing the user wrote is lost
+        self.composer.show_error(error)
+
     def _on_EngineFailed(self, ev: events.EngineFailed) -> None:
         self.progress.hide()
-        if self._busy:
+        if self._busy and self._pending is not None:
+            self._undo_user_message(self._pending, ev.message)
+            self._pending = None
             self._set_busy(False)
-            if self._messages and self._messages[-1]["role"] == "user":
-                self.composer.setPlainText(self._messages.pop()["content"])  # nothing lost
         self.statusBar().showMessage(f"Error: {ev.message}")
         self._render()
 
     # ------------------------------------------------------------ shutdown
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        self._worker.cancel()
+        self.worker.cancel()
         # Runs on the worker thread after the (now cancelled) current job: it frees llama.cpp.
-        QMetaObject.invokeMethod(self._worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
+        QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()
         self._thread.wait(10_000)
         super().closeEvent(event)
+
+
+def stats_line(s: dict[str, Any]) -> str:
+    line = (f"{s.get('n_gen_tokens', 0)} tokens · {s.get('gen_tokens_per_s', 0):.1f} tok/s · "
+            f"prompt {s.get('prompt_s', 0):.2f}s · {s.get('stop_reason', '')}")
+    if s.get("n_images"):
+        line += (f" · vision: {s.get('strategy')}, encode {s.get('encode_s', 0):.2f}s, "
+                 f"swap {s.get('swap_s', 0):.3f}s")
+    return line
+
+
+def thumb(path: Path, size: int = 160) -> str:
+    """A small copy of an image for the transcript (made once, kept beside the store)."""
+    from PIL import Image
+
+    out = path.parent.parent / "thumbs" / f"{path.stem}-{size}.png"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with Image.open(path) as im:
+                im.thumbnail((size, size))
+                im.convert("RGB").save(out)
+        except (OSError, ValueError):
+            return ""
+    return out.as_posix()

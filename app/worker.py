@@ -7,12 +7,31 @@ from __future__ import annotations
 
 import threading
 import traceback
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import events
 from engine.errors import EbbError
-from engine.runtime import GenParams, LoadParams, TextRuntime
+from engine.runtime import GenParams
+from engine.session import Session, SessionConfig
+
+
+DEMO = "demo"
+
+
+def resolve_paths(cfg: SessionConfig) -> SessionConfig:
+    """Worker thread: fetch the default model and make the demo projector if asked (slow
+    the first time, so never on the GUI thread)."""
+    from dataclasses import replace
+
+    from engine.models import default_projector_path, existing_file, resolve_model_path
+
+    model = resolve_model_path(str(cfg.model_path))
+    proj = cfg.mmproj_path
+    if proj is not None:
+        proj = default_projector_path(model) if str(proj) == DEMO else existing_file(str(proj), "projector")
+    return replace(cfg, model_path=model, mmproj_path=proj)
 
 
 class EngineWorker(QObject):
@@ -20,51 +39,88 @@ class EngineWorker(QObject):
 
     def __init__(self) -> None:
         super().__init__()
-        self._runtime: TextRuntime | None = None
+        self._session: Session | None = None
         self._cancel = threading.Event()
 
     def cancel(self) -> None:
         """Any thread: ask the running generation to stop at the next token."""
         self._cancel.set()
 
-    @Slot(object)
-    def load(self, params: LoadParams) -> None:
-        self.event.emit(events.ModelLoading(0, model_path=str(params.model_path)))
-        try:
-            self._close_runtime()
-            rt = TextRuntime(params)
-        except EbbError as exc:
-            self.event.emit(events.EngineFailed(0, message=str(exc)))
-            return
-        except Exception as exc:  # keep the window alive; show what happened
+    def _fail(self, request_id: int, exc: BaseException) -> None:
+        if not isinstance(exc, EbbError):
             traceback.print_exc()
-            self.event.emit(events.EngineFailed(0, message=f"{type(exc).__name__}: {exc}"))
-            return
-        self._runtime = rt
-        self.event.emit(events.ModelLoaded(
-            0, model_path=str(params.model_path), model_name=rt.info.name,
-            n_layers=rt.info.n_layers, n_ctx=rt.n_ctx, n_threads=rt.n_threads, load_s=rt.load_s))
+        msg = str(exc) if isinstance(exc, EbbError) else f"{type(exc).__name__}: {exc}"
+        self.event.emit(events.EngineFailed(request_id, message=msg))
 
-    @Slot(int, object, object)
-    def generate(self, request_id: int, messages: list[dict[str, str]], gp: GenParams) -> None:
-        if self._runtime is None:
+    @Slot(object, object)
+    def load(self, cfg: SessionConfig, rpc: list[str]) -> None:
+        self.event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
+        try:
+            self._close_session()
+            from engine.devices import connect_rpc
+
+            for endpoint in rpc:
+                connect_rpc(endpoint)
+            s = Session(resolve_paths(cfg), emit=self.event.emit)
+        except Exception as exc:  # keep the window alive; show what happened
+            self._fail(0, exc)
+            return
+        self._session = s
+        proj = s.proj_info
+        assert s.runtime is not None
+        self.event.emit(events.ModelLoaded(
+            0, model_path=str(cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
+            n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.runtime.load_s,
+            details={"mover": s.mover_name, "mover_note": s.mover_note, "accelerator": s.accel,
+                     "budget_bytes": s.budget_bytes,
+                     "n_layers_on_accel": s.placement.n_layers_on_accel,
+                     "projector": str(cfg.mmproj_path) if cfg.mmproj_path else "",
+                     "projector_synthetic": bool(proj and proj.synthetic),
+                     "vision": s.vision_enabled}))
+
+    @Slot(object)
+    def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:
+        if self._session is not None:
+            self._session.set_history(turns)
+
+    @Slot(bool)
+    def set_vision(self, enabled: bool) -> None:
+        if self._session is None:
+            return
+        try:
+            self._session.set_vision(enabled)
+        except EbbError as exc:
+            self._fail(0, exc)
+            enabled = self._session.vision_enabled
+        self.event.emit(events.VisionChanged(0, enabled=enabled))
+
+    @Slot(int, str, object, object)
+    def send(self, request_id: int, text: str, images: list[str], gp: GenParams) -> None:
+        if self._session is None:
             self.event.emit(events.EngineFailed(request_id, message="no model is loaded"))
             return
         self._cancel.clear()
         try:
-            result = self._runtime.generate(
-                messages, gp, cancel=self._cancel,
+            res = self._session.turn(
+                text, images, gp, cancel=self._cancel,
                 on_text=lambda s: self.event.emit(events.TokenText(request_id, text=s)))
-        except EbbError as exc:
-            self.event.emit(events.EngineFailed(request_id, message=str(exc)))
+        except Exception as exc:
+            self._fail(request_id, exc)
             return
-        self.event.emit(events.TurnFinished(request_id, result=result.to_dict()))
+        out: dict[str, Any] = res.to_dict()
+        out["request_id"] = request_id
+        self.event.emit(events.TurnFinished(request_id, result=out))
+
+    @Slot()
+    def undo_last(self) -> None:
+        if self._session is not None:
+            self._session.undo_last_exchange()
 
     @Slot()
     def shutdown(self) -> None:
-        self._close_runtime()
+        self._close_session()
 
-    def _close_runtime(self) -> None:
-        if self._runtime is not None:
-            self._runtime.close()
-            self._runtime = None
+    def _close_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None

@@ -30,6 +30,7 @@ class ModelLoaded(Event):
     n_ctx: int
     n_threads: int
     load_s: float
+    details: dict[str, Any] = field(default_factory=dict)  # mover, accelerator, projector …
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class TurnFinished(Event):
 @dataclass(frozen=True)
 class EngineFailed(Event):
     message: str
+
+
+@dataclass(frozen=True)
+class VisionChanged(Event):
+    enabled: bool
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class ProjectorRuntime:
     """
 
     def __init__(self, path: Path, model: Any, n_threads: int, device: str | None = None,
-                 flash_attn: bool | None = None) -> None:
+                 flash_attn: bool | None = None, image_max_tokens: int = 0) -> None:
         self.path = Path(path)
         self.info = projector_info(read_gguf(self.path))
         check_projector_matches(model.info, self.info)
@@ -68,6 +68,8 @@ class ProjectorRuntime:
         params.warmup = True
         if flash_attn is not None:
             params.flash_attn_type = 1 if flash_attn else 0
+        if image_max_tokens > 0:
+            params.image_max_tokens = image_max_tokens
         self._stack = contextlib.ExitStack()
         llama_log.clear()
         t0 = time.perf_counter()

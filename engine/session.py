@@ -49,6 +49,14 @@ class SessionConfig:
     n_batch: int = 512
     system: str | None = None
     mover: str = "auto"  # auto (live after its self-test, else reload) | live | reload
+    image_max_tokens: int = 0  # 0: the projector's default
+
+
+@dataclass(frozen=True)
+class HistoryTurn:
+    role: str  # user | assistant
+    text: str
+    image_keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -97,9 +105,8 @@ class Session:
         self.ledger = Ledger()
         self.costs = self._default_costs()
         self.vision_enabled = self.proj_info is not None
-        self.messages: list[dict[str, str]] = (
-            [{"role": "system", "content": cfg.system}] if cfg.system else [])
-        self._history_images: list[str] = []  # cache keys, in prompt order
+        self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
+        self._image_paths: dict[str, str] = {}  # cache key -> file, to re-encode after a reload
         self._cache: dict[str, Encoded] = {}
         self._request_id = 0
         self.n_model_loads = 0
@@ -246,7 +253,8 @@ class Session:
             self._stack.callback(holder.close)
         self._ram_model = holder
         self.ram_projector = ProjectorRuntime(self.cfg.mmproj_path, holder, self.n_threads,
-                                              device=None, flash_attn=self.cfg.flash_attn)
+                                              device=None, flash_attn=self.cfg.flash_attn,
+                                              image_max_tokens=self.cfg.image_max_tokens)
         self._stack.callback(self.ram_projector.close)
         self.ledger.set(CPU, "projector", self.ram_projector.info.weight_bytes)
         self._proj_id = _projector_identity(self.cfg.mmproj_path)
@@ -333,7 +341,8 @@ class Session:
         assert self.cfg.mmproj_path is not None and self.accel is not None
         self._emit_residency(projector="loading")
         pr = ProjectorRuntime(self.cfg.mmproj_path, bound_to, self.n_threads, device=self.accel,
-                              flash_attn=self.cfg.flash_attn)
+                              flash_attn=self.cfg.flash_attn,
+                              image_max_tokens=self.cfg.image_max_tokens)
         self.ledger.set(self.accel, "projector", pr.info.weight_bytes)
         self.ledger.set(self.accel, "projector_compute", pr.compute_buffer_bytes)
         return pr
@@ -353,7 +362,7 @@ class Session:
                 raise EbbError("this message has images but vision is off" if self.proj_info
                                else "this message has images but no projector is loaded",
                                "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
-            self._encode_new(images, res)
+            self._encode_new(self._pending_history_images() + images, res)
             self._generate(text, images, gp or GenParams(), on_text, cancel, res)
         except EbbError as exc:
             res.error = str(exc)
@@ -423,14 +432,69 @@ class Session:
             else:
                 self.costs = replace(self.costs, accel_encode_s_per_token=per_token)
 
+    def set_history(self, turns: Sequence[tuple[str, str, Sequence[str | Path]]]) -> None:
+        """Replace the conversation with (role, text, image files) turns, e.g. a saved chat.
+        Images are encoded lazily, with the next turn's plan."""
+        history = []
+        for role, text, paths in turns:
+            keys = []
+            for p in paths:
+                if self.ram_projector is None:
+                    continue
+                try:
+                    img = load_image(Path(p))
+                except EbbError:
+                    continue  # a saved image that went missing: leave it out
+                keys.append(self._key(img))
+                self._image_paths[keys[-1]] = str(p)
+            history.append(HistoryTurn(role, text, tuple(keys)))
+        self.history = history
+
+    def undo_last_exchange(self) -> tuple[str, list[str]] | None:
+        """Drop the last user turn and its reply (for Regenerate); returns its text and images."""
+        for i in range(len(self.history) - 1, -1, -1):
+            if self.history[i].role == "user":
+                turn = self.history[i]
+                self.history = self.history[:i]
+                return turn.text, [self._image_paths[k] for k in turn.image_keys if k in self._image_paths]
+        return None
+
+    def _messages(self, extra: HistoryTurn | None = None) -> tuple[list[dict[str, str]], list[str]]:
+        """Chat messages for the template, and the image keys in prompt order. With vision off,
+        earlier images are left out of the prompt."""
+        marker = self.ram_projector.marker if self.ram_projector else ""
+        use_images = bool(marker) and self.vision_enabled
+        msgs = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
+        keys: list[str] = []
+        for t in self.history + ([extra] if extra else []):
+            images = t.image_keys if use_images else ()
+            msgs.append({"role": t.role, "content": "".join(f"{marker}\n" for _ in images) + t.text})
+            keys.extend(images)
+        return msgs, keys
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self._messages()[0]
+
+    def _pending_history_images(self) -> list[LoadedImage]:
+        if not self.vision_enabled:
+            return []
+        out = []
+        for t in self.history:
+            for k in t.image_keys:
+                if k not in self._cache and k in self._image_paths:
+                    out.append(load_image(Path(self._image_paths[k])))
+        return out
+
     def _generate(self, text: str, images: list[LoadedImage], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                   res: TurnResult) -> None:
         assert self.runtime is not None
+        for img in images:
+            self._image_paths[self._key(img)] = img.path
+        turn = HistoryTurn("user", text, tuple(self._key(i) for i in images))
+        messages, keys = self._messages(turn)
         marker = self.ram_projector.marker if self.ram_projector else ""
-        content = "".join(f"{marker}\n" for _ in images) + text
-        messages = self.messages + [{"role": "user", "content": content}]
-        keys = self._history_images + [self._key(i) for i in images]
         spans = [ImageSpan(k, self._cache[k].embeddings) for k in keys]
         items = self.runtime.build_prompt(messages, marker or "\0no-images\0", spans)
         accel = self.placement.accel or CPU
@@ -444,5 +508,4 @@ class Session:
         res.text = result.text
         res.gen = result.to_dict()
         del res.gen["text"]
-        self.messages = messages + [{"role": "assistant", "content": result.text}]
-        self._history_images = keys
+        self.history = self.history + [turn, HistoryTurn("assistant", result.text)]

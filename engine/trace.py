@@ -3,9 +3,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol
 
-from engine.events import Span
+
+class Span(Protocol):
+    """Anything shaped like engine.events.Span (the telemetry model's spans too)."""
+    name: str
+    start_s: float
+    end_s: float
+    device: str
+    bytes: int
+    request_id: int
+    predicted_s: float | None
+    detail: str
 
 # One row (thread) per kind of work, as the window's timeline draws them.
 ROWS = {"evict": 1, "restore": 1, "save_state": 1, "restore_state": 1,

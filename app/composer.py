@@ -1,0 +1,161 @@
+"""The composer: text, attached images as thumbnails with a remove button, paste and drop.
+
+Enter sends, Shift+Enter is a new line. A file that is not a usable image is named and
+explained inline and never attached. GUI thread only.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, QSize, Qt, Signal
+from PySide6.QtGui import QImage, QKeyEvent, QPixmap
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout,
+                               QWidget)
+
+from engine.images import MAX_IMAGE_PIXELS
+
+THUMB = 64
+
+
+def check_image(path: Path) -> str | None:
+    """A quick look (header only, no full decode): None when it can be attached, else why not."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.is_file():
+        return "file not found"
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    try:
+        with Image.open(path) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                return (f"{im.width}x{im.height} is {im.width * im.height / 1e6:.0f} megapixels; "
+                        f"the limit is {MAX_IMAGE_PIXELS // 1_000_000}")
+    except UnidentifiedImageError:
+        return "not an image Ebb can read (PNG, JPEG, WebP, GIF, BMP)"
+    except (OSError, ValueError) as exc:
+        return f"damaged ({exc})"
+    return None
+
+
+class MessageEdit(QPlainTextEdit):
+    send_requested = Signal()
+    image_pasted = Signal(object)  # Path
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
+                e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            self.send_requested.emit()
+            return
+        super().keyPressEvent(e)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        if source.hasImage():
+            image = QImage(source.imageData())
+            if not image.isNull():
+                self.image_pasted.emit(save_pasted(image))
+                return
+        if source.hasUrls() and all(u.isLocalFile() for u in source.urls()):
+            for u in source.urls():
+                self.image_pasted.emit(Path(u.toLocalFile()))
+            return
+        super().insertFromMimeData(source)
+
+
+def save_pasted(image: QImage) -> Path:
+    """A pasted image as a PNG file (named by content) so it can be stored and sent."""
+    folder = Path(tempfile.gettempdir()) / "ebb-pasted"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / "pasting.png"
+    image.save(str(tmp), "PNG")
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:16]
+    final = folder / f"pasted-{digest}.png"
+    tmp.replace(final)
+    return final
+
+
+class Composer(QWidget):
+    send_requested = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[Path] = []
+        self.edit = MessageEdit(placeholderText="Message Ebb — Enter sends, Shift+Enter new line, "
+                                                "Ctrl+V pastes an image")
+        self.edit.setMaximumHeight(96)
+        self.edit.send_requested.connect(self.send_requested)
+        self.edit.image_pasted.connect(self.add_image)
+        self.strip = QHBoxLayout()
+        self.strip.addStretch(1)
+        self.error = QLabel("")
+        self.error.setStyleSheet("color: #c62828;")
+        self.error.setWordWrap(True)
+        self.error.hide()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(self.strip)
+        lay.addWidget(self.error)
+        lay.addWidget(self.edit)
+
+    def text(self) -> str:
+        return self.edit.toPlainText().strip()
+
+    def add_image(self, path: Path) -> bool:
+        path = Path(path)
+        problem = check_image(path)
+        if problem:
+            self.show_error(f"{path.name}: {problem} — not attached")
+            return False
+        if path in self.images:
+            return True
+        self.images.append(path)
+        self._rebuild_strip()
+        self.error.hide()
+        return True
+
+    def show_error(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.show()
+
+    def remove_image(self, path: Path) -> None:
+        self.images = [p for p in self.images if p != path]
+        self._rebuild_strip()
+
+    def clear(self) -> None:
+        self.edit.clear()
+        self.images = []
+        self._rebuild_strip()
+
+    def restore(self, text: str, images: list[Path]) -> None:
+        """Put a message back (when sending it failed): nothing the user wrote is lost."""
+        self.edit.setPlainText(text)
+        self.images = list(images)
+        self._rebuild_strip()
+
+    def _rebuild_strip(self) -> None:
+        while self.strip.count() > 1:
+            item = self.strip.takeAt(0)
+            if item is not None and item.widget() is not None:
+                item.widget().deleteLater()
+        for i, path in enumerate(self.images):
+            self.strip.insertWidget(i, self._thumb(path))
+
+    def _thumb(self, path: Path) -> QWidget:
+        box = QWidget()
+        lay = QVBoxLayout(box)
+        lay.setContentsMargins(0, 0, 0, 0)
+        pic = QLabel()
+        pix = QPixmap(str(path))
+        if not pix.isNull():
+            pic.setPixmap(pix.scaled(QSize(THUMB, THUMB), Qt.AspectRatioMode.KeepAspectRatio,
+                                     Qt.TransformationMode.SmoothTransformation))
+        pic.setToolTip(path.name)
+        remove = QToolButton(text="✕", toolTip=f"Remove {path.name}")
+        remove.clicked.connect(lambda: self.remove_image(path))
+        lay.addWidget(pic)
+        lay.addWidget(remove, 0, Qt.AlignmentFlag.AlignHCenter)
+        return box

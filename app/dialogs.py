@@ -1,0 +1,187 @@
+"""Settings and the model picker. GUI thread only; file inspection here reads headers only."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog,
+                               QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QPushButton, QSpinBox, QVBoxLayout)
+
+from engine.errors import EbbError
+from engine.units import fmt_bytes, parse_size
+
+DEMO = "demo"
+DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
+                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": []}
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, values: dict[str, Any], parent: Any = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        v = {**DEFAULTS, **values}
+        self.budget = QLineEdit(v["vram_budget"], placeholderText="auto (free memory minus a margin), e.g. 6GiB")
+        self.threads = QSpinBox(minimum=0, maximum=256, value=int(v["threads"]), specialValueText="auto")
+        self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=int(v["ctx"]))
+        self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=int(v["image_max_tokens"]),
+                                   specialValueText="projector default")
+        self.flash = QCheckBox(checked=bool(v["flash_attn"]))
+        self.vision = QComboBox()
+        self.vision.addItems(["auto", "resident", "swap", "cpu"])
+        self.vision.setCurrentText(v["vision"])
+        self.rpc = QLineEdit(", ".join(v["rpc"]), placeholderText="HOST:PORT, … (trusted networks only)")
+        self.error = QLabel("")
+        self.error.setStyleSheet("color: #c62828;")
+        form = QFormLayout(self)
+        form.addRow("Accelerator VRAM budget", self.budget)
+        form.addRow("Threads", self.threads)
+        form.addRow("Context length", self.ctx)
+        form.addRow("Image token limit", self.img_tokens)
+        form.addRow("Flash attention", self.flash)
+        form.addRow("Vision strategy", self.vision)
+        form.addRow("RPC servers", self.rpc)
+        form.addRow(self.error)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self._on_ok)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def values(self) -> dict[str, Any]:
+        return {"vram_budget": self.budget.text().strip(), "threads": self.threads.value(),
+                "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
+                "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
+                "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
+
+    def _on_ok(self) -> None:
+        from engine.devices import parse_endpoint
+
+        try:
+            v = self.values()
+            if v["vram_budget"]:
+                parse_size(v["vram_budget"])
+            for r in v["rpc"]:
+                parse_endpoint(r)
+        except EbbError as exc:
+            self.error.setText(str(exc))
+            return
+        self.accept()
+
+
+def model_folders(extra: list[str]) -> list[Path]:
+    home = Path.home()
+    hf = Path(os.environ.get("HF_HOME", home / ".cache" / "huggingface")) / "hub"
+    return [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models", hf,
+            *(Path(e) for e in extra)]
+
+
+def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
+    out: list[Path] = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for p in folder.rglob("*.gguf"):
+            if not p.name.lower().startswith("mmproj"):
+                out.append(p)
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def projectors_beside(model: Path) -> list[Path]:
+    return sorted(p for p in model.parent.glob("*.gguf") if p.name.lower().startswith("mmproj"))
+
+
+def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
+    """What the choice needs on each device, from the files' headers and the planner."""
+    from engine.gguf_info import inspect_files
+    from engine.plan import placement_for, projector_need_bytes
+
+    try:
+        ins = inspect_files(model, Path(mmproj) if mmproj and mmproj != DEMO else None)
+    except EbbError as exc:
+        return f"cannot use this file: {exc}"
+    m = ins.model
+    ctx = min(int(settings.get("ctx", 4096)), m.n_ctx_train or 4096)
+    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, bool(settings.get("flash_attn", True)))
+    text = (f"{m.architecture}, {m.n_layers} layers. All on the accelerator: "
+            f"{fmt_bytes(full.accel_total_bytes)} (weights {fmt_bytes(full.accel_bytes['weights'])}, "
+            f"KV cache {fmt_bytes(full.accel_bytes['kv'])} at {ctx} tokens, compute "
+            f"{fmt_bytes(full.accel_bytes['compute'])}); in RAM only: {fmt_bytes(m.tensor_bytes)}.")
+    if ins.projector is not None:
+        text += (f" Projector: {fmt_bytes(ins.projector.weight_bytes)} in RAM, borrows "
+                 f"{fmt_bytes(projector_need_bytes(ins.projector, True))} per image.")
+    elif mmproj == DEMO:
+        text += " Demo projector: random weights — it exercises the memory pipeline; it does not see."
+    return text
+
+
+class ModelPicker(QDialog):
+    def __init__(self, settings: dict[str, Any], parent: Any = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Choose a model")
+        self.resize(760, 460)
+        self.settings = settings
+        self.list = QListWidget()
+        for p in find_models(model_folders(list(settings.get("model_folders", [])))):
+            QListWidgetItem(str(p), self.list)
+        self.list.currentTextChanged.connect(self._on_model)
+        self.model_path = QLineEdit(placeholderText="path to a .gguf language model, or 'default'")
+        self.model_path.textChanged.connect(self._update_estimate)
+        browse = QPushButton("Browse…", clicked=self._on_browse)
+        add_folder = QPushButton("Add folder…", clicked=self._on_add_folder)
+        self.projector = QComboBox(editable=True)
+        self.projector.currentTextChanged.connect(self._update_estimate)
+        self.estimate = QLabel("")
+        self.estimate.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Load")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        row = QHBoxLayout()
+        row.addWidget(self.model_path, 1)
+        row.addWidget(browse)
+        row.addWidget(add_folder)
+        lay = QVBoxLayout(self)
+        lay.addWidget(QLabel("Models found in LM Studio's and Hugging Face's caches and your folders:"))
+        lay.addWidget(self.list, 1)
+        lay.addLayout(row)
+        lay.addWidget(QLabel("Vision projector (an mmproj*.gguf beside the model is offered):"))
+        lay.addWidget(self.projector)
+        lay.addWidget(self.estimate)
+        lay.addWidget(buttons)
+
+    def choice(self) -> tuple[str, str]:
+        proj = self.projector.currentText().strip()
+        return self.model_path.text().strip(), "" if proj == "none" else proj
+
+    def _on_model(self, text: str) -> None:
+        self.model_path.setText(text)
+
+    def _on_browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF (*.gguf)")
+        if path:
+            self.model_path.setText(path)
+
+    def _on_add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        if folder:
+            self.settings.setdefault("model_folders", []).append(folder)
+            for p in find_models([Path(folder)]):
+                QListWidgetItem(str(p), self.list)
+
+    def _update_estimate(self) -> None:
+        from engine.models import DEFAULT_NAME, default_model_path
+
+        text = self.model_path.text().strip()
+        path = default_model_path() if text == DEFAULT_NAME else Path(text)
+        if self.sender() is self.model_path:
+            self.projector.blockSignals(True)
+            self.projector.clear()
+            self.projector.addItems([str(p) for p in projectors_beside(path)] + ["none", DEMO])
+            self.projector.blockSignals(False)
+        if path.is_file():
+            self.estimate.setText(estimate(path, self.projector.currentText(), self.settings))
+        else:
+            self.estimate.setText("")
