@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
@@ -59,24 +60,34 @@ class ResidencyMap(QWidget):
             if w > 18 or label in ("embd", "out", "proj", "kv", "compute"):
                 p.setPen(QPen(QColor("#ffffff")))
                 p.drawText(r, Qt.AlignmentFlag.AlignCenter, label if w > 18 else label[:1])
-        p.setPen(QPen(self.palette().text().color()))
-        legend = "  ".join(f"■ {k}" for k in ("accelerator", "RAM", "remote", "moving"))
-        p.drawText(QPointF(6, 56), f"{legend}   (projector: {self.telemetry.projector_device or 'none'})")
+        x = 6.0
+        for name, where in (("accelerator", "GPU"), ("RAM", "CPU"), ("remote", "RPC"), ("moving", "moving")):
+            p.fillRect(QRectF(x, 46, 10, 10), place_color(where))
+            p.setPen(QPen(self.palette().text().color()))
+            p.drawText(QPointF(x + 14, 56), name)
+            x += 24 + p.fontMetrics().horizontalAdvance(name)
+        p.drawText(QPointF(x + 8, 56), f"projector: {self.telemetry.projector_device or 'none'}")
         p.end()
 
 
 class MemoryPanel(QWidget):
     def __init__(self, telemetry: Telemetry) -> None:
         super().__init__()
+        pal = self.palette()
+        pg.setConfigOptions(background=pal.base().color(), foreground=pal.text().color(),
+                            antialias=False)
         self.telemetry = telemetry
         self._drawn_version = -1
+        self._curves: dict[str, pg.PlotDataItem] = {}
+        self._bars: list[pg.BarGraphItem] = []
         self._t0 = time.monotonic()
         self.residency = ResidencyMap(telemetry)
-        self.memory_plot = pg.PlotWidget(title="Memory on each device (ledger, stacked) and the device's own reading")
+        self.memory_plot = pg.PlotWidget(title="Memory per device: ledger by kind, device reading as a line")
         self.memory_plot.setLabel("left", "MiB")
         self.memory_plot.setLabel("bottom", "s")
-        self.memory_plot.addLegend(offset=(5, 5))
-        self.timeline = pg.PlotWidget(title="Pipeline: predicted (outline) beside measured (filled)")
+        legend = self.memory_plot.addLegend(offset=(-4, 4), colCount=2, labelTextSize="7pt")
+        legend.setBrush(pg.mkBrush(pal.base().color()))
+        self.timeline = pg.PlotWidget(title="Pipeline: predicted (dashed) beside measured (filled)")
         self.timeline.setLabel("bottom", "s")
         axis = self.timeline.getAxis("left")
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
@@ -93,6 +104,8 @@ class MemoryPanel(QWidget):
         lay.addWidget(self.residency)
         lay.addWidget(self.memory_plot, 1)
         lay.addWidget(self.timeline, 1)
+        self.memory_plot.setMinimumHeight(180)
+        self.timeline.setMinimumHeight(180)
         lay.addLayout(row)
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._on_tick)
@@ -110,37 +123,56 @@ class MemoryPanel(QWidget):
         self._draw_timeline()
 
     def _draw_memory(self) -> None:
-        self.memory_plot.clear()
-        for dev, series in self.telemetry.memory.items():
-            if not series or dev == "CPU":
-                continue
-            xs = [t - self._t0 for t, _, _ in series]
-            kinds = [k for k in KIND_COLORS if any(k in s for _, s, _ in series)]
-            cumulative = [0.0] * len(xs)
+        """Stacked ledger by kind per device, and the device's own reading; curves are reused
+        (setData), not rebuilt, so a redraw stays in the low milliseconds."""
+        devices = [d for d, series in self.telemetry.memory.items() if series and d != "CPU"]
+        for dev in devices:
+            series = self.telemetry.memory[dev]
+            xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))
+            cumulative = np.zeros(len(series))
             stacks = []
-            for kind in kinds:
-                cumulative = [c + s.get(kind, 0) / 2**20 for c, (_, s, _) in zip(cumulative, series)]
-                stacks.append((kind, list(cumulative)))
+            for kind in KIND_COLORS:
+                ys = np.fromiter((s.get(kind, 0) for _, s, _ in series), float, len(series)) / 2**20
+                if ys.any():
+                    cumulative = cumulative + ys
+                    stacks.append((kind, cumulative))
             for kind, ys in reversed(stacks):  # tallest first, lower fills drawn over it
-                color = QColor(KIND_COLORS[kind])
-                self.memory_plot.plot(xs, ys, stepMode=None, fillLevel=0, brush=color,
-                                      pen=pg.mkPen(color), name=f"{dev} {kind}")
+                label = kind if len(devices) == 1 else f"{dev} {kind}"
+                self._curve(label, QColor(KIND_COLORS[kind]), fill=True).setData(xs, ys)
             reported = [(t - self._t0, r / 2**20) for t, _, r in series if r is not None]
             if reported:
-                self.memory_plot.plot([x for x, _ in reported], [y for _, y in reported],
-                                      pen=pg.mkPen("#212121", width=2), name=f"{dev} reported")
+                self._curve(f"{dev} reading", self.palette().text().color(), fill=False).setData(
+                    [x for x, _ in reported], [y for _, y in reported])
+
+    def _curve(self, label: str, color: QColor, fill: bool) -> pg.PlotDataItem:
+        if label not in self._curves:
+            kw = {"fillLevel": 0, "brush": color} if fill else {}
+            self._curves[label] = self.memory_plot.plot([], [], pen=pg.mkPen(color, width=1 if fill else 2),
+                                                        name=label, **kw)
+        return self._curves[label]
 
     def _draw_timeline(self) -> None:
-        self.timeline.clear()
+        """Two bar items per kind of step (measured, predicted), rebuilt from arrays."""
+        for item in self._bars:
+            self.timeline.removeItem(item)
+        self._bars = []
+        by_name: dict[str, list[TimelineSpan]] = {}
         for sp in self.telemetry.spans:
-            y = ROWS.get(sp.name, 3)
-            x0 = sp.start_s - self._t0
-            color = QColor(SPAN_COLORS.get(sp.name, "#888888"))
-            if sp.predicted_s is not None:
-                self.timeline.addItem(pg.BarGraphItem(x0=[x0], y=[y], width=[sp.predicted_s], height=0.7,
-                                                      brush=None, pen=pg.mkPen(color, width=1, style=Qt.PenStyle.DashLine)))
-            self.timeline.addItem(pg.BarGraphItem(x0=[x0], y=[y], width=[max(sp.end_s - sp.start_s, 1e-4)],
-                                                  height=0.5, brush=color, pen=pg.mkPen(color)))
+            by_name.setdefault(sp.name, []).append(sp)
+        for name, spans in by_name.items():
+            color = QColor(SPAN_COLORS.get(name, "#888888"))
+            y = [ROWS.get(name, 3)] * len(spans)
+            x0 = [sp.start_s - self._t0 for sp in spans]
+            width = [max(sp.end_s - sp.start_s, 1e-4) for sp in spans]
+            pred = [(x, sp.predicted_s) for x, sp in zip(x0, spans) if sp.predicted_s is not None]
+            if pred:
+                self._bars.append(pg.BarGraphItem(
+                    x0=[x for x, _ in pred], y=[y[0]] * len(pred), width=[w for _, w in pred],
+                    height=0.7, brush=None, pen=pg.mkPen(color, style=Qt.PenStyle.DashLine)))
+            self._bars.append(pg.BarGraphItem(x0=x0, y=y, width=width, height=0.5, brush=color,
+                                              pen=pg.mkPen(color)))
+        for item in self._bars:
+            self.timeline.addItem(item)
 
     # ------------------------------------------------------------ interaction
 

@@ -40,7 +40,10 @@ class MainWindow(QMainWindow):
     def __init__(self, store: Store, load: SessionConfig | None, rpc: list[str] | None = None) -> None:
         super().__init__()
         self.setWindowTitle("Ebb")
-        self.resize(1280, 820)
+        screen = QGuiApplication.primaryScreen()
+        avail = screen.availableGeometry() if screen is not None else None
+        self.resize(min(1400, avail.width() - 40) if avail else 1280,
+                    min(880, avail.height() - 60) if avail else 820)
         self.setAcceptDrops(True)
         self.store = store
         self.telemetry = Telemetry()
@@ -48,13 +51,14 @@ class MainWindow(QMainWindow):
         self._request_id = 0
         self._busy = False
         self._reply_parts: list[str] = []
+        self._live_text = ""
         self._pending: tuple[str, list[Path], int] | None = None  # text, images, message id
         self._loaded = False
         self.conv_id = 0
         self._build_ui()
         self._start_worker()
         self._redraw = QTimer(self, interval=REDRAW_MS)
-        self._redraw.timeout.connect(self._render)
+        self._redraw.timeout.connect(self._render_live)
         self._open_first_conversation()
         self._last_cfg = load
         self._rpc = rpc or []
@@ -73,6 +77,7 @@ class MainWindow(QMainWindow):
         self.conversations.customContextMenuRequested.connect(self._on_conversation_menu)
         new = QPushButton("New chat", clicked=self._on_new_chat)
         side = QWidget()
+        side.setMinimumWidth(170)
         sl = QVBoxLayout(side)
         sl.addWidget(new)
         sl.addWidget(self.search)
@@ -91,6 +96,11 @@ class MainWindow(QMainWindow):
         top.addWidget(self.demo_label)
         self.transcript = QTextBrowser(openExternalLinks=True)
         self.transcript.setPlaceholderText("Loading the model…")
+        # The reply being streamed is drawn here, on its own: redrawing the whole conversation
+        # 20 times a second would cost more as the chat grows.
+        self.live_reply = QTextBrowser()
+        self.live_reply.setMaximumHeight(220)
+        self.live_reply.hide()
         self.regen_button = QPushButton("Regenerate", clicked=self._on_regenerate, enabled=False)
         self.copy_button = QPushButton("Copy reply", clicked=self._on_copy, enabled=False)
         acts = QHBoxLayout()
@@ -113,12 +123,14 @@ class MainWindow(QMainWindow):
         cl = QVBoxLayout(chat)
         cl.addLayout(top)
         cl.addWidget(self.transcript, 1)
+        cl.addWidget(self.live_reply)
         cl.addLayout(acts)
         cl.addLayout(row)
         split = QSplitter()
         split.addWidget(side)
         split.addWidget(chat)
-        split.setSizes([230, 900])
+        split.setSizes([200, 700])
+        split.setStretchFactor(1, 1)
         self.setCentralWidget(split)
 
         self.panel = MemoryPanel(self.telemetry)
@@ -126,6 +138,7 @@ class MainWindow(QMainWindow):
         self.panel_dock.setObjectName("memory-panel")
         self.panel_dock.setWidget(self.panel)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel_dock)
+        self.resizeDocks([self.panel_dock], [int(self.width() * 0.42)], Qt.Orientation.Horizontal)
         self.view_menu.addAction(self.panel_dock.toggleViewAction())
 
         self.progress = QProgressBar(maximumWidth=160, textVisible=False)
@@ -231,8 +244,6 @@ class MainWindow(QMainWindow):
             parts.append(m.text + "\n")
             if m.stats:
                 parts.append(f"<small>{html.escape(stats_line(m.stats))}</small>\n")
-        if self._busy and self._pending is not None:
-            parts.append("**Ebb**\n\n" + ("".join(self._reply_parts) or "…") + "\n")
         bar = self.transcript.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
         self.transcript.setMarkdown("\n".join(parts))
@@ -241,6 +252,14 @@ class MainWindow(QMainWindow):
         has_reply = bool(msgs) and msgs[-1].role == "assistant"
         self.regen_button.setEnabled(has_reply and not self._busy and self._loaded)
         self.copy_button.setEnabled(has_reply)
+
+    def _render_live(self) -> None:
+        text = "".join(self._reply_parts)
+        if text != self._live_text:
+            self._live_text = text
+            self.live_reply.setMarkdown("**Ebb**\n\n" + (text or "…"))
+            bar = self.live_reply.verticalScrollBar()
+            bar.setValue(bar.maximum())
 
     # ------------------------------------------------------------ user actions
 
@@ -309,6 +328,10 @@ class MainWindow(QMainWindow):
 
     def _set_busy(self, busy: bool) -> None:
         self._busy = busy
+        self._live_text = None  # type: ignore[assignment]
+        self.live_reply.setVisible(busy)
+        if busy:
+            self._render_live()
         self.send_button.setEnabled(not busy and self._loaded)
         self.stop_button.setEnabled(busy)
         (self._redraw.start if busy else self._redraw.stop)()

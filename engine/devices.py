@@ -99,9 +99,12 @@ def reported_used_bytes(name: str) -> int | None:
         if readings is not None and int(name[4:]) < len(readings):
             return readings[int(name[4:])].used_bytes
     try:
-        free, total = ggml.device_memory(find_device(name).handle)
+        dev = find_device(name)
     except EbbError:
         return None
+    if dev.remote:  # an RPC server reports its host's memory, not what we placed there
+        return None
+    free, total = ggml.device_memory(dev.handle)
     return total - free if total else None
 
 

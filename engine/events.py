@@ -91,3 +91,4 @@ class MemorySample(Event):
     device: str
     ledger_bytes: int
     reported_used_bytes: int | None  # the device's own reading (NVML / ggml), if any
+    ledger_kinds: dict[str, int] = field(default_factory=dict)

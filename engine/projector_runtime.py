@@ -17,7 +17,7 @@ import numpy as np
 
 from engine import llama_log
 from engine.errors import EbbError
-from engine.gguf_info import check_projector_matches, projector_info, read_gguf
+from engine.gguf_info import ProjectorInfo, check_projector_matches, projector_info, read_gguf
 from engine.images import LoadedImage
 from engine.runtime import _llama
 
@@ -51,9 +51,10 @@ class ProjectorRuntime:
     """
 
     def __init__(self, path: Path, model: Any, n_threads: int, device: str | None = None,
-                 flash_attn: bool | None = None, image_max_tokens: int = 0) -> None:
+                 flash_attn: bool | None = None, image_max_tokens: int = 0,
+                 info: ProjectorInfo | None = None) -> None:
         self.path = Path(path)
-        self.info = projector_info(read_gguf(self.path))
+        self.info = info or projector_info(read_gguf(self.path))
         check_projector_matches(model.info, self.info)
         self.n_embd = model.info.n_embd
         M = self._M = _mtmd()

@@ -46,7 +46,7 @@ class LoadParams:
     n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's training context)
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = 0  # llama.cpp's count: the output layer first, then the last layers
-    devices: tuple[str, ...] | None = None  # accelerators to use; None: llama.cpp's default
+    devices: tuple[str, ...] | None = ()  # accelerators to use (none: CPU only); None: all
     flash_attn: bool | None = None  # None: llama.cpp decides
     n_batch: int = 512
     repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)

@@ -254,7 +254,8 @@ class Session:
         self._ram_model = holder
         self.ram_projector = ProjectorRuntime(self.cfg.mmproj_path, holder, self.n_threads,
                                               device=None, flash_attn=self.cfg.flash_attn,
-                                              image_max_tokens=self.cfg.image_max_tokens)
+                                              image_max_tokens=self.cfg.image_max_tokens,
+                                              info=self.proj_info)
         self._stack.callback(self.ram_projector.close)
         self.ledger.set(CPU, "projector", self.ram_projector.info.weight_bytes)
         self._proj_id = _projector_identity(self.cfg.mmproj_path)
@@ -314,7 +315,8 @@ class Session:
             if self.accel is not None:
                 self._emit(events.MemorySample(self._request_id, device=self.accel,
                                                ledger_bytes=self.ledger.total(self.accel),
-                                               reported_used_bytes=reported_used_bytes(self.accel)))
+                                               reported_used_bytes=reported_used_bytes(self.accel),
+                                               ledger_kinds=self.ledger.snapshot().get(self.accel, {})))
 
     # ------------------------------------------------------------ vision control
 
@@ -342,7 +344,7 @@ class Session:
         self._emit_residency(projector="loading")
         pr = ProjectorRuntime(self.cfg.mmproj_path, bound_to, self.n_threads, device=self.accel,
                               flash_attn=self.cfg.flash_attn,
-                              image_max_tokens=self.cfg.image_max_tokens)
+                              image_max_tokens=self.cfg.image_max_tokens, info=self.proj_info)
         self.ledger.set(self.accel, "projector", pr.info.weight_bytes)
         self.ledger.set(self.accel, "projector_compute", pr.compute_buffer_bytes)
         return pr

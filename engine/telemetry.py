@@ -53,7 +53,8 @@ class Telemetry:
             self.spans.append(TimelineSpan(ev.name, ev.start_s, ev.end_s, ev.device, ev.bytes,
                                            ev.request_id, ev.predicted_s, ev.detail))
         elif isinstance(ev, events.MemorySample):
-            self._sample(ev.device, ev.t_s, self.ledger.get(ev.device, {}), ev.reported_used_bytes)
+            self._sample(ev.device, ev.t_s, ev.ledger_kinds or self.ledger.get(ev.device, {}),
+                         ev.reported_used_bytes)
         else:
             return
         self.version += 1

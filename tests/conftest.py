@@ -126,3 +126,12 @@ def pictures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         Image.fromarray(arr).save(d / name)
         out[name] = d / name
     return out
+
+
+@pytest.fixture(scope="session")
+def shared_rpc_server():
+    """One RPC server for in-process users: a device registered in this process stays
+    registered, so its server must outlive every test."""
+    server = RpcServer()
+    yield server
+    server.stop()
