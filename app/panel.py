@@ -136,13 +136,17 @@ class MemoryPanel(QWidget):
                 if ys.any():
                     cumulative = cumulative + ys
                     stacks.append((kind, cumulative))
-            for kind, ys in reversed(stacks):  # tallest first, lower fills drawn over it
+            order = list(KIND_COLORS)
+            for kind, ys in stacks:  # each fill reaches down to 0: lower kinds drawn on top
                 label = kind if len(devices) == 1 else f"{dev} {kind}"
-                self._curve(label, QColor(KIND_COLORS[kind]), fill=True).setData(xs, ys)
+                curve = self._curve(label, QColor(KIND_COLORS[kind]), fill=True)
+                curve.setZValue(len(order) - order.index(kind))
+                curve.setData(xs, ys)
             reported = [(t - self._t0, r / 2**20) for t, _, r in series if r is not None]
             if reported:
-                self._curve(f"{dev} reading", self.palette().text().color(), fill=False).setData(
-                    [x for x, _ in reported], [y for _, y in reported])
+                line = self._curve(f"{dev} reading", self.palette().text().color(), fill=False)
+                line.setZValue(len(KIND_COLORS) + 1)
+                line.setData([x for x, _ in reported], [y for _, y in reported])
 
     def _curve(self, label: str, color: QColor, fill: bool) -> pg.PlotDataItem:
         if label not in self._curves:
