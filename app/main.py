@@ -1,8 +1,13 @@
 """`ebb`: the desktop window. Shows at once; the model loads in the background."""
 from __future__ import annotations
 
-import argparse
-import sys
+import time
+
+STARTED = time.monotonic()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from PySide6.QtCore import QTimer
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
@@ -63,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = MainWindow(store, cfg, rpc)
     window.show()
+    if os.environ.get("EBB_QUIT_WHEN_SHOWN") == "1":  # for the start-up time test
+        print(f"shown {time.monotonic() - STARTED:.3f}", flush=True)
+        QTimer.singleShot(0, app.quit)
     code = app.exec()
+    if window.isVisible():
+        window.close()  # stops the engine thread even when the loop ended some other way
     store.close()
     return code
 

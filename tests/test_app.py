@@ -179,3 +179,34 @@ def test_close_during_reply_shuts_down_cleanly(qtbot, store):
     assert w._thread.isFinished()
     assert w.worker._session is None
     assert [m.role for m in store.messages(w.conv_id)] == ["user"]  # the reply in progress only
+
+
+def test_window_appears_fast(tmp_path):
+    """From process start to the window shown: under 1.5 s (the model loads afterwards)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EBB_QUIT_WHEN_SHOWN="1", EBB_DATA_DIR=str(tmp_path), QT_QPA_PLATFORM="offscreen")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "app", "--model", "default"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    shown = float(next(line for line in proc.stdout.splitlines() if line.startswith("shown")).split()[1])
+    print(f"\nwindow shown {shown:.2f}s after app.main was imported "
+          f"({time.monotonic() - t0:.2f}s for the whole run)")
+    assert shown < 1.5
+
+
+def test_regenerate_and_copy(qtbot, store):
+    w = _window(qtbot, store)
+    _send(qtbot, w, QUESTION)
+    first = store.messages(w.conv_id)[-1].text
+    w.regen_button.click()
+    wait_for(lambda: not w._busy)
+    msgs = store.messages(w.conv_id)
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[-1].text == first  # greedy
+    w.copy_button.click()
+    from PySide6.QtGui import QGuiApplication
+
+    assert QGuiApplication.clipboard().text() == first

@@ -1,0 +1,62 @@
+"""The conversation store (SQLite, WAL) and the model picker's file helpers."""
+from __future__ import annotations
+
+import sqlite3
+
+from PIL import Image
+
+from app.dialogs import estimate, find_models, projectors_beside
+from app.store import Store
+
+
+def test_conversations_messages_images_and_settings(tmp_path):
+    s = Store(tmp_path)
+    assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    a = s.create_conversation("Rivers")
+    b = s.create_conversation("Mountains")
+    img = tmp_path / "pic.png"
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(img)
+    copy = tmp_path / "same.png"
+    copy.write_bytes(img.read_bytes())
+    s.add_message(a, "user", "look", [img])
+    s.add_message(b, "user", "and this", [copy])
+    s.add_message(a, "assistant", "a picture", stats={"gen_tokens_per_s": 12.5})
+    assert len(list(s.images_dir.iterdir())) == 1  # stored once, by content hash
+    msgs = s.messages(a)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[0].images[0].read_bytes() == img.read_bytes() and msgs[1].stats["gen_tokens_per_s"] == 12.5
+    assert [c.title for c in s.conversations("moun")] == ["Mountains"]
+    s.rename(b, "Hills")
+    assert s.title(b) == "Hills"
+    s.delete(a)
+    assert len(list(s.images_dir.iterdir())) == 1  # still used by b
+    s.delete(b)
+    assert list(s.images_dir.iterdir()) == []
+    s.set_setting("rpc", ["127.0.0.1:50052"])
+    s.close()
+    again = Store(tmp_path)
+    assert again.setting("rpc") == ["127.0.0.1:50052"] and again.setting("missing", 3) == 3
+    again.close()
+
+
+def test_committed_messages_survive_a_crash(tmp_path):
+    s = Store(tmp_path)
+    cid = s.create_conversation()
+    s.add_message(cid, "user", "saved before the reply started")
+    # A crash: the process dies without closing; another connection sees the committed rows.
+    other = sqlite3.connect(tmp_path / "ebb.sqlite3")
+    rows = other.execute("SELECT role, text FROM messages").fetchall()
+    assert rows == [("user", "saved before the reply started")]
+
+
+def test_model_picker_finds_models_and_projectors(tmp_path, model_path, tiny_projector):
+    folder = tmp_path / "lmstudio" / "org" / "model"
+    folder.mkdir(parents=True)
+    (folder / "model-Q4.gguf").symlink_to(model_path)
+    (folder / "mmproj-model-f16.gguf").symlink_to(tiny_projector)
+    found = find_models([tmp_path / "lmstudio", tmp_path / "nowhere"])
+    assert found == [folder / "model-Q4.gguf"]  # projectors are not offered as models
+    assert projectors_beside(found[0]) == [folder / "mmproj-model-f16.gguf"]
+    text = estimate(found[0], str(folder / "mmproj-model-f16.gguf"), {"ctx": 2048})
+    assert "30 layers" in text and "KV cache" in text and "Projector" in text
+    assert "demo projector" in estimate(found[0], "demo", {}).lower()
