@@ -26,34 +26,41 @@ from engine.session import Session, SessionConfig
 
 SWAP_STEPS = {"reload": ("save_state", "evict", "restore", "restore_state"),
               "live": ("evict", "restore")}
-GGML_TYPE_I8 = 24
+
+
+def _timed_sets(g: Any, buft: int, src: np.ndarray, piece: int) -> float:
+    """Seconds to copy `src` into newly allocated device buffers of `piece` bytes each (as a
+    restore does), counting only the copies."""
+    bufs = []
+    elapsed = 0.0
+    try:
+        for off in range(0, src.size, piece):
+            n = min(piece, src.size - off)
+            buf = g.base.ggml_backend_buft_alloc_buffer(buft, n)
+            if not buf:
+                raise EbbError(f"could not allocate {n >> 20} MiB to measure bandwidth")
+            bufs.append(buf)
+            t = ggml.Tensor()
+            t.type, t.buffer, t.data = ggml.GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
+            t.ne[:] = [n, 1, 1, 1]
+            t.nb[:] = [1, n, n, n]
+            t0 = time.perf_counter()
+            g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, 0, n)
+            elapsed += time.perf_counter() - t0
+    finally:
+        for buf in bufs:
+            g.base.ggml_backend_buffer_free(buf)
+    return elapsed
 
 
 def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3) -> float:
-    """Host→device copy speed: timed ggml_backend_tensor_set of a large buffer, whole and in
-    4 MiB pieces (layer-sized copies); the best sustained rate of `repeats` tries."""
+    """Host→device copy speed: timed ggml_backend_tensor_set into newly allocated buffers, one
+    large and layer-sized (4 MiB) pieces; the best rate of `repeats` tries of each."""
     g = ggml.lib()
     buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
-    buf = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
-    if not buf:
-        raise EbbError(f"could not allocate {n_bytes >> 20} MiB on {device} to measure bandwidth")
-    try:
-        t = ggml.Tensor()
-        t.type, t.buffer, t.data = GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
-        t.ne[:] = [n_bytes, 1, 1, 1]
-        t.nb[:] = [1, n_bytes, n_bytes, n_bytes]
-        t.name = b"ebb-bandwidth-probe"
-        src = np.random.default_rng(0).integers(0, 255, n_bytes, dtype=np.uint8)
-        best = float("inf")
-        for piece in (n_bytes, 4 * 2**20):
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for off in range(0, n_bytes, piece):
-                    g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, off,
-                                                   min(piece, n_bytes - off))
-                best = min(best, time.perf_counter() - t0)
-    finally:
-        g.base.ggml_backend_buffer_free(buf)
+    src = np.random.default_rng(0).integers(0, 255, n_bytes, dtype=np.uint8)
+    best = min(_timed_sets(g, buft, src, piece) for piece in (n_bytes, 4 * 2**20)
+               for _ in range(repeats))
     return n_bytes / best
 
 

@@ -91,6 +91,7 @@ def lib() -> GgmlLibs:
 
 
 BUFFER_USAGE_WEIGHTS = 1
+GGML_TYPE_I8 = 24
 GGML_MAX_SRC = 10
 GGML_MAX_NAME = 64
 

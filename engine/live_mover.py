@@ -14,10 +14,13 @@ never call while a decode or encode runs.
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import numpy as np
 
 from engine import ggml
 from engine.errors import EbbError
@@ -27,9 +30,16 @@ _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
 
 @dataclass
 class _Moved:
-    buffer: int
+    group: int  # the device buffer it shares with the layers promoted together
     saved: list[tuple[int, int | None, int | None, int | None]]  # tensor, buffer, data, extra
     n_bytes: int
+
+
+@dataclass
+class _Group:
+    buffer: int
+    alloc_bytes: int
+    layers: set[int]
 
 
 @dataclass
@@ -76,14 +86,18 @@ class LiveMover:
     """Promotes and evicts layers of one loaded model (see module docstring)."""
 
     def __init__(self, layer_tensors: dict[int, list[int]], accel_handle: int,
-                 reschedule: Callable[[], None]) -> None:
+                 reschedule: Callable[[], None], remote: bool = False) -> None:
         self.g = ggml.lib()
+        self.remote = remote
         self.layers = layer_tensors
         self.buft = self.g.base.ggml_backend_dev_buffer_type(accel_handle)
         self.align = int(self.g.base.ggml_backend_buft_get_alignment(self.buft))
         self._reschedule = reschedule
         self._moved: dict[int, _Moved] = {}
         self._sizes: dict[int, list[int]] = {}  # per layer: aligned device sizes (asked once)
+        self._staging = np.zeros(0, dtype=np.uint8)
+        self._groups: dict[int, _Group] = {}
+        self._next_group = 0
         self.stats = MoveStats()
         sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
         problem = "no layer weights found in host buffers" if sample is None else \
@@ -97,49 +111,94 @@ class LiveMover:
     def on_device(self) -> list[int]:
         return sorted(self._moved)
 
+    def device_bytes(self) -> int:
+        """Bytes of device buffers this mover holds now."""
+        return sum(g.alloc_bytes for g in self._groups.values())
+
+    def group_of(self, layer: int) -> list[int]:
+        """The layers that share `layer`'s device buffer: evicting frees it only with all."""
+        moved = self._moved.get(layer)
+        return sorted(self._groups[moved.group].layers) if moved else []
+
+    def _sizes_of(self, layer: int) -> list[int]:
+        sizes = self._sizes.get(layer)
+        if sizes is None:  # a remote device answers this over the network: ask once
+            b = self.g.base
+            sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
+                     for p in self.layers[layer]]
+            self._sizes[layer] = sizes
+        return sizes
+
     def promote(self, layer: int) -> int:
-        """Copy `layer`'s weights to the accelerator and point the model at them. Bytes copied."""
-        if layer in self._moved or layer not in self.layers:
+        """Copy one layer to the device (its own buffer). Bytes copied."""
+        return self.promote_many([layer])
+
+    def promote_many(self, layers: list[int]) -> int:
+        """Copy `layers`' weights to the accelerator in one buffer and one copy, and point the
+        model at them. Bytes copied."""
+        layers = [la for la in layers if la not in self._moved and la in self.layers]
+        if not layers:
             return 0
         t0 = time.perf_counter()
         b = self.g.base
-        ptrs = self.layers[layer]
-        sizes = self._sizes.get(layer)
-        if sizes is None:  # a remote device answers this over the network: ask once
-            sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
-                     for p in ptrs]
-            self._sizes[layer] = sizes
-        buf = b.ggml_backend_buft_alloc_buffer(self.buft, sum(sizes))
+        plan = [(la, p, size) for la in layers for p, size in zip(self.layers[la], self._sizes_of(la))]
+        total = sum(size for _, _, size in plan)
+        buf = b.ggml_backend_buft_alloc_buffer(self.buft, total)
         if not buf:
-            raise EbbError(f"the accelerator is out of memory moving layer {layer} "
-                           f"({sum(sizes) / 2**20:.1f} MiB)")
+            raise EbbError(f"the accelerator is out of memory moving {len(layers)} layers "
+                           f"({total / 2**20:.1f} MiB)")
         self.stats.n_allocs += 1
         b.ggml_backend_buffer_set_usage(buf, ggml.BUFFER_USAGE_WEIGHTS)
-        addr = int(b.ggml_backend_buffer_get_base(buf))
-        saved: list[tuple[int, int | None, int | None, int | None]] = []
-        n_bytes = 0
+        base = int(b.ggml_backend_buffer_get_base(buf))
+        whole = ggml.Tensor()  # the whole buffer as bytes, to zero row padding in place
+        whole.type, whole.buffer, whole.data = ggml.GGML_TYPE_I8, buf, base
+        whole.ne[:] = [total, 1, 1, 1]
+        whole.nb[:] = [1, total, total, total]
+        saved: dict[int, list[tuple[int, int | None, int | None, int | None]]] = {la: [] for la in layers}
+        nbytes: dict[int, int] = {la: 0 for la in layers}
+        offset = 0
         try:
-            for p, size in zip(ptrs, sizes):
+            for la, p, size in plan:
                 t = ggml.tensor_at(p)
-                saved.append((p, t.buffer, t.data, t.extra))
+                saved[la].append((p, t.buffer, t.data, t.extra))
                 host_data, nb = t.data, int(b.ggml_nbytes(p))
                 t.buffer, t.data = None, None
-                if b.ggml_backend_tensor_alloc(buf, p, addr) != 0:
-                    raise EbbError(f"ggml could not place a tensor of layer {layer} on the device")
+                if self.remote:
+                    # ggml_backend_tensor_alloc would ask the server to initialise each quantized
+                    # tensor and wait for it (a round trip each) only to zero its row padding:
+                    # point the tensor ourselves and send the zeros (copies need no reply).
+                    t.buffer, t.data, t.extra = buf, base + offset, None
+                    if size > nb:
+                        pad = self._zeros(size - nb)
+                        b.ggml_backend_tensor_set(ctypes.addressof(whole), pad.ctypes.data,
+                                                  offset + nb, size - nb)
+                elif b.ggml_backend_tensor_alloc(buf, p, base + offset) != 0:
+                    raise EbbError(f"ggml could not place a tensor of layer {la} on the device")
                 b.ggml_backend_tensor_set(p, host_data, 0, nb)
-                addr += size
-                n_bytes += nb
+                offset += size
+                nbytes[la] += nb
         except BaseException:
-            self._restore(saved)
+            for entries in saved.values():
+                self._restore(entries)
             b.ggml_backend_buffer_free(buf)
             self.stats.n_frees += 1
             raise
-        self._moved[layer] = _Moved(buf, saved, n_bytes)
+        gid = self._next_group
+        self._next_group += 1
+        self._groups[gid] = _Group(buf, total, set(layers))
+        for la in layers:
+            self._moved[la] = _Moved(gid, saved[la], nbytes[la])
         dt = time.perf_counter() - t0
-        self.stats.promoted_bytes += n_bytes
+        copied = sum(nbytes.values())
+        self.stats.promoted_bytes += copied
         self.stats.promote_s += dt
-        self.stats.per_layer.append(("promote", layer, dt))
-        return n_bytes
+        self.stats.per_layer.append(("promote", len(layers), dt))
+        return copied
+
+    def _zeros(self, n_bytes: int) -> np.ndarray:
+        if self._staging.size < n_bytes:
+            self._staging = np.zeros(n_bytes, dtype=np.uint8)
+        return self._staging
 
     @staticmethod
     def _restore(saved: list[tuple[int, int | None, int | None, int | None]]) -> None:
@@ -148,18 +207,25 @@ class LiveMover:
             t.buffer, t.data, t.extra = buffer, data, extra
 
     def evict(self, layer: int) -> int:
-        """Point `layer` back at its host copy and free its device buffer. Bytes freed."""
+        """Point `layer` back at its host copy; free its device buffer once no layer uses it.
+        Returns the device bytes freed."""
         moved = self._moved.pop(layer, None)
         if moved is None:
             return 0
         t0 = time.perf_counter()
         self._restore(moved.saved)
-        self.g.base.ggml_backend_buffer_free(moved.buffer)
-        self.stats.n_frees += 1
+        group = self._groups[moved.group]
+        group.layers.discard(layer)
+        freed = 0
+        if not group.layers:
+            self.g.base.ggml_backend_buffer_free(group.buffer)
+            del self._groups[moved.group]
+            self.stats.n_frees += 1
+            freed = group.alloc_bytes
         dt = time.perf_counter() - t0
         self.stats.evict_s += dt
         self.stats.per_layer.append(("evict", layer, dt))
-        return moved.n_bytes
+        return freed
 
     def reschedule(self) -> None:
         self._reschedule()

@@ -182,7 +182,8 @@ class Session:
         checker.prepare()  # reference loads first: never two copies on the device at once
         self.runtime = self._load_text()
         layers = discover_layer_weights(self.runtime.decode_once_with)
-        self.mover = LiveMover(layers, find_device(self.accel).handle, self.runtime.reschedule)
+        dev = find_device(self.accel)
+        self.mover = LiveMover(layers, dev.handle, self.runtime.reschedule, remote=dev.remote)
         self._move(promote=placement.accel_layers)
         problem = checker.check(self.runtime, self.mover)
         if problem:
@@ -214,29 +215,36 @@ class Session:
                 self.ledger.set(dev, _KIND[kind], n)
         return rt
 
-    def _move(self, promote: Sequence[int] = (), evict: Sequence[int] = ()) -> int:
-        """Move layers one by one with the live mover, showing each in the residency map.
-        Returns the bytes copied to the device."""
+    def _move(self, promote: Sequence[int] = (), evict: Sequence[int] = (),
+              together: bool = False) -> int:
+        """Move layers with the live mover, showing them moving in the residency map.
+        `together`: promote them as one device buffer in one copy (then they are evicted
+        together too). Returns the bytes copied to the device."""
         assert self.mover is not None and self.accel is not None
         copied = 0
         for layer in evict:
             self._layer_state[layer] = "moving"
+        if evict:
             self._emit_residency()
+        for layer in evict:
             self.mover.evict(layer)
             self._layer_state[layer] = CPU
-        for layer in promote:
-            self._layer_state[layer] = "moving"
+        groups = [list(promote)] if together else [[layer] for layer in promote]
+        for group in groups:
+            for layer in group:
+                self._layer_state[layer] = "moving"
             self._emit_residency()
             try:
-                copied += self.mover.promote(layer)
+                copied += self.mover.promote_many(group)
             except EbbError:
-                self._layer_state[layer] = CPU
+                for layer in group:
+                    self._layer_state[layer] = CPU
                 self.mover.reschedule()
                 raise
-            self._layer_state[layer] = self.accel
+            for layer in group:
+                self._layer_state[layer] = self.accel
         self.mover.reschedule()
-        on_device = sum(self.mover.layer_bytes(i) for i in self.mover.on_device())
-        self.ledger.set(self.accel, "layers", on_device)
+        self.ledger.set(self.accel, "layers", self.mover.device_bytes())
         self._emit_residency()
         return copied
 

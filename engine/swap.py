@@ -89,17 +89,21 @@ def swap_live(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: Vi
     accel = s.accel
     need = projector_need_bytes(s.proj_info, s.cfg.flash_attn)
     deficit = need - (s.budget_bytes - s.ledger.total(accel))
-    evict = [i for i in layers_to_evict(s.placement, deficit) if i in s.mover.on_device()]
-    freed = sum(s.mover.layer_bytes(i) for i in evict)
-    with s._span(res.spans, "evict", accel, freed, plan, f"{len(evict)} layers"):
+    chosen = [i for i in layers_to_evict(s.placement, deficit) if i in s.mover.on_device()]
+    # layers that were promoted together share a buffer: they leave together
+    evict = sorted({j for i in chosen for j in s.mover.group_of(i)}, reverse=True)
+    before = s.mover.device_bytes()
+    with s._span(res.spans, "evict", accel, 0, plan, f"{len(evict)} layers"):
         s._move(evict=evict)
+    freed = before - s.mover.device_bytes()
+    res.spans[-1] = replace(res.spans[-1], bytes=freed)
     try:
         _load_encode_free(s, s.runtime, todo, res, plan, evicted=False)
     finally:
         t0 = time.perf_counter()
         with s._span(res.spans, "restore", accel, freed, plan, f"{len(evict)} layers"):
             try:
-                copied = s._move(promote=list(reversed(evict)))
+                copied = s._move(promote=sorted(evict))
             except EbbError as exc:  # the device filled up meanwhile: run with fewer layers
                 copied = 0
                 res.reason += f"; could not bring every layer back ({exc})"
