@@ -273,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("make-projector", help="write a synthetic vision projector (random weights)")
+    p = sub.add_parser("make-projector", help="write a synthetic vision projector (random weights)",
+                       parents=[common])
     p.add_argument("--for", dest="for_model", required=True, help="the model it should fit")
     p.add_argument("--out", required=True)
     p.add_argument("--size", choices=["tiny", "base", "large"], default="tiny")
@@ -303,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_swap)
 
-    p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)")
+    p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)",
+                       parents=[common])
     p.set_defaults(func=cmd_fetch_model)
     return ap
 

@@ -60,3 +60,37 @@ def test_model_picker_finds_models_and_projectors(tmp_path, model_path, tiny_pro
     text = estimate(found[0], str(folder / "mmproj-model-f16.gguf"), {"ctx": 2048})
     assert "30 layers" in text and "KV cache" in text and "Projector" in text
     assert "demo projector" in estimate(found[0], "demo", {}).lower()
+
+
+def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path):
+    from app.dialogs import SettingsDialog
+    from app.main import session_config
+
+    s = Store(tmp_path)
+    dlg = SettingsDialog({}, None)
+    qtbot.addWidget(dlg)
+    dlg.budget.setText("6GiB")
+    dlg.threads.setValue(2)
+    dlg.ctx.setValue(2048)
+    dlg.flash.setChecked(False)
+    dlg.vision.setCurrentText("swap")
+    dlg.rpc.setText("127.0.0.1:50052")
+    for k, v in dlg.values().items():
+        s.set_setting(k, v)
+    cfg, rpc = session_config(s, "default", "")
+    assert (cfg.vram_budget_bytes, cfg.n_threads, cfg.n_ctx) == (6 * 2**30, 2, 2048)
+    assert cfg.flash_attn is False and cfg.vision == "swap" and rpc == ["127.0.0.1:50052"]
+    dlg.rpc.setText("nonsense")
+    dlg._on_ok()
+    assert "not an RPC server address" in dlg.error.text() and dlg.result() == 0
+    s.close()
+
+
+def test_app_icon_and_desktop_file_exist():
+    from PySide6.QtGui import QIcon
+
+    from app.resources import resource_path
+
+    assert not QIcon(str(resource_path("ebb.svg"))).isNull()
+    desktop = resource_path("ebb.desktop").read_text()
+    assert "Exec=ebb" in desktop and "Name=Ebb" in desktop
