@@ -100,7 +100,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_rpc_serve(args: argparse.Namespace) -> int:
     from engine.rpc_server import serve
 
-    serve(args.host, args.port, args.cache, args.threads)
+    serve(args.host, args.port, args.cache, args.threads, args.warm_from)
     return 0
 
 
@@ -207,7 +207,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        n_ctx=session.n_ctx, accelerator=session.accel,
                        n_gpu_layers=session.placement.n_gpu_layers,
                        n_layers_on_accel=session.placement.n_layers_on_accel,
-                       mover=session.mover_name, mover_note=session.mover_note)
+                       mover=session.mover_name, mover_note=session.mover_note,
+                       rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3))
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None
             _print_turn(out, args.json)
@@ -289,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="default loopback; other addresses warn")
     p.add_argument("--port", type=int, default=50052)
     p.add_argument("--cache", default=None, help="folder for ggml's RPC tensor cache")
+    p.add_argument("--warm-from", action="append", default=[], metavar="MODEL.gguf",
+                   help="fill the cache from this machine's copy of a model before serving")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rpc_serve)
 

@@ -108,6 +108,49 @@ def reported_used_bytes(name: str) -> int | None:
     return total - free if total else None
 
 
+_TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info
+
+
+def rpc_bytes_sent() -> int | None:
+    """Bytes this process has sent (and had acknowledged) to the RPC servers it connected to,
+    from the kernel's statistics of its own TCP sockets; None where they are not available."""
+    import os
+    import struct
+
+    peers = set()
+    for endpoint in _rpc_endpoints:
+        host, port = parse_endpoint(endpoint)
+        try:
+            peers |= {(ai[4][0], port) for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except OSError:
+            continue
+    if not peers or not hasattr(socket, "TCP_INFO"):
+        return None
+    total = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except (OSError, ValueError):
+            continue
+        try:
+            peer = sock.getpeername()
+            if (peer[0], peer[1]) in peers:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                if len(info) >= _TCP_INFO_BYTES_ACKED + 8:
+                    total += struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return total
+
+
 # ---------------------------------------------------------------- NVML
 
 

@@ -7,12 +7,18 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 import signal
+import socket
 import sys
+import threading
+import time
+from pathlib import Path
 
 from engine import ggml
 from engine.devices import list_devices
 from engine.errors import EbbError
 from engine.hw import physical_cores
+from engine.models import existing_file
+from engine.units import fmt_bytes
 
 NO_AUTH_WARNING = ("WARNING: ggml RPC has no authentication or encryption: anyone who can reach "
                    "{endpoint} can use this machine's memory and devices. Use it only on a "
@@ -28,8 +34,54 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None) -> None:
+HASH_THRESHOLD_BYTES = 10 * 1024 * 1024  # ggml-rpc sends a hash instead of data above this
+
+
+def cacheable_bytes(model: Path) -> tuple[int, int]:
+    """(bytes of weight tensors over ggml's 10 MiB hash threshold, all tensor bytes)."""
+    from engine.gguf_info import read_gguf
+
+    gf = read_gguf(model)
+    return sum(t.n_bytes for t in gf.tensors if t.n_bytes > HASH_THRESHOLD_BYTES), gf.tensor_bytes
+
+
+def _wait_for_port(host: str, port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise EbbError(f"the RPC server did not start on {host}:{port}")
+
+
+def warm_cache(endpoint: str, models: list[Path]) -> None:
+    """Load each model through a loopback client onto this server, with every layer on it, so
+    the server's tensor cache holds its weights; later clients then send hashes instead."""
+    from engine.devices import connect_rpc
+    from engine.runtime import LoadedModel, LoadParams
+
+    names = connect_rpc(endpoint)
+    for model in models:
+        t0 = time.monotonic()
+        m = LoadedModel(LoadParams(model, n_gpu_layers=10_000, devices=tuple(names)))
+        m.close()
+        print(f"ebb-engine rpc-serve: warmed the cache from {model.name} in "
+              f"{time.monotonic() - t0:.1f}s", flush=True)
+
+
+def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None,
+          warm_from: list[str] | None = None) -> None:
     g = ggml.lib()
+    warm = [existing_file(m, "model") for m in warm_from or []]
+    if warm and not cache_dir:
+        raise EbbError("--warm-from fills the tensor cache", "pass --cache DIR too")
+    for model in warm:
+        cacheable, total = cacheable_bytes(model)
+        print(f"ebb-engine rpc-serve: {model.name}: {fmt_bytes(cacheable)} of {fmt_bytes(total)} "
+              f"is cacheable (ggml caches weight tensors over 10 MiB; smaller ones are sent on "
+              f"every load)", flush=True)
     if g.rpc is None:
         raise EbbError("this llama.cpp was built without RPC support", "rebuild with `make setup`")
     local = [d for d in list_devices() if not d.remote]
@@ -42,5 +94,16 @@ def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None) ->
           + (f", tensor cache {cache_dir}" if cache_dir else ""), flush=True)
     arr = (ctypes.c_void_p * len(served))(*[d.handle for d in served])
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # the server blocks in C: let Ctrl-C end it
-    g.rpc.ggml_backend_rpc_start_server(endpoint.encode(), cache_dir.encode() if cache_dir else None,
-                                        n_threads or physical_cores(), len(served), arr)
+    if cache_dir:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    args = (endpoint.encode(), cache_dir.encode() if cache_dir else None,
+            n_threads or physical_cores(), len(served), arr)
+    if not warm:
+        g.rpc.ggml_backend_rpc_start_server(*args)
+        return
+    server = threading.Thread(target=g.rpc.ggml_backend_rpc_start_server, args=args, daemon=True)
+    server.start()
+    _wait_for_port("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+    warm_cache(f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}", warm)
+    print("ebb-engine rpc-serve: ready", flush=True)
+    server.join()

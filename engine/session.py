@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from engine import events, swap
-from engine.devices import accelerators, find_device, reported_used_bytes
+from engine.devices import accelerators, find_device, reported_used_bytes, rpc_bytes_sent
 from engine.errors import EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
@@ -116,12 +116,17 @@ class Session:
         self.mover_name, self.mover_note = "reload", ""
         self.runtime: TextRuntime | None = None
         self._stack.callback(self._close_runtime)
+        sent0, t0 = rpc_bytes_sent(), time.monotonic()
         try:
             self._setup_text()
             self._load_ram_projector()
         except BaseException:
             self._stack.close()
             raise
+        self.load_s = time.monotonic() - t0
+        sent1 = rpc_bytes_sent()
+        # what crossed to remote devices while loading (the kernel's counters of our sockets)
+        self.load_rpc_bytes_sent = (sent1 or 0) - (sent0 or 0)
         self._emit_residency()
 
     # ------------------------------------------------------------ setup
