@@ -58,19 +58,29 @@ def free_port() -> int:
 class RpcServer:
     """`ebb-engine rpc-serve` on loopback in its own process: the stand-in accelerator."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 ready_line: str | None = None) -> None:
         import socket
         import time
 
         self.port = free_port()
-        self.endpoint = f"127.0.0.1:{self.port}"
+        self.endpoint = f"{host}:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "rpc-serve", "--port", str(self.port), "--threads",
-             str(N_THREADS)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [*prefix, sys.executable, "-m", "engine", "rpc-serve", "--host", host, "--port",
+             str(self.port), "--threads", str(N_THREADS), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        if ready_line is not None:  # e.g. after warming its cache
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if ready_line in line:
+                    return
+            raise RuntimeError("rpc-serve ended early:\n" + "".join(self.output))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                socket.create_connection((host, self.port), timeout=0.2).close()
                 return
             except OSError:
                 time.sleep(0.1)

@@ -1,0 +1,112 @@
+"""Loading over RPC from the server's own copy: ggml's tensor cache, warmed by rpc-serve."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from engine.model_gen import ModelShape, write_model
+from engine.rpc_server import cacheable_bytes
+from tests.conftest import RpcServer, run_cli
+
+# Two layers of width 2304 in f16: every weight matrix is over ggml's 10 MiB hash threshold.
+WIDE = ModelShape(n_layers=2, n_embd=2304, n_ff=6144, n_head=18, n_head_kv=18)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory, model_path):
+    return write_model(tmp_path_factory.mktemp("wide") / "wide.gguf", WIDE, model_path)
+
+
+def _load(endpoint, model, *extra):
+    proc = run_cli("chat", "--rpc", endpoint, "--model", str(model), "--prompt", "Hello",
+                   "--max-tokens", "6", "--temp", "0", "--threads", "2", "--json", "--ctx", "512",
+                   "--mover", "reload", *extra, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_warm_cache_sends_hashes_instead_of_weights(tmp_path, wide_model):
+    cacheable, total = cacheable_bytes(wide_model)
+    assert cacheable > 0.95 * total
+    cold_server = RpcServer()
+    warm_server = RpcServer("--cache", str(tmp_path / "cache"), "--warm-from", str(wide_model),
+                            ready_line="ready")
+    try:
+        assert any("is cacheable" in line and "10 MiB" in line for line in warm_server.output)
+        cold = _load(cold_server.endpoint, wide_model)
+        warm = _load(warm_server.endpoint, wide_model)
+    finally:
+        cold_server.stop()
+        warm_server.stop()
+    print(f"\ncold load sent {cold['rpc_bytes_sent'] / 2**20:.1f} MiB in {cold['load_s']:.2f}s; "
+          f"warm load sent {warm['rpc_bytes_sent'] / 2**20:.2f} MiB in {warm['load_s']:.2f}s")
+    assert cold["rpc_bytes_sent"] >= cacheable
+    assert warm["rpc_bytes_sent"] < 0.05 * cold["rpc_bytes_sent"]
+    assert warm["text"] == cold["text"]
+
+
+def _netns_available() -> bool:
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    probe = subprocess.run(["ip", "netns", "add", "ebb-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", "ebb-probe"], capture_output=True)
+    return probe.returncode == 0
+
+
+class SlowLink:
+    """A network namespace joined to ours by a veth pair shaped to 1 Gbit/s both ways."""
+
+    NS, HOST_IF, NS_IF = "ebb-slow", "ebb-veth0", "ebb-veth1"
+    HOST_IP, NS_IP = "10.231.0.1", "10.231.0.2"
+
+    def __enter__(self) -> "SlowLink":
+        self.__exit__()
+        cmds = [
+            ["ip", "netns", "add", self.NS],
+            ["ip", "link", "add", self.HOST_IF, "type", "veth", "peer", "name", self.NS_IF],
+            ["ip", "link", "set", self.NS_IF, "netns", self.NS],
+            ["ip", "addr", "add", f"{self.HOST_IP}/30", "dev", self.HOST_IF],
+            ["ip", "link", "set", self.HOST_IF, "up"],
+            ["ip", "netns", "exec", self.NS, "ip", "addr", "add", f"{self.NS_IP}/30", "dev", self.NS_IF],
+            ["ip", "netns", "exec", self.NS, "ip", "link", "set", self.NS_IF, "up"],
+            ["ip", "netns", "exec", self.NS, "ip", "link", "set", "lo", "up"],
+            ["tc", "qdisc", "add", "dev", self.HOST_IF, "root", "tbf", "rate", "1gbit", "burst",
+             "256kb", "latency", "50ms"],
+            ["ip", "netns", "exec", self.NS, "tc", "qdisc", "add", "dev", self.NS_IF, "root", "tbf",
+             "rate", "1gbit", "burst", "256kb", "latency", "50ms"],
+        ]
+        for c in cmds:
+            subprocess.run(c, check=True, capture_output=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "link", "del", self.HOST_IF], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.NS], capture_output=True)
+
+
+@pytest.mark.skipif(not _netns_available(), reason="needs root and iproute2 (ip netns, tc)")
+def test_warm_load_over_a_1_gbit_link(tmp_path, wide_model):
+    link_Bps = 1e9 / 8
+    with SlowLink() as link:
+        prefix = ("ip", "netns", "exec", link.NS)
+        cold_server = RpcServer(host=link.NS_IP, prefix=prefix)
+        warm_server = RpcServer("--cache", str(tmp_path / "cache"), "--warm-from", str(wide_model),
+                                host=link.NS_IP, prefix=prefix, ready_line="ready")
+        try:
+            cold = _load(cold_server.endpoint, wide_model)
+            warm = _load(warm_server.endpoint, wide_model)
+        finally:
+            cold_server.stop()
+            warm_server.stop()
+    saved = cold["rpc_bytes_sent"] - warm["rpc_bytes_sent"]
+    expected_s = saved / link_Bps
+    print(f"\n1 Gbit/s link: cold {cold['load_s']:.2f}s ({cold['rpc_bytes_sent'] / 2**20:.0f} MiB), "
+          f"warm {warm['load_s']:.2f}s ({warm['rpc_bytes_sent'] / 2**20:.2f} MiB); "
+          f"time saved {cold['load_s'] - warm['load_s']:.2f}s, the saved bytes take "
+          f"{expected_s:.2f}s on the link")
+    assert warm["text"] == cold["text"]
+    assert cold["load_s"] - warm["load_s"] >= 0.9 * expected_s
