@@ -394,8 +394,10 @@ class MainWindow(QMainWindow):
         accel = d.get("accelerator") or "no accelerator"
         self.model_label.setText(f"{ev.model_name} · {d.get('n_layers_on_accel', 0)}/{ev.n_layers} "
                                  f"layers on {accel} · {mover} · ctx {ev.n_ctx}")
-        self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
-                                     + (f" — {d['mover_note']}" if d.get("mover_note") else ""), 15000)
+        if not self._busy:
+            self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
+                                         + (f" — {d['mover_note']}" if d.get("mover_note") else ""),
+                                         15000)
         self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
         has_proj = bool(d.get("projector"))
         self.vision_switch.blockSignals(True)
@@ -426,6 +428,9 @@ class MainWindow(QMainWindow):
     def _on_TurnFinished(self, ev: events.TurnFinished) -> None:
         r: dict[str, Any] = ev.result
         pending, self._pending = self._pending, None
+        if r.get("device_lost"):
+            self.statusBar().showMessage(f"{r['device_lost']}: the conversation goes on with the "
+                                         "devices that are left", 30000)
         if r.get("error") and pending is not None:
             self._undo_user_message(pending, r["error"])
         elif pending is not None:

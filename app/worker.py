@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from engine import events
 from engine.errors import EbbError
 from engine.runtime import GenParams
-from engine.session import Session, SessionConfig
+from engine.session import Session, SessionConfig, turn_with_recovery
 
 
 DEMO = "demo"
@@ -66,17 +66,20 @@ class EngineWorker(QObject):
             self._fail(0, exc)
             return
         self._session = s
+        self._announce(s)
+
+    def _announce(self, s: Session) -> None:
         proj = s.proj_info
         assert s.runtime is not None
         self.event.emit(events.ModelLoaded(
-            0, model_path=str(cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
+            0, model_path=str(s.cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
             n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.runtime.load_s,
             details={"mover": s.mover_name, "mover_note": s.mover_note, "accelerator": s.accel,
                      "budget_bytes": s.budget_bytes,
                      "n_layers_on_accel": s.placement.n_layers_on_accel,
-                     "projector": str(cfg.mmproj_path) if cfg.mmproj_path else "",
+                     "projector": str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                      "projector_synthetic": bool(proj and proj.synthetic),
-                     "vision": s.vision_enabled}))
+                     "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent}))
 
     @Slot(object)
     def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:
@@ -101,12 +104,15 @@ class EngineWorker(QObject):
             return
         self._cancel.clear()
         try:
-            res = self._session.turn(
-                text, images, gp, cancel=self._cancel,
+            session, res = turn_with_recovery(
+                self._session, text, images, gp, cancel=self._cancel, emit=self.event.emit,
                 on_text=lambda s: self.event.emit(events.TokenText(request_id, text=s)))
         except Exception as exc:
             self._fail(request_id, exc)
             return
+        if session is not self._session:  # a remote device went away: now on what is left
+            self._session = session
+            self._announce(session)
         out: dict[str, Any] = res.to_dict()
         out["request_id"] = request_id
         self.event.emit(events.TurnFinished(request_id, result=out))

@@ -179,7 +179,7 @@ def _session_config(args: argparse.Namespace) -> Any:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from engine.runtime import GenParams
-    from engine.session import Session
+    from engine.session import Session, turn_with_recovery
 
     if args.script is None and args.prompt is None:
         raise EbbError("nothing to say", "pass --prompt TEXT or --script FILE.json")
@@ -196,11 +196,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
     all_spans: list[Any] = []
     failed = cancelled = False
-    with Session(cfg) as session:
+    session = Session(cfg)
+    try:
         for turn in turns:
             if cancel.is_set():
                 break
-            res = session.turn(turn["text"], turn["images"], gp, on_text=on_text, cancel=cancel)
+            session, res = turn_with_recovery(session, turn["text"], turn["images"], gp,
+                                              on_text=on_text, cancel=cancel)
             all_spans.extend(res.spans)
             out = res.to_dict()
             out.update(model=str(cfg.model_path), n_threads=session.n_threads,
@@ -212,6 +214,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None
             _print_turn(out, args.json)
+    finally:
+        session.close()
     if args.trace:
         from engine.trace import write_chrome_trace
 
@@ -225,6 +229,9 @@ def _print_turn(out: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(out), flush=True)
         return
+    if "device_lost" in out:
+        print(f"ebb-engine: {out['device_lost']}: continuing on {out['accelerator'] or 'CPU'}",
+              file=sys.stderr, flush=True)
     if "error" in out:
         print(f"ebb-engine: error: {out['error']}", file=sys.stderr, flush=True)
         return

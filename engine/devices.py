@@ -14,6 +14,7 @@ from engine.errors import EbbError
 
 _rpc_lock = threading.Lock()
 _rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added
+_dead_endpoints: set[str] = set()  # servers that went away: never call into their devices again
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,14 @@ class DeviceInfo:
 
 
 def list_devices() -> list[DeviceInfo]:
+    """Every device llama.cpp sees, less those of RPC servers that went away (asking a dead
+    server anything makes ggml abort the process)."""
     out = []
     for dev in ggml.device_handles():
-        free, total = ggml.device_memory(dev)
         reg = ggml.device_reg_name(dev)
+        if reg.upper() == "RPC" and ggml.device_description(dev) in _dead_endpoints:
+            continue
+        free, total = ggml.device_memory(dev)
         out.append(DeviceInfo(
             name=ggml.device_name(dev), description=ggml.device_description(dev),
             kind=ggml.device_kind(dev), free_bytes=free or None, total_bytes=total or None,
@@ -83,6 +88,21 @@ def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
         names = [d.name for d in list_devices() if d.handle not in before]
         _rpc_endpoints[endpoint] = names
         return names
+
+
+def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
+    """Endpoints of registered RPC servers that no longer answer (each reported once)."""
+    gone = []
+    for endpoint in list(_rpc_endpoints):
+        if endpoint in _dead_endpoints:
+            continue
+        host, port = parse_endpoint(endpoint)
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError:
+            _dead_endpoints.add(endpoint)
+            gone.append(endpoint)
+    return gone
 
 
 def find_device(name: str) -> DeviceInfo:

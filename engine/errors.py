@@ -15,3 +15,8 @@ class EbbError(Exception):
 
     def __str__(self) -> str:
         return f"{self.what}; {self.fix}" if self.fix else self.what
+
+
+class DeviceLost(EbbError):
+    """A remote device went away. The session must be rebuilt on the devices that are left;
+    nothing may be freed on the lost one (ggml would abort)."""

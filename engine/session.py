@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from engine import events, swap
-from engine.devices import accelerators, find_device, reported_used_bytes, rpc_bytes_sent
-from engine.errors import EbbError
+from engine.devices import (accelerators, check_rpc_servers, find_device, reported_used_bytes,
+                            rpc_bytes_sent)
+from engine.errors import DeviceLost, EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
 from engine.images import LoadedImage, load_image
@@ -72,6 +73,7 @@ class TurnResult:
     n_images_cached: int = 0
     gen: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    device_lost: str | None = None  # a remote device went away before this turn
 
     def to_dict(self) -> dict[str, Any]:
         t0 = self.spans[0].start_s if self.spans else 0.0
@@ -82,6 +84,8 @@ class TurnResult:
                              "n_images_cached": self.n_images_cached, **self.gen}
         if self.error is not None:
             d["error"] = self.error
+        if self.device_lost is not None:
+            d["device_lost"] = self.device_lost
         return d
 
 
@@ -101,6 +105,9 @@ class Session:
         if self.proj_info is not None:
             check_projector_matches(self.info, self.proj_info)
         self.accel = self._pick_accel()
+        self.accel_endpoint = (find_device(self.accel).description
+                               if self.accel and find_device(self.accel).remote else None)
+        self.abandoned = False
         self.budget_bytes = self._budget()
         self.ledger = Ledger()
         self.costs = self._default_costs()
@@ -285,6 +292,9 @@ class Session:
             self.runtime = None
 
     def close(self) -> None:
+        if self.abandoned:  # its buffers live on a server that is gone: freeing would abort
+            self._stack.pop_all()
+            return
         self._stack.close()
 
     def __enter__(self) -> "Session":
@@ -371,6 +381,10 @@ class Session:
         self._request_id += 1
         res = TurnResult(self._request_id, n_images=len(image_paths))
         self.ledger.reset_peaks()
+        if self.accel_endpoint and self.accel_endpoint in check_rpc_servers():
+            self.abandoned = True
+            raise DeviceLost(f"the RPC server {self.accel_endpoint} ({self.accel}) went away",
+                             "continuing on the devices that are left")
         try:
             images = [load_image(Path(p)) for p in image_paths]
             if images and (self.ram_projector is None or not self.vision_enabled):
@@ -524,3 +538,23 @@ class Session:
         res.gen = result.to_dict()
         del res.gen["text"]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
+
+
+def turn_with_recovery(session: Session, text: str, image_paths: Sequence[str | Path] = (),
+                       gp: GenParams | None = None, on_text: Callable[[str], None] | None = None,
+                       cancel: threading.Event | None = None,
+                       emit: Callable[[events.Event], None] | None = None) -> tuple[Session, TurnResult]:
+    """A turn that survives its RPC server going away between turns: the session is rebuilt on
+    the devices left, with the conversation, and the turn runs there. Returns the session to
+    use from now on (the same one when nothing happened)."""
+    try:
+        return session, session.turn(text, image_paths, gp, on_text, cancel)
+    except DeviceLost as exc:
+        new = Session(replace(session.cfg, accel=None), emit=emit)
+        new.history = list(session.history)
+        new._image_paths = dict(session._image_paths)
+        session.close()  # abandoned: drops its handles without touching the lost device
+        res = new.turn(text, image_paths, gp, on_text, cancel)
+        res.reason = f"{exc}; now on {new.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")
+        res.device_lost = str(exc)
+        return new, res

@@ -210,3 +210,19 @@ def test_regenerate_and_copy(qtbot, store):
     from PySide6.QtGui import QGuiApplication
 
     assert QGuiApplication.clipboard().text() == first
+
+
+def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
+    from tests.conftest import RpcServer
+
+    server = RpcServer()
+    try:
+        w = _window(qtbot, store, rpc=[server.endpoint])
+        assert "on RPC" in w.model_label.text()
+        _send(qtbot, w, QUESTION)
+    finally:
+        server.stop()
+    _send(qtbot, w, "And of Italy?")
+    assert "went away" in w.statusBar().currentMessage()
+    assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
+    assert "no accelerator" in w.model_label.text()

@@ -110,3 +110,46 @@ def test_warm_load_over_a_1_gbit_link(tmp_path, wide_model):
           f"{expected_s:.2f}s on the link")
     assert warm["text"] == cold["text"]
     assert cold["load_s"] - warm["load_s"] >= 0.9 * expected_s
+
+
+LOSE_SERVER = """
+import json, sys
+from pathlib import Path
+from engine.devices import connect_rpc
+from engine.models import default_model_path
+from engine.runtime import GenParams
+from engine.session import Session, SessionConfig, turn_with_recovery
+connect_rpc(sys.argv[1])
+gp = GenParams(max_tokens=8, temperature=0)
+s = Session(SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
+                          vision="cpu"))
+s, first = turn_with_recovery(s, "What is the capital of France? Answer in one word.", [], gp)
+print(json.dumps({"accel": s.accel, "text": first.text}), flush=True)
+input()  # the test kills the server now
+s, second = turn_with_recovery(s, "And of Italy?", [sys.argv[3]], gp)
+out = {"accel": s.accel, "lost": second.device_lost, "error": second.error,
+       "strategy": second.strategy, "history": [t.role for t in s.history],
+       "n_prompt_tokens": second.gen.get("n_prompt_tokens")}
+s.close()
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_server_that_disappears_leaves_the_conversation_on_local_devices(tiny_projector, pictures):
+    server = RpcServer()
+    proc = subprocess.Popen([sys.executable, "-c", LOSE_SERVER, server.endpoint, str(tiny_projector),
+                             str(pictures["a.png"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["accel"] == "RPC0" and "Paris" in first["text"]
+    server.stop()
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    second = json.loads(out.strip().splitlines()[-1])
+    assert "went away" in second["lost"] and second["error"] is None
+    assert second["accel"] is None and second["strategy"] == "cpu"
+    assert second["history"] == ["user", "assistant", "user", "assistant"]
+    assert second["n_prompt_tokens"] > 40  # the first exchange is still in the prompt
