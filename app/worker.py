@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -61,7 +62,7 @@ class EngineWorker(QObject):
 
             for endpoint in rpc:
                 connect_rpc(endpoint)
-            s = Session(resolve_paths(cfg), emit=self.event.emit)
+            s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.event.emit)
         except Exception as exc:  # keep the window alive; show what happened
             self._fail(0, exc)
             return

@@ -113,7 +113,8 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
     cfg = SessionConfig(model_path=model, mmproj_path=mmproj, n_ctx=args.ctx, n_threads=args.threads,
-                        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None)
+                        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
+                        rpc=tuple(args.rpc))
     out = bench_swap(cfg)
     if args.json:
         print(json.dumps(out))
@@ -174,7 +175,7 @@ def _session_config(args: argparse.Namespace) -> Any:
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
         vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
-        mover=args.mover)
+        mover=args.mover, rpc=tuple(args.rpc))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -90,18 +90,81 @@ def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
         return names
 
 
-def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
-    """Endpoints of registered RPC servers that no longer answer (each reported once)."""
-    gone = []
-    for endpoint in list(_rpc_endpoints):
-        if endpoint in _dead_endpoints:
-            continue
-        host, port = parse_endpoint(endpoint)
+def _our_sockets() -> list[socket.socket]:
+    """Duplicates of this process's TCP sockets (close them after use)."""
+    import os
+
+    out: list[socket.socket] = []
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
         try:
-            socket.create_connection((host, port), timeout=timeout_s).close()
-        except OSError:
-            _dead_endpoints.add(endpoint)
-            gone.append(endpoint)
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sock = socket.socket(fileno=os.dup(int(fd)))
+                if sock.type == socket.SOCK_STREAM:
+                    out.append(sock)
+                else:
+                    sock.close()
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _peers(endpoint: str) -> set[tuple[str, int]]:
+    host, port = parse_endpoint(endpoint)
+    try:
+        return {(str(ai[4][0]), port) for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except OSError:
+        return set()
+
+
+def _connection_alive(sock: socket.socket) -> bool:
+    """False when the peer closed the connection or it broke (looks without reading)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True  # open, nothing to read
+    except OSError:
+        return False
+
+
+def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
+    """Endpoints of registered RPC servers that went away (each reported once).
+
+    Our open connections to a server tell, without a new connection (a busy ggml server
+    accepts one client at a time and its backlog is short): a server that died has closed them.
+    """
+    gone = []
+    socks = _our_sockets()
+    try:
+        for endpoint in list(_rpc_endpoints):
+            if endpoint in _dead_endpoints:
+                continue
+            peers = _peers(endpoint)
+            mine = []
+            for sock in socks:
+                try:
+                    if sock.getpeername()[:2] in peers:
+                        mine.append(sock)
+                except OSError:
+                    continue
+            if mine:
+                alive = all(_connection_alive(s) for s in mine)
+            else:
+                host, port = parse_endpoint(endpoint)
+                try:
+                    socket.create_connection((host, port), timeout=timeout_s).close()
+                    alive = True
+                except OSError:
+                    alive = False
+            if not alive:
+                _dead_endpoints.add(endpoint)
+                gone.append(endpoint)
+    finally:
+        for sock in socks:
+            sock.close()
     return gone
 
 
@@ -134,33 +197,17 @@ _TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_
 def rpc_bytes_sent() -> int | None:
     """Bytes this process has sent (and had acknowledged) to the RPC servers it connected to,
     from the kernel's statistics of its own TCP sockets; None where they are not available."""
-    import os
     import struct
 
-    peers = set()
+    peers: set[tuple[str, int]] = set()
     for endpoint in _rpc_endpoints:
-        host, port = parse_endpoint(endpoint)
-        try:
-            peers |= {(ai[4][0], port) for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
-        except OSError:
-            continue
+        peers |= _peers(endpoint)
     if not peers or not hasattr(socket, "TCP_INFO"):
         return None
     total = 0
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for fd in fds:
+    for sock in _our_sockets():
         try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(int(fd)))
-        except (OSError, ValueError):
-            continue
-        try:
-            peer = sock.getpeername()
-            if (peer[0], peer[1]) in peers:
+            if sock.getpeername()[:2] in peers:
                 info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
                 if len(info) >= _TCP_INFO_BYTES_ACKED + 8:
                     total += struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]

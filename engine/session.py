@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from engine import events, swap
-from engine.devices import (accelerators, check_rpc_servers, find_device, reported_used_bytes,
-                            rpc_bytes_sent)
+from engine.devices import (accelerators, check_rpc_servers, connect_rpc, find_device,
+                            reported_used_bytes, rpc_bytes_sent)
 from engine.errors import DeviceLost, EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
@@ -51,6 +51,7 @@ class SessionConfig:
     system: str | None = None
     mover: str = "auto"  # auto (live after its self-test, else reload) | live | reload
     image_max_tokens: int = 0  # 0: the projector's default
+    rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices this session may use
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,17 @@ class Session:
     # ------------------------------------------------------------ setup
 
     def _pick_accel(self) -> str | None:
+        """The configured device, else a local accelerator, else the first of this session's
+        RPC servers (others registered in the process earlier are not used)."""
+        for endpoint in self.cfg.rpc:
+            connect_rpc(endpoint)
         if self.cfg.accel is not None:
             return find_device(self.cfg.accel).name
         accs = accelerators()
-        return accs[0].name if accs else None
+        local = [d for d in accs if not d.remote]
+        remote = [d for e in self.cfg.rpc for d in accs if d.remote and d.description == e]
+        pick = (local + remote)[:1]
+        return pick[0].name if pick else None
 
     def _budget(self) -> int:
         if self.accel is None:

@@ -53,7 +53,7 @@ from engine.session import Session, SessionConfig
 from engine.bench import auto_budget
 connect_rpc(sys.argv[1])
 cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
-                    vision="swap", mover="live")
+                    vision="swap", mover="live", rpc=(sys.argv[1],))
 with Session(cfg) as probe:
     budget = auto_budget(probe)
 def rss():

@@ -122,7 +122,7 @@ from engine.session import Session, SessionConfig, turn_with_recovery
 connect_rpc(sys.argv[1])
 gp = GenParams(max_tokens=8, temperature=0)
 s = Session(SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
-                          vision="cpu"))
+                          vision="cpu", rpc=(sys.argv[1],)))
 s, first = turn_with_recovery(s, "What is the capital of France? Answer in one word.", [], gp)
 print(json.dumps({"accel": s.accel, "text": first.text}), flush=True)
 input()  # the test kills the server now

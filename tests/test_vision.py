@@ -117,7 +117,7 @@ from engine.runtime import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc("{rpc_server.endpoint}")
 cfg = SessionConfig(default_model_path(), Path("{base_projector}"), n_ctx=1024, n_threads=2,
-                    vision="resident")
+                    vision="resident", rpc=("{rpc_server.endpoint}",))
 gp = GenParams(max_tokens=4, temperature=0)
 with Session(cfg) as s:
     loads = [s.n_model_loads]

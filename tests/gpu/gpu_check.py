@@ -49,7 +49,7 @@ def main() -> int:
                                   "projector_bytes": proj.stat().st_size,
                                   "devices": [d.to_dict() for d in list_devices()],
                                   "nvml": [r.__dict__ for r in nvml_readings() or []]}
-    cfg = SessionConfig(model, proj, n_ctx=4096, vision="swap", mover="live")
+    cfg = SessionConfig(model, proj, n_ctx=4096, vision="swap", mover="live", rpc=tuple(args.rpc))
     with Session(replace(cfg, mover="reload", vision="cpu")) as probe:
         budget = auto_budget(probe)
     cfg = replace(cfg, vram_budget_bytes=budget)
