@@ -15,7 +15,8 @@ from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPushButton, QSizePolicy,
                                QVBoxLayout, QWidget)
 
-from engine.telemetry import Telemetry, TimelineSpan
+from engine.events import Span
+from engine.telemetry import Telemetry
 from engine.trace import ROWS, ROW_NAMES, write_chrome_trace
 
 REFRESH_MS = 50
@@ -32,8 +33,9 @@ def place_color(where: str) -> QColor:
         return QColor("#9e9e9e")
     if where == "moving" or where == "loading":
         return QColor("#ffb300")
-    if where.startswith("RPC"):
-        return QColor("#8e44ad")
+    if where.startswith("RPC"):  # each remote device its own shade of purple
+        n = int(where[3:]) if where[3:].isdigit() else 0
+        return QColor(["#8e44ad", "#5e3c99", "#c51b7d", "#7b3294"][n % 4])
     if not where:
         return QColor(0, 0, 0, 0)
     return QColor("#2e7d32")  # a local accelerator
@@ -160,7 +162,7 @@ class MemoryPanel(QWidget):
         for item in self._bars:
             self.timeline.removeItem(item)
         self._bars = []
-        by_name: dict[str, list[TimelineSpan]] = {}
+        by_name: dict[str, list[Span]] = {}
         for sp in self.telemetry.spans:
             by_name.setdefault(sp.name, []).append(sp)
         for name, spans in by_name.items():
@@ -180,7 +182,7 @@ class MemoryPanel(QWidget):
 
     # ------------------------------------------------------------ interaction
 
-    def span_at(self, x: float, y: float) -> TimelineSpan | None:
+    def span_at(self, x: float, y: float) -> Span | None:
         for sp in reversed(self.telemetry.spans):
             if abs(ROWS.get(sp.name, 3) - y) < 0.4 and sp.start_s - self._t0 <= x <= sp.end_s - self._t0:
                 return sp

@@ -394,6 +394,10 @@ class MainWindow(QMainWindow):
         accel = d.get("accelerator") or "no accelerator"
         self.model_label.setText(f"{ev.model_name} · {d.get('n_layers_on_accel', 0)}/{ev.n_layers} "
                                  f"layers on {accel} · {mover} · ctx {ev.n_ctx}")
+        sent = d.get("rpc_bytes_sent") or 0
+        if sent:
+            self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "
+                                     "to remote devices while loading")
         if not self._busy:
             self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
                                          + (f" — {d['mover_note']}" if d.get("mover_note") else ""),

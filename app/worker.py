@@ -74,7 +74,7 @@ class EngineWorker(QObject):
         assert s.runtime is not None
         self.event.emit(events.ModelLoaded(
             0, model_path=str(s.cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
-            n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.runtime.load_s,
+            n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.load_s,
             details={"mover": s.mover_name, "mover_note": s.mover_note, "accelerator": s.accel,
                      "budget_bytes": s.budget_bytes,
                      "n_layers_on_accel": s.placement.n_layers_on_accel,

@@ -15,25 +15,13 @@ MAX_SAMPLES = 3000
 
 
 @dataclass
-class TimelineSpan:
-    name: str
-    start_s: float
-    end_s: float
-    device: str
-    bytes: int
-    request_id: int
-    predicted_s: float | None
-    detail: str
-
-
-@dataclass
 class Telemetry:
     layer_devices: tuple[str, ...] = ()
     output_device: str = ""
     embeddings_device: str = ""
     projector_device: str = ""
     ledger: dict[str, dict[str, int]] = field(default_factory=dict)
-    spans: collections.deque[TimelineSpan] = field(
+    spans: collections.deque[events.Span] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_SPANS))
     # device -> [(t_s, ledger_bytes by kind, reported_used_bytes)]
     memory: dict[str, collections.deque[tuple[float, dict[str, int], int | None]]] = field(
@@ -50,8 +38,7 @@ class Telemetry:
             for dev, kinds in ev.ledger.items():
                 self._sample(dev, ev.t_s, kinds, None)
         elif isinstance(ev, events.Span):
-            self.spans.append(TimelineSpan(ev.name, ev.start_s, ev.end_s, ev.device, ev.bytes,
-                                           ev.request_id, ev.predicted_s, ev.detail))
+            self.spans.append(ev)
         elif isinstance(ev, events.MemorySample):
             self._sample(ev.device, ev.t_s, ev.ledger_kinds or self.ledger.get(ev.device, {}),
                          ev.reported_used_bytes)
@@ -63,7 +50,7 @@ class Telemetry:
         series = self.memory.setdefault(device, collections.deque(maxlen=MAX_SAMPLES))
         series.append((t_s, dict(kinds), reported))
 
-    def spans_of(self, request_id: int) -> list[TimelineSpan]:
+    def spans_of(self, request_id: int) -> list[events.Span]:
         return [s for s in self.spans if s.request_id == request_id]
 
     def cell_states(self) -> list[tuple[str, str]]:

@@ -219,6 +219,7 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     try:
         w = _window(qtbot, store, rpc=[server.endpoint])
         assert "on RPC" in w.model_label.text()
+        assert "MiB to remote devices while loading" in w.model_label.text()
         _send(qtbot, w, QUESTION)
     finally:
         server.stop()
