@@ -128,6 +128,8 @@ class MemoryPanel(QWidget):
         """Stacked ledger by kind per device, and the device's own reading; curves are reused
         (setData), not rebuilt, so a redraw stays in the low milliseconds."""
         devices = [d for d, series in self.telemetry.memory.items() if series and d != "CPU"]
+        if not devices and self.telemetry.memory.get("CPU"):
+            devices = ["CPU"]  # no accelerator: show what sits in RAM
         for dev in devices:
             series = self.telemetry.memory[dev]
             xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))

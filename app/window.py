@@ -390,10 +390,13 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self._loaded = True
         self.setWindowTitle(f"Ebb — {ev.model_name}")
-        mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
-        accel = d.get("accelerator") or "no accelerator"
-        self.model_label.setText(f"{ev.model_name} · {d.get('n_layers_on_accel', 0)}/{ev.n_layers} "
-                                 f"layers on {accel} · {mover} · ctx {ev.n_ctx}")
+        if d.get("accelerator"):
+            mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
+            where = (f"{d.get('n_layers_on_accel', 0)}/{ev.n_layers} layers on {d['accelerator']} · "
+                     f"{mover}")
+        else:
+            where = f"all {ev.n_layers} layers in RAM (no accelerator)"
+        self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
         sent = d.get("rpc_bytes_sent") or 0
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "

@@ -226,4 +226,4 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     _send(qtbot, w, "And of Italy?")
     assert "went away" in w.statusBar().currentMessage()
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
-    assert "no accelerator" in w.model_label.text()
+    assert "in RAM (no accelerator)" in w.model_label.text()
