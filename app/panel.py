@@ -131,7 +131,8 @@ class MemoryPanel(QWidget):
         if not devices and self.telemetry.memory.get("CPU"):
             devices = ["CPU"]  # no accelerator: show what sits in RAM
         for dev in devices:
-            series = self.telemetry.memory[dev]
+            series = list(self.telemetry.memory[dev])
+            series.append((time.monotonic(), series[-1][1], None))  # hold the last reading to now
             xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))
             cumulative = np.zeros(len(series))
             stacks = []
