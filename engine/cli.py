@@ -104,6 +104,16 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from engine.model_gen import write_sparse_model
+
+    out = write_sparse_model(Path(args.out), args.like)
+    st = out.stat()
+    print(f"wrote {out}: {fmt_bytes(st.st_size)} of real shapes ({args.like}, Q4_0), "
+          f"{fmt_bytes(st.st_blocks * 512)} on disk (the weights are a hole)")
+    return 0
+
+
 def cmd_bench_swap(args: argparse.Namespace) -> int:
     from engine.bench import bench_swap
     from engine.models import default_projector_path, existing_file, resolve_model_path
@@ -302,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fill the cache from this machine's copy of a model before serving")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rpc_serve)
+
+    p = sub.add_parser("make-model", help="write a header-only GGUF with a real model's shapes")
+    p.add_argument("--like", required=True, choices=["llama-8b", "llama-70b"])
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_make_model)
 
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)

@@ -25,6 +25,14 @@ class ModelShape:
     n_ctx_train: int = 8192
 
 
+# Real shapes for planning from the header (`make-model --like`): weights are holes in a sparse file.
+LIKE: dict[str, tuple[ModelShape, int]] = {
+    "llama-8b": (ModelShape(n_layers=32, n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8,
+                            n_ctx_train=131072), 128256),
+    "llama-70b": (ModelShape(n_layers=80, n_embd=8192, n_ff=28672, n_head=64, n_head_kv=8,
+                             n_ctx_train=131072), 128256),
+}
+
 SHAPES: dict[str, ModelShape] = {
     "tiny": ModelShape(n_layers=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2),
     "3b": ModelShape(n_layers=24, n_embd=2560, n_ff=8192, n_head=20, n_head_kv=4),  # ~3.9 GB f16
@@ -101,5 +109,55 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
             a = rng.standard_normal(shp, dtype=np.float32)
             a *= 1.0 / np.sqrt(shp[1])
             w.write_tensor_data(a.astype(np.float16))
+    w.close()
+    return out
+
+
+def write_sparse_model(out: Path, like: str) -> Path:
+    """A GGUF with the metadata and tensor table of a real model (Q4_0 weights) whose tensor
+    data is a hole: the file has its full size but takes almost no disk. For `plan` and tests;
+    llama.cpp cannot run it (no tokenizer, no weights)."""
+    import gguf
+
+    if like not in LIKE:
+        raise EbbError(f"unknown model shape '{like}'", f"use one of {', '.join(LIKE)}")
+    shape, n_vocab = LIKE[like]
+    w = gguf.GGUFWriter(str(out), arch="llama")
+    w.add_name(f"Ebb sparse {like} (header only, no weights)")
+    w.add_bool("ebb.synthetic", True)
+    w.add_bool("ebb.sparse", True)
+    w.add_block_count(shape.n_layers)
+    w.add_context_length(shape.n_ctx_train)
+    w.add_embedding_length(shape.n_embd)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_rope_dimension_count(shape.n_embd // shape.n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    block, block_bytes = gguf.GGML_QUANT_SIZES[q4]
+    alignment = 32
+    data_bytes = 0
+    specs = list(_tensors(shape, n_vocab)) + [("output.weight", (n_vocab, shape.n_embd))]
+    for name, shp in specs:
+        if len(shp) == 1:
+            nbytes = shp[0] * 4
+            w.add_tensor_info(name, shp, np.dtype(np.float32), nbytes)
+        else:
+            rows, cols = shp
+            nbytes = rows * cols // block * block_bytes
+            w.add_tensor_info(name, (rows, cols // block * block_bytes), np.dtype(np.uint8), nbytes,
+                              raw_dtype=q4)
+        data_bytes += -(-nbytes // alignment) * alignment
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0] if isinstance(w.fout, list) else w.fout
+    assert fout is not None
+    fout.flush()
+    start = -(-fout.tell() // alignment) * alignment
+    fout.truncate(start + data_bytes)  # the weights: one hole
     w.close()
     return out

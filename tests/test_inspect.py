@@ -61,3 +61,15 @@ def test_inspect_human_output_names_the_parts():
     assert proc.returncode == 0, proc.stderr
     for word in ("architecture llama", "layers", "token_embd.weight", "KV cache"):
         assert word in proc.stdout
+
+
+def test_make_model_like_llama_8b_is_header_only(tmp_path):
+    out = tmp_path / "llama-8b.gguf"
+    proc = run_cli("make-model", "--like", "llama-8b", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    st = out.stat()
+    assert st.st_size > 4 * 2**30 and st.st_blocks * 512 < 2**20  # real size, a hole on disk
+    m = json.loads(run_cli("inspect", str(out), "--json").stdout)["model"]
+    assert m["n_layers"] == 32 and m["n_embd"] == 4096 and m["n_head_kv"] == [8] * 32
+    assert m["kv_bytes_per_token"] == 32 * 8 * 128 * 2 * 2  # Llama-3-8B, f16 KV: 128 KiB/token
+    assert m["tensor_bytes"] <= st.st_size
