@@ -76,11 +76,12 @@ def _tensors(s: ModelShape, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...]
     yield "output_norm.weight", (s.n_embd,)
 
 
-def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0) -> Path:
+def _llama_writer(out: Path, shape: ModelShape, name: str) -> Any:
+    """A GGUF writer with the llama hyper-parameters of `shape` set."""
     import gguf
 
     w = gguf.GGUFWriter(str(out), arch="llama")
-    w.add_name("Ebb synthetic llama (random weights)")
+    w.add_name(name)
     w.add_bool("ebb.synthetic", True)
     w.add_block_count(shape.n_layers)
     w.add_context_length(shape.n_ctx_train)
@@ -91,6 +92,13 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
     w.add_rope_dimension_count(shape.n_embd // shape.n_head)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    return w
+
+
+def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0) -> Path:
+    import gguf
+
+    w = _llama_writer(out, shape, "Ebb synthetic llama (random weights)")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = _copy_tokenizer(tokenizer_from, w)
     w.add_vocab_size(n_vocab)
@@ -122,18 +130,8 @@ def write_sparse_model(out: Path, like: str) -> Path:
     if like not in LIKE:
         raise EbbError(f"unknown model shape '{like}'", f"use one of {', '.join(LIKE)}")
     shape, n_vocab = LIKE[like]
-    w = gguf.GGUFWriter(str(out), arch="llama")
-    w.add_name(f"Ebb sparse {like} (header only, no weights)")
-    w.add_bool("ebb.synthetic", True)
+    w = _llama_writer(out, shape, f"Ebb sparse {like} (header only, no weights)")
     w.add_bool("ebb.sparse", True)
-    w.add_block_count(shape.n_layers)
-    w.add_context_length(shape.n_ctx_train)
-    w.add_embedding_length(shape.n_embd)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_rope_dimension_count(shape.n_embd // shape.n_head)
-    w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     q4 = gguf.GGMLQuantizationType.Q4_0
