@@ -104,6 +104,38 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from engine.gguf_info import inspect_files
+    from engine.hw import physical_cores
+    from engine.models import existing_file, resolve_model_path
+    from engine.units import parse_size
+    from engine.whatif import parse_bus, what_if
+
+    ins = inspect_files(resolve_model_path(args.model),
+                        existing_file(args.mmproj, "projector") if args.mmproj else None)
+    ctx = min(args.ctx, ins.model.n_ctx_train or args.ctx)
+    w = what_if(ins.model, ins.projector, parse_size(args.vram), parse_bus(args.bus),
+                args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, args.threads or physical_cores())
+    out = w.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    m = ins.model
+    print(f"{m.name}: {m.n_layers} layers on a {args.vram} accelerator, context {ctx} "
+          f"(uncalibrated estimate)")
+    print(f"  accelerator: {out['n_layers_on_accel']}/{m.n_layers} layers, "
+          f"{fmt_bytes(out['accel_total_bytes'])} (" + ", ".join(
+              f"{k} {fmt_bytes(v)}" for k, v in out["accel_bytes"].items()) + ")")
+    print(f"  RAM: {fmt_bytes(out['ram_weight_bytes'])} of weights")
+    print(f"  text: ~{out['gen_tokens_per_s']} tokens/s (weights read once per token at "
+          f"{args.vram_bw} GB/s on the accelerator, {args.ram_bw} GB/s in RAM)")
+    for name, secs in out["vision_predicted_s"].items():
+        print(f"  vision {name}: " + (f"{secs:.2f}s per image" if secs is not None else "does not fit"))
+    if out["vision_auto"]:
+        print(f"  auto would pick: {out['vision_auto']}")
+    return 0
+
+
 def cmd_make_model(args: argparse.Namespace) -> int:
     from engine.model_gen import write_sparse_model
 
@@ -312,6 +344,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fill the cache from this machine's copy of a model before serving")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rpc_serve)
+
+    p = sub.add_parser("plan", help="what if: placement, memory and speed on a given accelerator")
+    p.add_argument("--model", default="default")
+    p.add_argument("--mmproj", default=None)
+    p.add_argument("--vram", required=True, metavar="SIZE", help="the accelerator's memory, e.g. 8GiB")
+    p.add_argument("--bus", default="pcie4", help="pcie3|pcie4|pcie5 or GB/s")
+    p.add_argument("--ram-bw", type=float, default=40.0, metavar="GB/s")
+    p.add_argument("--vram-bw", type=float, default=300.0, metavar="GB/s")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("make-model", help="write a header-only GGUF with a real model's shapes")
     p.add_argument("--like", required=True, choices=["llama-8b", "llama-70b"])

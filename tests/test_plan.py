@@ -74,3 +74,23 @@ def test_auto_follows_the_costs(model, proj):
     slow_bus = Costs(bus_Bps=1e6, cpu_encode_s_per_token=1e-4, accel_encode_s_per_token=1e-5)
     assert plan_vision("auto", full, proj, budget, 576, 0, True, fast_gpu).strategy == "swap"
     assert plan_vision("auto", full, proj, budget, 576, 0, True, slow_bus).strategy == "cpu"
+
+
+def test_plan_from_the_header_of_8b_and_70b_models_on_an_8_gib_card(tmp_path):
+    import json
+
+    from tests.conftest import run_cli
+
+    out = {}
+    for like in ("llama-8b", "llama-70b"):
+        path = tmp_path / f"{like}.gguf"
+        assert run_cli("make-model", "--like", like, "--out", str(path)).returncode == 0
+        proc = run_cli("plan", "--model", str(path), "--vram", "8GiB", "--bus", "pcie4", "--json")
+        assert proc.returncode == 0, proc.stderr
+        out[like] = json.loads(proc.stdout)
+    small, big = out["llama-8b"], out["llama-70b"]
+    assert small["n_layers_on_accel"] == 32 and small["accel_total_bytes"] <= 8 * 2**30
+    assert 0 < big["n_layers_on_accel"] < 80 and big["accel_total_bytes"] <= 8 * 2**30
+    assert big["ram_weight_bytes"] > 25 * 2**30
+    assert small["gen_tokens_per_s"] > big["gen_tokens_per_s"] > 0
+    assert small["calibrated"] is False  # said plainly until calibration lands
