@@ -37,20 +37,28 @@ class DeviceInfo:
         return d
 
 
-def list_devices() -> list[DeviceInfo]:
-    """Every device llama.cpp sees, less those of RPC servers that went away (asking a dead
-    server anything makes ggml abort the process)."""
+def _usable_handles() -> list[tuple[int, bool]]:
+    """(ggml device, remote?) for every device, less those of RPC servers that went away
+    (asking a dead server anything makes ggml abort the process). No memory queries."""
     out = []
     for dev in ggml.device_handles():
-        reg = ggml.device_reg_name(dev)
-        if reg.upper() == "RPC" and ggml.device_description(dev) in _dead_endpoints:
+        remote = ggml.device_reg_name(dev).upper() == "RPC"
+        if remote and ggml.device_description(dev) in _dead_endpoints:
             continue
-        free, total = ggml.device_memory(dev)
-        out.append(DeviceInfo(
-            name=ggml.device_name(dev), description=ggml.device_description(dev),
-            kind=ggml.device_kind(dev), free_bytes=free or None, total_bytes=total or None,
-            remote=reg.upper() == "RPC", handle=dev))
+        out.append((dev, remote))
     return out
+
+
+def _info(dev: int, remote: bool) -> DeviceInfo:
+    free, total = ggml.device_memory(dev)  # a round trip for a remote device
+    return DeviceInfo(name=ggml.device_name(dev), description=ggml.device_description(dev),
+                      kind=ggml.device_kind(dev), free_bytes=free or None,
+                      total_bytes=total or None, remote=remote, handle=dev)
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every device llama.cpp sees (with its memory), less those of lost RPC servers."""
+    return [_info(dev, remote) for dev, remote in _usable_handles()]
 
 
 def accelerators() -> list[DeviceInfo]:
@@ -168,26 +176,32 @@ def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
     return gone
 
 
-def find_device(name: str) -> DeviceInfo:
-    for d in list_devices():
-        if d.name == name:
-            return d
+def _handle(name: str) -> tuple[int, bool]:
+    for dev, remote in _usable_handles():
+        if ggml.device_name(dev) == name:
+            return dev, remote
     raise EbbError(f"no device named {name}", "see `ebb-engine devices`")
 
 
+def find_device(name: str) -> DeviceInfo:
+    """One device by llama.cpp's name (only its memory is queried)."""
+    return _info(*_handle(name))
+
+
 def reported_used_bytes(name: str) -> int | None:
-    """The device's own reading of its used memory (NVML for CUDA devices, else ggml's)."""
+    """The device's own reading of its used memory (NVML for CUDA devices, else ggml's).
+    Called per pipeline step: it asks only the device in question."""
     if name.startswith("CUDA") and name[4:].isdigit():
         readings = nvml_readings()
         if readings is not None and int(name[4:]) < len(readings):
             return readings[int(name[4:])].used_bytes
     try:
-        dev = find_device(name)
+        dev, remote = _handle(name)
     except EbbError:
         return None
-    if dev.remote:  # an RPC server reports its host's memory, not what we placed there
+    if remote:  # an RPC server reports its host's memory, not what we placed there
         return None
-    free, total = ggml.device_memory(dev.handle)
+    free, total = ggml.device_memory(dev)
     return total - free if total else None
 
 

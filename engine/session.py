@@ -106,8 +106,8 @@ class Session:
         if self.proj_info is not None:
             check_projector_matches(self.info, self.proj_info)
         self.accel = self._pick_accel()
-        self.accel_endpoint = (find_device(self.accel).description
-                               if self.accel and find_device(self.accel).remote else None)
+        accel_info = find_device(self.accel) if self.accel else None
+        self.accel_endpoint = accel_info.description if accel_info and accel_info.remote else None
         self.abandoned = False
         self.budget_bytes = self._budget()
         self.ledger = Ledger()
@@ -163,7 +163,7 @@ class Session:
     def _default_costs(self) -> Costs:
         flops_per_token = 2 * (self.proj_info.weight_bytes // 2) if self.proj_info else 1
         cpu_s = flops_per_token / (40e9 * self.n_threads)
-        remote = self.accel is not None and find_device(self.accel).remote
+        remote = self.accel_endpoint is not None
         accel_s = cpu_s if (self.accel is None or remote) else flops_per_token / 20e12
         return Costs(bus_Bps=1e9 if remote or self.accel is None else 12e9,
                      cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
