@@ -115,6 +115,10 @@ class LiveMover:
         """Bytes of device buffers this mover holds now."""
         return sum(g.alloc_bytes for g in self._groups.values())
 
+    def n_buffers(self) -> int:
+        """Device buffers this mover holds now (neighbouring layers may share one)."""
+        return len(self._groups)
+
     def group_of(self, layer: int) -> list[int]:
         """The layers that share `layer`'s device buffer: evicting frees it only with all."""
         moved = self._moved.get(layer)

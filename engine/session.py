@@ -236,10 +236,11 @@ class Session:
         return rt
 
     def _move(self, promote: Sequence[int] = (), evict: Sequence[int] = (),
-              together: bool = False) -> int:
+              group_bytes: int = 0) -> int:
         """Move layers with the live mover, showing them moving in the residency map.
-        `together`: promote them as one device buffer in one copy (then they are evicted
-        together too). Returns the bytes copied to the device."""
+        `group_bytes`: promote neighbouring layers into shared device buffers of up to that
+        many bytes (they are then evicted together); 0: a buffer per layer. Returns the bytes
+        copied to the device."""
         assert self.mover is not None and self.accel is not None
         copied = 0
         for layer in evict:
@@ -249,7 +250,15 @@ class Session:
         for layer in evict:
             self.mover.evict(layer)
             self._layer_state[layer] = CPU
-        groups = [list(promote)] if together else [[layer] for layer in promote]
+        groups: list[list[int]] = []
+        size = 0
+        for layer in promote:
+            n = self.mover.layer_bytes(layer)
+            if not groups or not group_bytes or size + n > group_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(layer)
+            size += n
         for group in groups:
             for layer in group:
                 self._layer_state[layer] = "moving"
