@@ -174,6 +174,51 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_autotune(args: argparse.Namespace) -> int:
+    from engine.autotune import Measurer, Point, autotune
+    from engine.devices import default_budget, pick_accelerator
+    from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
+    from engine.models import existing_file, resolve_model_path
+    from engine.plan import projector_need_bytes
+    from engine.runtime import check_context
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    info = model_info(read_gguf(model))
+    headroom = 0
+    if args.mmproj:
+        proj = projector_info(read_gguf(existing_file(args.mmproj, "projector")))
+        check_projector_matches(info, proj)
+        headroom = projector_need_bytes(proj, not args.no_flash_attn)
+    accel = pick_accelerator(tuple(args.rpc))
+    if accel is None:
+        raise EbbError("there is no accelerator to tune for", "use a GPU or pass --rpc HOST:PORT")
+    budget = parse_size(args.vram_budget) if args.vram_budget else default_budget(accel)
+    cancel = threading.Event()
+    _install_sigint(cancel)
+
+    def progress(p: Point) -> None:
+        print(f"  {p.layers:3d} layers: prompt {p.prompt_tps:8.1f} tok/s, generation "
+              f"{p.gen_tps:7.2f} tok/s", file=sys.stderr, flush=True)
+
+    m = Measurer(model, info, accel, check_context(info, args.ctx), args.threads,
+                 flash_attn=not args.no_flash_attn, on_point=progress, cancel=cancel)
+    print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
+          + (f", keeping {fmt_bytes(headroom)} for the projector" if headroom else ""),
+          file=sys.stderr, flush=True)
+    out = autotune(m, budget, headroom).to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['n_runs']} runs over 0..{out['max_layers']} layers (the most that fit)")
+    print(f"best generation: {out['best_gen_layers']} layers, {out['best_gen_tps']} tok/s"
+          + (f"; speed collapses at {out['cliff_gen_layers']}" if out["cliff_gen_layers"] else ""))
+    print(f"best prompt:     {out['best_prompt_layers']} layers, {out['best_prompt_tps']} tok/s"
+          + (f"; speed collapses at {out['cliff_prompt_layers']}" if out["cliff_prompt_layers"] else ""))
+    print(f"use it: ebb-engine chat --gpu-layers {out['best_gen_layers']} ...")
+    return 0
+
+
 def _install_sigint(cancel: threading.Event) -> None:
     """First Ctrl-C asks the generation to stop between tokens; a second one aborts."""
     def handler(signum: int, frame: Any) -> None:
@@ -211,13 +256,15 @@ def _session_config(args: argparse.Namespace) -> Any:
         raise EbbError(f"--max-tokens must be positive, got {args.max_tokens}")
     if args.threads is not None and args.threads <= 0:
         raise EbbError(f"--threads must be positive, got {args.threads}")
+    if args.gpu_layers is not None and args.gpu_layers < 0:
+        raise EbbError(f"--gpu-layers must be 0 or more, got {args.gpu_layers}")
     return SessionConfig(
         model_path=resolve_model_path(args.model),
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
         vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
-        mover=args.mover, rpc=tuple(args.rpc))
+        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -306,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on every accelerator, e.g. 150MiB, 6GiB (default: free - margin)")
     p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
                    help="how a swap moves the model: live layers (after a self-test) or reload")
+    p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
+                   help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--no-flash-attn", action="store_true")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
@@ -373,6 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_swap)
+
+    p = sub.add_parser("autotune", help="measure tokens/s against accelerator layers; find the best",
+                       parents=[common])
+    p.add_argument("--model", default="default")
+    p.add_argument("--mmproj", default=None, help="keep room for this projector beside the layers")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE", help="default: free - margin")
+    p.add_argument("--ctx", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-flash-attn", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_autotune)
 
     p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)",
                        parents=[common])

@@ -272,3 +272,26 @@ def nvml_readings(pid: int | None = None) -> list[NvmlReading] | None:
     except Exception:
         return None
     return out
+
+
+SAFETY_MARGIN_BYTES = 256 * 2**20
+
+
+def pick_accelerator(rpc: tuple[str, ...] = (), name: str | None = None) -> str | None:
+    """`name`, else a local accelerator, else the first of these RPC servers' devices (others
+    registered in the process earlier are not used); None when there is none."""
+    for endpoint in rpc:
+        connect_rpc(endpoint)
+    if name is not None:
+        return find_device(name).name
+    accs = accelerators()
+    local = [d for d in accs if not d.remote]
+    remote = [d for e in rpc for d in accs if d.remote and d.description == e]
+    pick = (local + remote)[:1]
+    return pick[0].name if pick else None
+
+
+def default_budget(accel: str) -> int:
+    """What Ebb may use on `accel` when no budget is given: its free memory less a margin."""
+    free = find_device(accel).free_bytes or 0
+    return max(0, free - max(SAFETY_MARGIN_BYTES, free // 20))

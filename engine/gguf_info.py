@@ -111,6 +111,7 @@ class ModelInfo:
     kv_bytes_per_token_per_layer: list[int]
     kv_bytes_per_token: int
     has_chat_template: bool
+    n_ff: int = 0  # the widest feed-forward layer
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +159,7 @@ def model_info(gf: GGUFFile) -> ModelInfo:
         n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=heads_kv,
         n_ctx_train=int(md.get(f"{arch}.context_length", 0)),
         n_vocab=_n_vocab(gf),
+        n_ff=max(_per_layer(md.get(f"{arch}.feed_forward_length"), n_layers, 0) or [0]),
         file_bytes=gf.file_bytes, tensor_bytes=gf.tensor_bytes, layer_bytes=layer_bytes,
         non_layer_bytes=sum(non_layer.values()), non_layer_tensors=non_layer,
         kv_bytes_per_token_per_layer=kv_per_layer, kv_bytes_per_token=sum(kv_per_layer),

@@ -81,7 +81,9 @@ def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
     weights = output_bytes(model) + sum(model.layer_bytes[i] for i in layers)
     kv_layers = range(model.n_layers) if live else layers
     kv = sum(model.kv_bytes_per_token_per_layer[i] for i in kv_layers) * n_ctx
-    compute = model.n_vocab * n_ubatch * F32 + 2 * n_ubatch * model.n_embd * F32
+    # the logits, plus the widest activations alive beside them (the FFN's hidden width and a
+    # few residual streams; measured 5.5 MiB on SmolLM2 at ubatch 512, this says 6.4)
+    compute = model.n_vocab * n_ubatch * F32 + n_ubatch * (3 * model.n_embd + model.n_ff) * F32
     if not flash_attn:
         compute += model.n_head * n_ctx * n_ubatch * F32
     return {"weights": weights, "kv": kv, "compute": compute}
@@ -102,12 +104,16 @@ def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx:
 
 def plan_placement(model: ModelInfo, accel: str | None, budget_bytes: int, n_ctx: int,
                    n_ubatch: int, flash_attn: bool, reserve_bytes: int = 0,
-                   live: bool = False) -> Placement | DoesNotFit:
-    """The most layers on `accel` whose bytes (plus `reserve_bytes`) fit the budget."""
+                   live: bool = False, max_gpu_layers: int | None = None) -> Placement | DoesNotFit:
+    """The most layers on `accel` (at most `max_gpu_layers`, llama.cpp's count, when given:
+    autotune's choice) whose bytes (plus `reserve_bytes`) fit the budget."""
     best = placement_for(model, accel, 0, n_ctx, n_ubatch, flash_attn)  # all in RAM
     if accel is None:
         return best
-    for k in range(model.n_layers + 1, 0, -1):
+    top = model.n_layers + 1 if max_gpu_layers is None else min(max_gpu_layers, model.n_layers + 1)
+    if top <= 0 and not live:
+        return best
+    for k in range(top, 0, -1):
         p = placement_for(model, accel, k, n_ctx, n_ubatch, flash_attn, live)
         if p.accel_total_bytes + reserve_bytes <= budget_bytes:
             return p

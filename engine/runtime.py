@@ -394,6 +394,9 @@ class TextRuntime:
                     run.append(it)
             pos += width
         self._decode_tokens(run)
+        # llama_decode may return before a device finishes (the RPC backend is asynchronous):
+        # wait, so the prompt's time is the prompt's and not the first token's
+        L.llama_synchronize(self.ctx)
         return len(keys) - n_keep
 
     def n_positions(self) -> int:

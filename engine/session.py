@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from engine import events, swap
-from engine.devices import (accelerators, check_rpc_servers, connect_rpc, find_device,
-                            reported_used_bytes, rpc_bytes_sent)
+from engine.devices import (check_rpc_servers, default_budget,
+                            find_device, pick_accelerator, reported_used_bytes, rpc_bytes_sent)
 from engine.errors import DeviceLost, EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
@@ -33,8 +33,15 @@ from engine.projector_runtime import Encoded, ProjectorRuntime
 from engine.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
 
 log = logging.getLogger("ebb.session")
-SAFETY_MARGIN_BYTES = 256 * 2**20
 _KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
+
+
+def live_overrides(accel: str, device_layers: Iterable[int]) -> tuple[tuple[str, str], ...]:
+    """The live layout's tensor overrides: these layers' weights on `accel`, every other
+    repeating layer's in RAM (output, KV cache and compute stay on `accel`)."""
+    alt = "|".join(str(i) for i in sorted(device_layers))
+    on_accel: tuple[tuple[str, str], ...] = ((rf"^blk\.({alt})\.", accel),) if alt else ()
+    return on_accel + ((r"^blk\.\d+\.", CPU),)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class SessionConfig:
     mover: str = "auto"  # auto (live after its self-test, else reload) | live | reload
     image_max_tokens: int = 0  # 0: the projector's default
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices this session may use
+    gpu_layers: int | None = None  # at most this many on the accelerator (autotune's choice)
 
 
 @dataclass(frozen=True)
@@ -140,25 +148,14 @@ class Session:
     # ------------------------------------------------------------ setup
 
     def _pick_accel(self) -> str | None:
-        """The configured device, else a local accelerator, else the first of this session's
-        RPC servers (others registered in the process earlier are not used)."""
-        for endpoint in self.cfg.rpc:
-            connect_rpc(endpoint)
-        if self.cfg.accel is not None:
-            return find_device(self.cfg.accel).name
-        accs = accelerators()
-        local = [d for d in accs if not d.remote]
-        remote = [d for e in self.cfg.rpc for d in accs if d.remote and d.description == e]
-        pick = (local + remote)[:1]
-        return pick[0].name if pick else None
+        return pick_accelerator(self.cfg.rpc, self.cfg.accel)
 
     def _budget(self) -> int:
         if self.accel is None:
             return 0
         if self.cfg.vram_budget_bytes is not None:
             return self.cfg.vram_budget_bytes
-        free = find_device(self.accel).free_bytes or 0
-        return max(0, free - max(SAFETY_MARGIN_BYTES, free // 20))
+        return default_budget(self.accel)
 
     def _default_costs(self) -> Costs:
         flops_per_token = 2 * (self.proj_info.weight_bytes // 2) if self.proj_info else 1
@@ -171,7 +168,8 @@ class Session:
     def _setup_text(self) -> None:
         reserve = (projector_need_bytes(self.proj_info, self.cfg.flash_attn)
                    if self.proj_info is not None and self.cfg.vision == "resident" else 0)
-        if self.accel is not None and self.cfg.mover in ("auto", "live"):
+        # gpu_layers 0 (autotune's "all in RAM"): no layout to move, nothing on the device
+        if self.accel is not None and self.cfg.mover in ("auto", "live") and self.cfg.gpu_layers != 0:
             try:
                 self._setup_live(reserve)
                 return
@@ -183,7 +181,8 @@ class Session:
                 self._close_runtime()
                 self.ledger = Ledger()
         placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                   self.cfg.n_batch, self.cfg.flash_attn, reserve)
+                                   self.cfg.n_batch, self.cfg.flash_attn, reserve,
+                                   max_gpu_layers=self.cfg.gpu_layers)
         assert isinstance(placement, Placement)
         self.placement = placement
         self.runtime = self._load_text()
@@ -191,7 +190,8 @@ class Session:
     def _setup_live(self, reserve: int) -> None:
         assert self.accel is not None
         placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                   self.cfg.n_batch, self.cfg.flash_attn, reserve, live=True)
+                                   self.cfg.n_batch, self.cfg.flash_attn, reserve, live=True,
+                                   max_gpu_layers=self.cfg.gpu_layers)
         if isinstance(placement, DoesNotFit):
             raise EbbError(placement.reason)
         self.placement = placement
@@ -214,10 +214,7 @@ class Session:
         """Load parameters for a placement. The live layout assigns every layer to the
         accelerator and forces repeating-layer weights to host (`device_layers` excepted)."""
         if placement.live and placement.accel:
-            overrides: tuple[tuple[str, str], ...] = ((r"^blk\.\d+\.", "CPU"),)
-            if device_layers:
-                alt = "|".join(str(i) for i in sorted(device_layers))
-                overrides = ((rf"^blk\.({alt})\.", placement.accel),) + overrides
+            overrides = live_overrides(placement.accel, device_layers or ())
             return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                               n_gpu_layers=self.info.n_layers + 1, devices=(placement.accel,),
                               flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch,

@@ -1,0 +1,226 @@
+"""`ebb-engine autotune`: how many layers on the accelerator, found by measuring.
+
+Each point is a real run: the model loaded with `k` layers on the accelerator (llama.cpp's
+count: the output layer first, then the last repeating layers) in the layout a session runs
+(the live mover's: KV cache and compute on the device; `live=False`: llama.cpp's own split),
+a fixed prompt evaluated in one
+batch (prompt tokens/s) and then tokens generated one at a time, each waiting for its logits
+(generation tokens/s). The search assumes throughput over 1..max layers is unimodal (rises
+while the accelerator is faster, collapses past a cliff), so:
+
+- `k = 0` (no accelerator at all, no graph splits) is always measured: it is its own regime;
+- on 1..max, the ends are checked first (throughput still rising at `max`: the best is `max`),
+  then a golden-section search narrows the bracket to three neighbours, each measured;
+- prompt and generation share every run (one run measures both).
+
+`max` is the most layers whose weights, KV cache and compute buffer fit the budget, keeping
+the projector's room beside them when vision is resident.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from engine.errors import EbbError
+from engine.gguf_info import ModelInfo
+from engine.plan import DoesNotFit, plan_placement
+
+PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
+               "only while an image is encoded. ")
+INV_PHI = (math.sqrt(5) - 1) / 2
+
+
+@dataclass(frozen=True)
+class Point:
+    layers: int
+    prompt_tps: float
+    gen_tps: float
+    load_s: float
+    accel_bytes: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        d = asdict(self)
+        d["prompt_tps"] = round(self.prompt_tps, 1)
+        d["gen_tps"] = round(self.gen_tps, 2)
+        d["load_s"] = round(self.load_s, 3)
+        return d
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    device: str
+    budget_bytes: int
+    headroom_bytes: int
+    max_layers: int
+    best_gen_layers: int
+    best_prompt_layers: int
+    points: tuple[Point, ...]
+    cliff_gen_layers: int | None
+    cliff_prompt_layers: int | None
+
+    def point(self, layers: int) -> Point:
+        return next(p for p in self.points if p.layers == layers)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "device": self.device, "vram_budget_bytes": self.budget_bytes,
+            "headroom_bytes": self.headroom_bytes, "max_layers": self.max_layers,
+            "best_gen_layers": self.best_gen_layers,
+            "best_prompt_layers": self.best_prompt_layers,
+            "best_gen_tps": round(self.point(self.best_gen_layers).gen_tps, 2),
+            "best_prompt_tps": round(self.point(self.best_prompt_layers).prompt_tps, 1),
+            "cliff_gen_layers": self.cliff_gen_layers,
+            "cliff_prompt_layers": self.cliff_prompt_layers,
+            "n_runs": len(self.points),
+            "points": [p.to_dict() for p in sorted(self.points, key=lambda p: p.layers)],
+        }
+
+
+class Cancelled(EbbError):
+    pass
+
+
+class Measurer:
+    """Loads the model at a layer count and times a prompt and a generation. Owned by one
+    thread; results are memoised (a point is measured once)."""
+
+    def __init__(self, model_path: Path, info: ModelInfo, accel: str, n_ctx: int,
+                 n_threads: int | None, flash_attn: bool = True, n_batch: int = 512,
+                 prompt_tokens: int = 256, gen_tokens: int = 48,
+                 on_point: Callable[[Point], None] | None = None,
+                 cancel: threading.Event | None = None, live: bool = True) -> None:
+        self.model_path, self.info, self.accel = model_path, info, accel
+        self.n_ctx, self.n_threads, self.flash_attn, self.n_batch = n_ctx, n_threads, flash_attn, n_batch
+        self.prompt_tokens, self.gen_tokens = prompt_tokens, gen_tokens
+        self.on_point, self.cancel = on_point, cancel
+        self.live = live  # measure the live mover's layout (what a session runs), else llama.cpp's
+        self.points: dict[int, Point] = {}
+
+    def __call__(self, layers: int) -> Point:
+        if layers not in self.points:
+            if self.cancel is not None and self.cancel.is_set():
+                raise Cancelled("autotune cancelled")
+            self.points[layers] = self._measure(layers)
+            if self.on_point is not None:
+                self.on_point(self.points[layers])
+        return self.points[layers]
+
+    def _measure(self, layers: int) -> Point:
+        from engine.runtime import LoadParams, TextRuntime, _llama
+
+        L = _llama()
+        params = LoadParams(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                            n_gpu_layers=layers, devices=(self.accel,) if layers else (),
+                            flash_attn=self.flash_attn, n_batch=self.n_batch)
+        if self.live and layers:  # as the live mover leaves it with `layers` on the device
+            from engine.session import live_overrides
+
+            n = self.info.n_layers
+            on_device = range(n - min(layers - 1, n), n)
+            params = replace(params, n_gpu_layers=n + 1, repack=False,
+                             buft_overrides=live_overrides(self.accel, on_device))
+        t0 = time.perf_counter()
+        with TextRuntime(params, self.info) as rt:
+            load_s = time.perf_counter() - t0
+            accel_bytes = sum(n for (dev, _), n in rt.buffers.items() if dev == self.accel)
+            tokens: list[int] = []
+            while len(tokens) < self.prompt_tokens:
+                tokens += rt.tokenize(PROMPT_TEXT, add_special=not tokens)
+            tokens = tokens[:min(self.prompt_tokens, self.n_ctx - self.gen_tokens - 16)]
+            rt.prefill(tokens[:8])  # warm-up: first-use costs stay out of the timings
+            rt.reset()
+            t1 = time.perf_counter()
+            rt.prefill(tokens)  # waits for the device
+            prompt_s = time.perf_counter() - t1
+            n_vocab = self.info.n_vocab
+
+            def token() -> float:  # greedy, as a reply is generated; waits for the logits
+                t = time.perf_counter()
+                logits = np.ctypeslib.as_array(L.llama_get_logits_ith(rt.ctx, -1), shape=(n_vocab,))
+                rt._decode_tokens([int(np.argmax(logits))])
+                L.llama_synchronize(rt.ctx)
+                return time.perf_counter() - t
+
+            for _ in range(4):  # right after a big batch the first tokens run slow on a busy box
+                token()
+            bursts = []
+            for _ in range(3):
+                bursts.append(float(np.percentile([token() for _ in range(self.gen_tokens // 3)], 20)))
+                time.sleep(0.02)
+        # waits on a busy machine (a sleeping thread woken late, another process) only ever add
+        # time: the fastest burst's fast end is the device's own speed
+        return Point(layers, len(tokens) / prompt_s, 1.0 / min(bursts), load_s,
+                     accel_bytes)
+
+
+def golden_max(f: Callable[[int], float], lo: int, hi: int) -> int:
+    """The integer in [lo, hi] where a unimodal `f` is largest. Checks the ends first; then
+    golden-section until three neighbours are left, all of them evaluated."""
+    if hi - lo <= 2:
+        return max(range(lo, hi + 1), key=f)
+    if f(hi - 1) < f(hi):  # still rising at the top: a unimodal f peaks there
+        return hi
+    if f(lo + 1) < f(lo):  # already falling at the bottom
+        return lo
+    a, b = lo + 1, hi - 1  # the ends are beaten by their neighbours
+    c, d = b - round((b - a) * INV_PHI), a + round((b - a) * INV_PHI)
+    if c >= d:
+        c, d = d - 1, d
+    while b - a > 2 and c < d:
+        if f(c) >= f(d):  # the peak is in [a, d]; c becomes the upper probe
+            b, d = d, c
+            c = max(a, min(b - round((b - a) * INV_PHI), d - 1))
+        else:  # the peak is in [c, b]; d becomes the lower probe
+            a, c = c, d
+            d = min(b, max(a + round((b - a) * INV_PHI), c + 1))
+    return max(range(a, b + 1), key=f)
+
+
+def find_cliff(points: list[Point], metric: Callable[[Point], float],
+               drop: float = 0.25) -> int | None:
+    """The layer count past the best where throughput first falls by more than `drop` from
+    the run before: the cliff. None when the measured curve has none."""
+    ps = sorted(points, key=lambda p: p.layers)
+    best = max(range(len(ps)), key=lambda i: metric(ps[i]))
+    for prev, cur in zip(ps[best:], ps[best + 1:]):
+        if metric(cur) < (1 - drop) * metric(prev):
+            return cur.layers
+    return None
+
+
+def max_layers(info: ModelInfo, accel: str, budget: int, n_ctx: int, n_batch: int,
+               flash_attn: bool, headroom: int, live: bool = True) -> int:
+    """The most layers (llama.cpp's count) that fit `budget` beside `headroom`; 0: none."""
+    placement = plan_placement(info, accel, budget, n_ctx, n_batch, flash_attn, headroom, live)
+    return 0 if isinstance(placement, DoesNotFit) else placement.n_gpu_layers
+
+
+def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
+    info = measure.info
+    top = max_layers(info, measure.accel, budget, measure.n_ctx, measure.n_batch,
+                     measure.flash_attn, headroom, measure.live)
+
+    def gen(k: int) -> float:
+        return measure(k).gen_tps
+
+    def prompt(k: int) -> float:
+        return measure(k).prompt_tps
+
+    measure(0)
+    best_gen = max((0, golden_max(gen, 1, top)), key=gen) if top else 0
+    best_prompt = max((0, golden_max(prompt, 1, top)), key=prompt) if top else 0
+    pts = list(measure.points.values())
+    return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
+                      find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps))
+
+
+def sweep(measure: Measurer, top: int) -> list[Point]:
+    """Every layer count 0..top: what autotune avoids (tests compare against it)."""
+    return [measure(k) for k in range(top + 1)]
+
