@@ -14,7 +14,8 @@ from engine.units import fmt_bytes, parse_size
 
 DEMO = "demo"
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
-                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": []}
+                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
+                            "gpu_layers": -1}
 
 
 class SettingsDialog(QDialog):
@@ -27,6 +28,8 @@ class SettingsDialog(QDialog):
         self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=int(v["ctx"]))
         self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=int(v["image_max_tokens"]),
                                    specialValueText="projector default")
+        self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=int(v["gpu_layers"]),
+                                   specialValueText="all that fit (or Tune…)")
         self.flash = QCheckBox(checked=bool(v["flash_attn"]))
         self.vision = QComboBox()
         self.vision.addItems(["auto", "resident", "swap", "cpu"])
@@ -37,6 +40,7 @@ class SettingsDialog(QDialog):
         form = QFormLayout(self)
         form.addRow("Accelerator VRAM budget", self.budget)
         form.addRow("Threads", self.threads)
+        form.addRow("Accelerator layers", self.gpu_layers)
         form.addRow("Context length", self.ctx)
         form.addRow("Image token limit", self.img_tokens)
         form.addRow("Flash attention", self.flash)
@@ -52,6 +56,7 @@ class SettingsDialog(QDialog):
         return {"vram_budget": self.budget.text().strip(), "threads": self.threads.value(),
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
+                "gpu_layers": self.gpu_layers.value(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:

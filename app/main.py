@@ -38,7 +38,8 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
         vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
         vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
-        image_max_tokens=int(s["image_max_tokens"]))
+        image_max_tokens=int(s["image_max_tokens"]),
+        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None)
     return cfg, list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
 
 

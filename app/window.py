@@ -6,6 +6,7 @@ signals; the streamed reply is redrawn on a 20 Hz timer, not per token.
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ class MainWindow(QMainWindow):
     request_history = Signal(object)
     request_vision = Signal(bool)
     request_undo = Signal()
+    request_tune = Signal(object, object)
 
     def __init__(self, store: Store, load: SessionConfig | None, rpc: list[str] | None = None) -> None:
         super().__init__()
@@ -157,6 +159,10 @@ class MainWindow(QMainWindow):
             act = QAction(text, self, shortcut=QKeySequence(key))
             act.triggered.connect(slot)
             file.addAction(act)
+        model = self.menuBar().addMenu("&Model")
+        self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
+        self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
+        model.addAction(self.tune_action)
         self.view_menu = self.menuBar().addMenu("&View")
         stop = QAction("Stop", self, shortcut=QKeySequence("Esc"))
         stop.triggered.connect(self._on_stop)
@@ -173,6 +179,7 @@ class MainWindow(QMainWindow):
         self.request_history.connect(self.worker.set_history)
         self.request_vision.connect(self.worker.set_vision)
         self.request_undo.connect(self.worker.undo_last)
+        self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
 
@@ -357,11 +364,47 @@ class MainWindow(QMainWindow):
             if model:
                 self._load(model, mmproj)
 
+    @Slot()
+    def _on_tune(self) -> None:
+        from app.main import session_config
+        from app.tune import TuneDialog
+
+        if self._busy or self._last_cfg is None:
+            self.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
+            return
+        cfg, rpc = session_config(self.store, str(self._last_cfg.model_path),
+                                  str(self._last_cfg.mmproj_path or ""), rpc=self._rpc)
+        cfg = replace(cfg, gpu_layers=None)  # measure every count the budget allows
+        self.tune_dialog = TuneDialog(self)
+        self.tune_dialog.stop.connect(self.worker.cancel)
+        self.tune_dialog.apply_layers.connect(self._apply_gpu_layers)
+        self.tune_dialog.finished.connect(self.worker.cancel)  # closing it stops the runs
+        self._loaded = False
+        self._set_busy(self._busy)
+        self.request_tune.emit(cfg, rpc)
+        self.tune_dialog.show()
+
+    @Slot(int)
+    def _apply_gpu_layers(self, n: int) -> None:
+        self.store.set_setting("gpu_layers", n)
+        if self._last_cfg is not None:
+            self._load(str(self._last_cfg.model_path), str(self._last_cfg.mmproj_path or ""))
+            self.statusBar().showMessage(f"Using {n} accelerator layers (Settings to change)", 15000)
+
+    def _on_TunePoint(self, ev: events.TunePoint) -> None:
+        if getattr(self, "tune_dialog", None) is not None:
+            self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps)
+
+    def _on_TuneFinished(self, ev: events.TuneFinished) -> None:
+        if getattr(self, "tune_dialog", None) is not None:
+            self.tune_dialog.finish(ev.result)
+
     def _load(self, model: str, mmproj: str) -> None:
         from app.main import session_config
 
         try:
-            cfg, rpc = session_config(self.store, model, mmproj)
+            # servers given on the command line stay (Settings' list is added to them)
+            cfg, rpc = session_config(self.store, model, mmproj, rpc=self._rpc)
         except Exception as exc:  # a bad path or setting: say so, keep what is loaded
             self.statusBar().showMessage(f"Error: {exc}")
             return
@@ -465,6 +508,8 @@ class MainWindow(QMainWindow):
             self._pending = None
             self._set_busy(False)
         self.statusBar().showMessage(f"Error: {ev.message}")
+        if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
+            self.tune_dialog.fail(ev.message)
         self._render()
 
     # ------------------------------------------------------------ shutdown

@@ -118,6 +118,40 @@ class EngineWorker(QObject):
         out["request_id"] = request_id
         self.event.emit(events.TurnFinished(request_id, result=out))
 
+    @Slot(object, object)
+    def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
+        """Autotune the model's accelerator layers, then load the session again (the tuning
+        runs need the device to themselves). Stop (cancel) ends it between runs."""
+        from engine.autotune import Cancelled, Measurer, autotune
+        from engine.devices import default_budget, pick_accelerator
+        from engine.gguf_info import model_info, projector_info, read_gguf
+        from engine.plan import projector_need_bytes
+
+        self._cancel.clear()
+        try:
+            self._close_session()
+            cfg = replace(resolve_paths(cfg), rpc=tuple(rpc))
+            accel = pick_accelerator(cfg.rpc, cfg.accel)
+            if accel is None:
+                raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
+                               "or use a GPU")
+            info = model_info(read_gguf(cfg.model_path))
+            headroom = (projector_need_bytes(projector_info(read_gguf(cfg.mmproj_path)), cfg.flash_attn)
+                        if cfg.mmproj_path and cfg.vision == "resident" else 0)
+            budget = cfg.vram_budget_bytes or default_budget(accel)
+            m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
+                         cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
+                         on_point=lambda p: self.event.emit(events.TunePoint(
+                             0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps)),
+                         live=cfg.mover != "reload")
+            result = autotune(m, budget, headroom).to_dict()
+            self.event.emit(events.TuneFinished(0, result=result))
+        except Cancelled:
+            self.event.emit(events.TuneFinished(0, result={"cancelled": True}))
+        except Exception as exc:
+            self._fail(0, exc)
+        self.load(cfg, rpc)
+
     @Slot()
     def undo_last(self) -> None:
         if self._session is not None:

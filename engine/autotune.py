@@ -213,9 +213,13 @@ def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
         return measure(k).prompt_tps
 
     measure(0)
-    best_gen = max((0, golden_max(gen, 1, top)), key=gen) if top else 0
-    best_prompt = max((0, golden_max(prompt, 1, top)), key=prompt) if top else 0
+    if top:
+        golden_max(gen, 1, top)
+        golden_max(prompt, 1, top)
+    # the searches steer by their assumption (one peak); the answer is what was measured
     pts = list(measure.points.values())
+    best_gen = max(pts, key=lambda p: p.gen_tps).layers
+    best_prompt = max(pts, key=lambda p: p.prompt_tps).layers
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
                       find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps))
 

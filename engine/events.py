@@ -92,3 +92,16 @@ class MemorySample(Event):
     ledger_bytes: int
     reported_used_bytes: int | None  # the device's own reading (NVML / ggml), if any
     ledger_kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TunePoint(Event):
+    """One autotune run finished: tokens/s at this many accelerator layers."""
+    layers: int
+    prompt_tps: float
+    gen_tps: float
+
+
+@dataclass(frozen=True)
+class TuneFinished(Event):
+    result: dict[str, Any]  # autotune's JSON (best_gen_layers, best_prompt_layers, points, …)

@@ -227,3 +227,28 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     assert "went away" in w.statusBar().currentMessage()
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
     assert "in RAM (no accelerator)" in w.model_label.text()
+
+
+def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_server, tmp_path):
+    w = _window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
+    before = w.model_label.text()
+    w.tune_action.trigger()
+    dlg = w.tune_dialog
+    wait_for(lambda: dlg.result is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
+    assert dlg.result is not None, dlg.status.text()
+    r = dlg.result
+    assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
+    assert dlg.gen_curve.getData()[0] is not None and len(dlg.gen_curve.getData()[0]) == r["n_runs"]
+    wait_for(lambda: w._loaded)  # the session is back after tuning
+    dlg.resize(720, 520)
+    dlg.grab().save(str(tmp_path / "tune.png"))
+    print(f"\ntune: {r['n_runs']} runs, best gen {r['best_gen_layers']}, best prompt "
+          f"{r['best_prompt_layers']}; screenshot {tmp_path / 'tune.png'}")
+    dlg.apply_button.click()
+    assert store.setting("gpu_layers", -1) == r["best_gen_layers"]
+    wait_for(lambda: w._loaded and w.model_label.text() != before or
+             w._last_cfg.gpu_layers == r["best_gen_layers"])
+    wait_for(lambda: w._loaded)
+    assert w._last_cfg.gpu_layers == r["best_gen_layers"]
+    _send(qtbot, w, QUESTION)
+    assert w.store.messages(w.conv_id)[-1].role == "assistant"

@@ -1,0 +1,38 @@
+"""A model larger than the accelerator's budget: the split stays inside the budget and the
+replies equal a run with every layer in RAM."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+MiB = 2**20
+SCRIPT = [{"text": "What is the capital of France?"}, {"text": "Name three colours."}]
+
+
+def _chat(tmp_path, *extra):
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps(SCRIPT))
+    r = run_cli("chat", "--script", str(script), "--temp", "0", "--max-tokens", "16", "--ctx", "1024",
+                "--threads", "2", "--json", *extra, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("mover", ["live", "reload"])
+def test_oversize_split_holds_the_budget_and_matches_cpu(tmp_path, rpc_server, mover):
+    budget = 160 * MiB  # SmolLM2 with its KV cache and compute buffer needs ~250 MiB there
+    cpu = _chat(tmp_path)
+    rpc_server.reset_peak()
+    base = rpc_server.rss_bytes()
+    split = _chat(tmp_path, "--rpc", rpc_server.endpoint, "--vram-budget", "160MiB", "--mover", mover)
+    growth = rpc_server.peak_rss_bytes() - base
+    print(f"\n{mover}: {split[0]['n_layers_on_accel']}/30 layers on RPC0, ledger peak "
+          f"{max(t['device_peak_bytes'].get('RPC0', 0) for t in split) / MiB:.0f} MiB, server "
+          f"growth {growth / MiB:.0f} MiB, budget {budget / MiB:.0f} MiB")
+    assert 0 < split[0]["n_layers_on_accel"] < 30
+    assert [t["text"] for t in split] == [t["text"] for t in cpu]
+    assert all(t["device_peak_bytes"].get("RPC0", 0) <= budget for t in split)
+    assert growth <= budget
