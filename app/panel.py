@@ -73,8 +73,12 @@ class ResidencyMap(QWidget):
 
 
 class MemoryPanel(QWidget):
-    def __init__(self, telemetry: Telemetry) -> None:
+    """`predicted_only`: a prediction (the What if… dialog): steps drawn as predicted outlines,
+    memory not held on to the present."""
+
+    def __init__(self, telemetry: Telemetry, predicted_only: bool = False) -> None:
         super().__init__()
+        self.predicted_only = predicted_only
         pal = self.palette()
         pg.setConfigOptions(background=pal.base().color(), foreground=pal.text().color(),
                             antialias=False)
@@ -89,7 +93,8 @@ class MemoryPanel(QWidget):
         self.memory_plot.setLabel("bottom", "s")
         legend = self.memory_plot.addLegend(offset=(-4, 4), colCount=2, labelTextSize="7pt")
         legend.setBrush(pg.mkBrush(pal.base().color()))
-        self.timeline = pg.PlotWidget(title="Pipeline: predicted (dashed) beside measured (filled)")
+        self.timeline = pg.PlotWidget(title="Pipeline: predicted steps (dashed)" if predicted_only
+                                      else "Pipeline: predicted (dashed) beside measured (filled)")
         self.timeline.setLabel("bottom", "s")
         axis = self.timeline.getAxis("left")
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
@@ -113,6 +118,18 @@ class MemoryPanel(QWidget):
         self._timer.timeout.connect(self._on_tick)
         self._timer.start()
 
+    @property
+    def t0(self) -> float:
+        return self._t0
+
+    def set_telemetry(self, telemetry: Telemetry) -> None:
+        """Show another model (the What if… dialog's next prediction)."""
+        self.telemetry = telemetry
+        self.residency.telemetry = telemetry
+        for curve in self._curves.values():
+            curve.setData([], [])
+        self._drawn_version = -1
+
     # ------------------------------------------------------------ drawing
 
     @Slot()
@@ -132,7 +149,8 @@ class MemoryPanel(QWidget):
             devices = ["CPU"]  # no accelerator: show what sits in RAM
         for dev in devices:
             series = list(self.telemetry.memory[dev])
-            series.append((time.monotonic(), series[-1][1], None))  # hold the last reading to now
+            if not self.predicted_only:
+                series.append((time.monotonic(), series[-1][1], None))  # hold the last reading to now
             xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))
             cumulative = np.zeros(len(series))
             stacks = []
@@ -178,8 +196,9 @@ class MemoryPanel(QWidget):
                 self._bars.append(pg.BarGraphItem(
                     x0=[x for x, _ in pred], y=[y[0]] * len(pred), width=[w for _, w in pred],
                     height=0.7, brush=None, pen=pg.mkPen(color, style=Qt.PenStyle.DashLine)))
-            self._bars.append(pg.BarGraphItem(x0=x0, y=y, width=width, height=0.5, brush=color,
-                                              pen=pg.mkPen(color)))
+            if not self.predicted_only:
+                self._bars.append(pg.BarGraphItem(x0=x0, y=y, width=width, height=0.5, brush=color,
+                                                  pen=pg.mkPen(color)))
         for item in self._bars:
             self.timeline.addItem(item)
 

@@ -163,6 +163,9 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
+        self.whatif_action = QAction("What if…", self, triggered=self._on_what_if)
+        self.whatif_action.setStatusTip("Predict a model on an accelerator you may not own")
+        model.addAction(self.whatif_action)
         self.view_menu = self.menuBar().addMenu("&View")
         stop = QAction("Stop", self, shortcut=QKeySequence("Esc"))
         stop.triggered.connect(self._on_stop)
@@ -383,6 +386,16 @@ class MainWindow(QMainWindow):
         self._set_busy(self._busy)
         self.request_tune.emit(cfg, rpc)
         self.tune_dialog.show()
+
+    @Slot()
+    def _on_what_if(self) -> None:
+        from app.whatif_dialog import WhatIfDialog
+
+        cfg = self._last_cfg
+        self.whatif_dialog = WhatIfDialog(str(cfg.model_path) if cfg else "default",
+                                          str(cfg.mmproj_path or "") if cfg else "",
+                                          int(self._settings()["ctx"]), self)
+        self.whatif_dialog.show()
 
     @Slot(int)
     def _apply_gpu_layers(self, n: int) -> None:

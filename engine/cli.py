@@ -105,6 +105,7 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from engine import calibrate
     from engine.gguf_info import inspect_files
     from engine.hw import physical_cores
     from engine.models import existing_file, resolve_model_path
@@ -114,25 +115,70 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ins = inspect_files(resolve_model_path(args.model),
                         existing_file(args.mmproj, "projector") if args.mmproj else None)
     ctx = min(args.ctx, ins.model.n_ctx_train or args.ctx)
+    cpu_cal = None if args.uncalibrated else calibrate.load("CPU")
+    accel_cal, accel = None, "GPU"
+    if args.device:
+        from engine.devices import find_device
+
+        dev = find_device(args.device)
+        accel, key = dev.name, calibrate.device_key(dev.name, dev.description)
+        accel_cal = calibrate.load(key)
+        if accel_cal is None or cpu_cal is None:
+            raise EbbError(f"{key} is not calibrated on this machine",
+                           "run: ebb-engine calibrate" + "".join(f" --rpc {r}" for r in args.rpc))
     w = what_if(ins.model, ins.projector, parse_size(args.vram), parse_bus(args.bus),
-                args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, args.threads or physical_cores())
+                args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, args.threads or physical_cores(),
+                cpu_cal, accel_cal, accel)
     out = w.to_dict()
     if args.json:
         print(json.dumps(out))
         return 0
     m = ins.model
-    print(f"{m.name}: {m.n_layers} layers on a {args.vram} accelerator, context {ctx} "
-          f"(uncalibrated estimate)")
+    cal = out["calibrated"]
+    how = ("calibrated on this machine" if cal["cpu"] and cal["accelerator"] else
+           "RAM side calibrated, accelerator from --vram-bw/--bus" if cal["cpu"] else
+           "uncalibrated: run ebb-engine calibrate")
+    print(f"{m.name}: {m.n_layers} layers on a {args.vram} {accel}, context {ctx} ({how})")
     print(f"  accelerator: {out['n_layers_on_accel']}/{m.n_layers} layers, "
           f"{fmt_bytes(out['accel_total_bytes'])} (" + ", ".join(
               f"{k} {fmt_bytes(v)}" for k, v in out["accel_bytes"].items()) + ")")
     print(f"  RAM: {fmt_bytes(out['ram_weight_bytes'])} of weights")
-    print(f"  text: ~{out['gen_tokens_per_s']} tokens/s (weights read once per token at "
-          f"{args.vram_bw} GB/s on the accelerator, {args.ram_bw} GB/s in RAM)")
+    print(f"  text: ~{out['gen_tokens_per_s']} tokens/s generated"
+          + (f", ~{out['prompt_tokens_per_s']} tokens/s of prompt" if out["prompt_tokens_per_s"] else "")
+          + ("" if cal["cpu"] else f" (weights read once per token at {args.vram_bw} GB/s on the "
+             f"accelerator, {args.ram_bw} GB/s in RAM)"))
     for name, secs in out["vision_predicted_s"].items():
         print(f"  vision {name}: " + (f"{secs:.2f}s per image" if secs is not None else "does not fit"))
     if out["vision_auto"]:
         print(f"  auto would pick: {out['vision_auto']}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from engine.calibrate import run_calibration
+    from engine.models import default_projector_path, existing_file, resolve_model_path
+    from engine.runtime import check_context
+    from engine.gguf_info import model_info, read_gguf
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    if args.mmproj == "none":
+        mmproj = None
+    elif args.mmproj:
+        mmproj = existing_file(args.mmproj, "projector")
+    else:
+        mmproj = default_projector_path(model)
+    ctx = check_context(model_info(read_gguf(model)), args.ctx)
+    out = run_calibration(model, mmproj, tuple(args.rpc),
+                          parse_size(args.vram_budget) if args.vram_budget else None, ctx,
+                          args.threads, not args.no_flash_attn,
+                          log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(out))
+    else:
+        a = out["accelerator"]
+        print(f"stored in {out['file']}: CPU and {a['key']} (generation split cost "
+              f"{a['split_gen_s'] * 1000:.2f} ms/token, bus {(a['bus_Bps'] or 0) / 1e9:.2f} GB/s)")
     return 0
 
 
@@ -394,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_rpc_serve)
 
-    p = sub.add_parser("plan", help="what if: placement, memory and speed on a given accelerator")
+    p = sub.add_parser("plan", help="what if: placement, memory and speed on a given accelerator",
+                       parents=[common])
     p.add_argument("--model", default="default")
     p.add_argument("--mmproj", default=None)
     p.add_argument("--vram", required=True, metavar="SIZE", help="the accelerator's memory, e.g. 8GiB")
@@ -403,8 +450,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vram-bw", type=float, default=300.0, metavar="GB/s")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="a device calibrated on this machine (e.g. RPC0 with --rpc): its costs")
+    p.add_argument("--uncalibrated", action="store_true", help="ignore this machine's calibration")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("calibrate", help="measure this machine and an accelerator for plan",
+                       parents=[common])
+    p.add_argument("--model", default="default")
+    p.add_argument("--mmproj", default=None, help="projector for the vision costs (default: "
+                   "a generated base one; 'none' to skip)")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE")
+    p.add_argument("--ctx", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-flash-attn", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("make-model", help="write a header-only GGUF with a real model's shapes")
     p.add_argument("--like", required=True, choices=["llama-8b", "llama-70b"])

@@ -135,6 +135,7 @@ class Costs:
     cpu_encode_s_per_token: float = 2e-3
     accel_encode_s_per_token: float = 2e-3
     reload_overhead_s: float = 0.3
+    projector_overhead_s: float = 0.0  # loading the projector beyond its bytes over the bus
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj
     encode_accel = PlannedStep("encode", accel, 0, n_tokens * c.accel_encode_s_per_token)
     if strategy == "cpu":
         return [PlannedStep("encode", CPU, 0, n_tokens * c.cpu_encode_s_per_token)]
-    load = PlannedStep("load_projector", accel, need, proj_bytes / c.bus_Bps)
+    load = PlannedStep("load_projector", accel, need, proj_bytes / c.bus_Bps + c.projector_overhead_s)
     if strategy == "resident":
         return ([] if resident_loaded else [load]) + [encode_accel]
     if placement.live:

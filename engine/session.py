@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from engine import events, swap
+from engine import calibrate, events, swap
 from engine.devices import (check_rpc_servers, default_budget,
                             find_device, pick_accelerator, reported_used_bytes, rpc_bytes_sent)
 from engine.errors import DeviceLost, EbbError
@@ -162,8 +162,14 @@ class Session:
         cpu_s = flops_per_token / (40e9 * self.n_threads)
         remote = self.accel_endpoint is not None
         accel_s = cpu_s if (self.accel is None or remote) else flops_per_token / 20e12
-        return Costs(bus_Bps=1e9 if remote or self.accel is None else 12e9,
-                     cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
+        costs = Costs(bus_Bps=1e9 if remote or self.accel is None else 12e9,
+                      cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
+        cpu_cal = calibrate.load(CPU)
+        if cpu_cal is not None and self.proj_info is not None:  # this machine's measurements
+            dev = find_device(self.accel) if self.accel else None
+            acc_cal = calibrate.load(calibrate.device_key(dev.name, dev.description)) if dev else None
+            costs = calibrate.vision_costs(cpu_cal, acc_cal, self.proj_info.weight_bytes, costs)
+        return costs
 
     def _setup_text(self) -> None:
         reserve = (projector_need_bytes(self.proj_info, self.cfg.flash_attn)

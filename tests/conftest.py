@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# this machine's calibration (ebb-engine calibrate) would change the sessions' choices: tests
+# start from none, and the calibration test writes its own
+import tempfile  # noqa: E402
+
+os.environ["EBB_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ebb-cal-")) / "calibration.json")
 
 from engine.models import fetch_default_model  # noqa: E402
 

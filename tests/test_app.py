@@ -252,3 +252,32 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     assert w._last_cfg.gpu_layers == r["best_gen_layers"]
     _send(qtbot, w, QUESTION)
     assert w.store.messages(w.conv_id)[-1].role == "assistant"
+
+
+def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
+    from engine.model_gen import write_sparse_model
+    from engine.projector_gen import write_projector
+
+    header = write_sparse_model(tmp_path / "llama-8b.gguf", "llama-8b")
+    proj = write_projector(tmp_path / "mmproj-8b.gguf", 4096, "base")
+    w = _window(qtbot, store)
+    w.whatif_action.trigger()
+    dlg = w.whatif_dialog
+    dlg.model.setText(str(header))
+    dlg.mmproj.setText(str(proj))
+    dlg.vram.setText("8GiB")
+    dlg.run()
+    wait_for(lambda: dlg.result is not None or dlg.summary.text().startswith("Cannot"))
+    assert dlg.result is not None, dlg.summary.text()
+    out = dlg.result["out"]
+    assert out["n_layers_on_accel"] == 32 and "32/32 layers" in dlg.summary.text()
+    assert out["vision_auto"] and dlg.telemetry.spans  # the vision turn's predicted steps
+    assert len(dlg.telemetry.layer_devices) == 32
+    wait_for(lambda: dlg.panel._drawn_version == dlg.telemetry.version)
+    dlg.grab().save(str(tmp_path / "whatif.png"))
+    print(f"\nwhat if: {dlg.summary.text()}\nscreenshot {tmp_path / 'whatif.png'}")
+    dlg.vram.setText("eight gigs")  # a bad size: said, nothing lost
+    dlg.run()
+    wait_for(lambda: dlg.summary.text().startswith("Cannot"))
+    assert dlg.result["out"]["n_layers_on_accel"] == 32
+    dlg.close()
