@@ -116,19 +116,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         existing_file(args.mmproj, "projector") if args.mmproj else None)
     ctx = min(args.ctx, ins.model.n_ctx_train or args.ctx)
     cpu_cal = None if args.uncalibrated else calibrate.load("CPU")
-    accel_cal, accel = None, "GPU"
+    accel_cal, accel, can_stream = None, "GPU", True
     if args.device:
         from engine.devices import find_device
 
         dev = find_device(args.device)
         accel, key = dev.name, calibrate.device_key(dev.name, dev.description)
+        can_stream = not dev.remote  # ggml-rpc cannot run ops on host weights (no offload_op)
         accel_cal = calibrate.load(key)
         if accel_cal is None or cpu_cal is None:
             raise EbbError(f"{key} is not calibrated on this machine",
                            "run: ebb-engine calibrate" + "".join(f" --rpc {r}" for r in args.rpc))
     w = what_if(ins.model, ins.projector, parse_size(args.vram), parse_bus(args.bus),
                 args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, args.threads or physical_cores(),
-                cpu_cal, accel_cal, accel)
+                cpu_cal, accel_cal, accel, args.prompt_tokens, can_stream)
     out = w.to_dict()
     if args.json:
         print(json.dumps(out))
@@ -151,6 +152,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  vision {name}: " + (f"{secs:.2f}s per image" if secs is not None else "does not fit"))
     if out["vision_auto"]:
         print(f"  auto would pick: {out['vision_auto']}")
+    if out["oversize"]:
+        o = out["oversize"]
+        print(f"  larger than the accelerator: prompt → {o['choice']['prompt']}, generation → "
+              f"{o['choice']['generation']}")
+        print("  " + o["why"])
     return 0
 
 
@@ -453,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, metavar="NAME",
                    help="a device calibrated on this machine (e.g. RPC0 with --rpc): its costs")
     p.add_argument("--uncalibrated", action="store_true", help="ignore this machine's calibration")
+    p.add_argument("--prompt-tokens", type=int, default=2048,
+                   help="prompt length for comparing strategies when the model does not fit")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.calibrate import DeviceCal, predict_text, vision_costs
+from engine.calibrate import DeviceCal, predict_text, split_bytes, vision_costs
 from engine.errors import EbbError
 from engine.gguf_info import ModelInfo, ProjectorInfo
 from engine.plan import Costs, DoesNotFit, Placement, VisionPlan, plan_placement, plan_vision
@@ -41,6 +41,7 @@ class WhatIf:
     vision_plan: VisionPlan | None
     prompt_tokens_per_s: float | None = None
     calibrated: dict[str, bool] | None = None
+    oversize: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         p = self.placement
@@ -56,35 +57,94 @@ class WhatIf:
             "vision_auto": self.vision_plan.strategy if self.vision_plan else None,
             "vision_steps": [s.__dict__ for s in self.vision_plan.steps] if self.vision_plan else [],
             "calibrated": self.calibrated or {"cpu": False, "accelerator": False},
+            "oversize": self.oversize,
         }
+
+
+def default_cals(ram_Bps: float, vram_Bps: float, n_threads: int) -> tuple[DeviceCal, DeviceCal]:
+    """Uncalibrated costs: batch-1 decoding reads every weight once per token (memory bound);
+    a prompt token costs ~4 flops per weight byte (quantized weights, compute bound)."""
+    cpu = DeviceCal("CPU", 1 / ram_Bps, FLOPS_PER_BYTE / (CPU_FLOPS_PER_THREAD * n_threads))
+    acc = DeviceCal("GPU", 1 / vram_Bps, FLOPS_PER_BYTE / GPU_FLOPS)
+    return cpu, acc
+
+
+FLOPS_PER_BYTE = 4.0
+CPU_FLOPS_PER_THREAD = 50e9
+GPU_FLOPS = 30e12
+UBATCH = 512
+
+
+def compare_oversize(model: ModelInfo, placement: Placement, cpu: DeviceCal, acc: DeviceCal,
+                     bus_Bps: float, n_prompt: int, can_stream: bool) -> dict[str, Any]:
+    """For a model that does not fit: each phase's cost under a static split, streaming the
+    RAM-resident layers' weights through the accelerator per batch (llama.cpp's op offload for
+    batches over 32 tokens, where the backend supports it) and a layer window (groups paged
+    in once per prompt). Picks per phase and says why, in numbers."""
+    wc, wa = split_bytes(model, placement)
+    n_ub = -(-n_prompt // UBATCH)
+    all_w = wc + wa
+    on_acc_prompt = all_w * acc.prompt_s_per_byte + acc.split_prompt_s
+    prompt: dict[str, float | None] = {
+        "static": n_prompt * (wc * cpu.prompt_s_per_byte + wa * acc.prompt_s_per_byte
+                              + acc.split_prompt_s),
+        "stream": n_ub * wc / bus_Bps + n_prompt * on_acc_prompt if can_stream else None,
+        "window": None,
+    }
+    gen: dict[str, float | None] = {
+        "static": wc * cpu.gen_s_per_byte + wa * acc.gen_s_per_byte + acc.split_gen_s,
+        "stream": (wc / bus_Bps + all_w * acc.gen_s_per_byte + acc.split_gen_s
+                   if can_stream else None),
+        "window": None,
+    }
+    window_s = wc / bus_Bps + n_prompt * on_acc_prompt  # what it would cost: one pass per prompt
+    choice = {ph: min((k for k, v in d.items() if v is not None), key=lambda k: d[k] or 0.0)
+              for ph, d in (("prompt", prompt), ("generation", gen))}
+    gib = wc / 2**30
+    gen_static = gen["static"] or 0.0
+    why = [f"{gib:.2f} GiB of weights stay in RAM."]
+    if gen["stream"] is not None:
+        why.append(f"Generation: static split {gen_static * 1000:.1f} ms/token (RAM side read "
+                   f"in place) vs streaming {gen['stream'] * 1000:.1f} ms/token ({gib:.2f} GiB over "
+                   f"the {bus_Bps / 1e9:.0f} GB/s bus for every token): {choice['generation']}.")
+    else:
+        why.append(f"Generation: static split {gen_static * 1000:.1f} ms/token.")
+    if prompt["stream"] is not None:
+        why.append(f"Prompt of {n_prompt} tokens: static {prompt['static']:.2f} s vs streaming "
+                   f"{prompt['stream']:.2f} s (RAM weights cross the bus once per {UBATCH}-token "
+                   f"batch, then run at the accelerator's speed): {choice['prompt']}.")
+    else:
+        why.append(f"Prompt of {n_prompt} tokens: static {prompt['static']:.2f} s; streaming is not "
+                   "possible on this device (its backend cannot run host-weight ops).")
+    why.append(f"A layer window would take ~{window_s:.2f} s for the prompt, but Ebb cannot yet "
+               "run a graph over one group of layers at a time, so it is not offered.")
+    return {"n_prompt": n_prompt, "prompt_s": prompt, "generation_s_per_token": gen,
+            "window_prompt_s": window_s, "choice": choice, "why": " ".join(why)}
 
 
 def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_Bps: float,
             ram_Bps: float, vram_Bps: float, n_ctx: int, n_threads: int,
             cpu_cal: DeviceCal | None = None, accel_cal: DeviceCal | None = None,
-            accel: str = "GPU") -> WhatIf:
+            accel: str = "GPU", n_prompt: int = 2048, can_stream: bool = True) -> WhatIf:
     # the live mover's layout (what a session runs); llama.cpp's own split if that cannot fit
     placement = plan_placement(model, accel, vram_bytes, n_ctx, 512, True, live=True)
     if isinstance(placement, DoesNotFit):
         placement = plan_placement(model, accel, vram_bytes, n_ctx, 512, True)
     assert not isinstance(placement, DoesNotFit)
-    accel_w = placement.accel_bytes.get("weights", 0)
     t = model.non_layer_tensors
-    output_w = t.get("output.weight", 0) + t.get("output_norm.weight", 0)
-    cpu_layers = sum(b for b, d in zip(model.layer_bytes, placement.layer_devices) if d == "CPU")
-    output_in_ram = output_w if placement.output_device == "CPU" else 0
-    # llama.cpp keeps the input embeddings in RAM (one row is read per token)
-    ram_w = cpu_layers + t.get("token_embd.weight", 0) + output_in_ram
-    prompt_tps: float | None = None
-    if cpu_cal is not None and accel_cal is not None:
-        pred = predict_text(model, placement, cpu_cal, accel_cal)
-        gen_tps, prompt_tps = pred["gen_tokens_per_s"], pred["prompt_tokens_per_s"]
-    else:
-        # Batch-1 decoding reads every weight it uses once per token: the slower memory bounds it.
-        cpu_s = ((cpu_layers + output_in_ram) * cpu_cal.gen_s_per_byte if cpu_cal is not None
-                 else (cpu_layers + output_in_ram) / ram_Bps)
-        per_token_s = accel_w / vram_Bps + cpu_s
-        gen_tps = 1.0 / per_token_s if per_token_s else 0.0
+    wc, _ = split_bytes(model, placement)
+    ram_w = wc + t.get("token_embd.weight", 0)  # the input embeddings stay in RAM too
+    d_cpu, d_acc = default_cals(ram_Bps, vram_Bps, n_threads)
+    cpu = cpu_cal or d_cpu
+    acc = accel_cal or d_acc
+    pred = predict_text(model, placement, cpu, acc)
+    oversize = None
+    prompt_tps = pred["prompt_tokens_per_s"]
+    if placement.n_layers_on_accel < model.n_layers:
+        oversize = compare_oversize(model, placement, cpu, acc, acc.bus_Bps or bus_Bps,
+                                    min(n_prompt, n_ctx), can_stream)
+        chosen = oversize["prompt_s"][oversize["choice"]["prompt"]]
+        prompt_tps = oversize["n_prompt"] / chosen if chosen else prompt_tps
     vision: dict[str, float | None] = {}
     vplan: VisionPlan | None = None
     if proj is not None:
@@ -98,5 +158,5 @@ def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_B
         if isinstance(result, VisionPlan):
             vplan = result
             vision = dict(result.predicted_s)
-    return WhatIf(placement, ram_w, gen_tps, vision, vplan, prompt_tps,
-                  {"cpu": cpu_cal is not None, "accelerator": accel_cal is not None})
+    return WhatIf(placement, ram_w, pred["gen_tokens_per_s"], vision, vplan, prompt_tps,
+                  {"cpu": cpu_cal is not None, "accelerator": accel_cal is not None}, oversize)

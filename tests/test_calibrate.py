@@ -54,6 +54,9 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     assert plan["calibrated"] == {"cpu": True, "accelerator": True} and plan["live_layout"]
     k = plan["n_gpu_layers"]
     assert 5 < k < 31
+    # the model does not fit: the phases are compared; RPC cannot stream host weights
+    o = plan["oversize"]
+    assert o["choice"] == {"prompt": "static", "generation": "static"} and o["prompt_s"]["stream"] is None
     info = model_info(read_gguf(model_path))
     measured = Measurer(model_path, info, "RPC0", 1024, 1, live=True)(k)
 

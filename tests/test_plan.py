@@ -93,4 +93,12 @@ def test_plan_from_the_header_of_8b_and_70b_models_on_an_8_gib_card(tmp_path):
     assert 0 < big["n_layers_on_accel"] < 80 and big["accel_total_bytes"] <= 8 * 2**30
     assert big["ram_weight_bytes"] > 25 * 2**30
     assert small["gen_tokens_per_s"] > big["gen_tokens_per_s"] > 0
-    assert small["calibrated"] is False  # said plainly until calibration lands
+    assert small["calibrated"] == {"cpu": False, "accelerator": False}  # tests keep none
+    # larger than the card: per phase, generation stays split, a long prompt streams
+    assert small["oversize"] is None
+    o = big["oversize"]
+    assert o["choice"] == {"prompt": "stream", "generation": "static"}
+    assert o["generation_s_per_token"]["stream"] > o["generation_s_per_token"]["static"]
+    assert o["prompt_s"]["stream"] < o["prompt_s"]["static"]
+    assert "GiB of weights stay in RAM" in o["why"] and "ms/token" in o["why"]
+    assert big["prompt_tokens_per_s"] == pytest.approx(2048 / o["prompt_s"]["stream"], rel=0.01)
