@@ -9,8 +9,8 @@ batch (prompt tokens/s) and then tokens generated one at a time, each waiting fo
 while the accelerator is faster, collapses past a cliff), so:
 
 - `k = 0` (no accelerator at all, no graph splits) is always measured: it is its own regime;
-- on 1..max, the ends are checked first (throughput still rising at `max`: the best is `max`),
-  then a golden-section search narrows the bracket to three neighbours, each measured;
+- on 1..max, the top is checked first (throughput still rising at `max`, or level within 3%:
+  the best is `max`), then a golden-section search narrows the rest to three neighbours;
 - prompt and generation share every run (one run measures both).
 
 `max` is the most layers whose weights, KV cache and compute buffer fit the budget, keeping
@@ -159,16 +159,16 @@ class Measurer:
                      accel_bytes)
 
 
-def golden_max(f: Callable[[int], float], lo: int, hi: int) -> int:
-    """The integer in [lo, hi] where a unimodal `f` is largest. Checks the ends first; then
-    golden-section until three neighbours are left, all of them evaluated."""
+def golden_max(f: Callable[[int], float], lo: int, hi: int, tie: float = 0.03) -> int:
+    """The integer in [lo, hi] where a unimodal `f` is largest. Checks the top first: if the
+    next lower count is not better by more than `tie` (measurement noise), the top wins (more
+    on the accelerator, within one layer of the peak). Otherwise golden-section over the rest
+    until three neighbours are left, all of them evaluated."""
     if hi - lo <= 2:
         return max(range(lo, hi + 1), key=f)
-    if f(hi - 1) < f(hi):  # still rising at the top: a unimodal f peaks there
+    if f(hi - 1) <= f(hi) * (1 + tie):  # still rising at the top: a unimodal f peaks there
         return hi
-    if f(lo + 1) < f(lo):  # already falling at the bottom
-        return lo
-    a, b = lo + 1, hi - 1  # the ends are beaten by their neighbours
+    a, b = lo, hi - 1  # the top is beaten by its neighbour
     c, d = b - round((b - a) * INV_PHI), a + round((b - a) * INV_PHI)
     if c >= d:
         c, d = d - 1, d

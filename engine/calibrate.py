@@ -6,11 +6,12 @@ when any layer is on an accelerator, a fixed cost per graph split (round trips, 
     s_per_token(k) = cpu_bytes(k) * cpu.s_per_byte + accel_bytes(k) * accel.s_per_byte
                      + (k > 0) * accel.split_s
 
-separately for generation (one token at a time) and prompt (per token of one batch). Three
-measured runs fix it: k = 0 (CPU alone), k = 1 (the output layer only: mostly the split cost)
-and the most layers that fit. The vision side stores the bus bandwidth (timed tensor copies),
-encode seconds per image token per projector weight byte on the CPU and on the device, and the
-projector's load overhead beyond its bytes over the bus.
+separately for generation (one token at a time) and prompt (per token of one batch). Five
+measured runs fix it: k = 0 (CPU alone), then k = 1 (the output layer only: mostly the split
+cost), a third, two thirds and all of the layers that fit, fitted by least squares. The vision
+side stores the bus bandwidth (timed tensor copies), encode seconds per image token per
+projector weight byte on the CPU and on the device, and the projector's load overhead beyond
+its bytes over the bus.
 
 Stored as JSON in the platformdirs cache (`calibration.json`), one entry per device identity
 (name and description, e.g. `RPC0 127.0.0.1:50052`; `CPU` for the host).
@@ -133,7 +134,7 @@ def vision_costs(cpu: DeviceCal, accel: DeviceCal | None, projector_bytes: int,
 def fit(model: ModelInfo, cpu_key: str, accel_key: str,
         runs: list[tuple[Placement, float, float]]) -> tuple[DeviceCal, DeviceCal]:
     """CPU and accelerator text costs from runs (placement, generation s/token, prompt
-    s/token): one all-CPU run and two with the accelerator (few and many layers)."""
+    s/token): an all-CPU run and at least two with the accelerator (few to many layers)."""
     cpu_runs = [r for r in runs if r[0].n_gpu_layers == 0]
     acc_runs = sorted((r for r in runs if r[0].n_gpu_layers > 0), key=lambda r: r[0].n_gpu_layers)
     if not cpu_runs or len(acc_runs) < 2:
@@ -141,17 +142,24 @@ def fit(model: ModelInfo, cpu_key: str, accel_key: str,
     p0, g0, q0 = cpu_runs[0]
     w0, _ = split_bytes(model, p0)
     cpu = DeviceCal(cpu_key, g0 / w0, q0 / w0, model=model.name, measured_at=time.time())
-    (pa, ga, qa), (pb, gb, qb) = acc_runs[0], acc_runs[-1]
-    wca, waa = split_bytes(model, pa)
-    wcb, wab = split_bytes(model, pb)
 
-    def solve(ta: float, tb: float, per_cpu: float) -> tuple[float, float]:
-        ra, rb = ta - wca * per_cpu, tb - wcb * per_cpu  # what the accelerator side took
-        per_byte = max((rb - ra) / (wab - waa), 0.0) if wab != waa else 0.0
-        return per_byte, max(ra - waa * per_byte, 0.0)
+    def solve(col: int, per_cpu: float) -> tuple[float, float]:
+        """Least squares over the accelerator runs of: time - RAM side = bytes * a + split
+        (one slow run on a busy machine moves it less than a two-point fit)."""
+        import numpy as np
 
-    g_acc, g_split = solve(ga, gb, cpu.gen_s_per_byte)
-    p_acc, p_split = solve(qa, qb, cpu.prompt_s_per_byte)
+        rows = []
+        for p, gen_s, prompt_s in acc_runs:
+            wc, wa = split_bytes(model, p)
+            rows.append((wa, (gen_s if col == 1 else prompt_s) - wc * per_cpu))
+        a = np.array([[wa, 1.0] for wa, _ in rows])
+        y = np.array([t for _, t in rows])
+        (per_byte, split), *_ = np.linalg.lstsq(a, y, rcond=None)
+        per_byte = max(float(per_byte), 0.0)
+        return per_byte, max(float(np.mean(y - a[:, 0] * per_byte)), 0.0)
+
+    g_acc, g_split = solve(1, cpu.gen_s_per_byte)
+    p_acc, p_split = solve(2, cpu.prompt_s_per_byte)
     accel = DeviceCal(accel_key, g_acc, p_acc, g_split, p_split, model=model.name,
                       measured_at=time.time())
     return cpu, accel
@@ -208,7 +216,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
                  on_point=lambda p: say(f"text: {p.layers} layers → prompt {p.prompt_tps:.0f} "
                                         f"tok/s, generation {p.gen_tps:.1f} tok/s"))
     runs = []
-    for k in (0, 1, top):
+    for k in sorted({0, 1, max(2, top // 3), max(2, 2 * top // 3), top}):
         p = m(k)
         runs.append((placement_for(info, accel, k, n_ctx, 512, flash_attn, live=k > 0),
                      1 / p.gen_tps, 1 / p.prompt_tps))

@@ -44,7 +44,7 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     assert r.returncode == 0, r.stderr
     cal = json.loads(r.stdout)
     assert Path(cal["file"]).exists() and cal["accelerator"]["key"] == f"RPC0 {ep}"
-    assert [x["layers"] for x in cal["runs"]] == [0, 1, 31]
+    assert [x["layers"] for x in cal["runs"]] == [0, 1, 10, 20, 31]
 
     # text, at a placement calibration never ran (the budget holds about 18 layers)
     r = run_cli("plan", "--rpc", ep, "--device", "RPC0", "--vram", "190MiB", "--ctx", "1024",
@@ -57,6 +57,9 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     # the model does not fit: the phases are compared; RPC cannot stream host weights
     o = plan["oversize"]
     assert o["choice"] == {"prompt": "static", "generation": "static"} and o["prompt_s"]["stream"] is None
+    from engine.devices import connect_rpc
+
+    connect_rpc(ep)
     info = model_info(read_gguf(model_path))
     measured = Measurer(model_path, info, "RPC0", 1024, 1, live=True)(k)
 
