@@ -498,6 +498,9 @@ class TextRuntime:
                 self._decode_tokens([tok])
         finally:
             L.llama_sampler_free(chain)
+            # the last token's decode may still run on an asynchronous device (RPC): finish it
+            # here, in this turn's time, not in whatever touches the device next (a swap)
+            L.llama_synchronize(self.ctx)
         tail = decoder.decode(b"", final=True)
         if tail:
             pieces.append(tail)

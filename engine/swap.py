@@ -23,7 +23,7 @@ from engine.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_place
 # Restored layers share device buffers of up to this size: fewer allocations and frees (each a
 # round trip to a remote device), and small enough that the allocator reuses memory (glibc
 # serves blocks under its 32 MiB mmap ceiling from the heap, with no fresh page faults).
-RESTORE_GROUP_BYTES = 16 * 2**20
+RESTORE_GROUP_BYTES = 30 * 2**20
 
 if TYPE_CHECKING:
     from engine.projector_runtime import ProjectorRuntime

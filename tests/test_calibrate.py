@@ -37,7 +37,9 @@ def within(pred: float, meas: float) -> bool:
 
 
 def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server, base_projector,
-                                                               model_path, pictures, tmp_path):
+                                                               model_path, pictures, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("EBB_CALIBRATION", str(tmp_path / "calibration.json"))  # others keep none
     ep = shared_rpc_server.endpoint
     r = run_cli("calibrate", "--rpc", ep, "--vram-budget", "300MiB", "--mmproj", str(base_projector),
                 "--ctx", "1024", "--threads", "1", "--json", timeout=600)
