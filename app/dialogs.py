@@ -15,7 +15,7 @@ from engine.units import fmt_bytes, parse_size
 DEMO = "demo"
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
-                            "gpu_layers": -1}
+                            "gpu_layers": -1, "spread": False}
 
 
 class SettingsDialog(QDialog):
@@ -31,6 +31,8 @@ class SettingsDialog(QDialog):
         self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=int(v["gpu_layers"]),
                                    specialValueText="all that fit (or Tune…)")
         self.flash = QCheckBox(checked=bool(v["flash_attn"]))
+        self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
+                                "link", checked=bool(v["spread"]))
         self.vision = QComboBox()
         self.vision.addItems(["auto", "resident", "swap", "cpu"])
         self.vision.setCurrentText(v["vision"])
@@ -41,6 +43,7 @@ class SettingsDialog(QDialog):
         form.addRow("Accelerator VRAM budget", self.budget)
         form.addRow("Threads", self.threads)
         form.addRow("Accelerator layers", self.gpu_layers)
+        form.addRow("Several devices", self.spread)
         form.addRow("Context length", self.ctx)
         form.addRow("Image token limit", self.img_tokens)
         form.addRow("Flash attention", self.flash)
@@ -56,7 +59,7 @@ class SettingsDialog(QDialog):
         return {"vram_budget": self.budget.text().strip(), "threads": self.threads.value(),
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
-                "gpu_layers": self.gpu_layers.value(),
+                "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:

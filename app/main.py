@@ -39,7 +39,8 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
         vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
         image_max_tokens=int(s["image_max_tokens"]),
-        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None)
+        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
+        spread=bool(s["spread"]))
     return cfg, list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
 
 

@@ -446,13 +446,18 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self._loaded = True
         self.setWindowTitle(f"Ebb — {ev.model_name}")
-        if d.get("accelerator"):
+        by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
+        if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
+            where = (" + ".join(f"{n} on {dev}" for dev, n in by_dev.items()) + f" of {ev.n_layers} "
+                     f"layers · {d.get('mover')} mover")
+        elif d.get("accelerator"):
             mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
             where = (f"{d.get('n_layers_on_accel', 0)}/{ev.n_layers} layers on {d['accelerator']} · "
                      f"{mover}")
         else:
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
+        self.model_label.setToolTip(d.get("placement_reason") or "")
         sent = d.get("rpc_bytes_sent") or 0
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "

@@ -80,7 +80,10 @@ class EngineWorker(QObject):
                      "n_layers_on_accel": s.placement.n_layers_on_accel,
                      "projector": str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                      "projector_synthetic": bool(proj and proj.synthetic),
-                     "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent}))
+                     "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent,
+                     "layers_by_device": {d: s.placement.layer_devices.count(d)
+                                          for d in dict.fromkeys(s.placement.layer_devices)},
+                     "placement_reason": s.placement_reason}))
 
     @Slot(object)
     def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:

@@ -316,7 +316,7 @@ def _session_config(args: argparse.Namespace) -> Any:
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
         vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
-        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers)
+        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -351,6 +351,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        n_ctx=session.n_ctx, accelerator=session.accel,
                        n_gpu_layers=session.placement.n_gpu_layers,
                        n_layers_on_accel=session.placement.n_layers_on_accel,
+                       layers_by_device={d: session.placement.layer_devices.count(d)
+                                         for d in dict.fromkeys(session.placement.layer_devices)},
+                       placement_reason=session.placement_reason,
                        mover=session.mover_name, mover_note=session.mover_note,
                        rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3))
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
@@ -405,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on every accelerator, e.g. 150MiB, 6GiB (default: free - margin)")
     p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
                    help="how a swap moves the model: live layers (after a self-test) or reload")
+    p.add_argument("--spread", action="store_true",
+                   help="deal layers over every accelerator (local and --rpc) by measured link")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--no-flash-attn", action="store_true")

@@ -183,6 +183,12 @@ def _handle(name: str) -> tuple[int, bool]:
     raise EbbError(f"no device named {name}", "see `ebb-engine devices`")
 
 
+def remote_device_names(endpoint: str) -> list[str]:
+    """The names of one RPC server's devices, in the server's order (no memory queries)."""
+    return [ggml.device_name(d) for d, remote in _usable_handles()
+            if remote and ggml.device_description(d) == endpoint]
+
+
 def find_device(name: str) -> DeviceInfo:
     """One device by llama.cpp's name (only its memory is queried)."""
     return _info(*_handle(name))
@@ -277,17 +283,24 @@ def nvml_readings(pid: int | None = None) -> list[NvmlReading] | None:
 SAFETY_MARGIN_BYTES = 256 * 2**20
 
 
-def pick_accelerator(rpc: tuple[str, ...] = (), name: str | None = None) -> str | None:
-    """`name`, else a local accelerator, else the first of these RPC servers' devices (others
-    registered in the process earlier are not used); None when there is none."""
+def session_accelerators(rpc: tuple[str, ...] = ()) -> list[DeviceInfo]:
+    """Local accelerators, then these RPC servers' devices (in the order given); servers
+    registered in the process earlier for other sessions are not included."""
     for endpoint in rpc:
         connect_rpc(endpoint)
-    if name is not None:
-        return find_device(name).name
     accs = accelerators()
     local = [d for d in accs if not d.remote]
-    remote = [d for e in rpc for d in accs if d.remote and d.description == e]
-    pick = (local + remote)[:1]
+    return local + [d for e in rpc for d in accs if d.remote and d.description == e]
+
+
+def pick_accelerator(rpc: tuple[str, ...] = (), name: str | None = None) -> str | None:
+    """`name`, else a local accelerator, else the first of these RPC servers' devices; None
+    when there is none."""
+    if name is not None:
+        for endpoint in rpc:
+            connect_rpc(endpoint)
+        return find_device(name).name
+    pick = session_accelerators(rpc)[:1]
     return pick[0].name if pick else None
 
 

@@ -234,3 +234,109 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
                        else f"{s} impossible ({why_not[s]})" for s in STRATEGIES if s != chosen)
     reason = f"auto chose {chosen}: predicted {predicted[chosen]:.2f}s; {others}"
     return VisionPlan(chosen, reason, tuple(steps[chosen]), predicted)
+
+
+# ---------------------------------------------------------------- several devices
+
+
+SCHED_COPIES = 4  # ggml's GGML_SCHED_MAX_COPIES: compute buffers under pipeline parallelism
+
+
+@dataclass(frozen=True)
+class DeviceOffer:
+    """An accelerator the planner may use: its budget and how fast weights reach it (the
+    measured host→device copy bandwidth; a remote device's is its network's)."""
+    name: str
+    budget_bytes: int
+    bandwidth_Bps: float
+
+
+@dataclass(frozen=True)
+class Spread:
+    placement: Placement
+    split: tuple[tuple[str, int], ...]  # (device, layers incl. the output on the last), load order
+    device_bytes: dict[str, dict[str, int]]
+    reasons: tuple[str, ...]
+
+
+def spread_bytes(model: ModelInfo, layers: list[int], with_output: bool, n_ctx: int,
+                 n_ubatch: int, flash_attn: bool) -> dict[str, int]:
+    """Predicted bytes on one device holding `layers` (and the output layer if asked)."""
+    weights = sum(model.layer_bytes[i] for i in layers) + (output_bytes(model) if with_output else 0)
+    kv = sum(model.kv_bytes_per_token_per_layer[i] for i in layers) * n_ctx
+    compute = n_ubatch * (3 * model.n_embd + model.n_ff) * F32
+    if with_output:
+        compute += model.n_vocab * n_ubatch * F32
+    if not flash_attn:
+        compute += model.n_head * n_ctx * n_ubatch * F32
+    return {"weights": weights, "kv": kv, "compute": compute}
+
+
+def plan_spread(model: ModelInfo, offers: list[DeviceOffer], n_ctx: int, n_ubatch: int,
+                flash_attn: bool) -> Spread:
+    """Layers across several accelerators and RAM. The device with the fastest measured link
+    takes the output and the last layers, up to its budget (those are the layers a vision swap
+    moves, and the projector borrows that device); the next fastest the layers before those;
+    what is left stays in RAM. Each choice is explained in numbers."""
+    ranked = sorted(offers, key=lambda o: o.bandwidth_Bps, reverse=True)
+    reasons = ["by measured link: " + ", ".join(
+        f"{o.name} {o.bandwidth_Bps / 1e9:.2f} GB/s ({o.budget_bytes / 2**20:.0f} MiB budget)"
+        for o in ranked)]
+    next_layer = model.n_layers - 1
+    taken: list[tuple[str, list[int], bool, dict[str, int]]] = []
+    for o in ranked:
+        out = not taken
+        layers: list[int] = []
+        while next_layer >= 0:
+            trial = [next_layer] + layers
+            if sum(spread_bytes(model, trial, out, n_ctx, n_ubatch, flash_attn).values()) > o.budget_bytes:
+                break
+            layers = trial
+            next_layer -= 1
+        b = spread_bytes(model, layers, out, n_ctx, n_ubatch, flash_attn)
+        if out and sum(b.values()) > o.budget_bytes:
+            reasons.append(f"{o.name}: none (not even the output layer fits "
+                           f"{o.budget_bytes / 2**20:.0f} MiB)")
+            continue
+        if not layers and not out:
+            reasons.append(f"{o.name}: none (no layer fits {o.budget_bytes / 2**20:.0f} MiB)")
+            continue
+        taken.append((o.name, layers, out, b))
+        what = (f"layers {layers[0]}–{layers[-1]}" if layers else "no layers") + \
+            (" and the output" if out else "")
+        role = (" — the fastest link with room for the output: the layers a swap moves, and the "
+                "projector's device") if out else ""
+        reasons.append(f"{o.name}: {what} ({sum(b.values()) / 2**20:.0f} of "
+                       f"{o.budget_bytes / 2**20:.0f} MiB){role}")
+        if next_layer < 0:
+            break
+    if next_layer < 0 and len(taken) > 1:
+        # every layer offloaded over several devices turns on llama.cpp's pipeline parallelism:
+        # GGML_SCHED_MAX_COPIES (4) copies of each device's compute buffer
+        grown = {name: b["compute"] * (SCHED_COPIES - 1) for name, _, _, b in taken}
+        if any(sum(b.values()) + grown[name] > o.budget_bytes
+               for (name, _, _, b), o in zip(taken, [o for o in ranked if o.name in grown])):
+            name, layers, out, _ = taken[-1]
+            taken[-1] = (name, layers[1:], out,
+                         spread_bytes(model, layers[1:], out, n_ctx, n_ubatch, flash_attn))
+            next_layer = 0
+            reasons.append(f"layer 0 stays in RAM: with every layer offloaded over several devices "
+                           f"llama.cpp keeps {SCHED_COPIES} copies of each compute buffer "
+                           f"(+{max(grown.values()) / 2**20:.0f} MiB on a device), over budget")
+        else:
+            taken = [(n, la, out, {**b, "compute": b["compute"] * SCHED_COPIES})
+                     for n, la, out, b in taken]
+    if next_layer >= 0:
+        reasons.append(f"RAM: layers 0–{next_layer}")
+    layer_devices = [CPU] * model.n_layers
+    for name, layers, _, _ in taken:
+        for i in layers:
+            layer_devices[i] = name
+    primary = taken[0] if taken else None
+    # llama.cpp deals offloaded layers to devices in list order, the output last: load order is
+    # the reverse of the ranking
+    split = tuple((name, len(layers) + (1 if out else 0)) for name, layers, out, _ in reversed(taken))
+    placement = Placement(primary[0] if primary else None, sum(n for _, n in split),
+                          tuple(layer_devices), primary[0] if primary else CPU,
+                          accel_bytes=primary[3] if primary else {}, layer_bytes=tuple(model.layer_bytes))
+    return Spread(placement, split, {name: b for name, _, _, b in taken}, tuple(reasons))

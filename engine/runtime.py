@@ -25,7 +25,7 @@ from engine.hw import physical_cores
 
 DEFAULT_CTX = 4096
 _backend_ready = False
-_BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[[^\]]*\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+_BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
 
 
 def _llama() -> Any:
@@ -47,6 +47,7 @@ class LoadParams:
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = 0  # llama.cpp's count: the output layer first, then the last layers
     devices: tuple[str, ...] | None = ()  # accelerators to use (none: CPU only); None: all
+    tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, in order
     flash_attn: bool | None = None  # None: llama.cpp decides
     n_batch: int = 512
     repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
@@ -123,10 +124,22 @@ def buffers_from_log() -> dict[tuple[str, str], int]:
     for _level, line in llama_log.recent(2000):
         m = _BUFFER_RE.match(line.strip())
         if m:
-            dev = m.group(1).replace("_Mapped", "")
-            key = (dev, m.group(2).lower())
-            out[key] = out.get(key, 0) + int(float(m.group(3)) * 1024 * 1024)
+            dev = _device_of_buffer(m.group(1).replace("_Mapped", ""), m.group(2))
+            key = (dev, m.group(3).lower())
+            out[key] = out.get(key, 0) + int(float(m.group(4)) * 1024 * 1024)
     return out
+
+
+def _device_of_buffer(name: str, endpoint: str | None) -> str:
+    """ggml-rpc names buffers RPC<index on that server>[endpoint] and devices RPC<index in this
+    process>: two servers both say RPC0. Map back to the device name."""
+    if not endpoint or not name.startswith("RPC") or not name[3:].isdigit():
+        return name
+    from engine.devices import remote_device_names
+
+    on_server = remote_device_names(endpoint)
+    i = int(name[3:])
+    return on_server[i] if i < len(on_server) else name
 
 
 class _BuftOverride(ctypes.Structure):
@@ -163,6 +176,10 @@ class LoadedModel:
             handles = [find_device(n).handle for n in params.devices] + [None]
             self._devices_arr = (ctypes.c_void_p * len(handles))(*handles)  # alive while loading
             mparams.devices = ctypes.cast(self._devices_arr, ctypes.c_void_p)
+        if params.tensor_split:
+            n = int(L.llama_max_devices())
+            self._split = (ctypes.c_float * n)(*(list(params.tensor_split) + [0.0] * n)[:n])
+            mparams.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         if params.buft_overrides:
             self._overrides = _override_array(params.buft_overrides)  # alive while loading
             mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)

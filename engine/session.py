@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from engine import calibrate, events, swap
-from engine.devices import (check_rpc_servers, default_budget,
-                            find_device, pick_accelerator, reported_used_bytes, rpc_bytes_sent)
+from engine.devices import (check_rpc_servers, default_budget, find_device, pick_accelerator,
+                            reported_used_bytes, rpc_bytes_sent, session_accelerators)
 from engine.errors import DeviceLost, EbbError
 from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
 from engine.images import LoadedImage, load_image
 from engine.ledger import Ledger
 from engine.live_mover import LiveMover, discover_layer_weights
-from engine.plan import (CPU, Costs, DoesNotFit, Placement, VisionPlan, layers_to_evict,
-                         plan_placement, plan_vision, projector_need_bytes)
+from engine.plan import (CPU, Costs, DeviceOffer, DoesNotFit, Placement, Spread, VisionPlan,
+                         layers_to_evict, plan_placement, plan_spread, plan_vision,
+                         projector_need_bytes)
 from engine.selftest import SelfTestReference
 from engine.projector_runtime import Encoded, ProjectorRuntime
 from engine.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
@@ -60,6 +61,7 @@ class SessionConfig:
     image_max_tokens: int = 0  # 0: the projector's default
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices this session may use
     gpu_layers: int | None = None  # at most this many on the accelerator (autotune's choice)
+    spread: bool = False  # layers over every accelerator of this session (reload mover)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class Session:
         self._accel_projector: ProjectorRuntime | None = None
         self.mover: LiveMover | None = None
         self.mover_name, self.mover_note = "reload", ""
+        self.spread: Spread | None = None
+        self.placement_reason = ""
         self.runtime: TextRuntime | None = None
         self._stack.callback(self._close_runtime)
         sent0, t0 = rpc_bytes_sent(), time.monotonic()
@@ -174,6 +178,9 @@ class Session:
     def _setup_text(self) -> None:
         reserve = (projector_need_bytes(self.proj_info, self.cfg.flash_attn)
                    if self.proj_info is not None and self.cfg.vision == "resident" else 0)
+        if self.cfg.spread and len(session_accelerators(self.cfg.rpc)) > 1:
+            self._setup_spread()
+            return
         # gpu_layers 0 (autotune's "all in RAM"): no layout to move, nothing on the device
         if self.accel is not None and self.cfg.mover in ("auto", "live") and self.cfg.gpu_layers != 0:
             try:
@@ -191,6 +198,35 @@ class Session:
                                    max_gpu_layers=self.cfg.gpu_layers)
         assert isinstance(placement, Placement)
         self.placement = placement
+        self.runtime = self._load_text()
+
+    def _setup_spread(self) -> None:
+        """Several accelerators: the planner deals layers out by each device's measured link
+        (calibration's, else a quick timed copy) and budget; llama.cpp's tensor split places
+        them. The reload mover swaps (the live mover moves layers on one device)."""
+        from engine.bench import measure_bandwidth
+
+        offers = []
+        for dev in session_accelerators(self.cfg.rpc):
+            cal = calibrate.load(calibrate.device_key(dev.name, dev.description))
+            bw = cal.bus_Bps if cal is not None and cal.bus_Bps else \
+                measure_bandwidth(dev.name, 16 * 2**20, repeats=1)
+            budget = self.cfg.vram_budget_bytes if self.cfg.vram_budget_bytes is not None \
+                else default_budget(dev.name)
+            offers.append(DeviceOffer(dev.name, budget, bw))
+        spread = plan_spread(self.info, offers, self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn)
+        if spread.placement.accel is None:
+            raise EbbError("no accelerator can hold even the output layer: " + "; ".join(spread.reasons),
+                           "raise --vram-budget")
+        self.spread = spread
+        self.accel = spread.placement.accel
+        self.accel_endpoint = find_device(self.accel).description if find_device(self.accel).remote else None
+        self.budget_bytes = next(o.budget_bytes for o in offers if o.name == self.accel)
+        self.placement = spread.placement
+        self.placement_reason = "; ".join(spread.reasons)
+        self.mover_note = "layers spread over several devices: the reload mover swaps"
+        log.info("placement: %s", self.placement_reason)
+        self.costs = self._default_costs()  # for the device the projector borrows
         self.runtime = self._load_text()
 
     def _setup_live(self, reserve: int) -> None:
@@ -218,7 +254,14 @@ class Session:
 
     def text_params(self, placement: Placement, device_layers: set[int] | None = None) -> LoadParams:
         """Load parameters for a placement. The live layout assigns every layer to the
-        accelerator and forces repeating-layer weights to host (`device_layers` excepted)."""
+        accelerator and forces repeating-layer weights to host (`device_layers` excepted); a
+        spread gives llama.cpp the devices and their layer counts."""
+        if self.spread is not None and placement is self.spread.placement:
+            return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                              n_gpu_layers=placement.n_gpu_layers,
+                              devices=tuple(name for name, _ in self.spread.split),
+                              tensor_split=tuple(float(n) for _, n in self.spread.split),
+                              flash_attn=self.cfg.flash_attn, n_batch=self.cfg.n_batch)
         if placement.live and placement.accel:
             overrides = live_overrides(placement.accel, device_layers or ())
             return LoadParams(self.cfg.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,

@@ -1,0 +1,53 @@
+"""Layers dealt over two RPC devices (and RAM) by the planner, run by llama.cpp's split."""
+from __future__ import annotations
+
+import json
+
+from engine.gguf_info import model_info, read_gguf
+from engine.plan import DeviceOffer, plan_spread
+from tests.conftest import RpcServer, run_cli
+
+MiB = 2**20
+SCRIPT = [{"text": "What is the capital of France?"},
+          {"text": "What is in this picture?", "images": ["a.png"]}]
+
+
+def test_plan_spread_ranks_by_link_and_explains(model_path):
+    info = model_info(read_gguf(model_path))
+    s = plan_spread(info, [DeviceOffer("SLOW", 170 * MiB, 0.1e9), DeviceOffer("FAST", 170 * MiB, 3e9)],
+                    1024, 512, True)
+    assert s.placement.output_device == "FAST" and s.placement.layer_devices[-1] == "FAST"
+    assert s.split[-1][0] == "FAST"  # llama.cpp deals the last layers to the last device
+    assert sum(n for _, n in s.split) == s.placement.n_gpu_layers
+    assert set(s.placement.layer_devices) <= {"FAST", "SLOW", "CPU"} and "SLOW" in s.placement.layer_devices
+    assert "FAST 3.00 GB/s" in s.reasons[0] and any("output" in r for r in s.reasons)
+    for dev, kinds in s.device_bytes.items():
+        assert sum(kinds.values()) <= 170 * MiB
+    tight = plan_spread(info, [DeviceOffer("A", 60 * MiB, 1e9)], 1024, 512, True)
+    assert tight.placement.accel is None and "not even the output layer" in tight.reasons[1]
+
+
+def test_spread_over_two_rpc_devices_matches_cpu(tmp_path, pictures, tiny_projector):
+    (tmp_path / "a.png").write_bytes(pictures["a.png"].read_bytes())
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps(SCRIPT))
+    args = ("chat", "--script", str(script), "--mmproj", str(tiny_projector), "--temp", "0",
+            "--max-tokens", "12", "--ctx", "1024", "--threads", "2", "--json")
+    cpu = run_cli(*args, "--vision", "cpu", timeout=300)
+    assert cpu.returncode == 0, cpu.stderr
+    a, b = RpcServer(), RpcServer()
+    try:
+        r = run_cli(*args, "--rpc", a.endpoint, "--rpc", b.endpoint, "--spread",
+                    "--vram-budget", "170MiB", "--vision", "swap", timeout=300)
+    finally:
+        a.stop()
+        b.stop()
+    assert r.returncode == 0, r.stderr
+    turns = [json.loads(line) for line in r.stdout.splitlines()]
+    by_dev = turns[0]["layers_by_device"]
+    print(f"\nlayers by device: {by_dev}\n{turns[0]['placement_reason']}")
+    assert by_dev.get("RPC0", 0) > 0 and by_dev.get("RPC1", 0) > 0
+    assert turns[1]["strategy"] == "swap"
+    assert [t["text"] for t in turns] == [json.loads(x)["text"] for x in cpu.stdout.splitlines()]
+    for t in turns:
+        assert all(v <= 170 * MiB for v in t["device_peak_bytes"].values()), t["device_peak_bytes"]
