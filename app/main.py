@@ -23,6 +23,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+# RPC servers lost during a step before this process restarted itself (see engine/fatal.py)
+LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
+
+
+def relaunch(message: str, lost: list[str]) -> None:
+    """ggml is about to abort (a remote device died mid-step): start the window again on the
+    devices left, saying why. Called on the failing thread; never returns."""
+    from engine.fatal import describe
+
+    env = dict(os.environ)
+    restarts = int(env.get("EBB_RESTARTS", "0"))
+    note = describe(message, lost)
+    print(f"ebb: {note}", file=sys.stderr, flush=True)
+    if restarts >= 2:  # it keeps failing: stop rather than loop
+        os._exit(3)
+    env["EBB_RESTARTS"] = str(restarts + 1)
+    env["EBB_LOST_RPC"] = ",".join(sorted(LOST_RPC | set(lost)))
+    env["EBB_NOTICE"] = (note + ". Ebb restarted without it; your conversations are kept (a reply "
+                         "that was being written is not). Settings still list the server.")
+    os.execve(sys.executable, [sys.executable, "-m", "app", *sys.argv[1:]], env)
+
+
 def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
                    threads: int | None = None, rpc: list[str] | None = None) -> tuple[Any, list[str]]:
     """A SessionConfig from the saved settings (remembering this model as the last used)."""
@@ -41,7 +63,41 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         image_max_tokens=int(s["image_max_tokens"]),
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
         spread=bool(s["spread"]))
-    return cfg, list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
+    servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
+    return cfg, [r for r in servers if r not in LOST_RPC]
+
+
+def _test_hooks(window: Any, app: Any) -> None:
+    """Test-only: EBB_TEST_SEND sends a message once the model is loaded and prints
+    "streaming" at the first reply token; EBB_TEST_PRINT_NOTICE prints the notice and quits."""
+    from PySide6.QtCore import QTimer
+
+    from engine import events
+
+    if os.environ.get("EBB_TEST_PRINT_NOTICE") and os.environ.get("EBB_NOTICE"):
+        print(f"notice: {window.notice.text()}", flush=True)
+        QTimer.singleShot(0, app.quit)
+        return
+    text = os.environ.get("EBB_TEST_SEND")
+    if not text:
+        return
+    from PySide6.QtCore import QObject, Slot
+
+    class Hook(QObject):  # lives on the GUI thread: the worker's signal is queued to it
+        sent = streaming = False
+
+        @Slot(object)
+        def on_event(self, ev: Any) -> None:
+            if isinstance(ev, events.ModelLoaded) and not self.sent:
+                self.sent = True
+                window.composer.edit.setPlainText(text)
+                QTimer.singleShot(0, window._on_send)
+            elif isinstance(ev, events.TokenText) and not self.streaming:
+                self.streaming = True
+                print("streaming", flush=True)
+
+    window._test_hook = Hook(window)
+    window.worker.event.connect(window._test_hook.on_event)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = MainWindow(store, cfg, rpc)
     window.show()
+    from engine import fatal
+
+    fatal.install(relaunch)
+    if os.environ.get("EBB_NOTICE"):
+        window.show_notice(os.environ["EBB_NOTICE"])
+    _test_hooks(window, app)
     if os.environ.get("EBB_QUIT_WHEN_SHOWN") == "1":  # for the start-up time test
         print(f"shown {time.monotonic() - STARTED:.3f}", flush=True)
         QTimer.singleShot(0, app.quit)

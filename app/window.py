@@ -96,6 +96,10 @@ class MainWindow(QMainWindow):
         top.addWidget(self.projector_label)
         top.addStretch(1)
         top.addWidget(self.demo_label)
+        self.notice = QLabel("", wordWrap=True)  # what happened before a restart, until closed
+        self.notice.setStyleSheet("background: #fff3cd; color: #5c4400; padding: 6px;")
+        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.notice.hide()
         self.transcript = QTextBrowser(openExternalLinks=True)
         self.transcript.setPlaceholderText("Loading the model…")
         # The reply being streamed is drawn here, on its own: redrawing the whole conversation
@@ -124,6 +128,7 @@ class MainWindow(QMainWindow):
         chat = QWidget()
         cl = QVBoxLayout(chat)
         cl.addLayout(top)
+        cl.addWidget(self.notice)
         cl.addWidget(self.transcript, 1)
         cl.addWidget(self.live_reply)
         cl.addLayout(acts)
@@ -185,6 +190,10 @@ class MainWindow(QMainWindow):
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
+
+    def show_notice(self, text: str) -> None:
+        self.notice.setText(text)
+        self.notice.show()
 
     # ------------------------------------------------------------ conversations
 

@@ -517,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from engine import fatal
+
+    fatal.install(fatal.exit_with_message("ebb-engine"))
     try:
         if getattr(args, "rpc", None):
             from engine.devices import connect_rpc

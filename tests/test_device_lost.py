@@ -1,0 +1,63 @@
+"""An RPC server killed *during* a step: ggml-rpc aborts the process; we say why and leave
+cleanly (CLI: exit code 3), or start again without it (window: conversation kept)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import RpcServer
+
+LONG = "Write a long story about a lighthouse keeper, with many chapters."
+
+
+def test_cli_says_which_server_died_mid_reply_and_exits_3():
+    server = RpcServer()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "chat", "--rpc", server.endpoint,
+                             "--prompt", LONG, "--max-tokens", "2000", "--ctx", "4096",
+                             "--threads", "2", "--mover", "reload"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.read(40)  # the reply is streaming: a step is under way on the device
+        server.proc.kill()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.kill()
+    print(f"\nrc {proc.returncode}; stderr tail: {err.strip().splitlines()[-1]}")
+    assert proc.returncode == 3
+    assert f"the RPC server {server.endpoint} went away during a step" in err
+
+
+def test_window_restarts_without_the_dead_server_and_keeps_the_conversation(tmp_path):
+    from app.store import Store
+
+    server = RpcServer()
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(tmp_path / "data"),
+               EBB_TEST_SEND=LONG, EBB_TEST_PRINT_NOTICE="1")
+    env.pop("EBB_NOTICE", None)
+    env.pop("EBB_LOST_RPC", None)
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--model", "default", "--mmproj", "",
+                             "--rpc", server.endpoint, "--ctx", "4096", "--threads", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "streaming"
+        server.proc.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.kill()
+    print(f"\n{out.strip()}")
+    assert proc.returncode == 0, err[-2000:]
+    assert f"notice: the RPC server {server.endpoint} went away during a step" in out
+    store = Store(tmp_path / "data")
+    try:
+        conv = store.conversations()[0]
+        msgs = store.messages(conv.id)
+        assert msgs and msgs[0].role == "user" and msgs[0].text == LONG
+    finally:
+        store.close()
