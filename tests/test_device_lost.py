@@ -11,21 +11,26 @@ from tests.conftest import RpcServer
 LONG = "Write a long story about a lighthouse keeper, with many chapters."
 
 
+def _kill_mid_step(proc: subprocess.Popen, server: RpcServer, started) -> tuple[str, str]:
+    """Wait until `started(proc.stdout)` (a step is under way), kill the server, collect."""
+    try:
+        assert proc.stdout is not None
+        started(proc.stdout)
+        server.proc.kill()
+        return proc.communicate(timeout=120)
+    finally:
+        server.stop()
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_cli_says_which_server_died_mid_reply_and_exits_3():
     server = RpcServer()
     proc = subprocess.Popen([sys.executable, "-m", "engine", "chat", "--rpc", server.endpoint,
                              "--prompt", LONG, "--max-tokens", "2000", "--ctx", "4096",
                              "--threads", "2", "--mover", "reload"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        proc.stdout.read(40)  # the reply is streaming: a step is under way on the device
-        server.proc.kill()
-        out, err = proc.communicate(timeout=60)
-    finally:
-        server.stop()
-        if proc.poll() is None:
-            proc.kill()
+    out, err = _kill_mid_step(proc, server, lambda f: f.read(40))  # the reply is streaming
     print(f"\nrc {proc.returncode}; stderr tail: {err.strip().splitlines()[-1]}")
     assert proc.returncode == 3
     assert f"the RPC server {server.endpoint} went away during a step" in err
@@ -42,15 +47,7 @@ def test_window_restarts_without_the_dead_server_and_keeps_the_conversation(tmp_
     proc = subprocess.Popen([sys.executable, "-m", "app", "--model", "default", "--mmproj", "",
                              "--rpc", server.endpoint, "--ctx", "4096", "--threads", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "streaming"
-        server.proc.kill()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        server.stop()
-        if proc.poll() is None:
-            proc.kill()
+    out, err = _kill_mid_step(proc, server, lambda f: f.readline())  # prints "streaming"
     print(f"\n{out.strip()}")
     assert proc.returncode == 0, err[-2000:]
     assert f"notice: the RPC server {server.endpoint} went away during a step" in out
