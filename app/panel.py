@@ -152,6 +152,11 @@ class MemoryPanel(QWidget):
             if not self.predicted_only:
                 series.append((time.monotonic(), series[-1][1], None))  # hold the last reading to now
             xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))
+            if len(devices) > 1:  # several devices: one line each (stacks would hide each other)
+                total = np.fromiter((sum(s.values()) for _, s, _ in series), float, len(series)) / 2**20
+                line = self._curve(f"{dev} total", place_color(dev), fill=False)
+                line.setData(xs, total)
+                continue
             cumulative = np.zeros(len(series))
             stacks = []
             for kind in KIND_COLORS:

@@ -307,3 +307,32 @@ def test_spread_over_two_rpc_servers_shows_both_devices(qtbot, store, tmp_path):
             w.close()
         a.stop()
         b.stop()
+
+
+def test_signal_emits_keep_reference_counts(qtbot):
+    """PySide6 6.12.0's emit() returned True without a reference: each engine event drained
+    True (and None) until the interpreter aborted. pyproject keeps such a version out."""
+    import gc
+    import sys
+
+    from PySide6.QtCore import QObject, Signal, Slot
+
+    class Src(QObject):
+        sig = Signal(object)
+
+    class Dst(QObject):
+        n = 0
+
+        @Slot(object)
+        def on(self, ev):
+            self.n += 1
+
+    src, dst = Src(), Dst()
+    src.sig.connect(dst.on)
+    gc.collect()
+    before = sys.getrefcount(True), sys.getrefcount(None)
+    for i in range(2000):
+        src.sig.emit(i)
+    gc.collect()
+    assert dst.n == 2000
+    assert sys.getrefcount(True) >= before[0] - 50 and sys.getrefcount(None) >= before[1] - 50
