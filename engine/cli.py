@@ -409,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
                    help="how a swap moves the model: live layers (after a self-test) or reload")
     p.add_argument("--spread", action="store_true",
-                   help="deal layers over every accelerator (local and --rpc) by measured link")
+                   help="deal layers over every accelerator (local and --rpc) by measured link "
+                        "(default: only when the first cannot hold the model)")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--no-flash-attn", action="store_true")

@@ -61,7 +61,9 @@ class SessionConfig:
     image_max_tokens: int = 0  # 0: the projector's default
     rpc: tuple[str, ...] = ()  # RPC servers (HOST:PORT) whose devices this session may use
     gpu_layers: int | None = None  # at most this many on the accelerator (autotune's choice)
-    spread: bool = False  # layers over every accelerator of this session (reload mover)
+    # layers over every accelerator of this session (reload mover); without it, only when the
+    # first device alone cannot hold the whole model
+    spread: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,9 +180,11 @@ class Session:
     def _setup_text(self) -> None:
         reserve = (projector_need_bytes(self.proj_info, self.cfg.flash_attn)
                    if self.proj_info is not None and self.cfg.vision == "resident" else 0)
-        if self.cfg.spread and len(session_accelerators(self.cfg.rpc)) > 1:
-            self._setup_spread()
-            return
+        if len(session_accelerators(self.cfg.rpc)) > 1 and self.cfg.gpu_layers is None:
+            why = "" if self.cfg.spread else self._too_big_for_one()
+            if self.cfg.spread or why:
+                self._setup_spread(why)
+                return
         # gpu_layers 0 (autotune's "all in RAM"): no layout to move, nothing on the device
         if self.accel is not None and self.cfg.mover in ("auto", "live") and self.cfg.gpu_layers != 0:
             try:
@@ -200,7 +204,18 @@ class Session:
         self.placement = placement
         self.runtime = self._load_text()
 
-    def _setup_spread(self) -> None:
+    def _too_big_for_one(self) -> str:
+        """Why one device is not enough (its budget holds only part of the model), or ""."""
+        assert self.accel is not None
+        one = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                             self.cfg.n_batch, self.cfg.flash_attn, live=True)
+        if isinstance(one, DoesNotFit) or one.n_layers_on_accel < self.info.n_layers:
+            held = 0 if isinstance(one, DoesNotFit) else one.n_layers_on_accel
+            return (f"{self.accel} alone holds {held}/{self.info.n_layers} layers: spreading over "
+                    f"the session's devices")
+        return ""
+
+    def _setup_spread(self, why: str = "") -> None:
         """Several accelerators: the planner deals layers out by each device's measured link
         (calibration's, else a quick timed copy) and budget; llama.cpp's tensor split places
         them. The reload mover swaps (the live mover moves layers on one device)."""
@@ -223,7 +238,7 @@ class Session:
         self.accel_endpoint = find_device(self.accel).description if find_device(self.accel).remote else None
         self.budget_bytes = next(o.budget_bytes for o in offers if o.name == self.accel)
         self.placement = spread.placement
-        self.placement_reason = "; ".join(spread.reasons)
+        self.placement_reason = "; ".join(((why,) if why else ()) + spread.reasons)
         self.mover_note = "layers spread over several devices: the reload mover swaps"
         log.info("placement: %s", self.placement_reason)
         self.costs = self._default_costs()  # for the device the projector borrows

@@ -37,8 +37,12 @@ def test_spread_over_two_rpc_devices_matches_cpu(tmp_path, pictures, tiny_projec
     assert cpu.returncode == 0, cpu.stderr
     a, b = RpcServer(), RpcServer()
     try:
-        r = run_cli(*args, "--rpc", a.endpoint, "--rpc", b.endpoint, "--spread",
+        # no --spread: one device's 170 MiB cannot hold the model, so the session spreads
+        r = run_cli(*args, "--rpc", a.endpoint, "--rpc", b.endpoint,
                     "--vram-budget", "170MiB", "--vision", "swap", timeout=300)
+        # room enough on the first: one device, the live mover
+        one = run_cli(*args, "--rpc", a.endpoint, "--rpc", b.endpoint, "--vram-budget", "400MiB",
+                      "--vision", "swap", timeout=300)
     finally:
         a.stop()
         b.stop()
@@ -46,8 +50,12 @@ def test_spread_over_two_rpc_devices_matches_cpu(tmp_path, pictures, tiny_projec
     turns = [json.loads(line) for line in r.stdout.splitlines()]
     by_dev = turns[0]["layers_by_device"]
     print(f"\nlayers by device: {by_dev}\n{turns[0]['placement_reason']}")
+    assert "alone holds" in turns[0]["placement_reason"]
     assert by_dev.get("RPC0", 0) > 0 and by_dev.get("RPC1", 0) > 0
     assert turns[1]["strategy"] == "swap"
+    assert one.returncode == 0, one.stderr
+    single = json.loads(one.stdout.splitlines()[0])
+    assert single["layers_by_device"] == {"RPC0": 30} and single["mover"] == "live"
     assert [t["text"] for t in turns] == [json.loads(x)["text"] for x in cpu.stdout.splitlines()]
     for t in turns:
         assert all(v <= 170 * MiB for v in t["device_peak_bytes"].values()), t["device_peak_bytes"]
