@@ -176,6 +176,21 @@ def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
     return gone
 
 
+def refused_endpoints(timeout_s: float = 0.5) -> list[str]:
+    """Registered RPC servers that refuse a fresh connection (nothing listens any more). A busy
+    live server may not answer in time: only a refusal counts."""
+    out = []
+    for endpoint in list(_rpc_endpoints):
+        host, port = parse_endpoint(endpoint)
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except ConnectionRefusedError:
+            out.append(endpoint)
+        except OSError:
+            continue
+    return out
+
+
 def _handle(name: str) -> tuple[int, bool]:
     for dev, remote in _usable_handles():
         if ggml.device_name(dev) == name:

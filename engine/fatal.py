@@ -21,13 +21,22 @@ _installed: list[object] = []  # keeps the ctypes callback alive
 
 
 def lost_endpoints() -> list[str]:
-    """RPC servers whose connections closed (our own sockets tell)."""
-    try:
-        from engine.devices import check_rpc_servers
+    """RPC servers that went away: our own sockets tell; failing that (they may be closing
+    under us while ggml gives up), a server that refuses a fresh connection is gone."""
+    from engine.devices import check_rpc_servers, refused_endpoints
 
+    def ours() -> list[str]:
         return check_rpc_servers(timeout_s=0.2)
-    except Exception:  # noqa: BLE001 - we are already failing; say what we can
-        return []
+
+    probes: tuple[Callable[[], list[str]], ...] = (ours, refused_endpoints)
+    for probe in probes:
+        try:
+            lost = probe()
+        except Exception:  # noqa: BLE001 - we are already failing; say what we can
+            continue
+        if lost:
+            return lost
+    return []
 
 
 def describe(message: str, lost: list[str]) -> str:
