@@ -56,11 +56,14 @@ class TuneDialog(QDialog):
         w.setLabel("left", "tokens/s")
         return w
 
-    def add_point(self, layers: int, prompt_tps: float, gen_tps: float) -> None:
-        self.points[layers] = (prompt_tps, gen_tps)
+    def _redraw(self) -> None:
         xs = sorted(self.points)
         self.gen_curve.setData(xs, [self.points[x][1] for x in xs])
         self.prompt_curve.setData(xs, [self.points[x][0] for x in xs])
+
+    def add_point(self, layers: int, prompt_tps: float, gen_tps: float) -> None:
+        self.points[layers] = (prompt_tps, gen_tps)
+        self._redraw()
         self.status.setText(f"Run {len(self.points)}: {layers} layers → prompt {prompt_tps:.0f} "
                             f"tok/s, generation {gen_tps:.1f} tok/s")
 
@@ -72,7 +75,7 @@ class TuneDialog(QDialog):
         self.result = result
         for p in result["points"]:
             self.points[p["layers"]] = (p["prompt_tps"], p["gen_tps"])
-        self.add_point(result["best_gen_layers"], *self.points[result["best_gen_layers"]])
+        self._redraw()
         for plot, best, cliff in ((self.gen_plot, result["best_gen_layers"], result["cliff_gen_layers"]),
                                   (self.prompt_plot, result["best_prompt_layers"],
                                    result["cliff_prompt_layers"])):

@@ -314,8 +314,8 @@ def plan_spread(model: ModelInfo, offers: list[DeviceOffer], n_ctx: int, n_ubatc
         # every layer offloaded over several devices turns on llama.cpp's pipeline parallelism:
         # GGML_SCHED_MAX_COPIES (4) copies of each device's compute buffer
         grown = {name: b["compute"] * (SCHED_COPIES - 1) for name, _, _, b in taken}
-        if any(sum(b.values()) + grown[name] > o.budget_bytes
-               for (name, _, _, b), o in zip(taken, [o for o in ranked if o.name in grown])):
+        budget = {o.name: o.budget_bytes for o in ranked}
+        if any(sum(b.values()) + grown[name] > budget[name] for name, _, _, b in taken):
             name, layers, out, _ = taken[-1]
             taken[-1] = (name, layers[1:], out,
                          spread_bytes(model, layers[1:], out, n_ctx, n_ubatch, flash_attn))

@@ -235,7 +235,8 @@ class Session:
                            "raise --vram-budget")
         self.spread = spread
         self.accel = spread.placement.accel
-        self.accel_endpoint = find_device(self.accel).description if find_device(self.accel).remote else None
+        primary = find_device(self.accel)
+        self.accel_endpoint = primary.description if primary.remote else None
         self.budget_bytes = next(o.budget_bytes for o in offers if o.name == self.accel)
         self.placement = spread.placement
         self.placement_reason = "; ".join(((why,) if why else ()) + spread.reasons)

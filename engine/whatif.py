@@ -61,18 +61,18 @@ class WhatIf:
         }
 
 
+FLOPS_PER_BYTE = 4.0
+CPU_FLOPS_PER_THREAD = 50e9
+GPU_FLOPS = 30e12
+UBATCH = 512
+
+
 def default_cals(ram_Bps: float, vram_Bps: float, n_threads: int) -> tuple[DeviceCal, DeviceCal]:
     """Uncalibrated costs: batch-1 decoding reads every weight once per token (memory bound);
     a prompt token costs ~4 flops per weight byte (quantized weights, compute bound)."""
     cpu = DeviceCal("CPU", 1 / ram_Bps, FLOPS_PER_BYTE / (CPU_FLOPS_PER_THREAD * n_threads))
     acc = DeviceCal("GPU", 1 / vram_Bps, FLOPS_PER_BYTE / GPU_FLOPS)
     return cpu, acc
-
-
-FLOPS_PER_BYTE = 4.0
-CPU_FLOPS_PER_THREAD = 50e9
-GPU_FLOPS = 30e12
-UBATCH = 512
 
 
 def compare_oversize(model: ModelInfo, placement: Placement, cpu: DeviceCal, acc: DeviceCal,

@@ -72,6 +72,16 @@ def _send(qtbot, w, text, timeout=120_000):
     wait_for(lambda: not w._busy, timeout=timeout)
 
 
+def _long_reply(qtbot, store, text, parts):
+    """A window with a long reply under way (more than `parts` pieces streamed)."""
+    w = _window(qtbot, store)
+    w.gen_params = GenParams(temperature=0, max_tokens=400)
+    w.composer.edit.setPlainText(text)
+    w._on_send()
+    wait_for(lambda: len(w._reply_parts) > parts, timeout=60_000)
+    return w
+
+
 def test_window_title_and_a_streamed_text_reply(qtbot, store):
     w = _window(qtbot, store)
     assert w.windowTitle().startswith("Ebb")
@@ -87,11 +97,7 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
 
 
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
-    w = _window(qtbot, store)
-    w.gen_params = GenParams(temperature=0, max_tokens=400)
-    w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
-    w._on_send()
-    wait_for(lambda: len(w._reply_parts) > 3, timeout=60_000)
+    w = _long_reply(qtbot, store, "Count from 1 to 300, one number per line.", parts=3)
     w.stop_button.click()
     wait_for(lambda: not w._busy, timeout=30_000)
     assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "cancelled"
@@ -170,11 +176,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
 
 
 def test_close_during_reply_shuts_down_cleanly(qtbot, store):
-    w = _window(qtbot, store)
-    w.gen_params = GenParams(temperature=0, max_tokens=400)
-    w.composer.edit.setPlainText("Write a very long essay about rivers.")
-    w._on_send()
-    wait_for(lambda: len(w._reply_parts) > 2, timeout=30_000)
+    w = _long_reply(qtbot, store, "Write a very long essay about rivers.", parts=2)
     w.close()
     assert w._thread.isFinished()
     assert w.worker._session is None
