@@ -63,7 +63,11 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
 
     connect_rpc(ep)
     info = model_info(read_gguf(model_path))
-    measured = Measurer(model_path, info, "RPC0", 1024, 1, live=True)(k)
+    # measured as calibration measures: the faster of two runs (a busy box only adds time)
+    m = Measurer(model_path, info, "RPC0", 1024, 1, live=True)
+    runs = [m._measure(k), m._measure(k)]
+    gen_tps = max(r.gen_tps for r in runs)
+    prompt_tps = max(r.prompt_tps for r in runs)
 
     # vision: the swap turn's steps, predicted and measured
     r = run_cli("plan", "--rpc", ep, "--device", "RPC0", "--vram", "300MiB", "--ctx", "1024",
@@ -78,9 +82,9 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     turn = json.loads(r.stdout.splitlines()[-1])
     vision_s = sum(s["end_s"] - s["start_s"] for s in turn["spans"] if s["name"] in VISION_STEPS)
     print(f"\n{k} layers: generation predicted {plan['gen_tokens_per_s']} vs measured "
-          f"{measured.gen_tps:.1f} tok/s; prompt predicted {plan['prompt_tokens_per_s']} vs "
-          f"measured {measured.prompt_tps:.0f} tok/s; vision swap predicted "
+          f"{gen_tps:.1f} tok/s; prompt predicted {plan['prompt_tokens_per_s']} vs "
+          f"measured {prompt_tps:.0f} tok/s; vision swap predicted "
           f"{vplan['vision_predicted_s']['swap']:.3f} s vs measured {vision_s:.3f} s")
-    assert within(plan["gen_tokens_per_s"], measured.gen_tps)
-    assert within(plan["prompt_tokens_per_s"], measured.prompt_tps)
+    assert within(plan["gen_tokens_per_s"], gen_tps)
+    assert within(plan["prompt_tokens_per_s"], prompt_tps)
     assert within(vplan["vision_predicted_s"]["swap"], vision_s)
