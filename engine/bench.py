@@ -4,6 +4,11 @@ Swap time is what the model spends giving VRAM up and taking it back (evict, res
 state carried, the re-schedule); the projector's own load, encode and free are the same for
 both movers and left out. `bytes_moved` is what must be copied back to the device; `limit_s`
 is that over the device's measured copy bandwidth: the least any mover can spend.
+
+Each mover swaps `n_images` times. Noise only ever adds time, and the bandwidth is the best of
+many copies (measured first and again next to every live swap, as the link's speed drifts on a
+busy machine), so the ratios compare like with like: each mover's fastest swap against the
+fastest copy. The medians are given beside them (`*_median_s`, `live_vs_limit_median`).
 """
 from __future__ import annotations
 
@@ -13,12 +18,12 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from engine import ggml
-from engine.devices import find_device
+from engine.devices import find_device, wait_until_done
 from engine.errors import EbbError
 from engine.plan import placement_for, projector_need_bytes
 from engine.runtime import GenParams
@@ -28,39 +33,39 @@ SWAP_STEPS = {"reload": ("save_state", "evict", "restore", "restore_state"),
               "live": ("evict", "restore")}
 
 
-def _timed_sets(g: Any, buft: int, src: np.ndarray, piece: int) -> float:
-    """Seconds to copy `src` into newly allocated device buffers of `piece` bytes each (as a
-    restore does), counting only the copies."""
-    bufs = []
-    elapsed = 0.0
-    try:
-        for off in range(0, src.size, piece):
-            n = min(piece, src.size - off)
-            buf = g.base.ggml_backend_buft_alloc_buffer(buft, n)
-            if not buf:
-                raise EbbError(f"could not allocate {n >> 20} MiB to measure bandwidth")
-            bufs.append(buf)
-            t = ggml.Tensor()
-            t.type, t.buffer, t.data = ggml.GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
-            t.ne[:] = [n, 1, 1, 1]
-            t.nb[:] = [1, n, n, n]
-            t0 = time.perf_counter()
-            g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, 0, n)
-            elapsed += time.perf_counter() - t0
-    finally:
-        for buf in bufs:
-            g.base.ggml_backend_buffer_free(buf)
-    return elapsed
+def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: int) -> float:
+    """Seconds to copy `src` into the device buffer behind `t` in copies of `piece` bytes, until
+    the device has it all."""
+    wait_until_done(device)
+    t0 = time.perf_counter()
+    for off in range(0, src.size, piece):
+        g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, off,
+                                       min(piece, src.size - off))
+    wait_until_done(device)
+    return time.perf_counter() - t0
 
 
 def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3) -> float:
-    """Host→device copy speed: timed ggml_backend_tensor_set into newly allocated buffers, one
-    large and layer-sized (4 MiB) pieces; the best rate of `repeats` tries of each."""
+    """Host→device copy speed, the best the link gives: timed ggml_backend_tensor_set of
+    `n_bytes` into one device buffer (touched once first, so no first-use page faults count),
+    in one copy and in copies of 1, 4 and 16 MiB, until the device has it; the best rate of
+    `repeats` tries of each."""
     g = ggml.lib()
     buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
     src = np.random.default_rng(0).integers(0, 255, n_bytes, dtype=np.uint8)
-    best = min(_timed_sets(g, buft, src, piece) for piece in (n_bytes, 4 * 2**20)
-               for _ in range(repeats))
+    buf = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
+    if not buf:
+        raise EbbError(f"could not allocate {n_bytes >> 20} MiB to measure bandwidth")
+    try:
+        t = ggml.Tensor()
+        t.type, t.buffer, t.data = ggml.GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
+        t.ne[:] = [n_bytes, 1, 1, 1]
+        t.nb[:] = [1, n_bytes, n_bytes, n_bytes]
+        pieces = sorted({n_bytes, *(min(n_bytes, m * 2**20) for m in (1, 4, 16))})
+        _timed_copies(g, device, t, src, pieces[-1])  # first use: the device's pages appear
+        best = min(_timed_copies(g, device, t, src, piece) for piece in pieces for _ in range(repeats))
+    finally:
+        g.base.ggml_backend_buffer_free(buf)
     return n_bytes / best
 
 
@@ -88,7 +93,8 @@ def _pictures(folder: Path, n: int) -> list[Path]:
     return out
 
 
-def _run(cfg: SessionConfig, mover: str, pictures: list[Path]) -> dict[str, Any]:
+def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
+         before_swap: Callable[[], None] | None = None) -> dict[str, Any]:
     gp = GenParams(max_tokens=8, temperature=0)
     with Session(replace(cfg, mover=mover, vision="swap")) as s:
         if s.mover_name != mover:
@@ -96,6 +102,8 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path]) -> dict[str, Any]
         texts = [s.turn("Say hello.", [], gp).text]
         swaps, moved = [], []
         for pic in pictures:
+            if before_swap is not None:
+                before_swap()
             res = s.turn("What is in this picture?", [pic], gp)
             if res.error:
                 raise EbbError(f"the {mover} mover's vision turn failed: {res.error}")
@@ -104,11 +112,15 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path]) -> dict[str, Any]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
             peak = res.device_peak_bytes.get(s.accel or "", 0)
-        return {"swap_s": statistics.median(swaps), "bytes_moved": int(statistics.median(moved)),
+        return {"swaps_s": swaps, "bytes_moved": int(statistics.median(moved)),
                 "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.placement.n_layers_on_accel}
 
 
-def bench_swap(cfg: SessionConfig, n_images: int = 5) -> dict[str, Any]:
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def bench_swap(cfg: SessionConfig, n_images: int = 7) -> dict[str, Any]:
     with Session(replace(cfg, mover="reload", vision="cpu")) as probe:
         if probe.accel is None:
             raise EbbError("bench swap needs an accelerator", "pass --rpc HOST:PORT or use a GPU")
@@ -117,20 +129,31 @@ def bench_swap(cfg: SessionConfig, n_images: int = 5) -> dict[str, Any]:
         budget = cfg.vram_budget_bytes or auto_budget(probe)
         accel = probe.accel
     cfg = replace(cfg, vram_budget_bytes=budget)
-    bandwidth = measure_bandwidth(accel)
+    rates = [measure_bandwidth(accel)]
     with tempfile.TemporaryDirectory() as tmp:
         pictures = _pictures(Path(tmp), n_images)
         reload = _run(cfg, "reload", pictures)
-        live = _run(cfg, "live", pictures)
+        # the link's speed drifts on a busy machine: sample it next to every live swap too
+        live = _run(cfg, "live", pictures, lambda: rates.append(measure_bandwidth(accel, repeats=1)))
+    bandwidth = max(rates)
     limit_s = live["bytes_moved"] / bandwidth
+    # each live swap against the link as it was just before it (best copy of that moment)
+    paired = [sw / (live["bytes_moved"] / r) for sw, r in zip(live["swaps_s"], rates[1:])]
+    reload_s, live_s = min(reload["swaps_s"]), min(live["swaps_s"])
+    reload_med, live_med = statistics.median(reload["swaps_s"]), statistics.median(live["swaps_s"])
     return {
         "device": accel, "vram_budget_bytes": budget, "n_swaps": n_images,
-        "reload_swap_s": round(reload["swap_s"], 4), "live_swap_s": round(live["swap_s"], 4),
+        "reload_swap_s": round(reload_s, 4), "live_swap_s": round(live_s, 4),
+        "reload_swap_median_s": round(reload_med, 4), "live_swap_median_s": round(live_med, 4),
+        "live_swaps_s": [round(x, 4) for x in live["swaps_s"]],
         "bytes_moved": live["bytes_moved"], "reload_bytes_moved": reload["bytes_moved"],
-        "bandwidth_Bps": round(bandwidth), "limit_s": round(limit_s, 4),
-        "reload_vs_live": round(reload["swap_s"] / live["swap_s"], 2) if live["swap_s"] else None,
-        "live_vs_limit": round(live["swap_s"] / limit_s, 2) if limit_s else None,
-        "reload_vs_limit": round(reload["swap_s"] / limit_s, 2) if limit_s else None,
+        "bandwidth_Bps": round(bandwidth), "bandwidth_samples_Bps": [round(r) for r in rates],
+        "limit_s": round(limit_s, 4),
+        "reload_vs_live": _ratio(reload_s, live_s), "live_vs_limit": _ratio(live_s, limit_s),
+        "reload_vs_limit": _ratio(reload_s, limit_s),
+        "reload_vs_live_median": _ratio(reload_med, live_med),
+        "live_vs_limit_median": _ratio(live_med, limit_s),
+        "live_vs_limit_paired": round(statistics.median(paired), 2),
         "replies_equal": reload["texts"] == live["texts"],
         "peak_bytes": {"reload": reload["peak_bytes"], "live": live["peak_bytes"]},
         "n_layers_on_accel": live["n_layers_on_accel"],

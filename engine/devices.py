@@ -209,6 +209,19 @@ def find_device(name: str) -> DeviceInfo:
     return _info(*_handle(name))
 
 
+def wait_until_done(name: str) -> None:
+    """Return once the device has carried out what was sent to it (frees included), so a
+    step's span ends when the device is done, not when the request left. A remote device
+    answers one memory query after every earlier request (one connection, in order); a local
+    backend frees synchronously. Unknown names are ignored."""
+    try:
+        dev, remote = _handle(name)
+    except EbbError:
+        return
+    if remote:
+        ggml.device_memory(dev)
+
+
 def reported_used_bytes(name: str) -> int | None:
     """The device's own reading of its used memory (NVML for CUDA devices, else ggml's).
     Called per pipeline step: it asks only the device in question."""

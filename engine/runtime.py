@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import ctypes
+import functools
 import re
 import threading
 import time
@@ -38,6 +39,25 @@ def _llama() -> Any:
         llama_cpp.llama_backend_init()
         _backend_ready = True
     return llama_cpp
+
+
+# `llama_graph_reserve(ctx, n_tokens, n_seqs, n_outputs)` is declared in llama.cpp's staging
+# header (src/llama-ext.h) as C++, so it is exported under its mangled name.
+_GRAPH_RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"
+
+
+@functools.lru_cache(maxsize=1)
+def _graph_reserve_fn() -> Any:
+    """llama_graph_reserve from the libllama llama-cpp-python loaded, or None."""
+    import llama_cpp.llama_cpp as binding
+
+    try:
+        fn = getattr(binding._lib, _GRAPH_RESERVE_SYMBOL)
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32]
+    return fn
 
 
 @dataclass(frozen=True)
@@ -208,6 +228,7 @@ class TextRuntime:
         self.n_threads = params.n_threads or physical_cores()
         self._stack = contextlib.ExitStack()
         self._cached: list[Any] = []  # one key per KV position: token id or (image key, i)
+        self._replan = False  # device buffers changed since the last graph: see reschedule
         try:
             self._load()
         except BaseException:
@@ -343,12 +364,16 @@ class TextRuntime:
             raise EbbError(f"llama.cpp decode failed (code {rc}): "
                            f"{llama_log.last_error('no detail')}", "start a new conversation")
 
+    def _decode(self, batch: Any) -> None:
+        self.replan()
+        self._check(_llama().llama_decode(self.ctx, batch))
+
     def _decode_tokens(self, tokens: list[int]) -> None:
         L = _llama()
         for i in range(0, len(tokens), self.params.n_batch):
             chunk = tokens[i:i + self.params.n_batch]
             arr = (L.llama_token * len(chunk))(*chunk)
-            self._check(L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(chunk))))
+            self._decode(L.llama_batch_get_one(arr, len(chunk)))
             self._cached.extend(chunk)
 
     def _decode_image(self, img: ImageSpan) -> None:
@@ -368,7 +393,7 @@ class TextRuntime:
                     batch.n_seq_id[i] = 1
                     batch.seq_id[i][0] = 0
                     batch.logits[i] = 1 if i == n - 1 else 0
-                self._check(L.llama_decode(self.ctx, batch))
+                self._decode(batch)
             finally:
                 L.llama_batch_free(batch)
             self._cached.extend((img.key, start + i) for i in range(n))
@@ -426,8 +451,25 @@ class TextRuntime:
         self._cached.clear()
 
     def reschedule(self) -> None:
-        """Make llama.cpp plan its next graph afresh (after device buffers changed)."""
-        _llama().llama_set_adapter_cvec(self.ctx, None, 0, 0, 0, 0)
+        """Device buffers changed: llama.cpp must plan its next graph afresh (a reused graph
+        would run ops where the weights used to be). Marks it; `replan` does it, at the
+        latest before the next decode."""
+        self._replan = True
+
+    def replan(self) -> None:
+        """Carry out a pending `reschedule` now, so its cost lands in the step that moved
+        memory. llama.cpp's `llama_graph_reserve` (llama-ext.h) resets the scheduler and drops
+        the reusable graphs for the price of one token's graph; where it is missing,
+        `llama_set_adapter_cvec(NULL)` makes the next decode rebuild the whole scheduler and
+        its compute buffers (~3 ms on loopback RPC, paid inside that decode)."""
+        if not self._replan:
+            return
+        self._replan = False
+        L = _llama()
+        L.llama_synchronize(self.ctx)  # nothing of the last graph may still run
+        fn = _graph_reserve_fn()
+        if fn is None or not fn(self.ctx, 1, 1, 1):
+            L.llama_set_adapter_cvec(self.ctx, None, 0, 0, 0, 0)
 
     # ------------------------------------------------------------ state
 

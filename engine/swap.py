@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from engine.devices import wait_until_done
 from engine.errors import EbbError
 from engine.images import LoadedImage
 from engine.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_placement,
@@ -48,6 +49,7 @@ def _load_encode_free(s: "Session", bound_to: Any, todo: list[LoadedImage], res:
             s.ledger.clear(accel, "projector", "projector_compute")
             if s.runtime is not None:
                 s.runtime.reschedule()  # a projector freed on the device: plan graphs afresh
+            wait_until_done(accel)
 
 
 def swap_reload(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: VisionPlan) -> None:
@@ -59,6 +61,7 @@ def swap_reload(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: 
     with s._span(res.spans, "evict", accel, s.placement.accel_total_bytes, plan):
         s._close_runtime()
         s.ledger.clear(accel, "weights", "kv", "compute", "output")
+        wait_until_done(accel)
     s._emit_residency(evicted=True)
     try:
         _load_encode_free(s, s._ram_model, todo, res, plan, evicted=True)
@@ -100,6 +103,7 @@ def swap_live(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: Vi
     before = s.mover.device_bytes()
     with s._span(res.spans, "evict", accel, 0, plan, f"{len(evict)} layers"):
         s._move(evict=evict)
+        wait_until_done(accel)
     freed = before - s.mover.device_bytes()
     res.spans[-1] = replace(res.spans[-1], bytes=freed)
     try:
@@ -109,6 +113,8 @@ def swap_live(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: Vi
         with s._span(res.spans, "restore", accel, freed, plan, f"{len(evict)} layers"):
             try:
                 copied = s._move(promote=sorted(evict), group_bytes=RESTORE_GROUP_BYTES)
+                s.runtime.replan()  # the re-schedule is part of the swap: pay it here
+                wait_until_done(accel)  # the last copy has landed, not only left
             except EbbError as exc:  # the device filled up meanwhile: run with fewer layers
                 copied = 0
                 res.reason += f"; could not bring every layer back ({exc})"

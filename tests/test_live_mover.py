@@ -108,3 +108,58 @@ def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictur
     assert stats["allocs"] == stats["frees"] + stats["held"]
     assert stats["allocs"] >= 100 * 2  # every cycle really moved layers (in shared buffers)
     assert stats["evicted_layers"] and int(stats["evicted_layers"][0].split()[0]) >= 10
+
+
+def _entries(*specs):
+    from engine.live_mover import Entry
+
+    return [Entry(ptr=i, host=h, n_bytes=n, alloc_bytes=a) for i, (h, n, a) in enumerate(specs)]
+
+
+def test_layout_merges_neighbours_into_few_copies():
+    from engine.live_mover import layout_copies
+
+    # three tensors back to back in host memory (a 32-byte gap before the last), listed out of order
+    entries = _entries((1024 + 3008, 96, 96), (1024, 3008, 3008), (1024 + 3104 + 32, 64, 64))
+    lay = layout_copies(entries, align=32, chunk_bytes=1024)
+    assert lay.offsets == [3008, 0, 3136]  # host distances kept: one contiguous range
+    assert lay.zero_pads == []
+    assert lay.copies[0] == (1024, 0, 1024) and sum(n for _, _, n in lay.copies) == 3200
+    assert all(n <= 1024 for _, _, n in lay.copies)
+    assert [d for _, d, _ in lay.copies] == [0, 1024, 2048, 3072]
+    assert lay.total_bytes == 3200
+
+
+def test_layout_starts_a_new_copy_where_it_cannot_mirror_the_host():
+    from engine.live_mover import layout_copies
+
+    # padded rows (device size > bytes), a misaligned neighbour, a distant tensor
+    entries = _entries((0, 100, 128), (128, 64, 64), (208, 40, 40), (1 << 20, 32, 32))
+    lay = layout_copies(entries, align=32, chunk_bytes=1 << 20)
+    assert lay.zero_pads == [(100, 28)]  # the padding is zeroed, never filled from the host
+    assert lay.offsets[1] == 128  # after the padded tensor: aligned, a copy of its own
+    assert lay.offsets[2] == 192  # 208 - 128 = 80 is not a multiple of 32 from 128: own copy
+    assert lay.offsets[3] == 256  # far away in host memory: packed, not mirrored
+    assert [(h, d) for h, d, _ in lay.copies] == [(0, 0), (128, 128), (208, 192), (1 << 20, 256)]
+    assert lay.total_bytes == 288
+    # nothing overlaps on the device
+    spans = sorted((o, o + e.alloc_bytes) for o, e in zip(lay.offsets, entries))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_projector):
+    proc = run_cli("bench", "swap", "--rpc", rpc_server.endpoint, "--mmproj", str(base_projector),
+                   "--threads", "2", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    print(f"\nbench swap: reload {out['reload_swap_s'] * 1000:.1f} ms, live {out['live_swap_s'] * 1000:.1f} ms "
+          f"(median {out['live_swap_median_s'] * 1000:.1f}), limit {out['limit_s'] * 1000:.1f} ms; "
+          f"reload/live {out['reload_vs_live']}x, live/limit {out['live_vs_limit']}x "
+          f"(paired {out['live_vs_limit_paired']}x, median {out['live_vs_limit_median']}x)")
+    assert out["replies_equal"]
+    assert out["n_swaps"] == len(out["live_swaps_s"]) == len(out["bandwidth_samples_Bps"]) - 1
+    assert 0 < out["bytes_moved"] < out["reload_bytes_moved"]
+    assert out["limit_s"] == round(out["bytes_moved"] / out["bandwidth_Bps"], 4)
+    assert out["bandwidth_Bps"] == max(out["bandwidth_samples_Bps"])
+    assert out["live_swap_s"] == min(out["live_swaps_s"]) <= out["live_swap_median_s"]
+    assert max(out["peak_bytes"].values()) <= out["vram_budget_bytes"]
