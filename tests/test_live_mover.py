@@ -163,3 +163,34 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
     assert out["bandwidth_Bps"] == max(out["bandwidth_samples_Bps"])
     assert out["live_swap_s"] == min(out["live_swaps_s"]) <= out["live_swap_median_s"]
     assert max(out["peak_bytes"].values()) <= out["vram_budget_bytes"]
+
+
+FALLBACK = """
+import json, sys
+from pathlib import Path
+import engine.runtime as rt
+rt._graph_reserve_fn = lambda: None  # as on a llama.cpp without llama_graph_reserve
+from engine.devices import connect_rpc
+from engine.models import default_model_path
+from engine.runtime import GenParams
+from engine.session import Session, SessionConfig
+connect_rpc(sys.argv[1])
+cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2, vision="swap",
+                    mover="live", rpc=(sys.argv[1],), vram_budget_bytes=300 * 2**20)
+with Session(cfg) as s:
+    res = s.turn("What is this?", [sys.argv[3]], GenParams(max_tokens=6, temperature=0))
+    print(json.dumps({"mover": s.mover_name, "note": s.mover_note, "text": res.text,
+                      "error": res.error, "spans": [sp.name for sp in res.spans]}))
+"""
+
+
+def test_reschedule_without_graph_reserve_still_passes_the_self_test(rpc_server, base_projector,
+                                                                      pictures):
+    """Where llama.cpp lacks llama_graph_reserve, the control-vector reset re-plans instead."""
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, rpc_server.endpoint, str(base_projector),
+                           str(pictures["a.png"])], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mover"] == "live", out["note"]
+    assert not out["error"] and out["text"]
+    assert {"evict", "restore", "prefill"} <= set(out["spans"])

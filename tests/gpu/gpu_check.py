@@ -84,7 +84,8 @@ def main() -> int:
     print()
     b = summary["bench_swap"]
     assert isinstance(b, dict)
-    print(f"reload/live {b['reload_vs_live']}x, live/limit {b['live_vs_limit']}x, "
+    print(f"reload/live {b['reload_vs_live']}x, live/limit {b['live_vs_limit']}x "
+          f"(paired {b['live_vs_limit_paired']}x, median {b['live_vs_limit_median']}x), "
           f"replies equal {b['replies_equal']}, self-test: {s.mover_name} {s.mover_note}")
     return 0
 
