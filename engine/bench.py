@@ -108,6 +108,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             if res.error:
                 raise EbbError(f"the {mover} mover's vision turn failed: {res.error}")
             texts.append(res.text)
+            s.undo_last_exchange()  # every swap from the same conversation, within the context
             steps = [sp for sp in res.spans if sp.name in SWAP_STEPS[mover]]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
