@@ -139,7 +139,8 @@ def bench_swap(cfg: SessionConfig, n_images: int = 7) -> dict[str, Any]:
     bandwidth = max(rates)
     limit_s = live["bytes_moved"] / bandwidth
     # each live swap against the link as it was just before it (best copy of that moment)
-    paired = [sw / (live["bytes_moved"] / r) for sw, r in zip(live["swaps_s"], rates[1:])]
+    paired = [sw * r / live["bytes_moved"] for sw, r in zip(live["swaps_s"], rates[1:])] \
+        if live["bytes_moved"] else []
     reload_s, live_s = min(reload["swaps_s"]), min(live["swaps_s"])
     reload_med, live_med = statistics.median(reload["swaps_s"]), statistics.median(live["swaps_s"])
     return {
@@ -154,7 +155,7 @@ def bench_swap(cfg: SessionConfig, n_images: int = 7) -> dict[str, Any]:
         "reload_vs_limit": _ratio(reload_s, limit_s),
         "reload_vs_live_median": _ratio(reload_med, live_med),
         "live_vs_limit_median": _ratio(live_med, limit_s),
-        "live_vs_limit_paired": round(statistics.median(paired), 2),
+        "live_vs_limit_paired": round(statistics.median(paired), 2) if paired else None,
         "replies_equal": reload["texts"] == live["texts"],
         "peak_bytes": {"reload": reload["peak_bytes"], "live": live["peak_bytes"]},
         "n_layers_on_accel": live["n_layers_on_accel"],
