@@ -45,11 +45,13 @@ def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: i
     return time.perf_counter() - t0
 
 
-def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3) -> float:
-    """Host→device copy speed, the best the link gives: timed ggml_backend_tensor_set of
-    `n_bytes` into one device buffer (touched once first, so no first-use page faults count),
-    in one copy and in copies of 1, 4 and 16 MiB, until the device has it; the best rate of
-    `repeats` tries of each."""
+def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
+                      typical: bool = False) -> float:
+    """Host→device copy speed: timed ggml_backend_tensor_set of `n_bytes` into one device
+    buffer (touched once first, so no first-use page faults count), until the device has it.
+    By default the best the link gives: copies of 1, 4 and 16 MiB and one whole copy, the
+    best rate of `repeats` tries of each (a limit). `typical`: the median of `repeats` tries in
+    4 MiB copies, as a restore copies (a prediction)."""
     g = ggml.lib()
     buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
     src = np.random.default_rng(0).integers(0, 255, n_bytes, dtype=np.uint8)
@@ -61,8 +63,12 @@ def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3) 
         t.type, t.buffer, t.data = ggml.GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
         t.ne[:] = [n_bytes, 1, 1, 1]
         t.nb[:] = [1, n_bytes, n_bytes, n_bytes]
+        _timed_copies(g, device, t, src, min(n_bytes, 16 * 2**20))  # first use: pages appear
+        if typical:
+            piece = min(n_bytes, 4 * 2**20)
+            return n_bytes / statistics.median(_timed_copies(g, device, t, src, piece)
+                                               for _ in range(repeats))
         pieces = sorted({n_bytes, *(min(n_bytes, m * 2**20) for m in (1, 4, 16))})
-        _timed_copies(g, device, t, src, pieces[-1])  # first use: the device's pages appear
         best = min(_timed_copies(g, device, t, src, piece) for piece in pieces for _ in range(repeats))
     finally:
         g.base.ggml_backend_buffer_free(buf)

@@ -222,7 +222,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
         runs.append((placement_for(info, accel, k, n_ctx, 512, flash_attn, live=k > 0),
                      1 / max(p.gen_tps, q.gen_tps), 1 / max(p.prompt_tps, q.prompt_tps)))
     cpu, acc = fit(info, CPU, akey, runs)
-    bus = measure_bandwidth(accel)
+    bus = measure_bandwidth(accel, repeats=5, typical=True)  # what a restore will see
     say(f"bus: {bus / 1e9:.2f} GB/s host → {accel}")
     acc = replace(acc, bus_Bps=bus)
     if mmproj_path is not None:

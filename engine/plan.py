@@ -164,6 +164,12 @@ def projector_need_bytes(proj: ProjectorInfo, flash_attn: bool) -> int:
     return proj.weight_bytes + compute
 
 
+# Freeing the projector ends when the device has let its memory go: on loopback RPC about 5 ms
+# for ~100 MB of weights and compute buffer (the server unmaps them).
+FREE_FIXED_S = 0.001
+FREE_BPS = 20e9
+
+
 def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj_bytes: int,
            n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs,
            budget: int) -> list[PlannedStep]:
@@ -176,16 +182,18 @@ def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj
     if placement.live:
         evict = layers_to_evict(placement, need - (budget - placement.accel_total_bytes))
         moved = sum(placement.layer_bytes[i] for i in evict)
-        return [PlannedStep("evict", accel, moved, 0.001 * len(evict)),
+        # evicting only re-points tensors and frees buffers; restoring copies the layers back
+        # (a few large copies) and re-plans llama.cpp's graph once (~1 ms)
+        return [PlannedStep("evict", accel, moved, 0.0005 + 0.00002 * len(evict)),
                 load, encode_accel,
-                PlannedStep("free_projector", accel, need, 0.001),
-                PlannedStep("restore", accel, moved, moved / c.bus_Bps + 0.002 * len(evict))]
+                PlannedStep("free_projector", accel, need, FREE_FIXED_S + need / FREE_BPS),
+                PlannedStep("restore", accel, moved, moved / c.bus_Bps + 0.001)]
     model_bytes = placement.accel_bytes.get("weights", 0)
     return [
         PlannedStep("save_state", CPU, state_bytes, state_bytes / c.bus_Bps),
         PlannedStep("evict", accel, placement.accel_total_bytes, 0.01),
         load, encode_accel,
-        PlannedStep("free_projector", accel, need, 0.001),
+        PlannedStep("free_projector", accel, need, FREE_FIXED_S + need / FREE_BPS),
         PlannedStep("restore", accel, placement.accel_total_bytes,
                     model_bytes / c.bus_Bps + c.reload_overhead_s),
         PlannedStep("restore_state", accel, state_bytes, state_bytes / c.bus_Bps),
