@@ -49,7 +49,6 @@ class MoveStats:
     evict_s: float = 0.0
     n_allocs: int = 0
     n_frees: int = 0
-    n_copies: int = 0  # host→device copies issued (each a message to a remote device)
     per_layer: list[tuple[str, int, float]] = field(default_factory=list)
 
 
@@ -64,11 +63,13 @@ MAX_COPY_GAP_BYTES = 4096
 
 @dataclass(frozen=True)
 class Entry:
-    """One weight tensor to promote: its pointer, host address, bytes and device size."""
+    """One weight tensor to promote: its pointer, host address, bytes, device size, and the
+    host buffer it lives in."""
     ptr: int
     host: int
     n_bytes: int
     alloc_bytes: int
+    host_buffer: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,10 @@ def _align_up(n: int, align: int) -> int:
 
 def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
                   max_gap_bytes: int = MAX_COPY_GAP_BYTES) -> Layout:
-    """Place `entries` in one device buffer. A tensor that follows its neighbour in host memory
-    (a gap of at most `max_gap_bytes`, the same offset modulo `align`, and the neighbour needs
-    no row padding) keeps its host distance on the device, so the pair is one contiguous range;
+    """Place `entries` in one device buffer. A tensor that follows its neighbour in the same host
+    buffer (a gap of at most `max_gap_bytes`, the same offset modulo `align`, and the neighbour
+    needs no row padding) keeps its host distance on the device, so the pair is one contiguous
+    range (the gap's bytes go along, never past the host buffer);
     each range is copied in pieces of at most `chunk_bytes`. Pure: no ggml calls."""
     offsets = [0] * len(entries)
     runs: list[list[int]] = []  # [host start, device start, bytes]
@@ -98,6 +100,7 @@ def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
         e = entries[i]
         run = runs[-1] if runs else None
         joins = (run is not None and prev is not None and prev.alloc_bytes == prev.n_bytes
+                 and prev.host_buffer == e.host_buffer
                  and 0 <= e.host - (run[0] + run[2]) <= max_gap_bytes
                  and (run[1] + e.host - run[0]) % align == 0)
         if joins:
@@ -211,8 +214,9 @@ class LiveMover:
         t0 = time.perf_counter()
         b = self.g.base
         owner = {p: la for la in layers for p in self.layers[la]}
-        entries = [Entry(p, int(ggml.tensor_at(p).data), int(b.ggml_nbytes(p)), size)
-                   for la in layers for p, size in zip(self.layers[la], self._sizes_of(la))]
+        entries = [Entry(p, int(t.data), int(b.ggml_nbytes(p)), size, int(t.buffer))
+                   for la in layers for p, size in zip(self.layers[la], self._sizes_of(la))
+                   for t in (ggml.tensor_at(p),)]
         layout = layout_copies(entries, self.align, COPY_CHUNK_BYTES)
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, layout.total_bytes)
         if not buf:
@@ -261,7 +265,6 @@ class LiveMover:
         copied = sum(nbytes.values())
         self.stats.promoted_bytes += copied
         self.stats.promote_s += dt
-        self.stats.n_copies += len(layout.copies)
         self.stats.per_layer.append(("promote", len(layers), dt))
         return copied
 

@@ -142,6 +142,12 @@ def test_layout_starts_a_new_copy_where_it_cannot_mirror_the_host():
     assert lay.offsets[3] == 256  # far away in host memory: packed, not mirrored
     assert [(h, d) for h, d, _ in lay.copies] == [(0, 0), (128, 128), (208, 192), (1 << 20, 256)]
     assert lay.total_bytes == 288
+    # neighbours in two different host buffers are never copied as one range
+    from engine.live_mover import Entry
+
+    split = layout_copies([Entry(0, 0, 64, 64, host_buffer=1), Entry(1, 64, 64, 64, host_buffer=2)],
+                          align=32, chunk_bytes=1 << 20)
+    assert len(split.copies) == 2
     # nothing overlaps on the device
     spans = sorted((o, o + e.alloc_bytes) for o, e in zip(lay.offsets, entries))
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
