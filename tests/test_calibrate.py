@@ -75,12 +75,20 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     assert r.returncode == 0, r.stderr
     vplan = json.loads(r.stdout)
     (tmp_path / "a.png").write_bytes(pictures["a.png"].read_bytes())
-    r = run_cli("chat", "--rpc", ep, "--vram-budget", "300MiB", "--ctx", "1024", "--threads", "1",
-                "--mmproj", str(base_projector), "--vision", "swap", "--image", str(tmp_path / "a.png"),
-                "--prompt", "What is this?", "--max-tokens", "4", "--temp", "0", "--json", timeout=300)
-    assert r.returncode == 0, r.stderr
-    turn = json.loads(r.stdout.splitlines()[-1])
-    vision_s = sum(s["end_s"] - s["start_s"] for s in turn["spans"] if s["name"] in VISION_STEPS)
+    steps = []  # the faster of two turns, as calibration measures (a busy box only adds time)
+    for _ in range(2):
+        r = run_cli("chat", "--rpc", ep, "--vram-budget", "300MiB", "--ctx", "1024", "--threads",
+                    "1", "--mmproj", str(base_projector), "--vision", "swap", "--image",
+                    str(tmp_path / "a.png"), "--prompt", "What is this?", "--max-tokens", "4",
+                    "--temp", "0", "--json", timeout=300)
+        assert r.returncode == 0, r.stderr
+        turn = json.loads(r.stdout.splitlines()[-1])
+        steps.append({s["name"]: s["end_s"] - s["start_s"] for s in turn["spans"]
+                      if s["name"] in VISION_STEPS})
+    fastest = min(steps, key=lambda st: sum(st.values()))
+    vision_s = sum(fastest.values())
+    print("\nvision steps measured (ms): " + ", ".join(
+        f"{name} {'/'.join(f'{st[name] * 1000:.0f}' for st in steps)}" for name in VISION_STEPS))
     print(f"\n{k} layers: generation predicted {plan['gen_tokens_per_s']} vs measured "
           f"{gen_tps:.1f} tok/s; prompt predicted {plan['prompt_tokens_per_s']} vs "
           f"measured {prompt_tps:.0f} tok/s; vision swap predicted "
