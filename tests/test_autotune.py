@@ -38,6 +38,50 @@ def test_golden_max_checks_the_top_first():
     assert golden_max(f, 1, 30) == 30
 
 
+class Curves:
+    """A stand-in for `Measurer` for the search's logic: known curves, every run counted."""
+
+    def __init__(self, info, gen, prompt):
+        self.info, self.accel, self.n_ctx, self.n_batch = info, "RPC0", 1024, 512
+        self.flash_attn, self.live, self.points = True, False, {}
+        self.gen, self.prompt = gen, prompt
+
+    def __call__(self, k):
+        if k not in self.points:
+            self.points[k] = Point(k, self.prompt(k), self.gen(k), 0.0, 0)
+        return self.points[k]
+
+
+@pytest.mark.parametrize("gen_peak,prompt_peak", [(18, 18), (9, 18), (18, 5), (9, 10), (12, 12), (3, 3)])
+def test_autotune_searches_once_when_both_peak_below_the_top(model_path, gen_peak, prompt_peak):
+    """Below the top, both metrics usually peak at the same place (the cliff where the device's
+    memory spills): one search finds both. Peaks far apart are where the shared search stops
+    short (see the next test)."""
+    info = model_info(read_gguf(model_path))
+    budget = 180 * MiB
+    top = max_layers(info, "RPC0", budget, 1024, 512, True, 0, live=False)
+    assert top == 18
+
+    def peaked(peak, height):  # rises to the peak, falls steeply past it
+        return lambda k: height - abs(k - peak) * (2 if k < peak else 9)
+
+    c = Curves(info, peaked(gen_peak, 90), peaked(prompt_peak, 230))
+    tuned = autotune(c, budget, 0)
+    assert (tuned.best_gen_layers, tuned.best_prompt_layers) == (gen_peak, prompt_peak)
+    one_search = 1 + 2 + 7  # k=0, the top check, a golden search of 1..17
+    assert len(tuned.points) <= (3 if gen_peak == prompt_peak == top else one_search), sorted(c.points)
+
+
+def test_autotune_with_peaks_far_apart_below_the_top_answers_between_them(model_path):
+    info = model_info(read_gguf(model_path))
+    c = Curves(info, lambda k: 90 - abs(k - 4) * (2 if k < 4 else 9),
+               lambda k: 230 - abs(k - 14) * (2 if k < 14 else 9))
+    tuned = autotune(c, 180 * MiB, 0)
+    assert len(tuned.points) <= 10
+    assert 4 <= tuned.best_gen_layers <= tuned.best_prompt_layers <= 14  # the best of what ran
+    assert tuned.best_gen_layers == 4 or tuned.best_prompt_layers == 14  # one of them exactly
+
+
 def test_find_cliff_marks_the_collapse_after_the_best():
     pts = [Point(k, 0, v, 0, 0) for k, v in [(0, 10), (4, 20), (8, 30), (9, 31), (10, 5), (12, 4)]]
     assert find_cliff(pts, lambda p: p.gen_tps) == 10
