@@ -165,6 +165,11 @@ class LiveMover:
         self._staging = np.zeros(0, dtype=np.uint8)
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
+        # what does not change while the model lives, asked once: each tensor's view, each
+        # layer's host entries, the device layout of each group of layers promoted together
+        self._views: dict[int, ggml.Tensor] = {}
+        self._entries: dict[int, list[Entry]] = {}
+        self._layouts: dict[tuple[int, ...], Layout] = {}
         self.stats = MoveStats()
         sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
         problem = "no layer weights found in host buffers" if sample is None else \
@@ -200,6 +205,23 @@ class LiveMover:
             self._sizes[layer] = sizes
         return sizes
 
+    def _view(self, ptr: int) -> ggml.Tensor:
+        view = self._views.get(ptr)
+        if view is None:
+            view = self._views[ptr] = ggml.tensor_at(ptr)
+        return view
+
+    def _entries_of(self, layer: int) -> list[Entry]:
+        """The layer's tensors as they lie on the host (asked while the layer is there)."""
+        entries = self._entries.get(layer)
+        if entries is None:
+            b = self.g.base
+            entries = [Entry(p, int(t.data), int(b.ggml_nbytes(p)), size, int(t.buffer))
+                       for p, size in zip(self.layers[layer], self._sizes_of(layer))
+                       for t in (self._view(p),)]
+            self._entries[layer] = entries
+        return entries
+
     def promote(self, layer: int) -> int:
         """Copy one layer to the device (its own buffer). Bytes copied."""
         return self.promote_many([layer])
@@ -214,10 +236,11 @@ class LiveMover:
         t0 = time.perf_counter()
         b = self.g.base
         owner = {p: la for la in layers for p in self.layers[la]}
-        entries = [Entry(p, int(t.data), int(b.ggml_nbytes(p)), size, int(t.buffer))
-                   for la in layers for p, size in zip(self.layers[la], self._sizes_of(la))
-                   for t in (ggml.tensor_at(p),)]
-        layout = layout_copies(entries, self.align, COPY_CHUNK_BYTES)
+        entries = [e for la in layers for e in self._entries_of(la)]
+        key = tuple(layers)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = layout_copies(entries, self.align, COPY_CHUNK_BYTES)
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, layout.total_bytes)
         if not buf:
             raise EbbError(f"the accelerator is out of memory moving {len(layers)} layers "
@@ -232,7 +255,7 @@ class LiveMover:
         saved: dict[int, list[tuple[int, int | None, int | None, int | None]]] = {la: [] for la in layers}
         try:
             for e, offset in zip(entries, layout.offsets):
-                t = ggml.tensor_at(e.ptr)
+                t = self._view(e.ptr)
                 saved[owner[e.ptr]].append((e.ptr, t.buffer, t.data, t.extra))
                 t.buffer, t.data = None, None
                 if self.remote:
@@ -273,10 +296,9 @@ class LiveMover:
             self._staging = np.zeros(n_bytes, dtype=np.uint8)
         return self._staging
 
-    @staticmethod
-    def _restore(saved: list[tuple[int, int | None, int | None, int | None]]) -> None:
+    def _restore(self, saved: list[tuple[int, int | None, int | None, int | None]]) -> None:
         for p, buffer, data, extra in saved:
-            t = ggml.tensor_at(p)
+            t = self._view(p)
             t.buffer, t.data, t.extra = buffer, data, extra
 
     def evict(self, layer: int) -> int:

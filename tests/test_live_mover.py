@@ -161,12 +161,20 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
     print(f"\nbench swap: reload {out['reload_swap_s'] * 1000:.1f} ms, live {out['live_swap_s'] * 1000:.1f} ms "
           f"(median {out['live_swap_median_s'] * 1000:.1f}), limit {out['limit_s'] * 1000:.1f} ms; "
           f"reload/live {out['reload_vs_live']}x, live/limit {out['live_vs_limit']}x "
-          f"(paired {out['live_vs_limit_paired']}x, median {out['live_vs_limit_median']}x)")
+          f"(paired {out['live_vs_limit_paired']}x, median {out['live_vs_limit_median']}x, "
+          f"against the fastest copy of all {out['live_vs_limit_best']}x)")
     assert out["replies_equal"]
-    assert out["n_swaps"] == len(out["live_swaps_s"]) == len(out["bandwidth_samples_Bps"]) - 1
+    # the limit: one ideal copy before every live swap, in the piece the scan found fastest
+    assert out["n_swaps"] == len(out["live_swaps_s"]) == len(out["bandwidth_samples_Bps"])
     assert 0 < out["bytes_moved"] < out["reload_bytes_moved"]
     assert out["limit_s"] == round(out["bytes_moved"] / out["bandwidth_Bps"], 4)
     assert out["bandwidth_Bps"] == max(out["bandwidth_samples_Bps"])
+    scan = out["bandwidth_scan_Bps"]
+    assert set(scan) == {str(2**20), str(4 * 2**20), str(16 * 2**20), "whole"}
+    best_piece = max(scan, key=scan.get)
+    assert out["bandwidth_piece_bytes"] == (64 * 2**20 if best_piece == "whole" else int(best_piece))
+    assert out["limit_best_s"] == round(out["bytes_moved"] / max(out["bandwidth_Bps"], *scan.values()), 4)
+    assert out["limit_best_s"] <= out["limit_s"]
     assert out["live_swap_s"] == min(out["live_swaps_s"]) <= out["live_swap_median_s"]
     assert max(out["peak_bytes"].values()) <= out["vram_budget_bytes"]
 
