@@ -6,12 +6,13 @@ both movers and left out. `bytes_moved` is what must be copied back to the devic
 is that over the device's measured copy bandwidth: the least any mover can spend.
 
 Each mover swaps `n_images` times. Noise only ever adds time, so each mover's swap is its
-fastest. The limit is measured the same way, as an ideal mover that only copies: right before
-every live swap, one timed copy of a large buffer into a warm device buffer, in the piece size
-that copied fastest when the bench started; `limit_s` uses the fastest of those, as many
-samples as swaps (the link's speed drifts on a busy machine, and the best of many more samples
-than swaps would compare extremes of unequal draws). `limit_best_s` is the strictest reading:
-the fastest copy of every one taken. Medians are given beside them.
+fastest. The limit is measured the same way, as an ideal mover that only copies: in every live
+turn, once the projector is freed and right before the layers come back, one timed copy of as
+many bytes as the mover freed (up to 256 MiB) into a warm device buffer of that size (the room
+it leaves: the link is timed in the state the restore finds it, within the budget), in the
+piece size that copied fastest when the bench started. `limit_s` uses the fastest of those, as many samples as
+swaps. `limit_best_s` is the strictest reading: the fastest copy of every one taken, including
+the start's scan on an idle link. Medians are given beside them.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: i
     return time.perf_counter() - t0
 
 
+SAMPLE_MAX_BYTES = 256 * 2**20  # a rate, not a restore: enough bytes to time it well
 COPY_PIECES = (1 * 2**20, 4 * 2**20, 16 * 2**20, 0)  # 0: the whole buffer in one copy
 
 
@@ -60,7 +62,7 @@ def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
     in 4 MiB copies, as a restore copies (a prediction)."""
     g = ggml.lib()
     buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
-    src = np.random.default_rng(0).integers(0, 255, n_bytes, dtype=np.uint8)
+    src = np.resize(np.arange(256, dtype=np.uint8), n_bytes)  # any bytes: nothing compresses
     buf = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
     if not buf:
         raise EbbError(f"could not allocate {n_bytes >> 20} MiB to measure bandwidth")
@@ -106,16 +108,15 @@ def _pictures(folder: Path, n: int) -> list[Path]:
 
 
 def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
-         before_swap: Callable[[], None] | None = None) -> dict[str, Any]:
+         before_restore: Callable[[int], None] | None = None) -> dict[str, Any]:
     gp = GenParams(max_tokens=8, temperature=0)
     with Session(replace(cfg, mover=mover, vision="swap")) as s:
         if s.mover_name != mover:
             raise EbbError(f"the {mover} mover is not available: {s.mover_note}")
+        s.before_restore = before_restore
         texts = [s.turn("Say hello.", [], gp).text]
         swaps, moved = [], []
         for pic in pictures:
-            if before_swap is not None:
-                before_swap()
             res = s.turn("What is in this picture?", [pic], gp)
             if res.error:
                 raise EbbError(f"the {mover} mover's vision turn failed: {res.error}")
@@ -133,7 +134,7 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b else None
 
 
-def bench_swap(cfg: SessionConfig, n_images: int = 7) -> dict[str, Any]:
+def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
     with Session(replace(cfg, mover="reload", vision="cpu")) as probe:
         if probe.accel is None:
             raise EbbError("bench swap needs an accelerator", "pass --rpc HOST:PORT or use a GPU")
@@ -145,13 +146,17 @@ def bench_swap(cfg: SessionConfig, n_images: int = 7) -> dict[str, Any]:
     # the piece size the link copies fastest in: what an ideal mover would send
     scan = {p: measure_bandwidth(accel, pieces=(p,)) for p in COPY_PIECES}
     piece = max(scan, key=lambda p: scan[p])
-    rates: list[float] = []  # one ideal copy right before every live swap
+    rates: list[float] = []  # one ideal copy right before every live restore
+
+    def sample(freed: int) -> None:
+        if freed:
+            rates.append(measure_bandwidth(accel, min(freed, SAMPLE_MAX_BYTES), repeats=1, pieces=(piece,)))
+
     with tempfile.TemporaryDirectory() as tmp:
         pictures = _pictures(Path(tmp), n_images)
         reload = _run(cfg, "reload", pictures)
-        live = _run(cfg, "live", pictures,
-                    lambda: rates.append(measure_bandwidth(accel, repeats=1, pieces=(piece,))))
-    bandwidth = max(rates)
+        live = _run(cfg, "live", pictures, sample)
+    bandwidth = max(rates) if rates else max(scan.values())  # no rates: nothing had to move
     limit_s = live["bytes_moved"] / bandwidth
     limit_best_s = live["bytes_moved"] / max(bandwidth, *scan.values())
     # each live swap against the link as it was just before it

@@ -136,6 +136,9 @@ class Session:
         self.mover_name, self.mover_note = "reload", ""
         self.spread: Spread | None = None
         self.placement_reason = ""
+        # called with the device bytes the live mover freed, once the projector is gone and
+        # before those layers come back (outside every span): bench swap times the link there
+        self.before_restore: Callable[[int], None] | None = None
         self.runtime: TextRuntime | None = None
         self._stack.callback(self._close_runtime)
         sent0, t0 = rpc_bytes_sent(), time.monotonic()

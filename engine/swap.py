@@ -108,6 +108,8 @@ def swap_live(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: Vi
     res.spans[-1] = replace(res.spans[-1], bytes=freed)
     try:
         _load_encode_free(s, s.runtime, todo, res, plan, evicted=False)
+        if s.before_restore is not None:
+            s.before_restore(freed)
     finally:
         t0 = time.perf_counter()
         with s._span(res.spans, "restore", accel, freed, plan, f"{len(evict)} layers"):

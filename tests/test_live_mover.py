@@ -164,7 +164,8 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
           f"(paired {out['live_vs_limit_paired']}x, median {out['live_vs_limit_median']}x, "
           f"against the fastest copy of all {out['live_vs_limit_best']}x)")
     assert out["replies_equal"]
-    # the limit: one ideal copy before every live swap, in the piece the scan found fastest
+    # the limit: one ideal copy in every live turn (right before its restore), in the piece
+    # the scan found fastest
     assert out["n_swaps"] == len(out["live_swaps_s"]) == len(out["bandwidth_samples_Bps"])
     assert 0 < out["bytes_moved"] < out["reload_bytes_moved"]
     assert out["limit_s"] == round(out["bytes_moved"] / out["bandwidth_Bps"], 4)
