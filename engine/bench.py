@@ -10,8 +10,8 @@ fastest. The limit is measured the same way, as an ideal mover that only copies:
 turn, once the projector is freed and right before the layers come back, one timed copy of as
 many bytes as the mover freed (up to 256 MiB) into a warm device buffer of that size (the room
 it leaves: the link is timed in the state the restore finds it, within the budget), in the
-piece size that copied fastest when the bench started. `limit_s` uses the fastest of those, as many samples as
-swaps. `limit_best_s` is the strictest reading: the fastest copy of every one taken, including
+piece size that copied fastest when the bench started. `limit_s` uses the fastest of those,
+as many samples as swaps. `limit_best_s` is the strictest reading: the fastest copy of every one taken, including
 the start's scan on an idle link. Medians are given beside them.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
     bandwidth = max(rates) if rates else max(scan.values())  # no rates: nothing had to move
     limit_s = live["bytes_moved"] / bandwidth
     limit_best_s = live["bytes_moved"] / max(bandwidth, *scan.values())
-    # each live swap against the link as it was just before it
+    # each live swap against its own turn's sample
     paired = [sw * r / live["bytes_moved"] for sw, r in zip(live["swaps_s"], rates)] \
         if live["bytes_moved"] else []
     reload_s, live_s = min(reload["swaps_s"]), min(live["swaps_s"])
@@ -171,7 +171,7 @@ def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
         "live_swaps_s": [round(x, 4) for x in live["swaps_s"]],
         "bytes_moved": live["bytes_moved"], "reload_bytes_moved": reload["bytes_moved"],
         "bandwidth_Bps": round(bandwidth), "bandwidth_samples_Bps": [round(r) for r in rates],
-        "bandwidth_piece_bytes": piece or 64 * 2**20,
+        "bandwidth_piece_bytes": piece,  # 0: the whole buffer in one copy
         "bandwidth_scan_Bps": {str(p or "whole"): round(r) for p, r in scan.items()},
         "limit_s": round(limit_s, 4), "limit_best_s": round(limit_best_s, 4),
         "reload_vs_live": _ratio(reload_s, live_s), "live_vs_limit": _ratio(live_s, limit_s),

@@ -223,8 +223,8 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
           f"{out['live_swap_median_s'] * 1000:.1f} median "
           f"({fmt_bytes(out['bytes_moved'])} copied back)")
     print(f"physical limit       {out['limit_s'] * 1000:.1f} ms (the fastest of {out['n_swaps']} copies, "
-          f"one in each live turn right before its restore, {fmt_bytes(out['bandwidth_piece_bytes'])} "
-          f"pieces); "
+          f"one in each live turn right before its restore, "
+          f"{fmt_bytes(out['bandwidth_piece_bytes']) + ' pieces' if out['bandwidth_piece_bytes'] else 'whole'}); "
           f"{out['limit_best_s'] * 1000:.1f} ms at the fastest copy of all")
     print(f"reload / live        {out['reload_vs_live']}x;  live / limit {out['live_vs_limit']}x "
           f"(median {out['live_vs_limit_median']}x, paired {out['live_vs_limit_paired']}x, "
