@@ -228,7 +228,8 @@ def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
 
     base = measure(0)
     if 0 < top <= 3:  # the whole range is cheaper than a search
-        golden_max(gen, 1, top)
+        for k in range(1, top + 1):
+            measure(k)
     elif top:
         below = [f for f in (gen, prompt) if not top_wins(f, top)]
         if len(below) == 2:  # both peak below the top: one search, not two diverging on noise

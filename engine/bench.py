@@ -11,8 +11,8 @@ turn, once the projector is freed and right before the layers come back, one tim
 many bytes as the mover freed (up to 256 MiB) into a warm device buffer of that size (the room
 it leaves: the link is timed in the state the restore finds it, within the budget), in the
 piece size that copied fastest when the bench started. `limit_s` uses the fastest of those,
-as many samples as swaps. `limit_best_s` is the strictest reading: the fastest copy of every one taken, including
-the start's scan on an idle link. Medians are given beside them.
+as many samples as swaps. `limit_best_s` is the strictest reading: the fastest copy of every
+one taken, including the start's scan on an idle link. Medians are given beside them.
 """
 from __future__ import annotations
 

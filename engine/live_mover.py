@@ -161,7 +161,6 @@ class LiveMover:
         self.align = int(self.g.base.ggml_backend_buft_get_alignment(self.buft))
         self._reschedule = reschedule
         self._moved: dict[int, _Moved] = {}
-        self._sizes: dict[int, list[int]] = {}  # per layer: aligned device sizes (asked once)
         self._staging = np.zeros(0, dtype=np.uint8)
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
@@ -196,15 +195,6 @@ class LiveMover:
         moved = self._moved.get(layer)
         return sorted(self._groups[moved.group].layers) if moved else []
 
-    def _sizes_of(self, layer: int) -> list[int]:
-        sizes = self._sizes.get(layer)
-        if sizes is None:  # a remote device answers this over the network: ask once
-            b = self.g.base
-            sizes = [-(-int(b.ggml_backend_buft_get_alloc_size(self.buft, p)) // self.align) * self.align
-                     for p in self.layers[layer]]
-            self._sizes[layer] = sizes
-        return sizes
-
     def _view(self, ptr: int) -> ggml.Tensor:
         view = self._views.get(ptr)
         if view is None:
@@ -212,13 +202,15 @@ class LiveMover:
         return view
 
     def _entries_of(self, layer: int) -> list[Entry]:
-        """The layer's tensors as they lie on the host (asked while the layer is there)."""
+        """The layer's tensors as they lie on the host (asked while the layer is there), with
+        their aligned device sizes (a remote device answers those over the network: once)."""
         entries = self._entries.get(layer)
         if entries is None:
             b = self.g.base
-            entries = [Entry(p, int(t.data), int(b.ggml_nbytes(p)), size, int(t.buffer))
-                       for p, size in zip(self.layers[layer], self._sizes_of(layer))
-                       for t in (self._view(p),)]
+            entries = [Entry(p, int(t.data), int(b.ggml_nbytes(p)),
+                             _align_up(int(b.ggml_backend_buft_get_alloc_size(self.buft, p)), self.align),
+                             int(t.buffer))
+                       for p in self.layers[layer] for t in (self._view(p),)]
             self._entries[layer] = entries
         return entries
 
