@@ -361,7 +361,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        layers_by_device={d: session.placement.layer_devices.count(d)
                                          for d in dict.fromkeys(session.placement.layer_devices)},
                        placement_reason=session.placement_reason,
-                       mover=session.mover_name, mover_note=session.mover_note,
+                       mover=session.mover_name,
+                       mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),
                        rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3))
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None

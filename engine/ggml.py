@@ -91,6 +91,9 @@ def lib() -> GgmlLibs:
 
 
 BUFFER_USAGE_WEIGHTS = 1
+# ggml-rpc sends a hash before the bytes of a weight copy larger than this (a constant of this
+# ggml version): a server whose cache holds those bytes takes them from its disk
+RPC_HASH_THRESHOLD_BYTES = 10 * 1024 * 1024
 GGML_TYPE_I8 = 24
 GGML_MAX_SRC = 10
 GGML_MAX_NAME = 64

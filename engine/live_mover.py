@@ -85,21 +85,27 @@ def _align_up(n: int, align: int) -> int:
 
 
 def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
-                  max_gap_bytes: int = MAX_COPY_GAP_BYTES) -> Layout:
+                  max_gap_bytes: int = MAX_COPY_GAP_BYTES,
+                  whole_over_bytes: int | None = None) -> Layout:
     """Place `entries` in one device buffer. A tensor that follows its neighbour in the same host
     buffer (a gap of at most `max_gap_bytes`, the same offset modulo `align`, and the neighbour
     needs no row padding) keeps its host distance on the device, so the pair is one contiguous
     range (the gap's bytes go along, never past the host buffer);
-    each range is copied in pieces of at most `chunk_bytes`. Pure: no ggml calls."""
+    each range is copied in pieces of at most `chunk_bytes`. A tensor of more than
+    `whole_over_bytes` (when given) joins no neighbour and goes over in one copy of exactly its
+    bytes: ggml's RPC client then sends a hash first, and a server whose cache has those bytes
+    takes them from its disk. Pure: no ggml calls."""
     offsets = [0] * len(entries)
-    runs: list[list[int]] = []  # [host start, device start, bytes]
+    runs: list[list[int]] = []  # [host start, device start, bytes, whole]
     pads: list[tuple[int, int]] = []
     end = 0  # device bytes used so far
     prev: Entry | None = None
     for i in sorted(range(len(entries)), key=lambda k: entries[k].host):
         e = entries[i]
+        whole = whole_over_bytes is not None and e.n_bytes > whole_over_bytes
         run = runs[-1] if runs else None
-        joins = (run is not None and prev is not None and prev.alloc_bytes == prev.n_bytes
+        joins = (run is not None and prev is not None and not whole and not run[3]
+                 and prev.alloc_bytes == prev.n_bytes
                  and prev.host_buffer == e.host_buffer
                  and 0 <= e.host - (run[0] + run[2]) <= max_gap_bytes
                  and (run[1] + e.host - run[0]) % align == 0)
@@ -109,13 +115,13 @@ def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
             run[2] = e.host - run[0] + e.n_bytes
         else:
             offsets[i] = _align_up(end, align)
-            runs.append([e.host, offsets[i], e.n_bytes])
+            runs.append([e.host, offsets[i], e.n_bytes, int(whole)])
         if e.alloc_bytes > e.n_bytes:
             pads.append((offsets[i] + e.n_bytes, e.alloc_bytes - e.n_bytes))
         end = max(end, offsets[i] + e.alloc_bytes)
         prev = e
-    copies = [(host + k, dev + k, min(chunk_bytes, n - k))
-              for host, dev, n in runs for k in range(0, n, chunk_bytes)]
+    copies = [(host + k, dev + k, n if whole else min(chunk_bytes, n - k))
+              for host, dev, n, whole in runs for k in range(0, n, n if whole else chunk_bytes)]
     return Layout(offsets, copies, pads, _align_up(end, align))
 
 
@@ -232,7 +238,9 @@ class LiveMover:
         key = tuple(layers)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = layout_copies(entries, self.align, COPY_CHUNK_BYTES)
+            layout = self._layouts[key] = layout_copies(
+                entries, self.align, COPY_CHUNK_BYTES,
+                whole_over_bytes=ggml.RPC_HASH_THRESHOLD_BYTES if self.remote else None)
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, layout.total_bytes)
         if not buf:
             raise EbbError(f"the accelerator is out of memory moving {len(layers)} layers "
@@ -313,6 +321,18 @@ class LiveMover:
         self.stats.evict_s += dt
         self.stats.per_layer.append(("evict", layer, dt))
         return freed
+
+    def detach(self, layer: int) -> list[tuple[int, int | None, int | None, int | None]]:
+        """Point a promoted `layer` at its host copy as `evict` does, but keep its device buffer
+        and bytes; `reattach` with the returned fields points it back with nothing copied
+        (the self-test checks both states without sending the layer twice)."""
+        moved = self._moved[layer]
+        here = [(p, t.buffer, t.data, t.extra) for p, *_ in moved.saved for t in (self._view(p),)]
+        self._restore(moved.saved)
+        return here
+
+    def reattach(self, fields: list[tuple[int, int | None, int | None, int | None]]) -> None:
+        self._restore(fields)
 
     def reschedule(self) -> None:
         self._reschedule()

@@ -14,6 +14,15 @@ Strategy = Literal["resident", "swap", "cpu"]
 STRATEGIES: tuple[Strategy, ...] = ("resident", "swap", "cpu")
 
 
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**20:.1f} MiB"
+
+
+def _budget_flag(n_bytes: int) -> str:
+    """A budget of at least `n_bytes`, as --vram-budget takes it (whole MiB, rounded up)."""
+    return f"--vram-budget {-(-n_bytes // 2**20)}MiB"
+
+
 @dataclass(frozen=True)
 class DoesNotFit:
     reason: str
@@ -118,10 +127,14 @@ def plan_placement(model: ModelInfo, accel: str | None, budget_bytes: int, n_ctx
         if p.accel_total_bytes + reserve_bytes <= budget_bytes:
             return p
     if live:
-        floor = placement_for(model, accel, 1, n_ctx, n_ubatch, flash_attn, live)
-        return DoesNotFit(f"the live layout keeps the output layer, every layer's KV cache and "
-                          f"the compute buffer on {accel} ({floor.accel_total_bytes / 2**20:.0f} "
-                          f"MiB), more than the budget of {budget_bytes / 2**20:.0f} MiB")
+        b = placement_for(model, accel, 1, n_ctx, n_ubatch, flash_attn, live).accel_bytes
+        parts = [f"the output layer ({_mib(b['weights'])})", f"every layer's KV cache "
+                 f"({_mib(b['kv'])})", f"the compute buffer ({_mib(b['compute'])})"]
+        if reserve_bytes:
+            parts.append(f"room for the resident projector ({_mib(reserve_bytes)})")
+        return DoesNotFit(f"the live layout needs {', '.join(parts[:-1])} and {parts[-1]} on "
+                          f"{accel}: {_mib(sum(b.values()) + reserve_bytes)}, more than the "
+                          f"budget of {_mib(budget_bytes)}")
     return best
 
 
@@ -152,6 +165,10 @@ class VisionPlan:
     reason: str
     steps: tuple[PlannedStep, ...]
     predicted_s: dict[str, float | None]  # each strategy's cost; None where it does not fit
+    # which mover a swap uses: "live" (layers only) or "reload" (the whole model and its
+    # context); a live placement takes the reload mover when the layers alone free too little
+    mover: str = ""
+    mover_note: str = ""
 
     @property
     def total_s(self) -> float:
@@ -172,14 +189,14 @@ FREE_BPS = 20e9
 
 def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj_bytes: int,
            n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs,
-           budget: int) -> list[PlannedStep]:
+           budget: int, mover: str) -> list[PlannedStep]:
     encode_accel = PlannedStep("encode", accel, 0, n_tokens * c.accel_encode_s_per_token)
     if strategy == "cpu":
         return [PlannedStep("encode", CPU, 0, n_tokens * c.cpu_encode_s_per_token)]
     load = PlannedStep("load_projector", accel, need, proj_bytes / c.bus_Bps + c.projector_overhead_s)
     if strategy == "resident":
         return ([] if resident_loaded else [load]) + [encode_accel]
-    if placement.live:
+    if mover == "live":
         evict = layers_to_evict(placement, need - (budget - placement.accel_total_bytes))
         moved = sum(placement.layer_bytes[i] for i in evict)
         # evicting only re-points tensors and frees buffers; restoring copies the layers back
@@ -200,25 +217,52 @@ def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj
     ]
 
 
+def _swap_mover(placement: Placement, need: int, budget_bytes: int,
+                reload_ok: bool) -> tuple[str, str, str]:
+    """(mover, note, why not) for a swap: the live mover when evicting layers makes room, else
+    the reload mover (it frees the KV cache, compute buffers and output layer too) if allowed;
+    "why not" names every way out that exists when neither can."""
+    floor = placement.accel_total_bytes - placement.movable_bytes
+    live = placement.live
+    if live and need + floor <= budget_bytes:
+        return "live", "", ""
+    live_short = (f"projector needs {_mib(need)}, more than what evicting every layer frees "
+                  f"({_mib(max(budget_bytes - floor, 0))}: the output layer, KV cache and compute "
+                  f"buffer keep {_mib(floor)} of the {_mib(budget_bytes)} budget)")
+    if need <= budget_bytes and (reload_ok or not live):
+        return "reload", (f"this swap used the reload mover: the live mover cannot make room "
+                          f"({live_short})" if live else ""), ""
+    ways = ["encode on the CPU (--vision cpu)",
+            f"raise the budget ({_budget_flag(need + (floor if live and not reload_ok else 0))} or more)"]
+    if need <= budget_bytes:  # a live session that may not use the reload mover
+        ways.insert(0, f"let the reload mover swap (--mover auto or reload): it frees the whole "
+                       f"{_mib(budget_bytes)} budget")
+        short = live_short
+    else:
+        short = f"projector needs {_mib(need)}, more than the whole budget ({_mib(budget_bytes)})"
+    return "", "", f"{short}; " + ", or ".join(ways)
+
+
 def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budget_bytes: int,
                 n_tokens: int, state_bytes: int, flash_attn: bool, costs: Costs,
-                resident_loaded: bool = False) -> VisionPlan | DoesNotFit:
-    """Choose how to encode `n_tokens` image tokens. `requested`: auto|resident|swap|cpu."""
+                resident_loaded: bool = False, reload_ok: bool = True) -> VisionPlan | DoesNotFit:
+    """Choose how to encode `n_tokens` image tokens. `requested`: auto|resident|swap|cpu.
+    `reload_ok`: a live placement may swap with the reload mover when its layers free too
+    little (not when the user asked for the live mover)."""
     accel = placement.accel
     need = projector_need_bytes(proj, flash_attn)
     free_beside = budget_bytes - placement.accel_total_bytes
     why_not: dict[str, str] = {}
+    mover = note = ""
     if accel is None:
         why_not["resident"] = why_not["swap"] = "there is no accelerator"
     else:
         if not resident_loaded and need > free_beside:
             why_not["resident"] = (f"projector needs {need / 2**20:.0f} MiB, the budget leaves "
                                    f"{max(free_beside, 0) / 2**20:.0f} MiB beside the model")
-        floor = placement.accel_total_bytes - placement.movable_bytes
-        if need + floor > budget_bytes:
-            what = "the whole budget" if not floor else "what evicting every layer frees"
-            why_not["swap"] = (f"projector needs {need / 2**20:.0f} MiB, more than {what} "
-                               f"({(budget_bytes - floor) / 2**20:.0f} MiB)")
+        mover, note, why = _swap_mover(placement, need, budget_bytes, reload_ok)
+        if why:
+            why_not["swap"] = why
     predicted: dict[str, float | None] = {}
     steps: dict[Strategy, list[PlannedStep]] = {}
     for s in STRATEGIES:
@@ -226,7 +270,7 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
             predicted[s] = None
             continue
         steps[s] = _steps(s, accel or CPU, placement, need, proj.weight_bytes, n_tokens,
-                          state_bytes, resident_loaded, costs, budget_bytes)
+                          state_bytes, resident_loaded, costs, budget_bytes, mover)
         predicted[s] = sum(p.predicted_s for p in steps[s])
     if requested != "auto":
         if requested not in STRATEGIES:
@@ -234,14 +278,19 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
         if requested in why_not:
             return DoesNotFit(f"{requested} is not possible: {why_not[requested]}")
         chosen = next(s for s in STRATEGIES if s == requested)
-        return VisionPlan(chosen, f"{chosen} as requested", tuple(steps[chosen]), predicted)
-    # auto: cheapest; on a tie prefer the one that touches the accelerator least
-    order = {"cpu": 0, "resident": 1, "swap": 2}
-    chosen = min(steps, key=lambda s: (round(predicted[s] or 0.0, 3), order[s]))
-    others = ", ".join(f"{s} {predicted[s]:.2f}s" if predicted[s] is not None
-                       else f"{s} impossible ({why_not[s]})" for s in STRATEGIES if s != chosen)
-    reason = f"auto chose {chosen}: predicted {predicted[chosen]:.2f}s; {others}"
-    return VisionPlan(chosen, reason, tuple(steps[chosen]), predicted)
+        reason = f"{chosen} as requested" + (f" ({note})" if chosen == "swap" and note else "")
+    else:
+        # auto: cheapest; on a tie prefer the one that touches the accelerator least
+        order = {"cpu": 0, "resident": 1, "swap": 2}
+        chosen = min(steps, key=lambda s: (round(predicted[s] or 0.0, 3), order[s]))
+        others = ", ".join(f"{s} {predicted[s]:.2f}s" if predicted[s] is not None
+                           else f"{s} impossible ({why_not[s]})" for s in STRATEGIES if s != chosen)
+        reason = f"auto chose {chosen}: predicted {predicted[chosen]:.2f}s; {others}"
+        if chosen == "swap" and note:
+            reason += f"; {note}"
+    swapping = chosen == "swap"
+    return VisionPlan(chosen, reason, tuple(steps[chosen]), predicted,
+                      mover=mover if swapping else "", mover_note=note if swapping else "")
 
 
 # ---------------------------------------------------------------- several devices

@@ -34,7 +34,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-HASH_THRESHOLD_BYTES = 10 * 1024 * 1024  # ggml-rpc sends a hash instead of data above this
+HASH_THRESHOLD_BYTES = ggml.RPC_HASH_THRESHOLD_BYTES
 
 
 def cacheable_bytes(model: Path) -> tuple[int, int]:

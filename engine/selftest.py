@@ -83,15 +83,24 @@ class SelfTestReference:
                 rt.close()
 
     def check(self, runtime: "TextRuntime", mover: "LiveMover") -> str | None:
-        """Toggle the layer live and back; None when every state matches its reference."""
-        states = [_digest(runtime.logits_for(self.tokens))]
-        for _ in range(2):
-            if self.toggle in mover.on_device():
-                mover.evict(self.toggle)
-            else:
-                mover.promote(self.toggle)
+        """Move the layer live and back; None when every state matches its reference. A layer
+        on the device is pointed at its host copy and back with its device bytes kept (what an
+        eviction and a promotion do to the model, without sending the layer a second time: over
+        RPC that would be the layer's bytes again on every start)."""
+        def state() -> str:
             mover.reschedule()
-            states.append(_digest(runtime.logits_for(self.tokens)))
+            return _digest(runtime.logits_for(self.tokens))
+
+        states = [state()]
+        if self.toggle in mover.on_device():
+            device_fields = mover.detach(self.toggle)
+            states.append(state())
+            mover.reattach(device_fields)
+        else:
+            mover.promote(self.toggle)
+            states.append(state())
+            mover.evict(self.toggle)
+        states.append(state())
         if os.environ.get(FAIL_ENV) == "1":
             states[1] = "broken on purpose by " + FAIL_ENV
         expected = [self.refs[0], self.refs[1], self.refs[0]]

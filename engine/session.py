@@ -87,6 +87,8 @@ class TurnResult:
     gen: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     device_lost: str | None = None  # a remote device went away before this turn
+    swap_mover: str = ""  # the mover this turn's swap used (live | reload), "" without a swap
+    mover_note: str = ""  # why this turn's swap did not use the session's mover
 
     def to_dict(self) -> dict[str, Any]:
         t0 = self.spans[0].start_s if self.spans else 0.0
@@ -94,7 +96,8 @@ class TurnResult:
                              "spans": [s.to_dict(t0) for s in self.spans],
                              "device_peak_bytes": self.device_peak_bytes,
                              "n_images": self.n_images, "n_images_encoded": self.n_images_encoded,
-                             "n_images_cached": self.n_images_cached, **self.gen}
+                             "n_images_cached": self.n_images_cached,
+                             "swap_mover": self.swap_mover, **self.gen}
         if self.error is not None:
             d["error"] = self.error
         if self.device_lost is not None:
@@ -256,20 +259,35 @@ class Session:
         if isinstance(placement, DoesNotFit):
             raise EbbError(placement.reason)
         self.placement = placement
-        self._layer_state = [CPU] * self.info.n_layers
         toggle = placement.accel_layers[-1] if placement.accel_layers else self.info.n_layers - 1
         before = set(placement.accel_layers)
         checker = SelfTestReference(self, before, toggle)
         checker.prepare()  # reference loads first: never two copies on the device at once
-        self.runtime = self._load_text()
-        layers = discover_layer_weights(self.runtime.decode_once_with)
-        dev = find_device(self.accel)
-        self.mover = LiveMover(layers, dev.handle, self.runtime.reschedule, remote=dev.remote)
-        self._move(promote=placement.accel_layers)
+        self._load_live()
+        assert self.runtime is not None and self.mover is not None
         problem = checker.check(self.runtime, self.mover)
         if problem:
             raise EbbError(f"self-test failed: {problem}")
         self.mover_name = "live"
+
+    def _load_live(self) -> None:
+        """Load the live layout (every layer's weights in RAM), find the layers' weight
+        tensors, and promote the placement's layers to the accelerator."""
+        assert self.accel is not None
+        self.runtime = self._load_text()
+        layers = discover_layer_weights(self.runtime.decode_once_with)
+        dev = find_device(self.accel)
+        self.mover = LiveMover(layers, dev.handle, self.runtime.reschedule, remote=dev.remote)
+        self._layer_state = [CPU] * self.info.n_layers
+        self._move(promote=self.placement.accel_layers)
+
+    def reload_runtime(self) -> None:
+        """Build the text model again for the current placement (after the reload mover freed
+        it): the live layout with its layers promoted, or llama.cpp's own placement."""
+        if self.placement.live and self.accel is not None:
+            self._load_live()
+        else:
+            self.runtime = self._load_text()
 
     def text_params(self, placement: Placement, device_layers: set[int] | None = None) -> LoadParams:
         """Load parameters for a placement. The live layout assigns every layer to the
@@ -347,9 +365,10 @@ class Session:
             self.ram_projector = None
             return
         assert self.runtime is not None
-        if self.placement.n_gpu_layers == 0 or self.mover is not None:
-            holder: Any = self.runtime  # all in RAM, or the live model (it never goes away)
-        else:  # a host-only instance of the model for the projector to bind to (mmapped)
+        if self.placement.n_gpu_layers == 0 and not self.placement.live:
+            holder: Any = self.runtime  # all in RAM: the model never leaves
+        else:  # a host-only instance of the model for the projector to bind to (mmapped): the
+            # reload mover frees the text model (the live layout's too, when layers free too little)
             holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0, devices=(),
                                             repack=False), self.info)
             self._stack.callback(holder.close)
@@ -510,10 +529,12 @@ class Session:
         with self._span(res.spans, "plan", CPU):
             plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,
                                n_tokens, state_bytes, self.cfg.flash_attn, self.costs,
-                               resident_loaded=self._accel_projector is not None)
+                               resident_loaded=self._accel_projector is not None,
+                               reload_ok=self.cfg.mover != "live")
         if isinstance(plan, DoesNotFit):
-            raise EbbError(plan.reason, "use --vision cpu or auto, or raise --vram-budget")
+            raise EbbError(plan.reason)
         res.strategy, res.reason = plan.strategy, plan.reason
+        res.swap_mover, res.mover_note = plan.mover, plan.mover_note
         if plan.strategy == "cpu":
             assert self.ram_projector is not None
             self._encode_all(self.ram_projector, todo, res, plan, CPU)
@@ -525,7 +546,7 @@ class Session:
                     self.runtime.reschedule()
                 self._emit_residency()
             self._encode_all(self._accel_projector, todo, res, plan, self.accel or CPU)
-        elif self.mover is not None:
+        elif self.mover is not None and plan.mover == "live":
             swap.swap_live(self, todo, res, plan)
         else:
             swap.swap_reload(self, todo, res, plan)

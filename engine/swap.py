@@ -60,7 +60,7 @@ def swap_reload(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: 
     res.spans[-1] = replace(res.spans[-1], bytes=len(state[0]))
     with s._span(res.spans, "evict", accel, s.placement.accel_total_bytes, plan):
         s._close_runtime()
-        s.ledger.clear(accel, "weights", "kv", "compute", "output")
+        s.ledger.clear(accel, "weights", "kv", "compute", "output", "layers")
         wait_until_done(accel)
     s._emit_residency(evicted=True)
     try:
@@ -75,8 +75,10 @@ def _restore_reload(s: "Session", state: tuple[bytes, list[Any]], res: "TurnResu
     t0 = time.perf_counter()
     with s._span(res.spans, "restore", accel, s.placement.accel_bytes.get("weights", 0), plan):
         try:
-            s.runtime = s._load_text()
+            s.reload_runtime()
         except EbbError as exc:  # the device is full now: carry on from RAM, say so
+            s._close_runtime()
+            s.ledger.clear(accel, "weights", "kv", "compute", "output", "layers")
             placement = plan_placement(s.info, None, 0, s.n_ctx, s.cfg.n_batch, s.cfg.flash_attn)
             if not isinstance(placement, Placement):
                 raise
@@ -86,6 +88,7 @@ def _restore_reload(s: "Session", state: tuple[bytes, list[Any]], res: "TurnResu
     weights = s.placement.accel_bytes.get("weights", 0)
     elapsed = time.perf_counter() - t0
     s.costs = replace(s.costs, reload_overhead_s=max(0.0, elapsed - weights / s.costs.bus_Bps))
+    assert s.runtime is not None
     with s._span(res.spans, "restore_state", accel, len(state[0]), plan):
         s.runtime.restore_state(state)
     s._emit_residency()

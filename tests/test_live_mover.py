@@ -209,3 +209,39 @@ def test_reschedule_without_graph_reserve_still_passes_the_self_test(rpc_server,
     assert out["mover"] == "live", out["note"]
     assert not out["error"] and out["text"]
     assert {"evict", "restore", "prefill"} <= set(out["spans"])
+
+
+def _budget_only_the_reload_mover_meets(model_path, projector):
+    """A budget over the projector's need but under it plus what the live layout keeps on the
+    device whatever layers move (output layer, every layer's KV cache, compute buffer)."""
+    from engine.gguf_info import model_info, projector_info, read_gguf
+    from engine.plan import placement_for, projector_need_bytes
+
+    info = model_info(read_gguf(model_path))
+    floor = placement_for(info, "RPC0", 1, 2048, 512, True, live=True).accel_total_bytes
+    need = projector_need_bytes(projector_info(read_gguf(projector)), True)
+    budget = max(need, floor) + min(need, floor) // 2
+    assert need <= budget < need + floor
+    return budget
+
+
+def test_a_swap_the_live_mover_cannot_make_room_for_takes_the_reload_mover(
+        rpc_server, base_projector, pictures, model_path):
+    budget = _budget_only_the_reload_mover_meets(model_path, base_projector)
+    swap = _one_image_turn(rpc_server, base_projector, pictures, "--vram-budget", f"{budget}B")
+    assert swap.returncode == 0, swap.stderr
+    out = json.loads(swap.stdout)
+    cpu = json.loads(_one_image_turn(rpc_server, base_projector, pictures, "--vram-budget",
+                                     f"{budget}B", "--vision", "cpu").stdout)
+    assert out["mover"] == "live" and out["strategy"] == "swap" and out["swap_mover"] == "reload"
+    assert "reload mover" in out["mover_note"] and "evicting every layer" in out["mover_note"]
+    assert "save_state" in [s["name"] for s in out["spans"]]
+    assert out["device_peak_bytes"]["RPC0"] <= budget
+    assert out["text"] == cpu["text"]
+    forced = _one_image_turn(rpc_server, base_projector, pictures, "--vram-budget", f"{budget}B",
+                             "--mover", "live")
+    assert forced.returncode == 2 and "Traceback" not in forced.stderr
+    error = json.loads(forced.stdout)["error"]
+    print(f"\n--mover live at {budget / 2**20:.1f} MiB: {error}")
+    for way_out in ("--mover auto or reload", "--vision cpu", "--vram-budget"):
+        assert way_out in error

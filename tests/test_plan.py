@@ -102,3 +102,44 @@ def test_plan_from_the_header_of_8b_and_70b_models_on_an_8_gib_card(tmp_path):
     assert o["prompt_s"]["stream"] < o["prompt_s"]["static"]
     assert "GiB of weights stay in RAM" in o["why"] and "ms/token" in o["why"]
     assert big["prompt_tokens_per_s"] == pytest.approx(2048 / o["prompt_s"]["stream"], rel=0.01)
+
+
+def test_a_live_swap_short_of_room_takes_the_reload_mover_or_names_every_way_out(model, base_projector):
+    proj = projector_info(read_gguf(base_projector))
+    live = placement_for(model, "RPC0", 31, 2048, 512, True, live=True)
+    floor = live.accel_total_bytes - live.movable_bytes
+    need = projector_need_bytes(proj, True)
+    fits_live = plan_vision("swap", live, proj, floor + need, 4, 10_000, True, Costs())
+    assert isinstance(fits_live, VisionPlan) and fits_live.mover == "live"
+    assert [s.name for s in fits_live.steps][0] == "evict" and fits_live.mover_note == ""
+    budget = floor + need - 1  # the layers free too little; the whole budget is enough
+    reload = plan_vision("swap", live, proj, budget, 4, 10_000, True, Costs())
+    assert isinstance(reload, VisionPlan) and reload.mover == "reload"
+    assert [s.name for s in reload.steps][0] == "save_state" and "reload mover" in reload.mover_note
+    cheap_swap = Costs(bus_Bps=20e9, cpu_encode_s_per_token=0.05, accel_encode_s_per_token=1e-4,
+                       reload_overhead_s=0.01)
+    auto = plan_vision("auto", live, proj, budget, 576, 10_000, True, cheap_swap)
+    assert isinstance(auto, VisionPlan) and auto.strategy == "swap" and auto.mover == "reload"
+    assert "reload mover" in auto.reason
+    forced_live = plan_vision("swap", live, proj, budget, 4, 0, True, Costs(), reload_ok=False)
+    assert isinstance(forced_live, DoesNotFit)
+    for way_out in ("--mover auto or reload", "--vision cpu", "--vram-budget"):
+        assert way_out in forced_live.reason
+    assert plan_vision("auto", live, proj, budget, 4, 0, True, cheap_swap, reload_ok=False).strategy == "cpu"
+    too_small = plan_vision("swap", live, proj, need - 1, 4, 0, True, Costs())
+    assert isinstance(too_small, DoesNotFit) and "--mover" not in too_small.reason
+    assert "--vision cpu" in too_small.reason and f"--vram-budget {-(-need // MiB)}MiB" in too_small.reason
+
+
+def test_the_live_layout_says_what_does_not_fit_with_numbers_that_add_up(model):
+    import re
+
+    floor = placement_for(model, "RPC0", 1, 2048, 512, True, live=True)
+    reserve = 107 * MiB
+    budget = floor.accel_total_bytes + reserve - MiB  # the floor fits; with the projector not
+    res = plan_placement(model, "RPC0", budget, 2048, 512, True, reserve_bytes=reserve, live=True)
+    assert isinstance(res, DoesNotFit)
+    numbers = [float(x) for x in re.findall(r"([0-9.]+) MiB", res.reason)]
+    *parts, total, budget_mib = numbers
+    assert len(parts) == 4 and "resident projector" in res.reason
+    assert abs(sum(parts) - total) < 0.25 and total > budget_mib == pytest.approx(budget / MiB, abs=0.05)
