@@ -14,7 +14,7 @@ from PySide6.QtGui import QImage, QKeyEvent, QPixmap
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout,
                                QWidget)
 
-from engine.images import MAX_IMAGE_PIXELS
+from engine.vision.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
 

@@ -63,7 +63,7 @@ class SettingsDialog(QDialog):
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:
-        from engine.devices import parse_endpoint
+        from engine.llama.devices import parse_endpoint
 
         try:
             v = self.values()
@@ -103,8 +103,8 @@ def projectors_beside(model: Path) -> list[Path]:
 
 def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
     """What the choice needs on each device, from the files' headers and the planner."""
-    from engine.gguf_info import inspect_files
-    from engine.plan import placement_for, projector_need_bytes
+    from engine.gguf.info import inspect_files
+    from engine.placement.plan import placement_for, projector_need_bytes
 
     try:
         ins = inspect_files(model, Path(mmproj) if mmproj and mmproj != DEMO else None)
@@ -180,7 +180,7 @@ class ModelPicker(QDialog):
                 QListWidgetItem(str(p), self.list)
 
     def _update_estimate(self) -> None:
-        from engine.models import DEFAULT_NAME, default_model_path
+        from engine.gguf.models import DEFAULT_NAME, default_model_path
 
         text = self.model_path.text().strip()
         path = default_model_path() if text == DEFAULT_NAME else Path(text)

@@ -30,7 +30,7 @@ LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 def relaunch(message: str, lost: list[str]) -> None:
     """ggml is about to abort (a remote device died mid-step): start the window again on the
     devices left, saying why. Called on the failing thread; never returns."""
-    from engine.fatal import describe
+    from engine.llama.fatal import describe
 
     env = dict(os.environ)
     restarts = int(env.get("EBB_RESTARTS", "0"))
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.resources import resource_path
     from app.store import Store
     from app.window import MainWindow
-    from engine.models import DEFAULT_NAME
+    from engine.gguf.models import DEFAULT_NAME
     from engine.paths import data_dir
 
     app = QApplication(sys.argv[:1])
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = MainWindow(store, cfg, rpc)
     window.show()
-    from engine import fatal
+    from engine.llama import fatal
 
     fatal.install(relaunch)
     if os.environ.get("EBB_NOTICE"):

@@ -19,14 +19,14 @@ _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=
 
 def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str, Any]:
     """Any thread but llama.cpp's: reads headers only."""
-    from engine import calibrate
-    from engine.gguf_info import inspect_files
+    from engine.placement import calibration as calibrate
+    from engine.gguf.info import inspect_files
     from engine.hw import physical_cores
-    from engine.models import existing_file, resolve_model_path
+    from engine.gguf.models import existing_file, resolve_model_path
     from engine.units import parse_size
-    from engine.whatif import parse_bus, what_if
+    from engine.placement.whatif import parse_bus, what_if
 
-    from engine.models import default_projector_path
+    from engine.gguf.models import default_projector_path
 
     model_path = resolve_model_path(model)
     proj = (default_projector_path(model_path) if mmproj == "demo"

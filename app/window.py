@@ -23,7 +23,7 @@ from app.panel import MemoryPanel
 from app.store import Store
 from app.worker import EngineWorker
 from engine import events
-from engine.runtime import GenParams
+from engine.llama.runtime import GenParams
 from engine.session import SessionConfig
 from engine.telemetry import Telemetry
 

@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from engine import events
 from engine.errors import EbbError
-from engine.runtime import GenParams
+from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig, turn_with_recovery
 
 
@@ -26,7 +26,7 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
     the first time, so never on the GUI thread)."""
     from dataclasses import replace
 
-    from engine.models import default_projector_path, existing_file, resolve_model_path
+    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
 
     model = resolve_model_path(str(cfg.model_path))
     proj = cfg.mmproj_path
@@ -58,7 +58,7 @@ class EngineWorker(QObject):
         self.event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
         try:
             self._close_session()
-            from engine.devices import connect_rpc
+            from engine.llama.devices import connect_rpc
 
             for endpoint in rpc:
                 connect_rpc(endpoint)
@@ -125,10 +125,10 @@ class EngineWorker(QObject):
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
         """Autotune the model's accelerator layers, then load the session again (the tuning
         runs need the device to themselves). Stop (cancel) ends it between runs."""
-        from engine.autotune import Cancelled, Measurer, autotune
-        from engine.devices import default_budget, pick_accelerator
-        from engine.gguf_info import model_info, projector_info, read_gguf
-        from engine.plan import projector_need_bytes
+        from engine.measure.autotune import Cancelled, Measurer, autotune
+        from engine.llama.devices import default_budget, pick_accelerator
+        from engine.gguf.info import model_info, projector_info, read_gguf
+        from engine.placement.plan import projector_need_bytes
 
         self._cancel.clear()
         try:

@@ -23,7 +23,7 @@ EXIT_INTERRUPTED = 130
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
-    from engine.models import fetch_default_model
+    from engine.gguf.models import fetch_default_model
 
     path = fetch_default_model()
     print(path)
@@ -31,8 +31,8 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from engine.gguf_info import inspect_files
-    from engine.models import existing_file, resolve_model_path
+    from engine.gguf.info import inspect_files
+    from engine.gguf.models import existing_file, resolve_model_path
 
     model = resolve_model_path(args.model)
     mmproj = existing_file(args.mmproj, "projector") if args.mmproj else None
@@ -64,9 +64,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_make_projector(args: argparse.Namespace) -> int:
-    from engine.gguf_info import model_info, read_gguf
-    from engine.models import resolve_model_path
-    from engine.projector_gen import write_projector
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.models import resolve_model_path
+    from engine.gguf.projector_gen import write_projector
 
     model = model_info(read_gguf(resolve_model_path(args.for_model)))
     out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed)
@@ -76,7 +76,7 @@ def cmd_make_projector(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from engine.devices import list_devices, nvml_readings
+    from engine.llama.devices import list_devices, nvml_readings
 
     devs = list_devices()
     nvml = nvml_readings()
@@ -98,19 +98,19 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_rpc_serve(args: argparse.Namespace) -> int:
-    from engine.rpc_server import serve
+    from engine.llama.rpc_server import serve
 
     serve(args.host, args.port, args.cache, args.threads, args.warm_from)
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from engine import calibrate
-    from engine.gguf_info import inspect_files
+    from engine.placement import calibration as calibrate
+    from engine.gguf.info import inspect_files
     from engine.hw import physical_cores
-    from engine.models import existing_file, resolve_model_path
+    from engine.gguf.models import existing_file, resolve_model_path
     from engine.units import parse_size
-    from engine.whatif import parse_bus, what_if
+    from engine.placement.whatif import parse_bus, what_if
 
     ins = inspect_files(resolve_model_path(args.model),
                         existing_file(args.mmproj, "projector") if args.mmproj else None)
@@ -118,7 +118,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cpu_cal = None if args.uncalibrated else calibrate.load("CPU")
     accel_cal, accel, can_stream = None, "GPU", True
     if args.device:
-        from engine.devices import find_device
+        from engine.llama.devices import find_device
 
         dev = find_device(args.device)
         accel, key = dev.name, calibrate.device_key(dev.name, dev.description)
@@ -161,10 +161,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from engine.calibrate import run_calibration
-    from engine.models import default_projector_path, existing_file, resolve_model_path
-    from engine.runtime import check_context
-    from engine.gguf_info import model_info, read_gguf
+    from engine.measure.calibrate import run_calibration
+    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
+    from engine.llama.runtime import check_context
+    from engine.gguf.info import model_info, read_gguf
     from engine.units import parse_size
 
     model = resolve_model_path(args.model)
@@ -189,7 +189,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from engine.model_gen import write_sparse_model
+    from engine.gguf.model_gen import write_sparse_model
 
     out = write_sparse_model(Path(args.out), args.like)
     st = out.stat()
@@ -199,8 +199,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_swap(args: argparse.Namespace) -> int:
-    from engine.bench import bench_swap
-    from engine.models import default_projector_path, existing_file, resolve_model_path
+    from engine.measure.bench import bench_swap
+    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
     from engine.session import SessionConfig
     from engine.units import parse_size
 
@@ -234,12 +234,12 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
 
 
 def cmd_autotune(args: argparse.Namespace) -> int:
-    from engine.autotune import Measurer, Point, autotune
-    from engine.devices import default_budget, pick_accelerator
-    from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
-    from engine.models import existing_file, resolve_model_path
-    from engine.plan import projector_need_bytes
-    from engine.runtime import check_context
+    from engine.measure.autotune import Measurer, Point, autotune
+    from engine.llama.devices import default_budget, pick_accelerator
+    from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
+    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.placement.plan import projector_need_bytes
+    from engine.llama.runtime import check_context
     from engine.units import parse_size
 
     model = resolve_model_path(args.model)
@@ -288,7 +288,7 @@ def _install_sigint(cancel: threading.Event) -> None:
 
 
 def _read_script(path: str) -> list[dict[str, Any]]:
-    from engine.models import existing_file
+    from engine.gguf.models import existing_file
 
     p = existing_file(path, "script")
     try:
@@ -307,7 +307,7 @@ def _read_script(path: str) -> list[dict[str, Any]]:
 
 
 def _session_config(args: argparse.Namespace) -> Any:
-    from engine.models import existing_file, resolve_model_path
+    from engine.gguf.models import existing_file, resolve_model_path
     from engine.session import SessionConfig
     from engine.units import parse_size
 
@@ -327,7 +327,7 @@ def _session_config(args: argparse.Namespace) -> Any:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from engine.runtime import GenParams
+    from engine.llama.runtime import GenParams
     from engine.session import Session, turn_with_recovery
 
     if args.script is None and args.prompt is None:
@@ -526,12 +526,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from engine import fatal
+    from engine.llama import fatal
 
     fatal.install(fatal.exit_with_message("ebb-engine"))
     try:
         if getattr(args, "rpc", None):
-            from engine.devices import connect_rpc
+            from engine.llama.devices import connect_rpc
 
             for endpoint in args.rpc:
                 connect_rpc(endpoint)

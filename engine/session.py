@@ -17,21 +17,25 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from engine import calibrate, events, swap
-from engine.devices import (check_rpc_servers, default_budget, find_device, pick_accelerator,
+from engine import events
+
+from engine.placement import calibration as calibrate
+
+from engine.vision import swap
+from engine.llama.devices import (check_rpc_servers, default_budget, find_device, pick_accelerator,
                             reported_used_bytes, rpc_bytes_sent, session_accelerators)
 from engine.errors import DeviceLost, EbbError
-from engine.gguf_info import check_projector_matches, model_info, projector_info, read_gguf
+from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
 from engine.hw import physical_cores
-from engine.images import LoadedImage, load_image
+from engine.vision.images import LoadedImage, load_image
 from engine.ledger import Ledger
-from engine.live_mover import LiveMover, discover_layer_weights
-from engine.plan import (CPU, Costs, DeviceOffer, DoesNotFit, Placement, Spread, VisionPlan,
+from engine.placement.live_mover import LiveMover, discover_layer_weights
+from engine.placement.plan import (CPU, Costs, DeviceOffer, DoesNotFit, Placement, Spread, VisionPlan,
                          layers_to_evict, plan_placement, plan_spread, plan_vision,
                          projector_need_bytes)
-from engine.selftest import SelfTestReference
-from engine.projector_runtime import Encoded, ProjectorRuntime
-from engine.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
+from engine.placement.selftest import SelfTestReference
+from engine.vision.projector import Encoded, ProjectorRuntime
+from engine.llama.runtime import GenParams, ImageSpan, LoadedModel, LoadParams, TextRuntime, check_context
 
 log = logging.getLogger("ebb.session")
 _KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
@@ -225,7 +229,7 @@ class Session:
         """Several accelerators: the planner deals layers out by each device's measured link
         (calibration's, else a quick timed copy) and budget; llama.cpp's tensor split places
         them. The reload mover swaps (the live mover moves layers on one device)."""
-        from engine.bench import measure_bandwidth
+        from engine.llama.bandwidth import measure_bandwidth
 
         offers = []
         for dev in session_accelerators(self.cfg.rpc):

@@ -15,7 +15,7 @@ import tempfile  # noqa: E402
 
 os.environ["EBB_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ebb-cal-")) / "calibration.json")
 
-from engine.models import fetch_default_model  # noqa: E402
+from engine.gguf.models import fetch_default_model  # noqa: E402
 
 N_THREADS = 2  # ggml spins: never more threads than the CI machine's cores
 
@@ -32,14 +32,14 @@ def projector_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_projector(model_path: Path, projector_dir: Path) -> Path:
-    from engine.projector_gen import write_projector
+    from engine.gguf.projector_gen import write_projector
 
     return write_projector(projector_dir / "tiny.gguf", 576, size="tiny", seed=1)
 
 
 @pytest.fixture(scope="session")
 def text_runtime(model_path: Path):
-    from engine.runtime import LoadParams, TextRuntime
+    from engine.llama.runtime import LoadParams, TextRuntime
 
     rt = TextRuntime(LoadParams(model_path, n_ctx=2048, n_threads=N_THREADS))
     yield rt
@@ -124,7 +124,7 @@ def rpc_server():
 
 @pytest.fixture(scope="session")
 def base_projector(projector_dir: Path) -> Path:
-    from engine.projector_gen import write_projector
+    from engine.gguf.projector_gen import write_projector
 
     return write_projector(projector_dir / "base.gguf", 576, size="base", seed=0)
 

@@ -11,7 +11,7 @@ from PySide6.QtGui import QImage
 from app.main import session_config
 from app.store import Store
 from app.window import MainWindow
-from engine.runtime import GenParams
+from engine.llama.runtime import GenParams
 
 QUESTION = "What is the capital of France? Answer in one word."
 
@@ -257,8 +257,8 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
 
 
 def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
-    from engine.model_gen import write_sparse_model
-    from engine.projector_gen import write_projector
+    from engine.gguf.model_gen import write_sparse_model
+    from engine.gguf.projector_gen import write_projector
 
     header = write_sparse_model(tmp_path / "llama-8b.gguf", "llama-8b")
     proj = write_projector(tmp_path / "mmproj-8b.gguf", 4096, "base")
@@ -286,7 +286,7 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
 
 
 def test_spread_over_two_rpc_servers_shows_both_devices(qtbot, store, tmp_path):
-    from engine.devices import connect_rpc
+    from engine.llama.devices import connect_rpc
     from tests.conftest import RpcServer
 
     a, b = RpcServer(), RpcServer()

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.autotune import Measurer, Point, autotune, find_cliff, golden_max, max_layers, sweep
-from engine.gguf_info import model_info, read_gguf
+from engine.measure.autotune import Measurer, Point, autotune, find_cliff, golden_max, max_layers, sweep
+from engine.gguf.info import model_info, read_gguf
 from tests.conftest import run_cli
 
 MiB = 2**20
@@ -92,7 +92,7 @@ def test_autotune_matches_an_exhaustive_sweep_with_half_the_runs(shared_rpc_serv
     """The RPC server computes with 2 threads, the client with 1: layers on the device are
     faster, each graph split costs a round trip, and the budget is the wall. llama.cpp's own
     split (the live layout's per-layer splits make prompt speed on loopback too noisy to rank)."""
-    from engine.devices import connect_rpc
+    from engine.llama.devices import connect_rpc
 
     accel = connect_rpc(shared_rpc_server.endpoint)[0]
     info = model_info(read_gguf(model_path))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.autotune import Measurer
-from engine.calibrate import DeviceCal, fit, predict_text
-from engine.gguf_info import model_info, read_gguf
-from engine.plan import placement_for
+from engine.measure.autotune import Measurer
+from engine.placement.calibration import DeviceCal, fit, predict_text
+from engine.gguf.info import model_info, read_gguf
+from engine.placement.plan import placement_for
 from tests.conftest import run_cli
 
 VISION_STEPS = ("evict", "load_projector", "encode", "free_projector", "restore")
@@ -59,7 +59,7 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     # the model does not fit: the phases are compared; RPC cannot stream host weights
     o = plan["oversize"]
     assert o["choice"] == {"prompt": "static", "generation": "static"} and o["prompt_s"]["stream"] is None
-    from engine.devices import connect_rpc
+    from engine.llama.devices import connect_rpc
 
     connect_rpc(ep)
     info = model_info(read_gguf(model_path))

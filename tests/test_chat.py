@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from engine.runtime import GenParams
+from engine.llama.runtime import GenParams
 from tests.conftest import run_cli
 
 QUESTION = "What is the capital of France? Answer in one word."

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.rpc_server import is_loopback
+from engine.llama.rpc_server import is_loopback
 from tests.conftest import free_port, run_cli
 
 
@@ -62,7 +62,7 @@ def test_rpc_serve_warns_unless_loopback():
 
 FAULTS = """
 import ctypes, resource, sys
-from engine.rpc_server import keep_freed_memory
+from engine.llama.rpc_server import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)

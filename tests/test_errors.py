@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.projector_gen import write_projector
+from engine.gguf.projector_gen import write_projector
 from tests.conftest import run_cli
 
 

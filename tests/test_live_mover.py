@@ -47,10 +47,10 @@ def test_live_mover_runs_when_the_self_test_passes(rpc_server, base_projector, p
 CYCLES = """
 import json, os, resource, sys
 from pathlib import Path
-from engine.devices import connect_rpc
-from engine.models import default_model_path
+from engine.llama.devices import connect_rpc
+from engine.gguf.models import default_model_path
 from engine.session import Session, SessionConfig
-from engine.bench import auto_budget
+from engine.measure.bench import auto_budget
 connect_rpc(sys.argv[1])
 cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
                     vision="swap", mover="live", rpc=(sys.argv[1],))
@@ -111,13 +111,13 @@ def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictur
 
 
 def _entries(*specs):
-    from engine.live_mover import Entry
+    from engine.placement.live_mover import Entry
 
     return [Entry(ptr=i, host=h, n_bytes=n, alloc_bytes=a) for i, (h, n, a) in enumerate(specs)]
 
 
 def test_layout_merges_neighbours_into_few_copies():
-    from engine.live_mover import layout_copies
+    from engine.placement.live_mover import layout_copies
 
     # three tensors back to back in host memory (a 32-byte gap before the last), listed out of order
     entries = _entries((1024 + 3008, 96, 96), (1024, 3008, 3008), (1024 + 3104 + 32, 64, 64))
@@ -131,7 +131,7 @@ def test_layout_merges_neighbours_into_few_copies():
 
 
 def test_layout_starts_a_new_copy_where_it_cannot_mirror_the_host():
-    from engine.live_mover import layout_copies
+    from engine.placement.live_mover import layout_copies
 
     # padded rows (device size > bytes), a misaligned neighbour, a distant tensor
     entries = _entries((0, 100, 128), (128, 64, 64), (208, 40, 40), (1 << 20, 32, 32))
@@ -143,7 +143,7 @@ def test_layout_starts_a_new_copy_where_it_cannot_mirror_the_host():
     assert [(h, d) for h, d, _ in lay.copies] == [(0, 0), (128, 128), (208, 192), (1 << 20, 256)]
     assert lay.total_bytes == 288
     # neighbours in two different host buffers are never copied as one range
-    from engine.live_mover import Entry
+    from engine.placement.live_mover import Entry
 
     split = layout_copies([Entry(0, 0, 64, 64, host_buffer=1), Entry(1, 64, 64, 64, host_buffer=2)],
                           align=32, chunk_bytes=1 << 20)
@@ -183,11 +183,11 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
 FALLBACK = """
 import json, sys
 from pathlib import Path
-import engine.runtime as rt
+import engine.llama.runtime as rt
 rt._graph_reserve_fn = lambda: None  # as on a llama.cpp without llama_graph_reserve
-from engine.devices import connect_rpc
-from engine.models import default_model_path
-from engine.runtime import GenParams
+from engine.llama.devices import connect_rpc
+from engine.gguf.models import default_model_path
+from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc(sys.argv[1])
 cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2, vision="swap",
@@ -214,8 +214,8 @@ def test_reschedule_without_graph_reserve_still_passes_the_self_test(rpc_server,
 def _budget_only_the_reload_mover_meets(model_path, projector):
     """A budget over the projector's need but under it plus what the live layout keeps on the
     device whatever layers move (output layer, every layer's KV cache, compute buffer)."""
-    from engine.gguf_info import model_info, projector_info, read_gguf
-    from engine.plan import placement_for, projector_need_bytes
+    from engine.gguf.info import model_info, projector_info, read_gguf
+    from engine.placement.plan import placement_for, projector_need_bytes
 
     info = model_info(read_gguf(model_path))
     floor = placement_for(info, "RPC0", 1, 2048, 512, True, live=True).accel_total_bytes

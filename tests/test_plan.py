@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gguf_info import model_info, projector_info, read_gguf
-from engine.plan import (CPU, Costs, DoesNotFit, VisionPlan, accel_bytes, placement_for,
+from engine.gguf.info import model_info, projector_info, read_gguf
+from engine.placement.plan import (CPU, Costs, DoesNotFit, VisionPlan, accel_bytes, placement_for,
                          plan_placement, plan_vision, projector_need_bytes)
 
 MiB = 2**20

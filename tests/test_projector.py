@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.gguf_info import projector_info, read_gguf
-from engine.images import load_image
-from engine.projector_gen import write_projector
-from engine.projector_runtime import ProjectorRuntime
+from engine.gguf.info import projector_info, read_gguf
+from engine.vision.images import load_image
+from engine.gguf.projector_gen import write_projector
+from engine.vision.projector import ProjectorRuntime
 from tests.conftest import N_THREADS, run_cli
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from engine.model_gen import ModelShape, write_model
-from engine.rpc_server import cacheable_bytes
+from engine.gguf.model_gen import ModelShape, write_model
+from engine.llama.rpc_server import cacheable_bytes
 from tests.conftest import RpcServer, run_cli
 
 # Two layers of width 2304 in f16: every weight matrix is over ggml's 10 MiB hash threshold.
@@ -128,9 +128,9 @@ def test_warm_load_over_a_1_gbit_link(tmp_path, wide_model):
 LOSE_SERVER = """
 import json, sys
 from pathlib import Path
-from engine.devices import connect_rpc
-from engine.models import default_model_path
-from engine.runtime import GenParams
+from engine.llama.devices import connect_rpc
+from engine.gguf.models import default_model_path
+from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig, turn_with_recovery
 connect_rpc(sys.argv[1])
 gp = GenParams(max_tokens=8, temperature=0)

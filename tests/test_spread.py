@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from engine.gguf_info import model_info, read_gguf
-from engine.plan import DeviceOffer, plan_spread
+from engine.gguf.info import model_info, read_gguf
+from engine.placement.plan import DeviceOffer, plan_spread
 from tests.conftest import RpcServer, run_cli
 
 MiB = 2**20

@@ -111,9 +111,9 @@ def test_vision_off_on_off_never_reloads_the_model(rpc_server, base_projector, p
     code = f"""
 import json
 from pathlib import Path
-from engine.devices import connect_rpc
-from engine.models import default_model_path
-from engine.runtime import GenParams
+from engine.llama.devices import connect_rpc
+from engine.gguf.models import default_model_path
+from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc("{rpc_server.endpoint}")
 cfg = SessionConfig(default_model_path(), Path("{base_projector}"), n_ctx=1024, n_threads=2,
@@ -160,7 +160,7 @@ def test_bad_images_never_end_the_conversation(tmp_path, rpc_server, base_projec
 
 
 def test_mismatched_projector_is_a_clear_error(tmp_path, pictures):
-    from engine.projector_gen import write_projector
+    from engine.gguf.projector_gen import write_projector
 
     wide = write_projector(tmp_path / "wide.gguf", 1024, size="tiny")
     proc = run_cli("chat", "--mmproj", str(wide), "--prompt", "hi", "--image",

@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import events
-from engine.bench import auto_budget, bench_swap
-from engine.devices import connect_rpc, list_devices, nvml_readings
-from engine.model_gen import SHAPES, write_model
-from engine.models import default_model_path
-from engine.projector_gen import write_projector
+from engine.measure.bench import auto_budget, bench_swap
+from engine.llama.devices import connect_rpc, list_devices, nvml_readings
+from engine.gguf.model_gen import SHAPES, write_model
+from engine.gguf.models import default_model_path
+from engine.gguf.projector_gen import write_projector
 from engine.session import Session, SessionConfig
 
 MiB = 2**20

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine import ggml
+from engine.llama import ggml
 from engine.errors import EbbError
 
 _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
@@ -248,10 +248,7 @@ class LiveMover:
         self.stats.n_allocs += 1
         b.ggml_backend_buffer_set_usage(buf, ggml.BUFFER_USAGE_WEIGHTS)
         base = int(b.ggml_backend_buffer_get_base(buf))
-        whole = ggml.Tensor()  # the whole buffer as bytes: the copies and the row padding
-        whole.type, whole.buffer, whole.data = ggml.GGML_TYPE_I8, buf, base
-        whole.ne[:] = [layout.total_bytes, 1, 1, 1]
-        whole.nb[:] = [1, layout.total_bytes, layout.total_bytes, layout.total_bytes]
+        whole = ggml.bytes_view(buf, layout.total_bytes)  # for the copies and the row padding
         saved: dict[int, list[tuple[int, int | None, int | None, int | None]]] = {la: [] for la in layers}
         try:
             for e, offset in zip(entries, layout.offsets):

@@ -41,9 +41,9 @@ def _sig(lib: Any, name: str, res: Any, *args: Any) -> None:
 @functools.lru_cache(maxsize=1)
 def lib() -> GgmlLibs:
     """Open and type the ggml libraries llama.cpp itself uses (after importing llama_cpp)."""
-    from engine.runtime import _llama
+    from engine.llama.lib import llama
 
-    _llama()  # loads libllama and, through it, these exact files
+    llama()  # loads libllama and, through it, these exact files
     d = _lib_dir()
     mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
     base = ctypes.CDLL(str(d / "libggml-base.so.0"), mode=mode)
@@ -122,6 +122,16 @@ class Tensor(ctypes.Structure):
 
 def tensor_at(ptr: int) -> Tensor:
     return Tensor.from_address(ptr)
+
+
+def bytes_view(buffer: int, n_bytes: int) -> Tensor:
+    """A 1-D I8 tensor over the first `n_bytes` of a backend buffer: copy any bytes into it
+    with `ggml_backend_tensor_set` (keep the object alive while copying)."""
+    t = Tensor()
+    t.type, t.buffer, t.data = GGML_TYPE_I8, buffer, lib().base.ggml_backend_buffer_get_base(buffer)
+    t.ne[:] = [n_bytes, 1, 1, 1]
+    t.nb[:] = [1, n_bytes, n_bytes, n_bytes]
+    return t
 
 
 def check_tensor_layout(sample_ptr: int) -> str | None:

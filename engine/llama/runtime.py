@@ -19,26 +19,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine import llama_log
+from engine.llama import log as llama_log
+from engine.llama.lib import llama
 from engine.errors import EbbError
-from engine.gguf_info import ModelInfo, model_info, read_gguf
+from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
 
 DEFAULT_CTX = 4096
-_backend_ready = False
 _BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
-
-
-def _llama() -> Any:
-    """Import llama_cpp once, with logging routed and the backend initialised."""
-    global _backend_ready
-    import llama_cpp
-
-    if not _backend_ready:
-        llama_log.install()
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-    return llama_cpp
 
 
 # `llama_graph_reserve(ctx, n_tokens, n_seqs, n_outputs)` is declared in llama.cpp's staging
@@ -155,7 +143,7 @@ def _device_of_buffer(name: str, endpoint: str | None) -> str:
     process>: two servers both say RPC0. Map back to the device name."""
     if not endpoint or not name.startswith("RPC") or not name[3:].isdigit():
         return name
-    from engine.devices import remote_device_names
+    from engine.llama.devices import remote_device_names
 
     on_server = remote_device_names(endpoint)
     i = int(name[3:])
@@ -167,8 +155,8 @@ class _BuftOverride(ctypes.Structure):
 
 
 def _override_array(overrides: tuple[tuple[str, str], ...]) -> Any:
-    from engine import ggml
-    from engine.devices import find_device
+    from engine.llama import ggml
+    from engine.llama.devices import find_device
 
     g = ggml.lib()
     arr = (_BuftOverride * (len(overrides) + 1))()
@@ -183,7 +171,7 @@ class LoadedModel:
     """A llama_model (weights placed per params). Close frees it."""
 
     def __init__(self, params: LoadParams, info: ModelInfo | None = None) -> None:
-        L = _llama()
+        L = llama()
         self.params = params
         self.info = info or model_info(read_gguf(params.model_path))
         self._stack = contextlib.ExitStack()
@@ -191,7 +179,7 @@ class LoadedModel:
         mparams.n_gpu_layers = params.n_gpu_layers
         mparams.use_extra_bufts = params.repack
         if params.devices is not None:
-            from engine.devices import find_device
+            from engine.llama.devices import find_device
 
             handles = [find_device(n).handle for n in params.devices] + [None]
             self._devices_arr = (ctypes.c_void_p * len(handles))(*handles)  # alive while loading
@@ -238,7 +226,7 @@ class TextRuntime:
     # ------------------------------------------------------------ loading
 
     def _load(self) -> None:
-        L = _llama()
+        L = llama()
         t0 = time.perf_counter()
         self.loaded = LoadedModel(self.params, self.info)
         self._stack.callback(self.loaded.close)
@@ -253,7 +241,7 @@ class TextRuntime:
         self.template = self._chat_template()
 
     def _new_context(self, n_ctx: int, cb_eval: Any = None) -> Any:
-        L = _llama()
+        L = llama()
         cparams = L.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = self.params.n_batch
@@ -272,7 +260,7 @@ class TextRuntime:
 
     def decode_once_with(self, cb_eval: Any) -> None:
         """Decode one token in a throwaway context that calls `cb_eval` for every node."""
-        L = _llama()
+        L = llama()
         ctx = self._new_context(256, cb_eval)
         try:
             tok = L.llama_vocab_bos(self.vocab)
@@ -283,7 +271,7 @@ class TextRuntime:
 
     def logits_for(self, tokens: list[int]) -> np.ndarray:
         """Last-position logits of `tokens` from an empty context (the KV cache is cleared)."""
-        L = _llama()
+        L = llama()
         self.reset()
         self._decode_tokens(tokens)
         n_vocab = L.llama_vocab_n_tokens(self.vocab)
@@ -295,7 +283,7 @@ class TextRuntime:
     def _chat_template(self) -> Any:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        L = _llama()
+        L = llama()
         raw = L.llama_model_chat_template(self.model, None)
         template = raw.decode("utf-8") if raw else CHATML_TEMPLATE
         bos = L.llama_vocab_bos(self.vocab)
@@ -323,7 +311,7 @@ class TextRuntime:
         return res.prompt, bool(res.added_special)
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
-        L = _llama()
+        L = llama()
         data = text.encode("utf-8")
         n_max = len(data) + 16
         buf = (L.llama_token * n_max)()
@@ -349,7 +337,7 @@ class TextRuntime:
         return items
 
     def _piece(self, token: int) -> bytes:
-        L = _llama()
+        L = llama()
         buf = ctypes.create_string_buffer(64)
         n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         if n < 0:
@@ -366,18 +354,28 @@ class TextRuntime:
 
     def _decode(self, batch: Any) -> None:
         self.replan()
-        self._check(_llama().llama_decode(self.ctx, batch))
+        self._check(llama().llama_decode(self.ctx, batch))
 
     def _decode_tokens(self, tokens: list[int]) -> None:
-        L = _llama()
+        L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
             chunk = tokens[i:i + self.params.n_batch]
             arr = (L.llama_token * len(chunk))(*chunk)
             self._decode(L.llama_batch_get_one(arr, len(chunk)))
             self._cached.extend(chunk)
 
+    def decode_greedy(self) -> int:
+        """Decode the most likely next token after what is cached and wait for the device: one
+        step of greedy generation, as measurements time it. Returns the token."""
+        L = llama()
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.info.n_vocab,))
+        token = int(np.argmax(logits))
+        self._decode_tokens([token])
+        L.llama_synchronize(self.ctx)
+        return token
+
     def _decode_image(self, img: ImageSpan) -> None:
-        L = _llama()
+        L = llama()
         emb = np.ascontiguousarray(img.embeddings, dtype=np.float32)
         n_embd = emb.shape[1]
         for start in range(0, emb.shape[0], self.params.n_batch):
@@ -411,7 +409,7 @@ class TextRuntime:
     def prefill(self, items: Sequence[PromptItem]) -> int:
         """Evaluate items, reusing the longest prefix already in the KV cache. Returns the
         number of positions evaluated."""
-        L = _llama()
+        L = llama()
         keys = self._keys(items)
         n_keep = 0
         for a, b in zip(self._cached, keys):
@@ -446,7 +444,7 @@ class TextRuntime:
 
     def reset(self) -> None:
         """Forget the conversation's KV cache."""
-        L = _llama()
+        L = llama()
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
         self._cached.clear()
 
@@ -465,7 +463,7 @@ class TextRuntime:
         if not self._replan:
             return
         self._replan = False
-        L = _llama()
+        L = llama()
         L.llama_synchronize(self.ctx)  # nothing of the last graph may still run
         fn = _graph_reserve_fn()
         if fn is None or not fn(self.ctx, 1, 1, 1):
@@ -475,14 +473,14 @@ class TextRuntime:
 
     def save_state(self) -> tuple[bytes, list[Any]]:
         """Sequence 0's KV cache (and our record of what it holds) as host bytes."""
-        L = _llama()
+        L = llama()
         size = L.llama_state_seq_get_size(self.ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
         return bytes(buf[:n]), list(self._cached)
 
     def restore_state(self, state: tuple[bytes, list[Any]]) -> None:
-        L = _llama()
+        L = llama()
         data, cached = state
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
@@ -493,7 +491,7 @@ class TextRuntime:
     # ------------------------------------------------------------ generation
 
     def _sampler(self, gp: GenParams) -> Any:
-        L = _llama()
+        L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if gp.temperature <= 0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
@@ -531,7 +529,7 @@ class TextRuntime:
 
     def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
                      cancel: threading.Event | None) -> tuple[str, int, str]:
-        L = _llama()
+        L = llama()
         chain = self._sampler(gp)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []

@@ -13,11 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-from engine import ggml
-from engine.devices import list_devices
+from engine.llama import ggml
+from engine.llama.devices import list_devices
 from engine.errors import EbbError
 from engine.hw import physical_cores
-from engine.models import existing_file
+from engine.gguf.models import existing_file
 from engine.units import fmt_bytes
 
 NO_AUTH_WARNING = ("WARNING: ggml RPC has no authentication or encryption: anyone who can reach "
@@ -39,7 +39,7 @@ HASH_THRESHOLD_BYTES = ggml.RPC_HASH_THRESHOLD_BYTES
 
 def cacheable_bytes(model: Path) -> tuple[int, int]:
     """(bytes of weight tensors over ggml's 10 MiB hash threshold, all tensor bytes)."""
-    from engine.gguf_info import read_gguf
+    from engine.gguf.info import read_gguf
 
     gf = read_gguf(model)
     return sum(t.n_bytes for t in gf.tensors if t.n_bytes > HASH_THRESHOLD_BYTES), gf.tensor_bytes
@@ -59,8 +59,8 @@ def _wait_for_port(host: str, port: int, timeout_s: float = 30.0) -> None:
 def warm_cache(endpoint: str, models: list[Path]) -> None:
     """Load each model through a loopback client onto this server, with every layer on it, so
     the server's tensor cache holds its weights; later clients then send hashes instead."""
-    from engine.devices import connect_rpc
-    from engine.runtime import LoadedModel, LoadParams
+    from engine.llama.devices import connect_rpc
+    from engine.llama.runtime import LoadedModel, LoadParams
 
     names = connect_rpc(endpoint)
     for model in models:

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Callable
 
-from engine import ggml
+from engine.llama import ggml
 
 EXIT_DEVICE_LOST = 3
 _CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
@@ -23,7 +23,7 @@ _installed: list[object] = []  # keeps the ctypes callback alive
 def lost_endpoints() -> list[str]:
     """RPC servers that went away: our own sockets tell; failing that (they may be closing
     under us while ggml gives up), a server that refuses a fresh connection is gone."""
-    from engine.devices import check_rpc_servers, refused_endpoints
+    from engine.llama.devices import check_rpc_servers, refused_endpoints
 
     def ours() -> list[str]:
         return check_rpc_servers(timeout_s=0.2)

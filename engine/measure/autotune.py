@@ -32,8 +32,8 @@ from typing import Callable
 import numpy as np
 
 from engine.errors import EbbError
-from engine.gguf_info import ModelInfo
-from engine.plan import DoesNotFit, plan_placement
+from engine.gguf.info import ModelInfo
+from engine.placement.plan import DoesNotFit, plan_placement
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
@@ -116,9 +116,8 @@ class Measurer:
         return self.points[layers]
 
     def _measure(self, layers: int) -> Point:
-        from engine.runtime import LoadParams, TextRuntime, _llama
+        from engine.llama.runtime import LoadParams, TextRuntime
 
-        L = _llama()
         params = LoadParams(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                             n_gpu_layers=layers, devices=(self.accel,) if layers else (),
                             flash_attn=self.flash_attn, n_batch=self.n_batch)
@@ -144,13 +143,9 @@ class Measurer:
                 t1 = time.perf_counter()
                 rt.prefill(tokens)  # waits for the device
                 prompt_s = min(prompt_s, time.perf_counter() - t1)
-            n_vocab = self.info.n_vocab
-
             def token() -> float:  # greedy, as a reply is generated; waits for the logits
                 t = time.perf_counter()
-                logits = np.ctypeslib.as_array(L.llama_get_logits_ith(rt.ctx, -1), shape=(n_vocab,))
-                rt._decode_tokens([int(np.argmax(logits))])
-                L.llama_synchronize(rt.ctx)
+                rt.decode_greedy()
                 return time.perf_counter() - t
 
             for _ in range(4):  # right after a big batch the first tokens run slow on a busy box

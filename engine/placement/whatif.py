@@ -1,7 +1,7 @@
 """`ebb-engine plan`: what a model would do on a device you may not own, from its header.
 
 Pure arithmetic over the GGUF's tensor table and the planner. Costs come from this machine's
-calibration (`ebb-engine calibrate`, engine/calibrate.py) where there is one: the CPU side
+calibration (`ebb-engine calibrate`, engine/placement/calibration.py) where there is one: the CPU side
 always (RAM is this machine's), the accelerator side when `--device` names a calibrated one.
 Otherwise they are defaults the user can override (bus, memory bandwidths, encode speed), and
 the output says which parts are calibrated.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.calibrate import DeviceCal, predict_text, split_bytes, vision_costs
+from engine.placement.calibration import DeviceCal, predict_text, split_bytes, vision_costs
 from engine.errors import EbbError
-from engine.gguf_info import ModelInfo, ProjectorInfo
-from engine.plan import Costs, DoesNotFit, Placement, VisionPlan, plan_placement, plan_vision
+from engine.gguf.info import ModelInfo, ProjectorInfo
+from engine.placement.plan import Costs, DoesNotFit, Placement, VisionPlan, plan_placement, plan_vision
 
 BUS_GBPS = {"pcie3": 12.0, "pcie4": 24.0, "pcie5": 48.0}  # host→device, pinned, GB/s
 

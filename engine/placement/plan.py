@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine.gguf_info import ModelInfo, ProjectorInfo
+from engine.gguf.info import ModelInfo, ProjectorInfo
 
 CPU = "CPU"
 F32 = 4

@@ -9,7 +9,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine import ggml
+from engine.llama import ggml
 from engine.errors import EbbError
 
 _rpc_lock = threading.Lock()

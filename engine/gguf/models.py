@@ -85,8 +85,8 @@ def existing_file(name: str, what: str) -> Path:
 
 def default_projector_path(model: Path, size: str = "base") -> Path:
     """A generated projector (random weights) for `model`, made once and kept in the cache."""
-    from engine.gguf_info import model_info, read_gguf
-    from engine.projector_gen import write_projector
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.projector_gen import write_projector
 
     info = model_info(read_gguf(model))
     out = models_dir() / f"ebb-synthetic-mmproj-{size}-{info.n_embd}.gguf"

@@ -20,8 +20,8 @@ import numpy as np
 from engine.paths import cache_dir
 
 if TYPE_CHECKING:
-    from engine.live_mover import LiveMover
-    from engine.runtime import TextRuntime
+    from engine.placement.live_mover import LiveMover
+    from engine.llama.runtime import TextRuntime
     from engine.session import Session
 
 FAIL_ENV = "EBB_TEST_BREAK_LIVE_MOVER"  # test-only hook: "1" makes the comparison fail
@@ -47,7 +47,7 @@ class SelfTestReference:
     def _make_key(self) -> str:
         import llama_cpp
 
-        from engine.devices import find_device
+        from engine.llama.devices import find_device
 
         s = self.session
         st = Path(s.cfg.model_path).stat()
@@ -70,7 +70,7 @@ class SelfTestReference:
         if hit and os.environ.get(FAIL_ENV) != "1":
             self.tokens, self.refs, self.cached = list(hit["tokens"]), list(hit["refs"]), True
             return
-        from engine.runtime import TextRuntime
+        from engine.llama.runtime import TextRuntime
 
         s = self.session
         for layers in (self.before, self.after):

@@ -15,10 +15,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from engine.devices import wait_until_done
+from engine.llama.devices import wait_until_done
 from engine.errors import EbbError
-from engine.images import LoadedImage
-from engine.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_placement,
+from engine.vision.images import LoadedImage
+from engine.placement.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_placement,
                          projector_need_bytes)
 
 # Restored layers share device buffers of up to this size: fewer allocations and frees (each a
@@ -27,7 +27,7 @@ from engine.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_place
 RESTORE_GROUP_BYTES = 30 * 2**20
 
 if TYPE_CHECKING:
-    from engine.projector_runtime import ProjectorRuntime
+    from engine.vision.projector import ProjectorRuntime
     from engine.session import Session, TurnResult
 
 

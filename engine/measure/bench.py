@@ -16,71 +16,25 @@ one taken, including the start's scan on an idle link. Medians are given beside 
 """
 from __future__ import annotations
 
-import ctypes
 import statistics
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from engine import ggml
-from engine.devices import find_device, wait_until_done
 from engine.errors import EbbError
-from engine.plan import placement_for, projector_need_bytes
-from engine.runtime import GenParams
+from engine.llama.bandwidth import COPY_PIECES, measure_bandwidth
+from engine.llama.runtime import GenParams
+from engine.placement.plan import placement_for, projector_need_bytes
 from engine.session import Session, SessionConfig
 
 SWAP_STEPS = {"reload": ("save_state", "evict", "restore", "restore_state"),
               "live": ("evict", "restore")}
 
 
-def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: int) -> float:
-    """Seconds to copy `src` into the device buffer behind `t` in copies of `piece` bytes, until
-    the device has it all."""
-    wait_until_done(device)
-    t0 = time.perf_counter()
-    for off in range(0, src.size, piece):
-        g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, off,
-                                       min(piece, src.size - off))
-    wait_until_done(device)
-    return time.perf_counter() - t0
-
-
 SAMPLE_MAX_BYTES = 256 * 2**20  # a rate, not a restore: enough bytes to time it well
-COPY_PIECES = (1 * 2**20, 4 * 2**20, 16 * 2**20, 0)  # 0: the whole buffer in one copy
-
-
-def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
-                      typical: bool = False, pieces: tuple[int, ...] = COPY_PIECES) -> float:
-    """Host→device copy speed: timed ggml_backend_tensor_set of `n_bytes` into one device
-    buffer (touched once first, so no first-use page faults count), until the device has it.
-    By default the best the link gives: copies of each size in `pieces` (0: one whole copy),
-    the best rate of `repeats` tries of each (a limit). `typical`: the median of `repeats` tries
-    in 4 MiB copies, as a restore copies (a prediction)."""
-    g = ggml.lib()
-    buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
-    src = np.resize(np.arange(256, dtype=np.uint8), n_bytes)  # any bytes: nothing compresses
-    buf = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
-    if not buf:
-        raise EbbError(f"could not allocate {n_bytes >> 20} MiB to measure bandwidth")
-    try:
-        t = ggml.Tensor()
-        t.type, t.buffer, t.data = ggml.GGML_TYPE_I8, buf, g.base.ggml_backend_buffer_get_base(buf)
-        t.ne[:] = [n_bytes, 1, 1, 1]
-        t.nb[:] = [1, n_bytes, n_bytes, n_bytes]
-        _timed_copies(g, device, t, src, min(n_bytes, 16 * 2**20))  # first use: pages appear
-        if typical:
-            piece = min(n_bytes, 4 * 2**20)
-            return n_bytes / statistics.median(_timed_copies(g, device, t, src, piece)
-                                               for _ in range(repeats))
-        sizes = sorted({min(n_bytes, p) if p else n_bytes for p in pieces})
-        best = min(_timed_copies(g, device, t, src, piece) for piece in sizes for _ in range(repeats))
-    finally:
-        g.base.ggml_backend_buffer_free(buf)
-    return n_bytes / best
 
 
 def auto_budget(session: Session) -> int:
@@ -115,7 +69,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             raise EbbError(f"the {mover} mover is not available: {s.mover_note}")
         s.before_restore = before_restore
         texts = [s.turn("Say hello.", [], gp).text]
-        swaps, moved = [], []
+        swaps, moved, peak = [], [], 0
         for pic in pictures:
             res = s.turn("What is in this picture?", [pic], gp)
             if res.error:
@@ -126,7 +80,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
             peak = res.device_peak_bytes.get(s.accel or "", 0)
-        return {"swaps_s": swaps, "bytes_moved": int(statistics.median(moved)),
+        return {"swaps_s": swaps, "bytes_moved": int(statistics.median(moved)) if moved else 0,
                 "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.placement.n_layers_on_accel}
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from engine import llama_log
+from engine.llama import log as llama_log
 from engine.errors import EbbError
-from engine.gguf_info import ProjectorInfo, check_projector_matches, projector_info, read_gguf
-from engine.images import LoadedImage
-from engine.runtime import _llama
+from engine.gguf.info import ProjectorInfo, check_projector_matches, projector_info, read_gguf
+from engine.vision.images import LoadedImage
+from engine.llama.lib import llama
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
 _MTMD_CHUNK_IMAGE = 1
@@ -34,7 +34,7 @@ class Encoded:
 
 
 def _mtmd() -> Any:
-    _llama()
+    llama()
     import llama_cpp.mtmd_cpp as M
 
     cb = llama_log.callback()
@@ -61,7 +61,7 @@ class ProjectorRuntime:
         params = M.mtmd_context_params_default()
         params.use_gpu = device is not None
         if device is not None:
-            from engine.devices import find_device
+            from engine.llama.devices import find_device
 
             params.device = find_device(device).handle
         params.n_threads = n_threads

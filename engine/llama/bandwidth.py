@@ -1,0 +1,56 @@
+"""How fast bytes reach a device: timed host→device copies into one device buffer. Used to
+deal layers over devices, by calibration and by the swap benchmark. Engine thread."""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from engine.errors import EbbError
+from engine.llama import ggml
+from engine.llama.devices import find_device, wait_until_done
+
+
+def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: int) -> float:
+    """Seconds to copy `src` into the device buffer behind `t` in copies of `piece` bytes, until
+    the device has it all."""
+    wait_until_done(device)
+    t0 = time.perf_counter()
+    for off in range(0, src.size, piece):
+        g.base.ggml_backend_tensor_set(ctypes.addressof(t), src.ctypes.data + off, off,
+                                       min(piece, src.size - off))
+    wait_until_done(device)
+    return time.perf_counter() - t0
+
+
+COPY_PIECES = (1 * 2**20, 4 * 2**20, 16 * 2**20, 0)  # 0: the whole buffer in one copy
+
+
+def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
+                      typical: bool = False, pieces: tuple[int, ...] = COPY_PIECES) -> float:
+    """Host→device copy speed: timed ggml_backend_tensor_set of `n_bytes` into one device
+    buffer (touched once first, so no first-use page faults count), until the device has it.
+    By default the best the link gives: copies of each size in `pieces` (0: one whole copy),
+    the best rate of `repeats` tries of each (a limit). `typical`: the median of `repeats` tries
+    in 4 MiB copies, as a restore copies (a prediction)."""
+    g = ggml.lib()
+    buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
+    src = np.resize(np.arange(256, dtype=np.uint8), n_bytes)  # any bytes: nothing compresses
+    buf = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
+    if not buf:
+        raise EbbError(f"could not allocate {n_bytes >> 20} MiB to measure bandwidth")
+    try:
+        t = ggml.bytes_view(buf, n_bytes)
+        _timed_copies(g, device, t, src, min(n_bytes, 16 * 2**20))  # first use: pages appear
+        if typical:
+            piece = min(n_bytes, 4 * 2**20)
+            return n_bytes / statistics.median(_timed_copies(g, device, t, src, piece)
+                                               for _ in range(repeats))
+        sizes = sorted({min(n_bytes, p) if p else n_bytes for p in pieces})
+        best = min(_timed_copies(g, device, t, src, piece) for piece in sizes for _ in range(repeats))
+    finally:
+        g.base.ggml_backend_buffer_free(buf)
+    return n_bytes / best
