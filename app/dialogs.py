@@ -5,17 +5,26 @@ import os
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog,
-                               QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QPushButton, QSpinBox, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+)
 
+from app.settings import DEFAULTS, DEMO
 from engine.errors import EbbError
 from engine.units import fmt_bytes, parse_size
-
-DEMO = "demo"
-DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
-                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
-                            "gpu_layers": -1, "spread": False}
 
 
 class SettingsDialog(QDialog):

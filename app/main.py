@@ -8,7 +8,6 @@ STARTED = time.monotonic()
 import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path
 from typing import Any
 
 
@@ -23,13 +22,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-# RPC servers lost during a step before this process restarted itself (see engine/fatal.py)
-LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
-
-
 def relaunch(message: str, lost: list[str]) -> None:
     """ggml is about to abort (a remote device died mid-step): start the window again on the
     devices left, saying why. Called on the failing thread; never returns."""
+    from app.settings import LOST_RPC
     from engine.llama.fatal import describe
 
     env = dict(os.environ)
@@ -43,28 +39,6 @@ def relaunch(message: str, lost: list[str]) -> None:
     env["EBB_NOTICE"] = (note + ". Ebb restarted without it; your conversations are kept (a reply "
                          "that was being written is not). Settings still list the server.")
     os.execve(sys.executable, [sys.executable, "-m", "app", *sys.argv[1:]], env)
-
-
-def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
-                   threads: int | None = None, rpc: list[str] | None = None) -> tuple[Any, list[str]]:
-    """A SessionConfig from the saved settings (remembering this model as the last used)."""
-    from app.dialogs import DEFAULTS
-    from engine.session import SessionConfig
-    from engine.units import parse_size
-
-    s = {k: store.setting(k, v) for k, v in DEFAULTS.items()}
-    store.set_setting("model", model)
-    store.set_setting("mmproj", mmproj)
-    cfg = SessionConfig(
-        model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
-        n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
-        vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
-        vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
-        image_max_tokens=int(s["image_max_tokens"]),
-        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
-        spread=bool(s["spread"]))
-    servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
-    return cfg, [r for r in servers if r not in LOST_RPC]
 
 
 def _test_hooks(window: Any, app: Any) -> None:
@@ -91,7 +65,7 @@ def _test_hooks(window: Any, app: Any) -> None:
             if isinstance(ev, events.ModelLoaded) and not self.sent:
                 self.sent = True
                 window.composer.edit.setPlainText(text)
-                QTimer.singleShot(0, window._on_send)
+                QTimer.singleShot(0, window.send_message)
             elif isinstance(ev, events.TokenText) and not self.streaming:
                 self.streaming = True
                 print("streaming", flush=True)
@@ -107,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.resources import resource_path
+    from app.settings import DEMO, session_config
     from app.store import Store
     from app.window import MainWindow
     from engine.gguf.models import DEFAULT_NAME
@@ -123,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.model is None and store.setting("model"):
         mmproj = store.setting("mmproj", "")
     else:
-        mmproj = "demo" if model == DEFAULT_NAME else ""
+        mmproj = DEMO if model == DEFAULT_NAME else ""
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = MainWindow(store, cfg, rpc)
     window.show()

@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QTimer, Slot
-from PySide6.QtWidgets import (QComboBox, QDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QPushButton, QVBoxLayout)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+)
 
 from app.panel import MemoryPanel
+from app.settings import DEMO
 from engine import events
 from engine.telemetry import Telemetry
 
@@ -19,17 +28,19 @@ _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=
 
 def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str, Any]:
     """Any thread but llama.cpp's: reads headers only."""
-    from engine.placement import calibration as calibrate
     from engine.gguf.info import inspect_files
+    from engine.gguf.models import (
+        default_projector_path,
+        existing_file,
+        resolve_model_path,
+    )
     from engine.hw import physical_cores
-    from engine.gguf.models import existing_file, resolve_model_path
-    from engine.units import parse_size
+    from engine.placement import calibration as calibrate
     from engine.placement.whatif import parse_bus, what_if
-
-    from engine.gguf.models import default_projector_path
+    from engine.units import parse_size
 
     model_path = resolve_model_path(model)
-    proj = (default_projector_path(model_path) if mmproj == "demo"
+    proj = (default_projector_path(model_path) if mmproj == DEMO
             else existing_file(mmproj, "projector") if mmproj else None)
     ins = inspect_files(model_path, proj)
     n_ctx = min(ctx, ins.model.n_ctx_train or ctx)

@@ -11,24 +11,48 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QMetaObject, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
-from PySide6.QtWidgets import (QCheckBox, QDockWidget, QFileDialog, QHBoxLayout, QInputDialog,
-                               QLabel, QLineEdit, QListWidget, QListWidgetItem, QMainWindow, QMenu,
-                               QProgressBar, QPushButton, QSplitter, QTextBrowser, QVBoxLayout,
-                               QWidget)
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QKeySequence,
+)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMenu,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
 
+from app.chat_state import ChatState, Pending
 from app.composer import Composer
-from app.dialogs import DEFAULTS, ModelPicker, SettingsDialog
+from app.dialogs import ModelPicker, SettingsDialog
 from app.panel import MemoryPanel
+from app.settings import DEMO_LABEL, load_settings, session_config
 from app.store import Store
 from app.worker import EngineWorker
 from engine import events
+from engine.config import SessionConfig
+from engine.errors import EbbError
 from engine.llama.runtime import GenParams
-from engine.session import SessionConfig
 from engine.telemetry import Telemetry
 
 REDRAW_MS = 50
-DEMO_LABEL = "demo projector: random weights — it exercises the memory pipeline; it does not see"
 
 
 class MainWindow(QMainWindow):
@@ -48,22 +72,24 @@ class MainWindow(QMainWindow):
                     min(880, avail.height() - 60) if avail else 820)
         self.setAcceptDrops(True)
         self.store = store
+        self.chat = ChatState(store)  # the conversation and the request in flight, Qt-free
+        self.chat.last_cfg = load
         self.telemetry = Telemetry()
         self.gen_params = GenParams()
-        self._request_id = 0
-        self._busy = False
-        self._reply_parts: list[str] = []
-        self._live_text = ""
-        self._pending: tuple[str, list[Path], int] | None = None  # text, images, message id
-        self._loaded = False
-        self.conv_id = 0
+        self._live_text: str | None = ""
+        self._rpc = rpc or []  # servers from the command line: kept across reloads
+        self._handlers: dict[type, Any] = {
+            events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
+            events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
+            events.TokenText: self._on_token_text, events.TurnFinished: self._on_turn_finished,
+            events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
+            events.TuneFinished: self._on_tune_finished}
         self._build_ui()
         self._start_worker()
         self._redraw = QTimer(self, interval=REDRAW_MS)
         self._redraw.timeout.connect(self._render_live)
-        self._open_first_conversation()
-        self._last_cfg = load
-        self._rpc = rpc or []
+        self.chat.open_first()
+        self._refresh_conversations()
         if load is not None:
             self.request_load.emit(load, self._rpc)
 
@@ -114,9 +140,9 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.regen_button)
         acts.addWidget(self.copy_button)
         self.composer = Composer()
-        self.composer.send_requested.connect(self._on_send)
+        self.composer.send_requested.connect(self.send_message)
         attach = QPushButton("Attach…", clicked=self._on_attach)
-        self.send_button = QPushButton("Send", clicked=self._on_send, enabled=False)
+        self.send_button = QPushButton("Send", clicked=self.send_message, enabled=False)
         self.stop_button = QPushButton("Stop", clicked=self._on_stop, enabled=False)
         buttons = QVBoxLayout()
         for b in (self.send_button, self.stop_button, attach):
@@ -197,10 +223,9 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ conversations
 
-    def _open_first_conversation(self) -> None:
-        convs = self.store.conversations()
-        self.conv_id = convs[0].id if convs else self.store.create_conversation()
-        self._refresh_conversations()
+    @property
+    def conv_id(self) -> int:
+        return self.chat.conv_id
 
     def _refresh_conversations(self) -> None:
         self.conversations.blockSignals(True)
@@ -208,27 +233,24 @@ class MainWindow(QMainWindow):
         for c in self.store.conversations(self.search.text()):
             item = QListWidgetItem(c.title, self.conversations)
             item.setData(Qt.ItemDataRole.UserRole, c.id)
-            if c.id == self.conv_id:
+            if c.id == self.chat.conv_id:
                 self.conversations.setCurrentItem(item)
         self.conversations.blockSignals(False)
         self._render()
 
     def _on_conversation_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
-        if item is None or self._busy:
+        if item is None or not self.chat.select(int(item.data(Qt.ItemDataRole.UserRole))):
             return
-        self.conv_id = int(item.data(Qt.ItemDataRole.UserRole))
         self._send_history()
         self._render()
 
     def _send_history(self) -> None:
-        turns = [(m.role, m.text, [str(p) for p in m.images]) for m in self.store.messages(self.conv_id)]
-        self.request_history.emit(turns)
+        self.request_history.emit(self.chat.history())
 
     @Slot()
     def _on_new_chat(self) -> None:
-        if self._busy:
+        if not self.chat.new_conversation():
             return
-        self.conv_id = self.store.create_conversation()
         self.request_history.emit([])
         self._refresh_conversations()
 
@@ -245,18 +267,15 @@ class MainWindow(QMainWindow):
             title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=item.text())
             if ok:
                 self.store.rename(cid, title)
-        elif chosen is delete and not (self._busy and cid == self.conv_id):
-            self.store.delete(cid)
-            if cid == self.conv_id:
-                self._open_first_conversation()
-                self._send_history()
+        elif chosen is delete and self.chat.delete(cid):
+            self._send_history()  # the open one went: another is open now
         self._refresh_conversations()
 
     # ------------------------------------------------------------ rendering
 
     def _render(self) -> None:
         parts = []
-        msgs = self.store.messages(self.conv_id) if self.conv_id else []
+        msgs = self.chat.messages()
         for m in msgs:
             who = "You" if m.role == "user" else "Ebb"
             parts.append(f"**{who}**\n\n" + "".join(f"![{p.name}]({thumb(p)}) " for p in m.images))
@@ -269,11 +288,11 @@ class MainWindow(QMainWindow):
         if at_bottom:
             bar.setValue(bar.maximum())
         has_reply = bool(msgs) and msgs[-1].role == "assistant"
-        self.regen_button.setEnabled(has_reply and not self._busy and self._loaded)
+        self.regen_button.setEnabled(has_reply and self.chat.can_send())
         self.copy_button.setEnabled(has_reply)
 
     def _render_live(self) -> None:
-        text = "".join(self._reply_parts)
+        text = "".join(self.chat.reply_parts)
         if text != self._live_text:
             self._live_text = text
             self.live_reply.setMarkdown("**Ebb**\n\n" + (text or "…"))
@@ -298,27 +317,24 @@ class MainWindow(QMainWindow):
             self.composer.add_image(Path(p))
 
     @Slot()
-    def _on_send(self) -> None:
+    def send_message(self) -> None:
+        """Send what the composer holds (Enter, the Send button)."""
         text, images = self.composer.text(), list(self.composer.images)
-        if (not text and not images) or self._busy or not self._loaded:
+        if (not text and not images) or not self.chat.can_send():
             return
         if images and not self.vision_switch.isChecked():
             self.composer.show_error("Turn vision on to send images (no reload needed).")
             return
         self.composer.clear()
-        if not self.store.messages(self.conv_id) and text:
-            self.store.rename(self.conv_id, text[:48])
-        mid = self.store.add_message(self.conv_id, "user", text, images)
-        stored = self.store.messages(self.conv_id)[-1].images
-        self._dispatch(text, stored, (text, images, mid))
+        pending = self.chat.add_user_message(text, images)
+        # the composer gets back what the user gave, the engine the stored copies
+        self._dispatch(Pending(text, images, pending.message_id), pending.images)
         self._refresh_conversations()
 
-    def _dispatch(self, text: str, images: list[Path], pending: tuple[str, list[Path], int]) -> None:
-        self._request_id += 1
-        self._pending = pending
-        self._reply_parts = []
+    def _dispatch(self, pending: Pending, images: list[Path]) -> None:
+        request_id = self.chat.begin(pending)
         self._set_busy(True)
-        self.request_send.emit(self._request_id, text, [str(p) for p in images], self.gen_params)
+        self.request_send.emit(request_id, pending.text, [str(p) for p in images], self.gen_params)
         self._render()
 
     @Slot()
@@ -327,17 +343,15 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_regenerate(self) -> None:
-        msgs = self.store.messages(self.conv_id)
-        if self._busy or len(msgs) < 2 or msgs[-1].role != "assistant":
+        pending = self.chat.regenerate()
+        if pending is None:
             return
-        user = msgs[-2]
-        self.store.delete_message(msgs[-1].id)
         self.request_undo.emit()
-        self._dispatch(user.text, user.images, (user.text, user.images, user.id))
+        self._dispatch(pending, pending.images)
 
     @Slot()
     def _on_copy(self) -> None:
-        msgs = self.store.messages(self.conv_id)
+        msgs = self.chat.messages()
         if msgs and msgs[-1].role == "assistant":
             QGuiApplication.clipboard().setText(msgs[-1].text)
 
@@ -346,17 +360,16 @@ class MainWindow(QMainWindow):
         self.request_vision.emit(on)
 
     def _set_busy(self, busy: bool) -> None:
-        self._busy = busy
-        self._live_text = None  # type: ignore[assignment]
+        self._live_text = None
         self.live_reply.setVisible(busy)
         if busy:
             self._render_live()
-        self.send_button.setEnabled(not busy and self._loaded)
+        self.send_button.setEnabled(not busy and self.chat.loaded)
         self.stop_button.setEnabled(busy)
         (self._redraw.start if busy else self._redraw.stop)()
 
     def _settings(self) -> dict[str, Any]:
-        return {k: self.store.setting(k, v) for k, v in DEFAULTS.items()}
+        return load_settings(self.store)
 
     @Slot()
     def _on_settings(self) -> None:
@@ -364,13 +377,14 @@ class MainWindow(QMainWindow):
         if dlg.exec():
             for k, v in dlg.values().items():
                 self.store.set_setting(k, v)
-            if self._last_cfg is not None and not self._busy:
-                self._load(str(self._last_cfg.model_path), str(self._last_cfg.mmproj_path or ""))
+            cfg = self.chat.last_cfg
+            if cfg is not None and not self.chat.busy:
+                self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
 
     @Slot()
     def _on_open_model(self) -> None:
         dlg = ModelPicker(self._settings(), self)
-        if dlg.exec() and not self._busy:
+        if dlg.exec() and not self.chat.busy:
             self.store.set_setting("model_folders", dlg.settings.get("model_folders", []))
             model, mmproj = dlg.choice()
             if model:
@@ -378,21 +392,21 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_tune(self) -> None:
-        from app.main import session_config
         from app.tune import TuneDialog
 
-        if self._busy or self._last_cfg is None:
+        last = self.chat.last_cfg
+        if self.chat.busy or last is None:
             self.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
             return
-        cfg, rpc = session_config(self.store, str(self._last_cfg.model_path),
-                                  str(self._last_cfg.mmproj_path or ""), rpc=self._rpc)
+        cfg, rpc = session_config(self.store, str(last.model_path), str(last.mmproj_path or ""),
+                                  rpc=self._rpc)
         cfg = replace(cfg, gpu_layers=None)  # measure every count the budget allows
         self.tune_dialog = TuneDialog(self)
         self.tune_dialog.stop.connect(self.worker.cancel)
         self.tune_dialog.apply_layers.connect(self._apply_gpu_layers)
         self.tune_dialog.finished.connect(self.worker.cancel)  # closing it stops the runs
-        self._loaded = False
-        self._set_busy(self._busy)
+        self.chat.set_loading()
+        self._set_busy(self.chat.busy)
         self.request_tune.emit(cfg, rpc)
         self.tune_dialog.show()
 
@@ -400,7 +414,7 @@ class MainWindow(QMainWindow):
     def _on_what_if(self) -> None:
         from app.whatif_dialog import WhatIfDialog
 
-        cfg = self._last_cfg
+        cfg = self.chat.last_cfg
         self.whatif_dialog = WhatIfDialog(str(cfg.model_path) if cfg else "default",
                                           str(cfg.mmproj_path or "") if cfg else "",
                                           int(self._settings()["ctx"]), self)
@@ -409,29 +423,27 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def _apply_gpu_layers(self, n: int) -> None:
         self.store.set_setting("gpu_layers", n)
-        if self._last_cfg is not None:
-            self._load(str(self._last_cfg.model_path), str(self._last_cfg.mmproj_path or ""))
+        cfg = self.chat.last_cfg
+        if cfg is not None:
+            self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
             self.statusBar().showMessage(f"Using {n} accelerator layers (Settings to change)", 15000)
 
-    def _on_TunePoint(self, ev: events.TunePoint) -> None:
+    def _on_tune_point(self, ev: events.TunePoint) -> None:
         if getattr(self, "tune_dialog", None) is not None:
             self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps)
 
-    def _on_TuneFinished(self, ev: events.TuneFinished) -> None:
+    def _on_tune_finished(self, ev: events.TuneFinished) -> None:
         if getattr(self, "tune_dialog", None) is not None:
             self.tune_dialog.finish(ev.result)
 
     def _load(self, model: str, mmproj: str) -> None:
-        from app.main import session_config
-
         try:
             # servers given on the command line stay (Settings' list is added to them)
             cfg, rpc = session_config(self.store, model, mmproj, rpc=self._rpc)
-        except Exception as exc:  # a bad path or setting: say so, keep what is loaded
+        except EbbError as exc:  # a bad setting (a budget that is not a size): keep what is loaded
             self.statusBar().showMessage(f"Error: {exc}")
             return
-        self._last_cfg = cfg
-        self._loaded = False
+        self.chat.set_loading(cfg)
         self.request_load.emit(cfg, rpc)
         self._send_history()
 
@@ -440,20 +452,20 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_event(self, ev: events.Event) -> None:
         self.telemetry.on_event(ev)
-        handler = getattr(self, f"_on_{type(ev).__name__}", None)
+        handler = self._handlers.get(type(ev))
         if handler is not None:
             handler(ev)
 
-    def _on_ModelLoading(self, ev: events.ModelLoading) -> None:
+    def _on_model_loading(self, ev: events.ModelLoading) -> None:
         self.progress.show()
-        self._loaded = False
+        self.chat.set_loading()
         self.send_button.setEnabled(False)
         self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…")
 
-    def _on_ModelLoaded(self, ev: events.ModelLoaded) -> None:
+    def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
         d = ev.details
         self.progress.hide()
-        self._loaded = True
+        self.chat.set_loaded()
         self.setWindowTitle(f"Ebb — {ev.model_name}")
         by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
         if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
@@ -471,7 +483,7 @@ class MainWindow(QMainWindow):
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "
                                      "to remote devices while loading")
-        if not self._busy:
+        if not self.chat.busy:
             self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
                                          + (f" — {d['mover_note']}" if d.get("mover_note") else ""),
                                          15000)
@@ -483,56 +495,47 @@ class MainWindow(QMainWindow):
         self.vision_switch.setEnabled(has_proj)
         self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
         self.demo_label.setText(DEMO_LABEL if d.get("projector_synthetic") else "")
-        self._set_busy(self._busy)
+        self._set_busy(self.chat.busy)
         self._send_history()
         self._render()
 
-    def _on_VisionChanged(self, ev: events.VisionChanged) -> None:
+    def _on_vision_changed(self, ev: events.VisionChanged) -> None:
         self.vision_switch.blockSignals(True)
         self.vision_switch.setChecked(ev.enabled)
         self.vision_switch.blockSignals(False)
         self.projector_label.setText("projector in RAM" if ev.enabled else "vision off")
 
-    def _on_Residency(self, ev: events.Residency) -> None:
+    def _on_residency(self, ev: events.Residency) -> None:
         where = {"RAM": "projector in RAM", "loading": "projector loading…", "": ""}
         if self.vision_switch.isChecked():
             self.projector_label.setText(where.get(ev.projector_device, f"projector on {ev.projector_device}"))
 
-    def _on_TokenText(self, ev: events.TokenText) -> None:
-        if ev.request_id == self._request_id:
-            self._reply_parts.append(ev.text)
+    def _on_token_text(self, ev: events.TokenText) -> None:
+        self.chat.add_text(ev.request_id, ev.text)
 
-    def _on_TurnFinished(self, ev: events.TurnFinished) -> None:
+    def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         r: dict[str, Any] = ev.result
-        pending, self._pending = self._pending, None
         if r.get("device_lost"):
             self.statusBar().showMessage(f"{r['device_lost']}: the conversation goes on with the "
                                          "devices that are left", 30000)
-        if r.get("error") and pending is not None:
-            self._undo_user_message(pending, r["error"])
-        elif pending is not None:
-            stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
-                                           "stop_reason", "n_images")}
-            spans = r.get("spans", [])
-            stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
-            stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans
-                                  if s["name"] in ("evict", "restore", "save_state", "restore_state"))
-            self.store.add_message(self.conv_id, "assistant", r.get("text", ""), stats=stats)
+        failed = self.chat.finish(r)
+        if failed is not None:
+            self._give_back(failed, r["error"])
         self._set_busy(False)
         self._render()
 
-    def _undo_user_message(self, pending: tuple[str, list[Path], int], error: str) -> None:
-        text, images, mid = pending
-        self.store.delete_message(mid)
+    def _give_back(self, pending: Pending, error: str) -> None:
+        """A message the engine could not answer: out of the engine's history, back in the
+        composer (nothing the user wrote is lost), with the reason."""
         self.request_undo.emit()
-        self.composer.restore(text, images)  # nothing the user wrote is lost
+        self.composer.restore(pending.text, pending.images)
         self.composer.show_error(error)
 
-    def _on_EngineFailed(self, ev: events.EngineFailed) -> None:
+    def _on_engine_failed(self, ev: events.EngineFailed) -> None:
         self.progress.hide()
-        if self._busy and self._pending is not None:
-            self._undo_user_message(self._pending, ev.message)
-            self._pending = None
+        failed = self.chat.fail()
+        if failed is not None:
+            self._give_back(failed, ev.message)
             self._set_busy(False)
         self.statusBar().showMessage(f"Error: {ev.message}")
         if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():

@@ -12,27 +12,12 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.settings import resolve_paths
 from engine import events
+from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.llama.runtime import GenParams
-from engine.session import Session, SessionConfig, turn_with_recovery
-
-
-DEMO = "demo"
-
-
-def resolve_paths(cfg: SessionConfig) -> SessionConfig:
-    """Worker thread: fetch the default model and make the demo projector if asked (slow
-    the first time, so never on the GUI thread)."""
-    from dataclasses import replace
-
-    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
-
-    model = resolve_model_path(str(cfg.model_path))
-    proj = cfg.mmproj_path
-    if proj is not None:
-        proj = default_projector_path(model) if str(proj) == DEMO else existing_file(str(proj), "projector")
-    return replace(cfg, model_path=model, mmproj_path=proj)
+from engine.session import Session, turn_with_recovery
 
 
 class EngineWorker(QObject):
@@ -125,9 +110,9 @@ class EngineWorker(QObject):
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
         """Autotune the model's accelerator layers, then load the session again (the tuning
         runs need the device to themselves). Stop (cancel) ends it between runs."""
-        from engine.measure.autotune import Cancelled, Measurer, autotune
-        from engine.llama.devices import default_budget, pick_accelerator
         from engine.gguf.info import model_info, projector_info, read_gguf
+        from engine.llama.devices import default_budget, pick_accelerator
+        from engine.measure.autotune import Cancelled, Measurer, autotune
         from engine.placement.plan import projector_need_bytes
 
         self._cancel.clear()

@@ -53,6 +53,11 @@ class VisionChanged(Event):
     enabled: bool
 
 
+# The steps in which the model gives the accelerator up and takes it back: a swap's own cost
+# (the projector's load, encode and free are the same whichever mover runs).
+SWAP_STEPS = ("save_state", "evict", "restore", "restore_state")
+
+
 @dataclass(frozen=True)
 class Span(Event):
     """One pipeline step: plan, save_state, evict, load_projector, encode, free_projector,

@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QTimer, QUrl
 from PySide6.QtGui import QImage
 
-from app.main import session_config
+from app.settings import session_config
 from app.store import Store
 from app.window import MainWindow
 from engine.llama.runtime import GenParams
@@ -62,14 +62,14 @@ def _window(qtbot, store, model="default", mmproj="", rpc=None, **settings):
     qtbot.addWidget(w)
     w.show()
     w.gen_params = GenParams(temperature=0, max_tokens=24)
-    wait_for(lambda: w._loaded, timeout=120_000)
+    wait_for(lambda: w.chat.loaded, timeout=120_000)
     return w
 
 
 def _send(qtbot, w, text, timeout=120_000):
     w.composer.edit.setPlainText(text)
-    w._on_send()
-    wait_for(lambda: not w._busy, timeout=timeout)
+    w.send_message()
+    wait_for(lambda: not w.chat.busy, timeout=timeout)
 
 
 def _long_reply(qtbot, store, text, parts):
@@ -77,8 +77,8 @@ def _long_reply(qtbot, store, text, parts):
     w = _window(qtbot, store)
     w.gen_params = GenParams(temperature=0, max_tokens=400)
     w.composer.edit.setPlainText(text)
-    w._on_send()
-    wait_for(lambda: len(w._reply_parts) > parts, timeout=60_000)
+    w.send_message()
+    wait_for(lambda: len(w.chat.reply_parts) > parts, timeout=60_000)
     return w
 
 
@@ -99,7 +99,7 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
     w = _long_reply(qtbot, store, "Count from 1 to 300, one number per line.", parts=3)
     w.stop_button.click()
-    wait_for(lambda: not w._busy, timeout=30_000)
+    wait_for(lambda: not w.chat.busy, timeout=30_000)
     assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "cancelled"
 
 
@@ -148,7 +148,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     heart.start()
     _send(qtbot, w, "What is in these pictures?")
     heart.stop()
-    request = w._request_id
+    request = w.chat.request_id
     names = [s.name for s in w.telemetry.spans_of(request)]
     assert names.count("encode") == 2 and "evict" in names and "restore" in names
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "swap"
@@ -166,7 +166,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     wait_for(lambda: w.projector_label.text() == "vision off", timeout=30_000)
     w.composer.add_image(Path(pictures["a.png"]))
     w.composer.edit.setPlainText("look")
-    w._on_send()
+    w.send_message()
     assert "Turn vision on" in w.composer.error.text() and w.composer.images  # kept, not lost
     w.vision_switch.setChecked(True)
     wait_for(lambda: w.projector_label.text() == "projector in RAM", timeout=30_000)
@@ -205,7 +205,7 @@ def test_regenerate_and_copy(qtbot, store):
     _send(qtbot, w, QUESTION)
     first = store.messages(w.conv_id)[-1].text
     w.regen_button.click()
-    wait_for(lambda: not w._busy)
+    wait_for(lambda: not w.chat.busy)
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"] and msgs[-1].text == first  # greedy
     w.copy_button.click()
@@ -241,17 +241,17 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     r = dlg.result
     assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
     assert dlg.gen_curve.getData()[0] is not None and len(dlg.gen_curve.getData()[0]) == r["n_runs"]
-    wait_for(lambda: w._loaded)  # the session is back after tuning
+    wait_for(lambda: w.chat.loaded)  # the session is back after tuning
     dlg.resize(720, 520)
     dlg.grab().save(str(tmp_path / "tune.png"))
     print(f"\ntune: {r['n_runs']} runs, best gen {r['best_gen_layers']}, best prompt "
           f"{r['best_prompt_layers']}; screenshot {tmp_path / 'tune.png'}")
     dlg.apply_button.click()
     assert store.setting("gpu_layers", -1) == r["best_gen_layers"]
-    wait_for(lambda: w._loaded and w.model_label.text() != before or
-             w._last_cfg.gpu_layers == r["best_gen_layers"])
-    wait_for(lambda: w._loaded)
-    assert w._last_cfg.gpu_layers == r["best_gen_layers"]
+    wait_for(lambda: w.chat.loaded and w.model_label.text() != before or
+             w.chat.last_cfg.gpu_layers == r["best_gen_layers"])
+    wait_for(lambda: w.chat.loaded)
+    assert w.chat.last_cfg.gpu_layers == r["best_gen_layers"]
     _send(qtbot, w, QUESTION)
     assert w.store.messages(w.conv_id)[-1].role == "assistant"
 

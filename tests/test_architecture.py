@@ -1,4 +1,5 @@
-"""House rules a tool can check: the engine never imports Qt (import-linter contract)."""
+"""House rules a tool can check (import-linter contracts in pyproject.toml): the engine never
+imports Qt, its imports only point down its layers, and no package has an import circle."""
 from __future__ import annotations
 
 import subprocess
@@ -12,7 +13,7 @@ def test_import_linter_contracts_hold():
     lint = Path(sys.executable).with_name("lint-imports")
     proc = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 kept, 0 broken" in proc.stdout
+    assert " 0 broken" in proc.stdout
 
 
 def test_engine_runs_without_qt_loaded():

@@ -5,8 +5,16 @@ import json
 
 import pytest
 
-from engine.measure.autotune import Measurer, Point, autotune, find_cliff, golden_max, max_layers, sweep
 from engine.gguf.info import model_info, read_gguf
+from engine.measure.autotune import (
+    Measurer,
+    Point,
+    autotune,
+    find_cliff,
+    golden_max,
+    max_layers,
+    sweep,
+)
 from tests.conftest import run_cli
 
 MiB = 2**20

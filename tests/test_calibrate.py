@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.gguf.info import model_info, read_gguf
 from engine.measure.autotune import Measurer
 from engine.placement.calibration import DeviceCal, fit, predict_text
-from engine.gguf.info import model_info, read_gguf
 from engine.placement.plan import placement_for
 from tests.conftest import run_cli
 
@@ -65,7 +65,7 @@ def test_predictions_for_the_rpc_device_fall_within_25_percent(shared_rpc_server
     info = model_info(read_gguf(model_path))
     # measured as calibration measures: the faster of two runs (a busy box only adds time)
     m = Measurer(model_path, info, "RPC0", 1024, 1, live=True)
-    runs = [m._measure(k), m._measure(k)]
+    runs = [m.measure(k), m.measure(k)]
     gen_tps = max(r.gen_tps for r in runs)
     prompt_tps = max(r.prompt_tps for r in runs)
 

@@ -4,8 +4,17 @@ from __future__ import annotations
 import pytest
 
 from engine.gguf.info import model_info, projector_info, read_gguf
-from engine.placement.plan import (CPU, Costs, DoesNotFit, VisionPlan, accel_bytes, placement_for,
-                         plan_placement, plan_vision, projector_need_bytes)
+from engine.placement.plan import (
+    CPU,
+    Costs,
+    DoesNotFit,
+    VisionPlan,
+    accel_bytes,
+    placement_for,
+    plan_placement,
+    plan_vision,
+    projector_need_bytes,
+)
 
 MiB = 2**20
 

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from engine.gguf.info import projector_info, read_gguf
-from engine.vision.images import load_image
 from engine.gguf.projector_gen import write_projector
+from engine.vision.images import load_image
 from engine.vision.projector import ProjectorRuntime
 from tests.conftest import N_THREADS, run_cli
 

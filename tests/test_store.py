@@ -64,7 +64,7 @@ def test_model_picker_finds_models_and_projectors(tmp_path, model_path, tiny_pro
 
 def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path):
     from app.dialogs import SettingsDialog
-    from app.main import session_config
+    from app.settings import session_config
 
     s = Store(tmp_path)
     dlg = SettingsDialog({}, None)

@@ -9,8 +9,8 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.llama import ggml
 from engine.errors import EbbError
+from engine.llama import ggml
 
 _rpc_lock = threading.Lock()
 _rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added

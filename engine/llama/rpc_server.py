@@ -13,11 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+from engine.errors import EbbError
+from engine.gguf.models import existing_file
+from engine.hw import physical_cores
 from engine.llama import ggml
 from engine.llama.devices import list_devices
-from engine.errors import EbbError
-from engine.hw import physical_cores
-from engine.gguf.models import existing_file
 from engine.units import fmt_bytes
 
 NO_AUTH_WARNING = ("WARNING: ggml RPC has no authentication or encryption: anyone who can reach "

@@ -19,11 +19,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.llama import log as llama_log
-from engine.llama.lib import llama
 from engine.errors import EbbError
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
+from engine.llama import log as llama_log
+from engine.llama.lib import llama
 
 DEFAULT_CTX = 4096
 _BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")

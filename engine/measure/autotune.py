@@ -110,19 +110,20 @@ class Measurer:
         if layers not in self.points:
             if self.cancel is not None and self.cancel.is_set():
                 raise Cancelled("autotune cancelled")
-            self.points[layers] = self._measure(layers)
+            self.points[layers] = self.measure(layers)
             if self.on_point is not None:
                 self.on_point(self.points[layers])
         return self.points[layers]
 
-    def _measure(self, layers: int) -> Point:
+    def measure(self, layers: int) -> Point:
+        """One fresh run at `layers` (not remembered; calling the Measurer remembers)."""
         from engine.llama.runtime import LoadParams, TextRuntime
 
         params = LoadParams(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                             n_gpu_layers=layers, devices=(self.accel,) if layers else (),
                             flash_attn=self.flash_attn, n_batch=self.n_batch)
         if self.live and layers:  # as the live mover leaves it with `layers` on the device
-            from engine.session import live_overrides
+            from engine.placement.residency import live_overrides
 
             n = self.info.n_layers
             on_device = range(n - min(layers - 1, n), n)

@@ -22,17 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
+from engine.config import SessionConfig
 from engine.errors import EbbError
+from engine.events import SWAP_STEPS
 from engine.llama.bandwidth import COPY_PIECES, measure_bandwidth
 from engine.llama.runtime import GenParams
 from engine.placement.plan import placement_for, projector_need_bytes
-from engine.session import Session, SessionConfig
-
-SWAP_STEPS = {"reload": ("save_state", "evict", "restore", "restore_state"),
-              "live": ("evict", "restore")}
-
+from engine.session import Session
+from engine.vision.images import write_noise_picture
 
 SAMPLE_MAX_BYTES = 256 * 2**20  # a rate, not a restore: enough bytes to time it well
 
@@ -51,14 +48,7 @@ def auto_budget(session: Session) -> int:
 
 
 def _pictures(folder: Path, n: int) -> list[Path]:
-    from PIL import Image
-
-    out = []
-    for i in range(n):
-        arr = (np.random.default_rng(100 + i).random((224, 224, 3)) * 255).astype(np.uint8)
-        Image.fromarray(arr).save(folder / f"bench-{i}.png")
-        out.append(folder / f"bench-{i}.png")
-    return out
+    return [write_noise_picture(folder / f"bench-{i}.png", seed=100 + i) for i in range(n)]
 
 
 def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
@@ -76,7 +66,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
                 raise EbbError(f"the {mover} mover's vision turn failed: {res.error}")
             texts.append(res.text)
             s.undo_last_exchange()  # every swap from the same conversation, within the context
-            steps = [sp for sp in res.spans if sp.name in SWAP_STEPS[mover]]
+            steps = [sp for sp in res.spans if sp.name in SWAP_STEPS]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
             peak = res.device_peak_bytes.get(s.accel or "", 0)

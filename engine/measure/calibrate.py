@@ -12,16 +12,6 @@ from engine.placement.plan import CPU
 # ---------------------------------------------------------------- measuring (loads models)
 
 
-def _picture(folder: Path) -> Path:
-    import numpy as np
-    from PIL import Image
-
-    arr = (np.random.default_rng(7).random((224, 224, 3)) * 255).astype(np.uint8)
-    out = folder / "calibration.png"
-    Image.fromarray(arr).save(out)
-    return out
-
-
 def _span_s(res: Any, name: str) -> float:
     return float(sum(s.end_s - s.start_s for s in res.spans if s.name == name))
 
@@ -32,13 +22,15 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
     """Measure this machine and its accelerator; store and return the calibrations."""
     import tempfile
 
-    from engine.measure.autotune import Measurer, max_layers
-    from engine.llama.bandwidth import measure_bandwidth
-    from engine.llama.devices import default_budget, find_device, pick_accelerator
+    from engine.config import SessionConfig
     from engine.errors import EbbError
     from engine.gguf.info import model_info, projector_info, read_gguf
+    from engine.llama.bandwidth import measure_bandwidth
+    from engine.llama.devices import default_budget, find_device, pick_accelerator
+    from engine.measure.autotune import Measurer, max_layers
     from engine.placement.plan import placement_for, projector_need_bytes
-    from engine.session import Session, SessionConfig
+    from engine.session import Session
+    from engine.vision.images import write_noise_picture
 
     say = log or (lambda msg: None)
     accel = pick_accelerator(rpc)
@@ -58,7 +50,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
     runs = []
     for k in sorted({0, 1, max(2, top // 3), max(2, 2 * top // 3), top}):
         # two runs each, the faster of each: a busy machine only ever adds time
-        p, q = m(k), m._measure(k)
+        p, q = m(k), m.measure(k)
         runs.append((placement_for(info, accel, k, n_ctx, 512, flash_attn, live=k > 0),
                      1 / max(p.gen_tps, q.gen_tps), 1 / max(p.prompt_tps, q.prompt_tps)))
     cpu, acc = fit(info, CPU, akey, runs)
@@ -70,7 +62,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
         cfg = SessionConfig(model_path, mmproj_path, n_ctx=n_ctx, n_threads=n_threads,
                             vram_budget_bytes=budget, flash_attn=flash_attn, rpc=rpc)
         with tempfile.TemporaryDirectory() as tmp:
-            pic = _picture(Path(tmp))
+            pic = write_noise_picture(Path(tmp) / "calibration.png", seed=7)
             for vision in ("cpu", "swap"):
                 with Session(replace(cfg, vision=vision)) as s:
                     s.encode_only([pic])  # first use: warms the projector's code paths

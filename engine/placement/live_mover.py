@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.llama import ggml
 from engine.errors import EbbError
+from engine.llama import ggml
 
 _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
 

@@ -157,6 +157,7 @@ class PlannedStep:
     device: str
     bytes: int
     predicted_s: float
+    layers: tuple[int, ...] = ()  # the layers a live evict (and its restore) moves
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ FREE_BPS = 20e9
 
 def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj_bytes: int,
            n_tokens: int, state_bytes: int, resident_loaded: bool, c: Costs,
-           budget: int, mover: str) -> list[PlannedStep]:
+           budget: int, mover: str, used: int) -> list[PlannedStep]:
     encode_accel = PlannedStep("encode", accel, 0, n_tokens * c.accel_encode_s_per_token)
     if strategy == "cpu":
         return [PlannedStep("encode", CPU, 0, n_tokens * c.cpu_encode_s_per_token)]
@@ -197,14 +198,14 @@ def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj
     if strategy == "resident":
         return ([] if resident_loaded else [load]) + [encode_accel]
     if mover == "live":
-        evict = layers_to_evict(placement, need - (budget - placement.accel_total_bytes))
+        evict = tuple(layers_to_evict(placement, need - (budget - used)))
         moved = sum(placement.layer_bytes[i] for i in evict)
         # evicting only re-points tensors and frees buffers; restoring copies the layers back
         # (a few large copies) and re-plans llama.cpp's graph once (~1 ms)
-        return [PlannedStep("evict", accel, moved, 0.0005 + 0.00002 * len(evict)),
+        return [PlannedStep("evict", accel, moved, 0.0005 + 0.00002 * len(evict), evict),
                 load, encode_accel,
                 PlannedStep("free_projector", accel, need, FREE_FIXED_S + need / FREE_BPS),
-                PlannedStep("restore", accel, moved, moved / c.bus_Bps + 0.001)]
+                PlannedStep("restore", accel, moved, moved / c.bus_Bps + 0.001, evict)]
     model_bytes = placement.accel_bytes.get("weights", 0)
     return [
         PlannedStep("save_state", CPU, state_bytes, state_bytes / c.bus_Bps),
@@ -245,10 +246,12 @@ def _swap_mover(placement: Placement, need: int, budget_bytes: int,
 
 def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budget_bytes: int,
                 n_tokens: int, state_bytes: int, flash_attn: bool, costs: Costs,
-                resident_loaded: bool = False, reload_ok: bool = True) -> VisionPlan | DoesNotFit:
+                resident_loaded: bool = False, reload_ok: bool = True,
+                used_bytes: int | None = None) -> VisionPlan | DoesNotFit:
     """Choose how to encode `n_tokens` image tokens. `requested`: auto|resident|swap|cpu.
     `reload_ok`: a live placement may swap with the reload mover when its layers free too
-    little (not when the user asked for the live mover)."""
+    little (not when the user asked for the live mover). `used_bytes`: what the accelerator
+    holds now (the ledger), if known; the layers a live swap evicts make room from there."""
     accel = placement.accel
     need = projector_need_bytes(proj, flash_attn)
     free_beside = budget_bytes - placement.accel_total_bytes
@@ -270,7 +273,8 @@ def plan_vision(requested: str, placement: Placement, proj: ProjectorInfo, budge
             predicted[s] = None
             continue
         steps[s] = _steps(s, accel or CPU, placement, need, proj.weight_bytes, n_tokens,
-                          state_bytes, resident_loaded, costs, budget_bytes, mover)
+                          state_bytes, resident_loaded, costs, budget_bytes, mover,
+                          placement.accel_total_bytes if used_bytes is None else used_bytes)
         predicted[s] = sum(p.predicted_s for p in steps[s])
     if requested != "auto":
         if requested not in STRATEGIES:

@@ -12,17 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from engine.gguf.info import ModelInfo
+from engine.llama.runtime import LoadParams, TextRuntime
 from engine.paths import cache_dir
 
 if TYPE_CHECKING:
     from engine.placement.live_mover import LiveMover
-    from engine.llama.runtime import TextRuntime
-    from engine.session import Session
 
 FAIL_ENV = "EBB_TEST_BREAK_LIVE_MOVER"  # test-only hook: "1" makes the comparison fail
 PROMPT = "Ebb self-test: the quick brown fox jumps over the lazy dog."
@@ -32,9 +33,25 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a, dtype=np.float32).tobytes()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What makes two loads the same for the remembered references."""
+    model_path: Path
+    device: str
+    device_description: str
+    n_ctx: int
+    n_batch: int
+    flash_attn: bool
+    n_threads: int
+
+
 class SelfTestReference:
-    def __init__(self, session: "Session", before: set[int], toggle: int) -> None:
-        self.session = session
+    """`params_for(layers)`: the reload mover's load parameters with `layers` on the device."""
+
+    def __init__(self, params_for: Callable[[set[int]], LoadParams], info: ModelInfo,
+                 setup: Setup, before: set[int], toggle: int) -> None:
+        self.params_for = params_for
+        self.info = info
         self.before = before
         self.after = before ^ {toggle}
         self.toggle = toggle
@@ -42,19 +59,15 @@ class SelfTestReference:
         self.refs: list[str] = []  # digests: before, after
         self.cached = False
         self._path = cache_dir() / "live-mover-selftest.json"
-        self._key = self._make_key()
+        self._key = self._make_key(setup)
 
-    def _make_key(self) -> str:
+    def _make_key(self, s: Setup) -> str:
         import llama_cpp
 
-        from engine.llama.devices import find_device
-
-        s = self.session
-        st = Path(s.cfg.model_path).stat()
-        dev = find_device(s.accel or "CPU")
-        parts = [llama_cpp.__version__, str(Path(s.cfg.model_path).resolve()), st.st_size,
-                 st.st_mtime_ns, dev.name, dev.description, sorted(self.before), self.toggle,
-                 s.n_ctx, s.cfg.n_batch, s.cfg.flash_attn, s.n_threads]
+        st = s.model_path.stat()
+        parts = [llama_cpp.__version__, str(s.model_path.resolve()), st.st_size, st.st_mtime_ns,
+                 s.device, s.device_description, sorted(self.before), self.toggle, s.n_ctx,
+                 s.n_batch, s.flash_attn, s.n_threads]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def _load_cache(self) -> dict[str, Any]:
@@ -70,11 +83,8 @@ class SelfTestReference:
         if hit and os.environ.get(FAIL_ENV) != "1":
             self.tokens, self.refs, self.cached = list(hit["tokens"]), list(hit["refs"]), True
             return
-        from engine.llama.runtime import TextRuntime
-
-        s = self.session
         for layers in (self.before, self.after):
-            rt = TextRuntime(s.text_params(s.placement, device_layers=layers), s.info)
+            rt = TextRuntime(self.params_for(layers), self.info)
             try:
                 if not self.tokens:
                     self.tokens = rt.tokenize(PROMPT, add_special=True)

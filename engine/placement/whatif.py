@@ -11,10 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.placement.calibration import DeviceCal, predict_text, split_bytes, vision_costs
 from engine.errors import EbbError
 from engine.gguf.info import ModelInfo, ProjectorInfo
-from engine.placement.plan import Costs, DoesNotFit, Placement, VisionPlan, plan_placement, plan_vision
+from engine.placement.calibration import (
+    DeviceCal,
+    predict_text,
+    split_bytes,
+    vision_costs,
+)
+from engine.placement.plan import (
+    Costs,
+    DoesNotFit,
+    Placement,
+    VisionPlan,
+    plan_placement,
+    plan_vision,
+)
 
 BUS_GBPS = {"pcie3": 12.0, "pcie4": 24.0, "pcie5": 48.0}  # host→device, pinned, GB/s
 

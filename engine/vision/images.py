@@ -40,17 +40,39 @@ def _to_rgb(im: Any) -> Any:
     return im.convert("RGB")
 
 
-def load_image(path: Path) -> LoadedImage:
-    """Decode an image file to RGB. Any thread. Raises EbbError naming the file and the cause."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
-    path = Path(path)
+def _checked_size(path: Path) -> int:
     if not path.is_file():
         raise EbbError(f"image not found: {path}", "check the path")
     size = path.stat().st_size
     if size > MAX_IMAGE_FILE_BYTES:
         raise EbbError(f"image {path.name} is {size // (1024 * 1024)} MiB, too large",
                        f"use an image under {MAX_IMAGE_FILE_BYTES // (1024 * 1024)} MiB")
+    return size
+
+
+def image_digest(path: Path) -> str:
+    """The sha256 of an image file's bytes (its embeddings' cache key), without decoding it."""
+    path = Path(path)
+    _checked_size(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_noise_picture(path: Path, seed: int, size: tuple[int, int] = (224, 224)) -> Path:
+    """A PNG of random pixels (for benchmarks and calibration: nothing to recognise)."""
+    import numpy as np
+    from PIL import Image
+
+    arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+    return Path(path)
+
+
+def load_image(path: Path) -> LoadedImage:
+    """Decode an image file to RGB. Any thread. Raises EbbError naming the file and the cause."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    path = Path(path)
+    _checked_size(path)
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     try:

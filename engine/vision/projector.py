@@ -15,11 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.llama import log as llama_log
 from engine.errors import EbbError
-from engine.gguf.info import ProjectorInfo, check_projector_matches, projector_info, read_gguf
-from engine.vision.images import LoadedImage
+from engine.gguf.info import (
+    ProjectorInfo,
+    check_projector_matches,
+    projector_info,
+    read_gguf,
+)
+from engine.llama import log as llama_log
 from engine.llama.lib import llama
+from engine.vision.images import LoadedImage
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
 _MTMD_CHUNK_IMAGE = 1

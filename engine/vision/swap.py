@@ -1,128 +1,160 @@
-"""The two ways a swap borrows the accelerator for the projector (shared/DESIGN.md §3).
+"""Carrying out a vision plan, step by step as the planner wrote it (shared steps, one handler
+each): the executor keeps no plan of its own.
 
-- reload mover: save the sequence state, free the model, load the projector on the device
-  (bound to the host-only model instance), encode, free it, rebuild the model from the page
-  cache with its placement, restore the state. Always available.
-- live mover: evict only as many of the last layers as the projector needs, load the projector
-  beside the rest (the context, its KV cache and compute buffer stay), encode, free it, promote
-  the layers back. No state to carry.
+- cpu: encode with the projector in RAM.
+- resident: load the projector beside the model once, encode.
+- swap, live mover: evict the plan's layers (the context, KV cache and compute stay), load the
+  projector in the room they left, encode, free it, bring the layers back.
+- swap, reload mover: save the sequence state, free the model, load the projector (bound to a
+  host-only instance of the model), encode, free it, rebuild the model, restore the state.
 
-Both run on the session's thread and record one Span per step.
+If a step fails, the remaining cleanup steps (free_projector, restore, restore_state) still run
+so the model always comes back, and the first error is raised after them. Each step is a span
+on the timeline. Engine thread only.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Callable
 
-from engine.llama.devices import wait_until_done
 from engine.errors import EbbError
+from engine.llama.devices import wait_until_done
+from engine.placement.plan import CPU, PlannedStep, VisionPlan
+from engine.placement.residency import ModelResidency
+from engine.placement.timeline import Timeline
+from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage
-from engine.placement.plan import (CPU, Placement, VisionPlan, layers_to_evict, plan_placement,
-                         projector_need_bytes)
+from engine.vision.projector import ProjectorRuntime
 
-# Restored layers share device buffers of up to this size: fewer allocations and frees (each a
-# round trip to a remote device), and small enough that the allocator reuses memory (glibc
-# serves blocks under its 32 MiB mmap ceiling from the heap, with no fresh page faults).
-RESTORE_GROUP_BYTES = 30 * 2**20
-
-if TYPE_CHECKING:
-    from engine.vision.projector import ProjectorRuntime
-    from engine.session import Session, TurnResult
+CLEANUP_STEPS = ("free_projector", "restore", "restore_state")
 
 
-def _load_encode_free(s: "Session", bound_to: Any, todo: list[LoadedImage], res: "TurnResult",
-                      plan: VisionPlan, evicted: bool) -> None:
-    assert s.accel is not None and s.proj_info is not None
-    accel = s.accel
-    pr: ProjectorRuntime | None = None
-    try:
-        with s._span(res.spans, "load_projector", accel,
-                     projector_need_bytes(s.proj_info, s.cfg.flash_attn), plan):
-            pr = s._load_accel_projector(bound_to)
-        s._emit_residency(projector=accel, evicted=evicted)
-        s._encode_all(pr, todo, res, plan, accel)
-    finally:
-        with s._span(res.spans, "free_projector", accel, 0, plan):
-            if pr is not None:
-                pr.close()
-            s.ledger.clear(accel, "projector", "projector_compute")
-            if s.runtime is not None:
-                s.runtime.reschedule()  # a projector freed on the device: plan graphs afresh
-            wait_until_done(accel)
+class PlanRun:
+    """One vision plan carried out over the request's new images. `notes` says what did not go
+    as planned but did not fail the turn (a layer that could not come back)."""
 
+    def __init__(self, plan: VisionPlan, todo: list[LoadedImage], model: ModelResidency,
+                 encoder: ImageEncoder, timeline: Timeline,
+                 before_restore: Callable[[int], None] | None = None) -> None:
+        self.plan = plan
+        self.todo = todo
+        self.model = model
+        self.encoder = encoder
+        self.tl = timeline
+        self.before_restore = before_restore  # bench swap times the link here (outside spans)
+        self.notes: list[str] = []
+        self._accel = model.accel or CPU
+        self._projector: ProjectorRuntime | None = None
+        self._state: tuple[bytes, list[Any]] | None = None
+        self._evicted: list[int] = []  # live: the layers out; reload: [] and _model_freed
+        self._model_freed = False
+        self._freed_bytes = 0
+        self._failed = False
 
-def swap_reload(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: VisionPlan) -> None:
-    assert s.runtime is not None and s.accel is not None
-    accel = s.accel
-    with s._span(res.spans, "save_state", CPU, 0, plan):
-        state = s.runtime.save_state()
-    res.spans[-1] = replace(res.spans[-1], bytes=len(state[0]))
-    with s._span(res.spans, "evict", accel, s.placement.accel_total_bytes, plan):
-        s._close_runtime()
-        s.ledger.clear(accel, "weights", "kv", "compute", "output", "layers")
-        wait_until_done(accel)
-    s._emit_residency(evicted=True)
-    try:
-        _load_encode_free(s, s._ram_model, todo, res, plan, evicted=True)
-    finally:
-        _restore_reload(s, state, res, plan)
-
-
-def _restore_reload(s: "Session", state: tuple[bytes, list[Any]], res: "TurnResult",
-                    plan: VisionPlan) -> None:
-    accel = s.accel or CPU
-    t0 = time.perf_counter()
-    with s._span(res.spans, "restore", accel, s.placement.accel_bytes.get("weights", 0), plan):
-        try:
-            s.reload_runtime()
-        except EbbError as exc:  # the device is full now: carry on from RAM, say so
-            s._close_runtime()
-            s.ledger.clear(accel, "weights", "kv", "compute", "output", "layers")
-            placement = plan_placement(s.info, None, 0, s.n_ctx, s.cfg.n_batch, s.cfg.flash_attn)
-            if not isinstance(placement, Placement):
-                raise
-            s.placement = placement
-            s.runtime = s._load_text()
-            res.reason += f"; could not bring the model back to {accel} ({exc}): running from RAM"
-    weights = s.placement.accel_bytes.get("weights", 0)
-    elapsed = time.perf_counter() - t0
-    s.costs = replace(s.costs, reload_overhead_s=max(0.0, elapsed - weights / s.costs.bus_Bps))
-    assert s.runtime is not None
-    with s._span(res.spans, "restore_state", accel, len(state[0]), plan):
-        s.runtime.restore_state(state)
-    s._emit_residency()
-
-
-def swap_live(s: "Session", todo: list[LoadedImage], res: "TurnResult", plan: VisionPlan) -> None:
-    assert s.runtime is not None and s.accel is not None and s.mover is not None
-    assert s.proj_info is not None
-    accel = s.accel
-    need = projector_need_bytes(s.proj_info, s.cfg.flash_attn)
-    deficit = need - (s.budget_bytes - s.ledger.total(accel))
-    chosen = [i for i in layers_to_evict(s.placement, deficit) if i in s.mover.on_device()]
-    # layers that were promoted together share a buffer: they leave together
-    evict = sorted({j for i in chosen for j in s.mover.group_of(i)}, reverse=True)
-    before = s.mover.device_bytes()
-    with s._span(res.spans, "evict", accel, 0, plan, f"{len(evict)} layers"):
-        s._move(evict=evict)
-        wait_until_done(accel)
-    freed = before - s.mover.device_bytes()
-    res.spans[-1] = replace(res.spans[-1], bytes=freed)
-    try:
-        _load_encode_free(s, s.runtime, todo, res, plan, evicted=False)
-        if s.before_restore is not None:
-            s.before_restore(freed)
-    finally:
-        t0 = time.perf_counter()
-        with s._span(res.spans, "restore", accel, freed, plan, f"{len(evict)} layers"):
+    def run(self) -> None:
+        error: BaseException | None = None
+        for step in self.plan.steps:
+            if error is not None and step.name not in CLEANUP_STEPS:
+                continue
             try:
-                copied = s._move(promote=sorted(evict), group_bytes=RESTORE_GROUP_BYTES)
-                s.runtime.replan()  # the re-schedule is part of the swap: pay it here
-                wait_until_done(accel)  # the last copy has landed, not only left
+                getattr(self, f"_{step.name}")(step)
+            except BaseException as exc:  # noqa: BLE001 - cleanup first, then the first error
+                self._failed = True
+                error = error or exc
+        if error is not None:
+            raise error
+
+    # ------------------------------------------------------------ steps
+
+    def _encode(self, step: PlannedStep) -> None:
+        if step.device == CPU:
+            pr = self.encoder.ram
+        else:
+            pr = self._projector or self.encoder.on_device
+        assert pr is not None
+        for img in self.todo:
+            with self.tl.step("encode", step.device, len(img.rgb), Path(img.path).name):
+                self.encoder.encode(pr, img, step.device)
+
+    def _load_projector(self, step: PlannedStep) -> None:
+        model = self.model
+        swapping = self.plan.strategy == "swap"
+        bound_to = model.host_holder if self._model_freed else model.runtime
+        self._set_projector("loading")
+        with self.tl.step("load_projector", self._accel, step.bytes):
+            self._projector = self.encoder.load_on_device(self._accel, bound_to)
+            if not swapping:
+                model.reschedule()
+        self._set_projector(self._accel)
+        if self._model_freed:
+            model.emit(evicted=True)
+
+    def _free_projector(self, step: PlannedStep) -> None:
+        with self.tl.step("free_projector", self._accel, 0):
+            self.encoder.free_on_device(self._accel)
+            self._projector = None
+            self.model.reschedule()  # a projector freed on the device: plan graphs afresh
+            wait_until_done(self._accel)
+        self._set_projector("RAM")
+
+    def _save_state(self, step: PlannedStep) -> None:
+        assert self.model.runtime is not None
+        with self.tl.step("save_state", CPU, 0):
+            self._state = self.model.runtime.save_state()
+        self.tl.amend_last(len(self._state[0]))
+
+    def _evict(self, step: PlannedStep) -> None:
+        model = self.model
+        if self.plan.mover == "live":
+            with self.tl.step("evict", self._accel, 0):
+                self._evicted, self._freed_bytes = model.evict_layers(step.layers)
+            self.tl.amend_last(self._freed_bytes, f"{len(self._evicted)} layers")
+            return
+        with self.tl.step("evict", self._accel, model.placement.accel_total_bytes):
+            self._model_freed = True
+            self.encoder.free_on_device(self._accel)  # a resident one is bound to the model
+            model.evict_all()
+        model.emit(evicted=True)
+
+    def _restore(self, step: PlannedStep) -> None:
+        if self.plan.mover == "live":
+            self._restore_layers()
+        elif self._model_freed:
+            self._restore_model()
+
+    def _restore_layers(self) -> None:
+        if not self._failed and self.before_restore is not None:
+            self.before_restore(self._freed_bytes)
+        evicted = self._evicted
+        t0 = time.perf_counter()
+        with self.tl.step("restore", self._accel, self._freed_bytes, f"{len(evicted)} layers"):
+            try:
+                copied = self.model.restore_layers(evicted)
             except EbbError as exc:  # the device filled up meanwhile: run with fewer layers
                 copied = 0
-                res.reason += f"; could not bring every layer back ({exc})"
-        elapsed = time.perf_counter() - t0
-        if copied and elapsed > 0:
-            s.costs = replace(s.costs, bus_Bps=copied / elapsed)
+                self.notes.append(f"could not bring every layer back ({exc})")
+        self.encoder.learn("restore", self._accel, time.perf_counter() - t0, copied, mover="live")
+
+    def _restore_model(self) -> None:
+        model = self.model
+        weights = model.placement.accel_bytes.get("weights", 0)
+        t0 = time.perf_counter()
+        with self.tl.step("restore", self._accel, weights):
+            note = model.reload()
+        if note:
+            self.notes.append(note)
+        weights = model.placement.accel_bytes.get("weights", 0)
+        self.encoder.learn("restore", self._accel, time.perf_counter() - t0, weights, mover="reload")
+        self._model_freed = False
+
+    def _restore_state(self, step: PlannedStep) -> None:
+        if self._state is None or self.model.runtime is None:
+            return
+        with self.tl.step("restore_state", self._accel, len(self._state[0])):
+            self.model.runtime.restore_state(self._state)
+        self.model.emit()
+
+    def _set_projector(self, where: str) -> None:
+        self.model.projector = where
+        self.model.emit(evicted=self._model_freed)

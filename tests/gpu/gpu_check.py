@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import events
-from engine.measure.bench import auto_budget, bench_swap
-from engine.llama.devices import connect_rpc, list_devices, nvml_readings
 from engine.gguf.model_gen import SHAPES, write_model
 from engine.gguf.models import default_model_path
 from engine.gguf.projector_gen import write_projector
+from engine.llama.devices import connect_rpc, list_devices, nvml_readings
+from engine.measure.bench import auto_budget, bench_swap
 from engine.session import Session, SessionConfig
 
 MiB = 2**20
@@ -62,8 +62,8 @@ def main() -> int:
                             else round(ev.reported_used_bytes / MiB, 1)})
 
     picture = out / "picture.png"
-    from PIL import Image
     import numpy as np
+    from PIL import Image
 
     Image.fromarray((np.random.default_rng(0).random((336, 336, 3)) * 255).astype(np.uint8)).save(picture)
     t1 = time.monotonic()

@@ -1,0 +1,162 @@
+"""The window's state without Qt: the open conversation and its saved messages, whether a
+model is loaded, and the one request in flight (busy → finished or failed) with its streamed
+text. The window changes it through these methods and draws it; observers hear of every change.
+GUI thread only (engine events reach it through the window's queued slot).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from app.store import Message, Store
+from engine.config import SessionConfig
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The user message a request answers: put back in the composer if the request fails."""
+    text: str
+    images: list[Path]
+    message_id: int
+
+
+class ChatState:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.conv_id = 0
+        self.loaded = False
+        self.busy = False
+        self.request_id = 0
+        self.pending: Pending | None = None
+        self.reply_parts: list[str] = []  # the streamed reply so far
+        self.last_cfg: SessionConfig | None = None  # what the engine was last asked to load
+        self._observers: list[Callable[[], None]] = []
+
+    def observe(self, callback: Callable[[], None]) -> None:
+        self._observers.append(callback)
+
+    def _changed(self) -> None:
+        for cb in self._observers:
+            cb()
+
+    # ------------------------------------------------------------ conversations
+
+    def messages(self) -> list[Message]:
+        return self.store.messages(self.conv_id) if self.conv_id else []
+
+    def open_first(self) -> None:
+        convs = self.store.conversations()
+        self.conv_id = convs[0].id if convs else self.store.create_conversation()
+
+    def new_conversation(self) -> bool:
+        if self.busy:
+            return False
+        self.conv_id = self.store.create_conversation()
+        return True
+
+    def select(self, conv_id: int) -> bool:
+        if self.busy:
+            return False
+        self.conv_id = conv_id
+        return True
+
+    def delete(self, conv_id: int) -> bool:
+        """Delete a conversation (not the one a reply is being written into). True when the
+        open one went and another was opened."""
+        if self.busy and conv_id == self.conv_id:
+            return False
+        self.store.delete(conv_id)
+        if conv_id == self.conv_id:
+            self.open_first()
+            return True
+        return False
+
+    def history(self) -> list[tuple[str, str, list[str]]]:
+        """The open conversation as the engine takes it: (role, text, image files)."""
+        return [(m.role, m.text, [str(p) for p in m.images]) for m in self.messages()]
+
+    # ------------------------------------------------------------ the model
+
+    def set_loading(self, cfg: SessionConfig | None = None) -> None:
+        if cfg is not None:
+            self.last_cfg = cfg
+        self.loaded = False
+        self._changed()
+
+    def set_loaded(self) -> None:
+        self.loaded = True
+        self._changed()
+
+    # ------------------------------------------------------------ one request at a time
+
+    def can_send(self) -> bool:
+        return self.loaded and not self.busy
+
+    def add_user_message(self, text: str, images: list[Path]) -> Pending:
+        """Save the user's message (titling a new conversation by it); returns it as stored."""
+        if not self.store.messages(self.conv_id) and text:
+            self.store.rename(self.conv_id, text[:48])
+        mid = self.store.add_message(self.conv_id, "user", text, images)
+        stored = self.store.messages(self.conv_id)[-1].images
+        return Pending(text, stored, mid)
+
+    def regenerate(self) -> Pending | None:
+        """Drop the last reply; the user message before it, to send again (None if none)."""
+        msgs = self.messages()
+        if self.busy or len(msgs) < 2 or msgs[-1].role != "assistant":
+            return None
+        self.store.delete_message(msgs[-1].id)
+        user = msgs[-2]
+        return Pending(user.text, user.images, user.id)
+
+    def begin(self, pending: Pending) -> int:
+        """A request is on its way for `pending`; returns its id."""
+        self.request_id += 1
+        self.pending = pending
+        self.reply_parts = []
+        self.busy = True
+        self._changed()
+        return self.request_id
+
+    def add_text(self, request_id: int, text: str) -> None:
+        if request_id == self.request_id:
+            self.reply_parts.append(text)
+
+    def finish(self, result: dict[str, Any]) -> Pending | None:
+        """The request ended with `result` (the engine's turn): the reply is saved, or on an
+        error the user's message is taken back. Returns the pending message when it failed."""
+        pending, self.pending = self.pending, None
+        failed = None
+        if result.get("error") and pending is not None:
+            self.store.delete_message(pending.message_id)
+            failed = pending
+        elif pending is not None:
+            self.store.add_message(self.conv_id, "assistant", result.get("text", ""),
+                                   stats=reply_stats(result))
+        self.busy = False
+        self._changed()
+        return failed
+
+    def fail(self) -> Pending | None:
+        """The engine failed outside a turn's result: take the user's message back."""
+        if not self.busy or self.pending is None:
+            return None
+        pending, self.pending = self.pending, None
+        self.store.delete_message(pending.message_id)
+        self.busy = False
+        self._changed()
+        return pending
+
+
+def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
+    """What a saved reply shows under it: tokens, speed, and for image turns the strategy,
+    encode time and swap time."""
+    from engine.events import SWAP_STEPS
+
+    stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
+                                   "stop_reason", "n_images")}
+    spans = r.get("spans", [])
+    stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
+    stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)
+    return stats

@@ -1,0 +1,69 @@
+"""The window's settings and the session config built from them (Qt-free).
+
+Saved in the store's settings table; DEFAULTS names every key. DEMO stands for the generated
+demo projector (random weights) wherever a projector path is accepted.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engine.config import SessionConfig
+from engine.units import parse_size
+
+DEMO = "demo"
+DEMO_LABEL = "demo projector: random weights — it exercises the memory pipeline; it does not see"
+DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
+                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
+                            "gpu_layers": -1, "spread": False}
+# RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
+LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
+
+
+def load_settings(store: Any) -> dict[str, Any]:
+    """Every setting, saved or default."""
+    return {k: store.setting(k, v) for k, v in DEFAULTS.items()}
+
+
+def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
+                   threads: int | None = None,
+                   rpc: list[str] | None = None) -> tuple[SessionConfig, list[str]]:
+    """A SessionConfig from the saved settings (remembering this model as the last used), and
+    the RPC servers to connect: `rpc` first, then Settings' list, less any lost ones."""
+    s = load_settings(store)
+    store.set_setting("model", model)
+    store.set_setting("mmproj", mmproj)
+    cfg = SessionConfig(
+        model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
+        n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
+        vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
+        vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
+        image_max_tokens=int(s["image_max_tokens"]),
+        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
+        spread=bool(s["spread"]))
+    servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
+    return cfg, [r for r in servers if r not in LOST_RPC]
+
+
+def resolve_paths(cfg: SessionConfig) -> SessionConfig:
+    """Worker thread: fetch the default model and make the demo projector if asked (slow the
+    first time, so never on the GUI thread); a context longer than the model was trained for
+    is cut to the model's (the setting is one number for every model)."""
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.models import (
+        default_projector_path,
+        existing_file,
+        resolve_model_path,
+    )
+
+    model = resolve_model_path(str(cfg.model_path))
+    proj = cfg.mmproj_path
+    if proj is not None:
+        proj = default_projector_path(model) if str(proj) == DEMO else existing_file(str(proj), "projector")
+    n_ctx = cfg.n_ctx
+    trained = model_info(read_gguf(model)).n_ctx_train
+    if n_ctx is not None and trained and n_ctx > trained:
+        n_ctx = trained
+    return replace(cfg, model_path=model, mmproj_path=proj, n_ctx=n_ctx)

@@ -1,0 +1,49 @@
+"""`ebb-engine`: the engine from a terminal (no display needed). One module per command group;
+flags several commands share come from `engine.cli.common`.
+
+Every problem a user can fix prints one line on stderr and exits with code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.cli import bench, chat, devices, files, tuning
+from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from engine.errors import EbbError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ebb-engine", description="Ebb's engine, headless.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for group in (chat, files, devices, tuning, bench):
+        group.register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from engine.llama import fatal
+
+    fatal.install(fatal.exit_with_message("ebb-engine"))
+    try:
+        if getattr(args, "rpc", None):
+            from engine.llama.devices import connect_rpc
+
+            for endpoint in args.rpc:
+                connect_rpc(endpoint)
+        return int(args.func(args))
+    except EbbError as exc:
+        print(f"ebb-engine: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("ebb-engine: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""`ebb-engine chat`: a conversation from the terminal, one line or a script of turns."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_USER_ERROR,
+    flag_parser,
+    install_sigint,
+)
+from engine.config import SessionConfig
+from engine.errors import EbbError
+
+
+def _read_script(path: str) -> list[dict[str, Any]]:
+    from engine.gguf.models import existing_file
+
+    p = existing_file(path, "script")
+    try:
+        turns = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise EbbError(f"script {p.name} is not valid JSON ({exc})") from None
+    if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("text", ""), str)
+            and isinstance(t.get("images", []), list) for t in turns):
+        raise EbbError(f"script {p.name} must be a JSON list of "
+                       '{"text": "...", "images": ["path", ...]} objects')
+    base = p.parent
+    return [{"text": t.get("text", ""),
+             "images": [str((base / i) if not Path(i).is_absolute() else i) for i in t.get("images", [])]}
+            for t in turns]
+
+
+def _session_config(args: argparse.Namespace) -> SessionConfig:
+    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.units import parse_size
+
+    if args.max_tokens <= 0:
+        raise EbbError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.threads is not None and args.threads <= 0:
+        raise EbbError(f"--threads must be positive, got {args.threads}")
+    if args.gpu_layers is not None and args.gpu_layers < 0:
+        raise EbbError(f"--gpu-layers must be 0 or more, got {args.gpu_layers}")
+    return SessionConfig(
+        model_path=resolve_model_path(args.model),
+        mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
+        n_ctx=args.ctx, n_threads=args.threads,
+        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
+        vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
+        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from engine.llama.runtime import GenParams
+    from engine.session import Session, turn_with_recovery
+
+    if args.script is None and args.prompt is None:
+        raise EbbError("nothing to say", "pass --prompt TEXT or --script FILE.json")
+    if args.script is not None:
+        turns = _read_script(args.script)
+    else:
+        turns = [{"text": args.prompt, "images": args.image}]
+    cfg = _session_config(args)
+    cancel = threading.Event()
+    install_sigint(cancel)
+    gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+    on_text: Callable[[str], None] | None = None
+    if not args.json:
+        on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
+    all_spans: list[Any] = []
+    failed = cancelled = False
+    session = Session(cfg)
+    try:
+        for turn in turns:
+            if cancel.is_set():
+                break
+            session, res = turn_with_recovery(session, turn["text"], turn["images"], gp,
+                                              on_text=on_text, cancel=cancel)
+            all_spans.extend(res.spans)
+            out = res.to_dict()
+            out.update(model=str(cfg.model_path), n_threads=session.n_threads,
+                       n_ctx=session.n_ctx, accelerator=session.accel,
+                       n_gpu_layers=session.placement.n_gpu_layers,
+                       n_layers_on_accel=session.placement.n_layers_on_accel,
+                       layers_by_device={d: session.placement.layer_devices.count(d)
+                                         for d in dict.fromkeys(session.placement.layer_devices)},
+                       placement_reason=session.placement_reason,
+                       mover=session.mover_name,
+                       mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),
+                       rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3))
+            cancelled = cancelled or out.get("stop_reason") == "cancelled"
+            failed = failed or res.error is not None
+            _print_turn(out, args.json)
+    finally:
+        session.close()
+    if args.trace:
+        from engine.trace import write_chrome_trace
+
+        write_chrome_trace(Path(args.trace), all_spans)
+    if cancelled:
+        return EXIT_INTERRUPTED
+    return EXIT_USER_ERROR if failed and args.script is None else 0
+
+
+def _print_turn(out: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(out), flush=True)
+        return
+    if "device_lost" in out:
+        print(f"ebb-engine: {out['device_lost']}: continuing on {out['accelerator'] or 'CPU'}",
+              file=sys.stderr, flush=True)
+    if "error" in out:
+        print(f"ebb-engine: error: {out['error']}", file=sys.stderr, flush=True)
+        return
+    print()
+    vision = f"vision: {out['strategy']} ({out['reason']}); " if out["n_images"] else ""
+    print(f"[{vision}{out['n_gen_tokens']} tokens, {out['gen_tokens_per_s']:.1f} tok/s, "
+          f"prompt {out['n_prompt_tokens']} tokens in {out['prompt_s']:.2f}s, "
+          f"stop: {out['stop_reason']}]", file=sys.stderr, flush=True)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("chat", help="chat with a model from the terminal",
+                       parents=[flag_parser("rpc", "model", "mmproj", "threads", "vram-budget",
+                                            "no-flash-attn")])
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
+    p.add_argument("--vision", choices=["auto", "resident", "swap", "cpu"], default="auto")
+    p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
+                   help="how a swap moves the model: live layers (after a self-test) or reload")
+    p.add_argument("--spread", action="store_true",
+                   help="deal layers over every accelerator (local and --rpc) by measured link "
+                        "(default: only when the first cannot hold the model)")
+    p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
+                   help="at most N layers on the accelerator (see autotune; default: all that fit)")
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
+    p.add_argument("--system", default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")
+    p.add_argument("--json", action="store_true", help="print one JSON object per turn")
+    p.set_defaults(func=cmd_chat)

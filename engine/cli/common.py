@@ -1,0 +1,45 @@
+"""Flags several commands share (argparse parent parsers) and small helpers of the commands.
+Every problem a user can fix is an EbbError: `main` prints it as one line and exits with 2."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def flag_parser(*flags: str) -> argparse.ArgumentParser:
+    """A parent parser with the named shared flags (see FLAGS)."""
+    p = argparse.ArgumentParser(add_help=False)
+    for name in flags:
+        FLAGS[name](p)
+    return p
+
+
+FLAGS: dict[str, Any] = {
+    "rpc": lambda p: p.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
+                                    help="add a ggml RPC server's devices (repeatable)"),
+    "json": lambda p: p.add_argument("--json", action="store_true", help="print JSON"),
+    "model": lambda p: p.add_argument("--model", default="default",
+                                      help="GGUF path, or 'default' (SmolLM2-135M)"),
+    "mmproj": lambda p: p.add_argument("--mmproj", default=None,
+                                       help="vision projector GGUF (held in RAM)"),
+    "threads": lambda p: p.add_argument("--threads", type=int, default=None,
+                                        help="default: physical cores"),
+    "vram-budget": lambda p: p.add_argument("--vram-budget", default=None, metavar="SIZE",
+                                            help="cap on the accelerator, e.g. 150MiB, 6GiB "
+                                                 "(default: free - margin)"),
+    "no-flash-attn": lambda p: p.add_argument("--no-flash-attn", action="store_true"),
+}
+
+
+def install_sigint(cancel: threading.Event) -> None:
+    """First Ctrl-C asks the generation to stop between tokens; a second one aborts."""
+    def handler(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+    signal.signal(signal.SIGINT, handler)

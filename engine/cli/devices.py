@@ -1,0 +1,52 @@
+"""Commands on devices: devices (what llama.cpp sees), rpc-serve (serve ours over ggml RPC)."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from engine.cli.common import flag_parser
+from engine.units import fmt_bytes
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from engine.llama.devices import list_devices, nvml_readings
+
+    devs = list_devices()
+    nvml = nvml_readings()
+    if args.json:
+        print(json.dumps({"devices": [d.to_dict() for d in devs],
+                          "nvml": [r.__dict__ for r in nvml] if nvml is not None else None}))
+        return 0
+    for d in devs:
+        mem = (f"{fmt_bytes(d.free_bytes)} free of {fmt_bytes(d.total_bytes)}"
+               if d.free_bytes is not None and d.total_bytes is not None else "memory n/a")
+        print(f"{d.name:<28} {d.kind:<6} {'remote ' if d.remote else ''}{mem}  {d.description}")
+    if nvml is None:
+        print("NVML: not available (no NVIDIA driver)")
+    else:
+        for r in nvml:
+            print(f"NVML GPU{r.index} {r.name}: {fmt_bytes(r.used_bytes)} used of "
+                  f"{fmt_bytes(r.total_bytes)}")
+    return 0
+
+
+def cmd_rpc_serve(args: argparse.Namespace) -> int:
+    from engine.llama.rpc_server import serve
+
+    serve(args.host, args.port, args.cache, args.threads, args.warm_from)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("devices", help="the devices llama.cpp sees", parents=[flag_parser("rpc", "json")])
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("rpc-serve", help="serve this machine's devices over ggml RPC (no auth!)",
+                       parents=[flag_parser("threads")])
+    p.add_argument("--host", default="127.0.0.1", help="default loopback; other addresses warn")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--cache", default=None, help="folder for ggml's RPC tensor cache")
+    p.add_argument("--warm-from", action="append", default=[], metavar="MODEL.gguf",
+                   help="fill the cache from this machine's copy of a model before serving")
+    p.set_defaults(func=cmd_rpc_serve)

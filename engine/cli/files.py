@@ -1,0 +1,97 @@
+"""Commands on model files: inspect, make-projector, make-model, fetch-model."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.cli.common import flag_parser
+from engine.units import fmt_bytes
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from engine.gguf.info import inspect_files
+    from engine.gguf.models import existing_file, resolve_model_path
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else None
+    result = inspect_files(model, mmproj)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    m = result.model
+    print(f"model        {m.path}")
+    print(f"architecture {m.architecture} ({m.name})")
+    print(f"layers       {m.n_layers}   n_embd {m.n_embd}   heads {m.n_head}   "
+          f"context {m.n_ctx_train}")
+    print(f"tensor bytes {fmt_bytes(m.tensor_bytes)} (file {fmt_bytes(m.file_bytes)})")
+    print(f"layers       {fmt_bytes(sum(m.layer_bytes))} in all, "
+          f"{fmt_bytes(min(m.layer_bytes, default=0))}–{fmt_bytes(max(m.layer_bytes, default=0))} each")
+    print(f"outside      {fmt_bytes(m.non_layer_bytes)}: " + ", ".join(
+        f"{k} {fmt_bytes(v)}" for k, v in m.non_layer_tensors.items()))
+    print(f"KV cache     {m.kv_bytes_per_token} B/token "
+          f"({m.kv_bytes_per_token_per_layer[0] if m.kv_bytes_per_token_per_layer else 0} B/token/layer, f16)")
+    p = result.projector
+    if p:
+        print(f"projector    {p.path}{'  [synthetic: random weights]' if p.synthetic else ''}")
+        print(f"             type {p.projector_type}, {p.n_layers} blocks, width {p.n_embd}, "
+              f"image {p.image_size}px → {p.n_image_tokens} tokens of width {p.output_width}")
+        print(f"             weights {fmt_bytes(p.weight_bytes)}; compute buffer ≈ "
+              f"{fmt_bytes(p.compute_buffer_bytes_estimate)} "
+              f"({fmt_bytes(p.compute_buffer_bytes_estimate_flash_attn)} with flash attention)")
+    return 0
+
+
+def cmd_make_projector(args: argparse.Namespace) -> int:
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.models import resolve_model_path
+    from engine.gguf.projector_gen import write_projector
+
+    model = model_info(read_gguf(resolve_model_path(args.for_model)))
+    out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed)
+    print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {args.size}, seed {args.seed}, "
+          f"output width {model.n_embd}; synthetic: random weights)")
+    return 0
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from engine.gguf.model_gen import write_sparse_model
+
+    out = write_sparse_model(Path(args.out), args.like)
+    st = out.stat()
+    print(f"wrote {out}: {fmt_bytes(st.st_size)} of real shapes ({args.like}, Q4_0), "
+          f"{fmt_bytes(st.st_blocks * 512)} on disk (the weights are a hole)")
+    return 0
+
+
+def cmd_fetch_model(args: argparse.Namespace) -> int:
+    from engine.gguf.models import fetch_default_model
+
+    path = fetch_default_model()
+    print(path)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table",
+                       parents=[flag_parser("rpc", "mmproj", "json")])
+    p.add_argument("model", help="GGUF path, or 'default'")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("make-projector", help="write a synthetic vision projector (random weights)",
+                       parents=[flag_parser("rpc")])
+    p.add_argument("--for", dest="for_model", required=True, help="the model it should fit")
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", choices=["tiny", "base", "large"], default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_make_projector)
+
+    p = sub.add_parser("make-model", help="write a header-only GGUF with a real model's shapes")
+    p.add_argument("--like", required=True, choices=["llama-8b", "llama-70b"])
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_make_model)
+
+    p = sub.add_parser("fetch-model", help="fetch the default model into the cache (once)",
+                       parents=[flag_parser("rpc")])
+    p.set_defaults(func=cmd_fetch_model)

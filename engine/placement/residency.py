@@ -1,0 +1,373 @@
+"""The loaded language model and where it lives: the placement, the text runtime, the live
+mover, the ledger of device bytes, and the Residency events that show it all.
+
+`ModelResidency` decides at load which device holds what (the pure planner chooses; this owner
+carries it out): the live layout on one accelerator (every layer's weights kept in RAM, the
+placement's layers promoted by the live mover after its self-test), llama.cpp's own placement
+(the reload mover's), or layers spread over several devices. During a vision swap it gives the
+accelerator up and takes it back through its public methods. Engine thread only.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from engine import events
+from engine.config import SessionConfig
+from engine.errors import EbbError
+from engine.gguf.info import ModelInfo
+from engine.ledger import Ledger
+from engine.llama.bandwidth import measure_bandwidth
+from engine.llama.devices import (
+    default_budget,
+    find_device,
+    pick_accelerator,
+    session_accelerators,
+    wait_until_done,
+)
+from engine.llama.runtime import LoadedModel, LoadParams, TextRuntime
+from engine.placement import calibration
+from engine.placement.live_mover import LiveMover, discover_layer_weights
+from engine.placement.plan import (
+    CPU,
+    DeviceOffer,
+    DoesNotFit,
+    Placement,
+    Spread,
+    plan_placement,
+    plan_spread,
+)
+from engine.placement.selftest import SelfTestReference, Setup
+
+log = logging.getLogger("ebb.residency")
+_KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
+MODEL_KINDS = ("weights", "kv", "compute", "output", "layers")  # ledger kinds of the text model
+# Restored layers share device buffers of up to this size: fewer allocations and frees (each a
+# round trip to a remote device), and small enough that the allocator reuses memory (glibc
+# serves blocks under its 32 MiB mmap ceiling from the heap, with no fresh page faults).
+RESTORE_GROUP_BYTES = 30 * 2**20
+
+
+def live_overrides(accel: str, device_layers: Iterable[int]) -> tuple[tuple[str, str], ...]:
+    """The live layout's tensor overrides: these layers' weights on `accel`, every other
+    repeating layer's in RAM (output, KV cache and compute stay on `accel`)."""
+    alt = "|".join(str(i) for i in sorted(device_layers))
+    on_accel: tuple[tuple[str, str], ...] = ((rf"^blk\.({alt})\.", accel),) if alt else ()
+    return on_accel + ((r"^blk\.\d+\.", CPU),)
+
+
+class ModelResidency:
+    """Owns the text model on its devices. `emit` receives Residency events; `projector` is
+    where the vision projector is now ("RAM", a device, "loading", "" without one), set by the
+    session so the events can show it."""
+
+    def __init__(self, cfg: SessionConfig, info: ModelInfo, n_ctx: int, n_threads: int,
+                 emit: Callable[[events.Event], None], request_id: Callable[[], int]) -> None:
+        self.cfg = cfg
+        self.info = info
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self._emit = emit
+        self._request_id = request_id
+        self.accel = pick_accelerator(cfg.rpc, cfg.accel)
+        self.budget_bytes = self._budget(self.accel)
+        self.ledger = Ledger()
+        self.placement: Placement = Placement(None, 0, (CPU,) * info.n_layers, CPU)
+        self.placement_reason = ""
+        self.spread: Spread | None = None
+        self.runtime: TextRuntime | None = None
+        self.mover: LiveMover | None = None
+        self.mover_name, self.mover_note = "reload", ""
+        self.layer_state: list[str] = [CPU] * info.n_layers  # live layout: where each layer is
+        self.n_model_loads = 0
+        self.projector = ""
+        self.host_holder: Any = None  # see host_model
+        self.accel_endpoint: str | None = None  # the RPC server behind the accelerator, if any
+        self._stack = contextlib.ExitStack()
+        self._stack.callback(self.close_runtime)
+
+    def _budget(self, accel: str | None) -> int:
+        if accel is None:
+            return 0
+        if self.cfg.vram_budget_bytes is not None:
+            return self.cfg.vram_budget_bytes
+        return default_budget(accel)
+
+    # ------------------------------------------------------------ load
+
+    def load(self, reserve_bytes: int) -> None:
+        """Place and load the model, keeping `reserve_bytes` free for a resident projector."""
+        self._load(reserve_bytes)
+        dev = find_device(self.accel) if self.accel else None
+        self.accel_endpoint = dev.description if dev is not None and dev.remote else None
+
+    def _load(self, reserve_bytes: int) -> None:
+        cfg = self.cfg
+        if len(session_accelerators(cfg.rpc)) > 1 and cfg.gpu_layers is None:
+            why = "" if cfg.spread else self._too_big_for_one()
+            if cfg.spread or why:
+                self._load_spread(why)
+                return
+        # gpu_layers 0 (autotune's "all in RAM"): no layout to move, nothing on the device
+        if self.accel is not None and cfg.mover in ("auto", "live") and cfg.gpu_layers != 0:
+            try:
+                self._load_live_checked(reserve_bytes)
+                return
+            except EbbError as exc:
+                if cfg.mover == "live":
+                    raise
+                self.mover_note = f"live mover not used ({exc}); using the reload mover"
+                log.warning("%s", self.mover_note)
+                self.close_runtime()
+                self.ledger.clear(self.accel, *MODEL_KINDS)
+        placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                   cfg.n_batch, cfg.flash_attn, reserve_bytes,
+                                   max_gpu_layers=cfg.gpu_layers)
+        assert isinstance(placement, Placement)
+        self.placement = placement
+        self.runtime = self._load_text()
+
+    def _too_big_for_one(self) -> str:
+        """Why one device is not enough (its budget holds only part of the model), or ""."""
+        assert self.accel is not None
+        one = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                             self.cfg.n_batch, self.cfg.flash_attn, live=True)
+        if isinstance(one, DoesNotFit) or one.n_layers_on_accel < self.info.n_layers:
+            held = 0 if isinstance(one, DoesNotFit) else one.n_layers_on_accel
+            return (f"{self.accel} alone holds {held}/{self.info.n_layers} layers: spreading over "
+                    f"the session's devices")
+        return ""
+
+    def _load_spread(self, why: str = "") -> None:
+        """Several accelerators: the planner deals layers out by each device's measured link
+        (calibration's, else a quick timed copy) and budget; llama.cpp's tensor split places
+        them. The reload mover swaps (the live mover moves layers on one device)."""
+        offers = []
+        for dev in session_accelerators(self.cfg.rpc):
+            cal = calibration.load(calibration.device_key(dev.name, dev.description))
+            bw = cal.bus_Bps if cal is not None and cal.bus_Bps else \
+                measure_bandwidth(dev.name, 16 * 2**20, repeats=1)
+            offers.append(DeviceOffer(dev.name, self._budget(dev.name), bw))
+        spread = plan_spread(self.info, offers, self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn)
+        if spread.placement.accel is None:
+            raise EbbError("no accelerator can hold even the output layer: " + "; ".join(spread.reasons),
+                           "raise --vram-budget")
+        self.spread = spread
+        self.accel = spread.placement.accel
+        self.budget_bytes = next(o.budget_bytes for o in offers if o.name == self.accel)
+        self.placement = spread.placement
+        self.placement_reason = "; ".join(((why,) if why else ()) + spread.reasons)
+        self.mover_note = "layers spread over several devices: the reload mover swaps"
+        log.info("placement: %s", self.placement_reason)
+        self.runtime = self._load_text()
+
+    def _load_live_checked(self, reserve_bytes: int) -> None:
+        """The live layout, used only when its self-test matches the reload mover's logits."""
+        assert self.accel is not None
+        placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                   self.cfg.n_batch, self.cfg.flash_attn, reserve_bytes, live=True,
+                                   max_gpu_layers=self.cfg.gpu_layers)
+        if isinstance(placement, DoesNotFit):
+            raise EbbError(placement.reason)
+        self.placement = placement
+        toggle = placement.accel_layers[-1] if placement.accel_layers else self.info.n_layers - 1
+        dev = find_device(self.accel)
+        setup = Setup(Path(self.cfg.model_path), dev.name, dev.description, self.n_ctx,
+                      self.cfg.n_batch, self.cfg.flash_attn, self.n_threads)
+        checker = SelfTestReference(lambda layers: self.text_params(placement, layers), self.info,
+                                    setup, set(placement.accel_layers), toggle)
+        checker.prepare()  # reference loads first: never two copies on the device at once
+        self._load_live()
+        assert self.runtime is not None and self.mover is not None
+        problem = checker.check(self.runtime, self.mover)
+        if problem:
+            raise EbbError(f"self-test failed: {problem}")
+        self.mover_name = "live"
+
+    def _load_live(self) -> None:
+        """Load the live layout (every layer's weights in RAM), find the layers' weight
+        tensors, and promote the placement's layers to the accelerator."""
+        assert self.accel is not None
+        self.runtime = self._load_text()
+        layers = discover_layer_weights(self.runtime.decode_once_with)
+        dev = find_device(self.accel)
+        self.mover = LiveMover(layers, dev.handle, self.runtime.reschedule, remote=dev.remote)
+        self.layer_state = [CPU] * self.info.n_layers
+        self.move(promote=self.placement.accel_layers)
+
+    def text_params(self, placement: Placement, device_layers: set[int] | None = None) -> LoadParams:
+        """Load parameters for a placement. The live layout assigns every layer to the
+        accelerator and forces repeating-layer weights to host (`device_layers` excepted); a
+        spread gives llama.cpp the devices and their layer counts."""
+        cfg = self.cfg
+        common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
+                                      flash_attn=cfg.flash_attn, n_batch=cfg.n_batch)
+        if self.spread is not None and placement is self.spread.placement:
+            return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers,
+                              devices=tuple(name for name, _ in self.spread.split),
+                              tensor_split=tuple(float(n) for _, n in self.spread.split), **common)
+        if placement.live and placement.accel:
+            return LoadParams(cfg.model_path, n_gpu_layers=self.info.n_layers + 1,
+                              devices=(placement.accel,), repack=False,
+                              buft_overrides=live_overrides(placement.accel, device_layers or ()),
+                              **common)
+        devices = (placement.accel,) if placement.accel and placement.n_gpu_layers else ()
+        return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers, devices=devices,
+                          **common)
+
+    def _load_text(self) -> TextRuntime:
+        rt = TextRuntime(self.text_params(self.placement), self.info)
+        self.n_model_loads += 1
+        for (dev, kind), n in rt.buffers.items():
+            if kind in _KIND:
+                self.ledger.set(dev, _KIND[kind], n)
+        return rt
+
+    def host_model(self) -> Any:
+        """A model for projectors to bind to while the runtime may be freed, alive as long as
+        this owner: the runtime itself when everything is in RAM for good, else a host-only
+        instance (mmapped, no copy), since a reload swap frees the runtime. Made once."""
+        assert self.runtime is not None
+        if self.host_holder is None:
+            if self.placement.n_gpu_layers == 0 and not self.placement.live:
+                self.host_holder = self.runtime
+            else:
+                self.host_holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0,
+                                                          devices=(), repack=False), self.info)
+                self._stack.callback(self.host_holder.close)
+        return self.host_holder
+
+    # ------------------------------------------------------------ moving
+
+    def move(self, promote: Sequence[int] = (), evict: Sequence[int] = (),
+             group_bytes: int = 0) -> int:
+        """Move layers with the live mover, showing them moving in the residency map.
+        `group_bytes`: promote neighbouring layers into shared device buffers of up to that
+        many bytes (they are then evicted together); 0: a buffer per layer. Returns the bytes
+        copied to the device."""
+        assert self.mover is not None and self.accel is not None
+        copied = 0
+        for layer in evict:
+            self.layer_state[layer] = "moving"
+        if evict:
+            self.emit()
+        for layer in evict:
+            self.mover.evict(layer)
+            self.layer_state[layer] = CPU
+        for group in self._promote_groups(promote, group_bytes):
+            for layer in group:
+                self.layer_state[layer] = "moving"
+            self.emit()
+            try:
+                copied += self.mover.promote_many(group)
+            except EbbError:
+                for layer in group:
+                    self.layer_state[layer] = CPU
+                self.mover.reschedule()
+                raise
+            for layer in group:
+                self.layer_state[layer] = self.accel
+        self.mover.reschedule()
+        self.ledger.set(self.accel, "layers", self.mover.device_bytes())
+        self.emit()
+        return copied
+
+    def _promote_groups(self, layers: Sequence[int], group_bytes: int) -> list[list[int]]:
+        assert self.mover is not None
+        groups: list[list[int]] = []
+        size = 0
+        for layer in layers:
+            n = self.mover.layer_bytes(layer)
+            if not groups or not group_bytes or size + n > group_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(layer)
+            size += n
+        return groups
+
+    def evict_layers(self, layers: Sequence[int]) -> tuple[list[int], int]:
+        """Live mover: evict `layers` that are on the device, with the layers that share their
+        buffers, until the device has let go. Returns (layers evicted, bytes freed)."""
+        assert self.mover is not None and self.accel is not None
+        on = set(self.mover.on_device())
+        evict = sorted({j for i in layers if i in on for j in self.mover.group_of(i)}, reverse=True)
+        before = self.mover.device_bytes()
+        self.move(evict=evict)
+        wait_until_done(self.accel)
+        return evict, before - self.mover.device_bytes()
+
+    def restore_layers(self, layers: Sequence[int]) -> int:
+        """Live mover: bring `layers` back in shared buffers and pay the re-schedule now, until
+        the last copy has landed. Returns the bytes copied; EbbError when the device is full."""
+        assert self.runtime is not None and self.accel is not None
+        copied = self.move(promote=sorted(layers), group_bytes=RESTORE_GROUP_BYTES)
+        self.runtime.replan()
+        wait_until_done(self.accel)
+        return copied
+
+    def evict_all(self) -> None:
+        """Reload mover: free the model, its KV cache and compute buffers from every device."""
+        self.close_runtime()
+        if self.accel:
+            self.ledger.clear(self.accel, *MODEL_KINDS)
+            wait_until_done(self.accel)
+
+    def reload(self) -> str:
+        """Reload mover: build the model again for the placement (the live layout with its
+        layers promoted, or llama.cpp's own). If the device is full now, carry on from RAM;
+        returns what happened then ("" when all came back)."""
+        try:
+            if self.placement.live and self.accel is not None:
+                self._load_live()
+            else:
+                self.runtime = self._load_text()
+            return ""
+        except EbbError as exc:
+            accel = self.accel or CPU
+            self.close_runtime()
+            self.ledger.clear(accel, *MODEL_KINDS)
+            placement = plan_placement(self.info, None, 0, self.n_ctx, self.cfg.n_batch,
+                                       self.cfg.flash_attn)
+            assert isinstance(placement, Placement)
+            self.placement = placement
+            self.runtime = self._load_text()
+            return f"could not bring the model back to {accel} ({exc}): running from RAM"
+
+    def reschedule(self) -> None:
+        """Device buffers changed (a projector came or went): plan the next graph afresh."""
+        if self.runtime is not None:
+            self.runtime.reschedule()
+
+    # ------------------------------------------------------------ events and closing
+
+    def emit(self, evicted: bool = False) -> None:
+        """Tell the view where everything is. `evicted`: the reload mover freed the model."""
+        p = self.placement
+        if evicted:
+            layers, output = tuple(CPU for _ in p.layer_devices), CPU
+        elif self.mover is not None:
+            layers, output = tuple(self.layer_state), p.output_device
+        else:
+            layers, output = p.layer_devices, p.output_device
+        self._emit(events.Residency(self._request_id(), layer_devices=layers, output_device=output,
+                                    embeddings_device=p.embeddings_device,
+                                    projector_device=self.projector, ledger=self.ledger.snapshot()))
+
+    def close_runtime(self) -> None:
+        """Free the moved layers, then the model (the mover re-points tensors of the model)."""
+        if self.mover is not None:
+            self.mover.close()
+            self.mover = None
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def abandon(self) -> None:
+        """Drop every handle without freeing: the device they live on is gone (ggml would
+        abort on a free)."""
+        self._stack.pop_all()

@@ -1,0 +1,161 @@
+"""The vision side of a session: the projector held in RAM, the one borrowed on the accelerator
+(resident, or for the length of a swap), the embeddings of every image seen (by content hash
+and projector), and the vision costs the planner weighs, learned from measured steps.
+Engine thread only."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engine.config import SessionConfig
+from engine.gguf.info import ProjectorInfo
+from engine.ledger import Ledger
+from engine.llama.devices import find_device
+from engine.placement import calibration
+from engine.placement.plan import CPU, Costs
+from engine.vision.images import LoadedImage, image_digest, load_image
+from engine.vision.projector import Encoded, ProjectorRuntime
+
+
+def _projector_identity(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def default_costs(info: ProjectorInfo | None, n_threads: int, accel: str | None,
+                  remote: bool) -> Costs:
+    """Vision costs before anything is measured: this machine's calibration where there is
+    one, else rough rates (CPU FLOPs per thread, a GPU, a bus)."""
+    flops_per_token = 2 * (info.weight_bytes // 2) if info else 1
+    cpu_s = flops_per_token / (40e9 * n_threads)
+    accel_s = cpu_s if (accel is None or remote) else flops_per_token / 20e12
+    costs = Costs(bus_Bps=1e9 if remote or accel is None else 12e9,
+                  cpu_encode_s_per_token=cpu_s, accel_encode_s_per_token=accel_s)
+    cpu_cal = calibration.load(CPU)
+    if cpu_cal is not None and info is not None:  # this machine's measurements
+        dev = find_device(accel) if accel else None
+        acc_cal = calibration.load(calibration.device_key(dev.name, dev.description)) if dev else None
+        costs = calibration.vision_costs(cpu_cal, acc_cal, info.weight_bytes, costs)
+    return costs
+
+
+class ImageEncoder:
+    def __init__(self, cfg: SessionConfig, info: ProjectorInfo | None, n_threads: int,
+                 ledger: Ledger, accel: str | None, remote: bool) -> None:
+        self.cfg = cfg
+        self.info = info
+        self.n_threads = n_threads
+        self.ledger = ledger  # the model's ledger: the projector's bytes count beside it
+        self.costs = default_costs(info, n_threads, accel, remote)
+        self.enabled = info is not None
+        self.ram: ProjectorRuntime | None = None
+        self.on_device: ProjectorRuntime | None = None  # resident, or borrowed for a swap
+        self._cache: dict[str, Encoded] = {}
+        self._paths: dict[str, str] = {}  # cache key -> image file, to encode it again later
+        self._proj_id = ""
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def marker(self) -> str:
+        return self.ram.marker if self.ram is not None else ""
+
+    def load_ram(self, holder: Any) -> None:
+        """Load the projector into RAM, bound to `holder` (a model that outlives it)."""
+        if self.cfg.mmproj_path is None:
+            return
+        self.ram = ProjectorRuntime(self.cfg.mmproj_path, holder, self.n_threads, device=None,
+                                    flash_attn=self.cfg.flash_attn,
+                                    image_max_tokens=self.cfg.image_max_tokens, info=self.info)
+        self._stack.callback(self.ram.close)
+        self.ledger.set(CPU, "projector", self.ram.info.weight_bytes)
+        self._proj_id = _projector_identity(self.cfg.mmproj_path)
+
+    def load_on_device(self, accel: str, bound_to: Any) -> ProjectorRuntime:
+        """Put the projector on `accel` (bound to a live model) and count its bytes there."""
+        assert self.cfg.mmproj_path is not None
+        pr = ProjectorRuntime(self.cfg.mmproj_path, bound_to, self.n_threads, device=accel,
+                              flash_attn=self.cfg.flash_attn,
+                              image_max_tokens=self.cfg.image_max_tokens, info=self.info)
+        self.on_device = pr
+        self.ledger.set(accel, "projector", pr.info.weight_bytes)
+        self.ledger.set(accel, "projector_compute", pr.compute_buffer_bytes)
+        return pr
+
+    def free_on_device(self, accel: str | None) -> bool:
+        """Free the projector on the accelerator, if there is one. True when one was freed
+        (the model must then re-plan its graphs)."""
+        if self.on_device is None:
+            return False
+        self.on_device.close()
+        self.on_device = None
+        if accel:
+            self.ledger.clear(accel, "projector", "projector_compute")
+        return True
+
+    # ------------------------------------------------------------ images and the cache
+
+    def key(self, img: LoadedImage) -> str:
+        return f"{self._proj_id}:{img.sha256}"
+
+    def key_of_file(self, path: Path) -> str:
+        """The cache key of a saved image, from its bytes alone (no decoding); remembers the
+        file so the image can be encoded when a turn needs it."""
+        key = f"{self._proj_id}:{image_digest(path)}"
+        self._paths[key] = str(path)
+        return key
+
+    def remember(self, img: LoadedImage) -> str:
+        key = self.key(img)
+        self._paths[key] = img.path
+        return key
+
+    def path_of(self, key: str) -> str | None:
+        return self._paths.get(key)
+
+    def adopt(self, other: "ImageEncoder") -> None:
+        """Know the image files of another session's conversation (its cache is not ours)."""
+        self._paths.update(other._paths)
+
+    def is_cached(self, key: str) -> bool:
+        return key in self._cache
+
+    def embeddings(self, key: str) -> Any:
+        return self._cache[key].embeddings
+
+    def forget(self, img: LoadedImage) -> None:
+        self._cache.pop(self.key(img), None)
+
+    def pending(self, keys: list[str]) -> list[LoadedImage]:
+        """The images behind `keys` that are not encoded yet (decoded now)."""
+        return [load_image(Path(self._paths[k])) for k in keys
+                if k not in self._cache and k in self._paths]
+
+    def encode(self, pr: ProjectorRuntime, img: LoadedImage, device: str) -> Encoded:
+        """Encode one image with `pr` and keep its embeddings."""
+        enc = pr.encode(img)
+        self._cache[self.key(img)] = enc
+        self.learn("encode", device, enc.encode_s, n_tokens=enc.n_tokens)
+        return enc
+
+    def learn(self, step: str, device: str, seconds: float, n_bytes: int = 0, n_tokens: int = 0,
+              mover: str = "") -> None:
+        """The one place the vision costs change: from a measured step. `encode`: seconds per
+        image token on `device`; `restore`: the live mover's copy rate, or the reload mover's
+        overhead beyond its bytes over the bus."""
+        c = self.costs
+        if step == "encode" and n_tokens:
+            per_token = seconds / n_tokens
+            c = (replace(c, cpu_encode_s_per_token=per_token) if device == CPU
+                 else replace(c, accel_encode_s_per_token=per_token))
+        elif step == "restore" and mover == "live" and n_bytes and seconds > 0:
+            c = replace(c, bus_Bps=n_bytes / seconds)
+        elif step == "restore" and mover == "reload":
+            c = replace(c, reload_overhead_s=max(0.0, seconds - n_bytes / c.bus_Bps))
+        self.costs = c
+
+    def close(self) -> None:
+        self.free_on_device(None)
+        self._stack.close()
