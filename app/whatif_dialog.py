@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from app.panel import MemoryPanel
 from app.settings import DEMO
 from engine import events
+from engine.errors import EbbError
 from engine.telemetry import Telemetry
 
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif")
@@ -136,7 +137,7 @@ class WhatIfDialog(QDialog):
         self._future = None
         try:
             r = f.result()
-        except Exception as exc:  # a bad path, size or file: say so
+        except (EbbError, OSError) as exc:  # a bad path, size or file: say so
             self.summary.setText(f"Cannot predict: {exc}")
             return
         self.result = r

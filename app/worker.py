@@ -66,8 +66,7 @@ class EngineWorker(QObject):
                      "projector": str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                      "projector_synthetic": bool(proj and proj.synthetic),
                      "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent,
-                     "layers_by_device": {d: s.placement.layer_devices.count(d)
-                                          for d in dict.fromkeys(s.placement.layer_devices)},
+                     "layers_by_device": s.placement.layers_by_device,
                      "placement_reason": s.placement_reason}))
 
     @Slot(object)

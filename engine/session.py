@@ -332,9 +332,15 @@ class Session:
         return self._messages()[0]
 
     def _pending_history_images(self) -> list[LoadedImage]:
+        """Earlier images not encoded yet (a saved conversation, reopened). One that can no
+        longer be read leaves the conversation: its place in the prompt goes with it."""
         if not self.vision_enabled:
             return []
-        return self.encoder.pending([k for t in self.history for k in t.image_keys])
+        images, lost = self.encoder.pending([k for t in self.history for k in t.image_keys])
+        if lost:
+            self.history = [replace(t, image_keys=tuple(k for k in t.image_keys if k not in lost))
+                            for t in self.history]
+        return images
 
     def _generate(self, text: str, images: list[LoadedImage], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,

@@ -48,6 +48,31 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_calibrate(args: argparse.Namespace) -> int:
+    import sys
+
+    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
+    from engine.hw import physical_cores
+    from engine.measure.accuracy import bench_calibrate
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
+    out = bench_calibrate(model, mmproj, tuple(args.rpc), parse_size(args.vram_budget),
+                          parse_size(args.text_vram), args.ctx, args.threads or physical_cores(),
+                          recalibrate=args.recalibrate,
+                          log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['device']}: predicted / measured (1.00 is exact)")
+    for name in ("gen_tokens_per_s", "prompt_tokens_per_s", "vision_swap_s"):
+        r = out[name]
+        where = f" at {out['text_layers']} layers" if name != "vision_swap_s" else ""
+        print(f"  {name:<20} {r['predicted']} vs {r['measured']}{where}: {r['ratio']}x")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -58,3 +83,14 @@ def register(sub: Any) -> None:
                    help="default: chosen so the projector takes most of the model's layers")
     p.add_argument("--ctx", type=int, default=2048)
     p.set_defaults(func=cmd_bench_swap)
+
+    p = bench.add_parser("calibrate", help="calibrated predictions against measured runs (ratios)",
+                         parents=[flag_parser("rpc", "model", "threads", "json")])
+    p.add_argument("--mmproj", default=None, help="default: a generated base projector")
+    p.add_argument("--vram-budget", default="300MiB", metavar="SIZE",
+                   help="the session's budget, for the vision swap")
+    p.add_argument("--text-vram", default="190MiB", metavar="SIZE",
+                   help="a budget holding part of the model: text at a placement never calibrated")
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--recalibrate", action="store_true", help="calibrate again first")
+    p.set_defaults(func=cmd_bench_calibrate)

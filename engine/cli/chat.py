@@ -88,8 +88,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        n_ctx=session.n_ctx, accelerator=session.accel,
                        n_gpu_layers=session.placement.n_gpu_layers,
                        n_layers_on_accel=session.placement.n_layers_on_accel,
-                       layers_by_device={d: session.placement.layer_devices.count(d)
-                                         for d in dict.fromkeys(session.placement.layer_devices)},
+                       layers_by_device=session.placement.layers_by_device,
                        placement_reason=session.placement_reason,
                        mover=session.mover_name,
                        mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),

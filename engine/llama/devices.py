@@ -4,6 +4,7 @@ Missing data is "not available" (None), never an exception. Called from the engi
 """
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 from dataclasses import asdict, dataclass
@@ -278,15 +279,42 @@ class NvmlReading:
     process_used_bytes: int | None  # this process's usage; None when the driver hides it
 
 
+_nvml_lock = threading.Lock()
+_nvml_state: dict[str, Any] = {}  # "module": pynvml once initialised, or None: not available
+
+
+def _nvml() -> Any:
+    """pynvml, initialised once per process (and shut down at exit), or None when there is no
+    NVIDIA driver or library. Any thread."""
+    with _nvml_lock:
+        if "module" not in _nvml_state:
+            _nvml_state["module"] = None
+            try:
+                import pynvml
+            except ImportError:
+                return None
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError:  # no driver, no library: "not available"
+                return None
+            atexit.register(_nvml_shutdown, pynvml)
+            _nvml_state["module"] = pynvml
+        return _nvml_state["module"]
+
+
+def _nvml_shutdown(pynvml: Any) -> None:
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pass
+
+
 def nvml_readings(pid: int | None = None) -> list[NvmlReading] | None:
     """NVIDIA GPUs as the driver sees them, or None when NVML is not available."""
-    try:
-        import os
+    import os
 
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver, no library: "not available"
+    pynvml = _nvml()
+    if pynvml is None:
         return None
     pid = pid or os.getpid()
     out = []
@@ -299,11 +327,11 @@ def nvml_readings(pid: int | None = None) -> list[NvmlReading] | None:
             try:
                 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
                 mine = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == pid)
-            except Exception:
+            except pynvml.NVMLError:  # the driver hides other processes' use
                 mine = None
             out.append(NvmlReading(i, name if isinstance(name, str) else name.decode(),
                                    int(mem.used), int(mem.total), mine))
-    except Exception:
+    except pynvml.NVMLError:  # a GPU fell off the bus, a driver reset: not available now
         return None
     return out
 

@@ -13,7 +13,7 @@ import functools
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -82,7 +82,6 @@ class GenResult:
     gen_s: float
     stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
     n_prompt_tokens_evaluated: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def gen_tokens_per_s(self) -> float:
@@ -99,7 +98,7 @@ class GenResult:
             "n_gen_tokens": self.n_gen_tokens, "prompt_s": round(self.prompt_s, 4),
             "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
-            "stop_reason": self.stop_reason, **self.extra,
+            "stop_reason": self.stop_reason,
         }
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -44,12 +43,9 @@ class _Group:
 
 @dataclass
 class MoveStats:
-    promoted_bytes: int = 0
-    promote_s: float = 0.0
-    evict_s: float = 0.0
+    """Device buffers allocated and freed so far (a leak shows as allocs > frees + held)."""
     n_allocs: int = 0
     n_frees: int = 0
-    per_layer: list[tuple[str, int, float]] = field(default_factory=list)
 
 
 # Copies of neighbouring tensors are merged up to this size. Over RPC every copy is one message
@@ -231,7 +227,6 @@ class LiveMover:
         layers = [la for la in layers if la not in self._moved and la in self.layers]
         if not layers:
             return 0
-        t0 = time.perf_counter()
         b = self.g.base
         owner = {p: la for la in layers for p in self.layers[la]}
         entries = [e for la in layers for e in self._entries_of(la)]
@@ -281,12 +276,7 @@ class LiveMover:
             nbytes[owner[e.ptr]] += e.n_bytes
         for la in layers:
             self._moved[la] = _Moved(gid, saved[la], nbytes[la])
-        dt = time.perf_counter() - t0
-        copied = sum(nbytes.values())
-        self.stats.promoted_bytes += copied
-        self.stats.promote_s += dt
-        self.stats.per_layer.append(("promote", len(layers), dt))
-        return copied
+        return sum(nbytes.values())
 
     def _zeros(self, n_bytes: int) -> np.ndarray:
         if self._staging.size < n_bytes:
@@ -304,7 +294,6 @@ class LiveMover:
         moved = self._moved.pop(layer, None)
         if moved is None:
             return 0
-        t0 = time.perf_counter()
         self._restore(moved.saved)
         group = self._groups[moved.group]
         group.layers.discard(layer)
@@ -314,9 +303,6 @@ class LiveMover:
             del self._groups[moved.group]
             self.stats.n_frees += 1
             freed = group.alloc_bytes
-        dt = time.perf_counter() - t0
-        self.stats.evict_s += dt
-        self.stats.per_layer.append(("evict", layer, dt))
         return freed
 
     def detach(self, layer: int) -> list[tuple[int, int | None, int | None, int | None]]:

@@ -50,6 +50,11 @@ class Placement:
         return sum(1 for d in self.layer_devices if d != CPU)
 
     @property
+    def layers_by_device(self) -> dict[str, int]:
+        """How many repeating layers each device holds, in layer order."""
+        return {d: self.layer_devices.count(d) for d in dict.fromkeys(self.layer_devices)}
+
+    @property
     def accel_layers(self) -> list[int]:
         return [i for i, d in enumerate(self.layer_devices) if d != CPU]
 

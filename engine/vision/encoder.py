@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import SessionConfig
+from engine.errors import EbbError
 from engine.gguf.info import ProjectorInfo
 from engine.ledger import Ledger
 from engine.llama.devices import find_device
@@ -128,10 +129,18 @@ class ImageEncoder:
     def forget(self, img: LoadedImage) -> None:
         self._cache.pop(self.key(img), None)
 
-    def pending(self, keys: list[str]) -> list[LoadedImage]:
-        """The images behind `keys` that are not encoded yet (decoded now)."""
-        return [load_image(Path(self._paths[k])) for k in keys
-                if k not in self._cache and k in self._paths]
+    def pending(self, keys: list[str]) -> tuple[list[LoadedImage], list[str]]:
+        """The images behind `keys` that are not encoded yet, decoded now, and the keys of
+        those that can no longer be read (gone or damaged since they were saved)."""
+        images, lost = [], []
+        for k in dict.fromkeys(keys):
+            if k in self._cache or k not in self._paths:
+                continue
+            try:
+                images.append(load_image(Path(self._paths[k])))
+            except EbbError:
+                lost.append(k)
+        return images, lost
 
     def encode(self, pr: ProjectorRuntime, img: LoadedImage, device: str) -> Encoded:
         """Encode one image with `pr` and keep its embeddings."""
