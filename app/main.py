@@ -70,8 +70,8 @@ def _test_hooks(window: Any, app: Any) -> None:
                 self.streaming = True
                 print("streaming", flush=True)
 
-    window._test_hook = Hook(window)
-    window.worker.event.connect(window._test_hook.on_event)
+    hook = Hook(window)  # a child of the window: lives as long as it
+    window.worker.event.connect(hook.on_event)
 
 
 def main(argv: list[str] | None = None) -> int:
