@@ -88,13 +88,13 @@ def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
         except OSError as exc:
             raise EbbError(f"cannot reach RPC server {endpoint}: {exc.strerror or exc}",
                            "start it with `ebb-engine rpc-serve` and check the address") from None
-        before = {d.handle for d in list_devices()}
+        before = set(ggml.device_handles())  # no memory queries: other servers may be gone
         reg = g.rpc.ggml_backend_rpc_add_server(endpoint.encode())
         if not reg:
             raise EbbError(f"RPC server {endpoint} did not answer as a ggml RPC server",
                            "check that it runs the same llama.cpp version")
         g.core.ggml_backend_register(reg)
-        names = [d.name for d in list_devices() if d.handle not in before]
+        names = [ggml.device_name(d) for d in ggml.device_handles() if d not in before]
         _rpc_endpoints[endpoint] = names
         return names
 
@@ -344,9 +344,12 @@ def session_accelerators(rpc: tuple[str, ...] = ()) -> list[DeviceInfo]:
     registered in the process earlier for other sessions are not included."""
     for endpoint in rpc:
         connect_rpc(endpoint)
-    accs = accelerators()
-    local = [d for d in accs if not d.remote]
-    return local + [d for e in rpc for d in accs if d.remote and d.description == e]
+    handles = [(dev, remote) for dev, remote in _usable_handles() if ggml.device_kind(dev) != "cpu"]
+    # only these devices' memory is asked: a server another session registered in this
+    # process may be gone, and asking a dead server makes ggml abort
+    local = [_info(dev, False) for dev, remote in handles if not remote]
+    return local + [_info(dev, True) for e in rpc for dev, remote in handles
+                    if remote and ggml.device_description(dev) == e]
 
 
 def pick_accelerator(rpc: tuple[str, ...] = (), name: str | None = None) -> str | None:
