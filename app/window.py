@@ -88,6 +88,7 @@ class MainWindow(QMainWindow):
         self._start_worker()
         self._redraw = QTimer(self, interval=REDRAW_MS)
         self._redraw.timeout.connect(self._render_live)
+        self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
         self._refresh_conversations()
         if load is not None:
@@ -333,7 +334,6 @@ class MainWindow(QMainWindow):
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:
         request_id = self.chat.begin(pending)
-        self._set_busy(True)
         self.request_send.emit(request_id, pending.text, [str(p) for p in images], self.gen_params)
         self._render()
 
@@ -359,7 +359,9 @@ class MainWindow(QMainWindow):
         self.projector_label.setText("switching…")
         self.request_vision.emit(on)
 
-    def _set_busy(self, busy: bool) -> None:
+    def _on_chat_changed(self) -> None:
+        """ChatState changed (loaded, busy, idle): the controls follow it."""
+        busy = self.chat.busy
         self._live_text = None
         self.live_reply.setVisible(busy)
         if busy:
@@ -406,7 +408,6 @@ class MainWindow(QMainWindow):
         self.tune_dialog.apply_layers.connect(self._apply_gpu_layers)
         self.tune_dialog.finished.connect(self.worker.cancel)  # closing it stops the runs
         self.chat.set_loading()
-        self._set_busy(self.chat.busy)
         self.request_tune.emit(cfg, rpc)
         self.tune_dialog.show()
 
@@ -459,7 +460,6 @@ class MainWindow(QMainWindow):
     def _on_model_loading(self, ev: events.ModelLoading) -> None:
         self.progress.show()
         self.chat.set_loading()
-        self.send_button.setEnabled(False)
         self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…")
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
@@ -495,7 +495,6 @@ class MainWindow(QMainWindow):
         self.vision_switch.setEnabled(has_proj)
         self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
         self.demo_label.setText(DEMO_LABEL if d.get("projector_synthetic") else "")
-        self._set_busy(self.chat.busy)
         self._send_history()
         self._render()
 
@@ -521,7 +520,6 @@ class MainWindow(QMainWindow):
         failed = self.chat.finish(r)
         if failed is not None:
             self._give_back(failed, r["error"])
-        self._set_busy(False)
         self._render()
 
     def _give_back(self, pending: Pending, error: str) -> None:
@@ -536,7 +534,6 @@ class MainWindow(QMainWindow):
         failed = self.chat.fail()
         if failed is not None:
             self._give_back(failed, ev.message)
-            self._set_busy(False)
         self.statusBar().showMessage(f"Error: {ev.message}")
         if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
             self.tune_dialog.fail(ev.message)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -166,3 +167,26 @@ def test_a_server_that_disappears_leaves_the_conversation_on_local_devices(tiny_
     assert second["accel"] is None and second["strategy"] == "cpu"
     assert second["history"] == ["user", "assistant", "user", "assistant"]
     assert second["n_prompt_tokens"] > 40  # the first exchange is still in the prompt
+
+
+def test_ctrl_c_during_a_model_load_ends_at_once_with_one_line(wide_model):
+    """Ctrl-C while llama.cpp loads (here: the self-test's references and the live layout of a
+    459 MiB model going to an RPC device) ends the process with exit 130 and one line, not a
+    traceback and not a silent exit 0 after the load."""
+    import signal
+
+    server = RpcServer()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine", "chat", "--rpc", server.endpoint, "--model",
+             str(wide_model), "--prompt", "Hello", "--max-tokens", "4", "--ctx", "512", "--json",
+             "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, EBB_TEST_SAY_LOADING="1", EBB_CACHE_DIR=str(wide_model.parent)))
+        assert proc.stderr is not None
+        assert proc.stderr.readline().strip() == "ebb-engine: loading"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        server.stop()
+    assert proc.returncode == 130, err
+    assert out == "" and err.strip() == "ebb-engine: interrupted"

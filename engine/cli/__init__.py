@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from engine.cli import bench, chat, devices, files, tuning
-from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, exit_on_interrupt
 from engine.errors import EbbError
 
 __all__ = ["build_parser", "main"]
@@ -24,11 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from engine.llama import fatal
-
-    fatal.install(fatal.exit_with_message("ebb-engine"))
+    exit_on_interrupt()  # a command that can stop gracefully installs its own handler
     try:
+        args = build_parser().parse_args(argv)
+        from engine.llama import fatal
+
+        fatal.install(fatal.exit_with_message("ebb-engine"))
         if getattr(args, "rpc", None):
             from engine.llama.devices import connect_rpc
 

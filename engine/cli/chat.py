@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -68,14 +69,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
         turns = [{"text": args.prompt, "images": args.image}]
     cfg = _session_config(args)
     cancel = threading.Event()
-    install_sigint(cancel)
     gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
     on_text: Callable[[str], None] | None = None
     if not args.json:
         on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
     all_spans: list[Any] = []
     failed = cancelled = False
-    session = Session(cfg)
+    if os.environ.get("EBB_TEST_SAY_LOADING"):  # test hook: the moment the load starts
+        print("ebb-engine: loading", file=sys.stderr, flush=True)
+    session = Session(cfg)  # Ctrl-C meanwhile ends the process at once (exit_on_interrupt)
+    install_sigint(cancel)  # from here on the first Ctrl-C stops between tokens
     try:
         for turn in turns:
             if cancel.is_set():

@@ -3,6 +3,7 @@ Every problem a user can fix is an EbbError: `main` prints it as one line and ex
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from typing import Any
@@ -34,6 +35,16 @@ FLAGS: dict[str, Any] = {
                                                  "(default: free - margin)"),
     "no-flash-attn": lambda p: p.add_argument("--no-flash-attn", action="store_true"),
 }
+
+
+def exit_on_interrupt() -> None:
+    """Until a command can stop gracefully, Ctrl-C ends the process at once: one line, exit 130
+    (nothing is half-written then: the engine writes its files atomically). A model load is one
+    long call into llama.cpp; its progress callback lets this handler run during it."""
+    def handler(signum: int, frame: Any) -> None:
+        os.write(2, b"ebb-engine: interrupted\n")
+        os._exit(EXIT_INTERRUPTED)
+    signal.signal(signal.SIGINT, handler)
 
 
 def install_sigint(cancel: threading.Event) -> None:

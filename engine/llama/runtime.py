@@ -190,6 +190,10 @@ class LoadedModel:
         if params.buft_overrides:
             self._overrides = _override_array(params.buft_overrides)  # alive while loading
             mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
+        # a Python callback per tensor: Python's signal handlers (Ctrl-C) get to run during the
+        # load, which is otherwise one long C call
+        self._progress = L.llama_progress_callback(lambda _progress, _user: True)
+        mparams.progress_callback = self._progress
         llama_log.clear()
         t0 = time.perf_counter()
         model = L.llama_model_load_from_file(str(params.model_path).encode(), mparams)
