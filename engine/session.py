@@ -11,6 +11,7 @@ is a Span event. Owned by one thread (the CLI's, or the app's engine worker).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -30,7 +31,7 @@ from engine.gguf.info import (
 from engine.hw import physical_cores
 from engine.ledger import Ledger
 from engine.llama.devices import check_rpc_servers, rpc_bytes_sent
-from engine.llama.runtime import GenParams, ImageSpan, TextRuntime, check_context
+from engine.llama.runtime import GenParams, ImageSpan, PromptItem, TextRuntime, check_context
 from engine.placement.live_mover import LiveMover
 from engine.placement.plan import (
     CPU,
@@ -44,7 +45,8 @@ from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage, load_image
-from engine.vision.swap import PlanRun
+from engine.vision.projector import TextPiece, TokenizedPrompt
+from engine.vision.swap import ChunkWork, PlanRun
 
 __all__ = ["HistoryTurn", "Session", "SessionConfig", "TurnResult", "turn_with_recovery"]
 
@@ -223,8 +225,12 @@ class Session:
                 raise EbbError("this message has images but vision is off" if self.proj_info
                                else "this message has images but no projector is loaded",
                                "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
-            self._encode_new(images, self._pending_history_images(), res, tl)
-            self._generate(text, images, gp or GenParams(), on_text, cancel, res, tl)
+            pending = self._pending_history_images()  # may drop unreadable ones from history
+            turn = HistoryTurn("user", text, tuple(self.encoder.remember(i) for i in images))
+            messages, keys = self._messages(turn)
+            with self._tokenize(messages, keys, pending + images) as prompt:
+                self._encode_new(prompt, keys, images, res, tl)
+                self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
         except EbbError as exc:
             res.error = str(exc)
         res.device_peak_bytes = self.ledger.peaks()
@@ -238,7 +244,11 @@ class Session:
         images = [load_image(Path(p)) for p in image_paths]
         for img in images:
             self.encoder.forget(img)
-        self._encode_new(images, [], res, tl)
+        keys = [self.encoder.remember(i) for i in images]
+        assert self.encoder.ram is not None
+        text = "".join(f"{self.encoder.marker}\n" for _ in images)
+        with self._tokenize_text(text, False, keys, images) as prompt:
+            self._encode_new(prompt, keys, images, res, tl)
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
@@ -247,22 +257,59 @@ class Session:
         self.ledger.reset_peaks()
         return Timeline(self._request_id, self._emit, self.ledger, self.accel)
 
-    def _encode_new(self, images: list[LoadedImage], history: list[LoadedImage], res: TurnResult,
-                    tl: Timeline) -> None:
-        """Encode what is not cached yet: the message's images and any earlier ones (after a
-        reload of the conversation), in one plan."""
+    def _tokenize(self, messages: list[dict[str, str]], keys: list[str],
+                  pixels: list[LoadedImage]) -> Any:
+        """The prompt of `messages` as llama.cpp's own tools tokenize it: mtmd's chunks when it
+        has images (one marker per key), else the model's tokens."""
+        assert self.runtime is not None
+        text, added_special = self.runtime.format_chat(messages)
+        if not keys:
+            return contextlib.nullcontext(self.runtime.tokenize(text, add_special=not added_special))
+        return self._tokenize_text(text, not added_special, keys, pixels)
+
+    def _tokenize_text(self, text: str, add_special: bool, keys: list[str],
+                       pixels: list[LoadedImage]) -> TokenizedPrompt:
+        """mtmd's chunks of `text`: an image's pixels go in when one of its chunks is not
+        encoded yet, else only its size (a placeholder)."""
         enc = self.encoder
-        todo = list({enc.key(i): i for i in history + images if not enc.is_cached(enc.key(i))}.values())
-        new_keys = {enc.key(i) for i in todo}
-        res.n_images_encoded = len({enc.key(i) for i in images} & new_keys)
-        res.n_images_cached = len(images) - sum(1 for i in images if enc.key(i) in new_keys)
-        if not images and not history:
+        assert enc.ram is not None
+        by_key = {enc.key(i): i for i in pixels}
+        if missing := [k for k in keys if not enc.is_cached(k) and k not in by_key]:
+            raise EbbError(f"{len(missing)} earlier image(s) of this conversation cannot be read",
+                           "start a new conversation")
+        bitmaps = [enc.bitmap(k, None if enc.is_cached(k) else by_key[k]) for k in keys]
+        prompt = enc.ram.tokenize(text, bitmaps, add_special)
+        counts = collections.Counter(p.image for p in prompt.images())
+        for i, (k, b) in enumerate(zip(keys, bitmaps)):
+            enc.note_layout(k, b, counts[i])
+        return prompt
+
+    def _encode_new(self, prompt: Any, keys: list[str], images: list[LoadedImage],
+                    res: TurnResult, tl: Timeline) -> None:
+        """Encode every image chunk of the prompt that is not cached yet (the message's images
+        and any earlier ones, e.g. after a conversation is reopened), in one plan."""
+        if not isinstance(prompt, TokenizedPrompt):
             return
+        enc = self.encoder
+        names = {enc.key(i): (Path(i.path).name, len(i.rgb)) for i in images}
+        todo: dict[str, ChunkWork] = {}
+        for piece in prompt.images():
+            key = keys[piece.image]
+            ck = enc.chunk_key(key, piece.index)
+            if piece.placeholder or ck in todo or enc.is_chunk_cached(ck):
+                continue
+            name, n_bytes = names.get(key) or (Path(enc.path_of(key) or key).name, 0)
+            todo[ck] = ChunkWork(piece, ck, name, n_bytes)
+        new_images = {w.key.rsplit("#", 1)[0] for w in todo.values()}
+        message_keys = {enc.key(i) for i in images}
+        res.n_images_encoded = len(message_keys & new_images)
+        res.n_images_cached = len(images) - sum(1 for i in images if enc.key(i) in new_images)
         if not todo:
-            res.reason = f"all {len(images)} images already encoded (cache)"
+            if images:
+                res.reason = f"all {len(images)} images already encoded (cache)"
             return
         assert self.proj_info is not None and self.runtime is not None
-        n_tokens = self.proj_info.n_image_tokens * len(todo)
+        n_tokens = sum(w.piece.n_tokens for w in todo.values())
         state_bytes = self.n_ctx * self.info.kv_bytes_per_token if self.runtime.n_positions() else 0
         with tl.step("plan", CPU):
             plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,
@@ -275,7 +322,7 @@ class Session:
         res.strategy, res.reason = plan.strategy, plan.reason
         res.swap_mover, res.mover_note = plan.mover, plan.mover_note
         tl.plan = plan
-        run = PlanRun(plan, todo, self.model, enc, tl, self.before_restore)
+        run = PlanRun(plan, list(todo.values()), self.model, enc, tl, self.before_restore)
         try:
             run.run()
         finally:
@@ -342,15 +389,22 @@ class Session:
                             for t in self.history]
         return images
 
-    def _generate(self, text: str, images: list[LoadedImage], gp: GenParams,
+    def _generate(self, turn: HistoryTurn, prompt: Any, keys: list[str], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                   res: TurnResult, tl: Timeline) -> None:
         assert self.runtime is not None
-        turn = HistoryTurn("user", text, tuple(self.encoder.remember(i) for i in images))
-        messages, keys = self._messages(turn)
-        marker = self.encoder.marker
-        spans = [ImageSpan(k, self.encoder.embeddings(k)) for k in keys]
-        items = self.runtime.build_prompt(messages, marker or "\0no-images\0", spans)
+        items: list[PromptItem] = []
+        if isinstance(prompt, TokenizedPrompt):
+            enc = self.encoder
+            for piece in prompt.pieces:
+                if isinstance(piece, TextPiece):
+                    items.extend(piece.tokens)
+                    continue
+                ck = enc.chunk_key(keys[piece.image], piece.index)
+                items.append(ImageSpan(ck, enc.embeddings(ck), piece.chunk, prompt.mctx,
+                                       piece.n_pos))
+        else:
+            items = list(prompt)
         accel = self.placement.accel or CPU
         t_start = time.monotonic()
         result = self.runtime.generate_from(items, gp, on_text, cancel)

@@ -41,7 +41,7 @@ def test_same_seed_same_file_other_seed_other_weights(tmp_path):
 
 def test_tiny_projector_encodes_an_image_to_model_width(text_runtime, tiny_projector, photo):
     with ProjectorRuntime(tiny_projector, text_runtime, n_threads=N_THREADS) as pr:
-        enc = pr.encode(load_image(photo))
+        [enc] = pr.encode(load_image(photo))  # an "mlp" image is one chunk
     assert enc.n_tokens == 4
     assert enc.embeddings.shape == (4, 576)
     assert np.isfinite(enc.embeddings).all() and enc.embeddings.std() > 0
@@ -53,7 +53,7 @@ def test_base_and_large_sizes_and_compute_estimate(text_runtime, photo, tmp_path
     assert low_mb * 2**20 < path.stat().st_size < high_mb * 2**20
     info = projector_info(read_gguf(path))
     with ProjectorRuntime(path, text_runtime, n_threads=N_THREADS) as pr:
-        enc = pr.encode(load_image(photo))
+        [enc] = pr.encode(load_image(photo))
         measured = pr.compute_buffer_bytes
     assert enc.embeddings.shape == (info.n_image_tokens, 576)
     # mtmd on the CPU runs with flash attention on (auto): compare with that estimate.

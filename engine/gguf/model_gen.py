@@ -1,8 +1,21 @@
-"""Write llama-architecture language models with random f16 weights and a real tokenizer.
+"""Write language models with random f16 weights and a real tokenizer.
 
 For realistic swap timings on a real GPU (several GB, real shapes) and for tests. The tokenizer
 and chat template are copied from a real model (SmolLM2 by default), so llama.cpp loads and runs
 the file; its replies are noise. Weights stream to disk tensor by tensor (little RAM).
+
+Architectures (`arch`), with what llama.cpp needs of each beyond llama's keys and tensors:
+
+- `llama`: LLaVA-1.5, SmolVLM (Idefics3), Pixtral/Mistral and InternVL language models.
+- `qwen2vl` (Qwen2-VL, Qwen2.5-VL): `qwen2vl.rope.dimension_sections` (4 counts summing to
+  head_dim / 2) makes positions M-RoPE: 4 per image embedding (time, row, column, unused).
+  Q/K/V biases are optional and left out.
+- `gemma3`: `gemma3.attention.layer_norm_rms_epsilon`; per layer `attn_q_norm`, `attn_k_norm`
+  (head_dim), `post_attention_norm` and `post_ffw_norm`. No sliding window is written, so every
+  layer attends to the whole context.
+
+The output norm is scaled up (`PEAK`) so logits are peaked: greedy decoding then has clear
+top-1/top-2 margins and replies do not flip on rounding noise.
 """
 from __future__ import annotations
 
@@ -13,6 +26,21 @@ from typing import Any, Iterator
 import numpy as np
 
 from engine.errors import EbbError
+
+
+ARCHS = ("llama", "qwen2vl", "gemma3")
+
+# The language model of each vision family: its architecture and the special tokens its
+# projector's wrappers look up in the vocabulary (mtmd finds them by their text).
+FAMILY_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mlp": ("llama", ()),
+    "qwen2.5vl": ("qwen2vl", ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")),
+    "gemma3": ("gemma3", ("<start_of_image>", "<end_of_image>")),
+    "idefics3": ("llama", ("<fake_token_around_image>", "<global-img>", "<image>",
+                           *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))),
+    "pixtral": ("llama", ("[IMG]", "[IMG_BREAK]", "[IMG_END]")),
+}
+PEAK = 6.0  # output_norm weight: logits ~6x wider than a unit-norm model's
 
 
 @dataclass(frozen=True)
@@ -39,8 +67,10 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def _copy_tokenizer(src: Path, w: Any) -> int:
-    from gguf import GGUFReader, GGUFValueType
+def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = ()) -> int:
+    """Copy `src`'s tokenizer into `w`, with `extra_tokens` appended as control tokens (the
+    special tokens a vision family's wrappers use). Returns the vocabulary size."""
+    from gguf import GGUFReader, GGUFValueType, TokenType
 
     r = GGUFReader(src, "r")
     n_vocab = 0
@@ -51,14 +81,19 @@ def _copy_tokenizer(src: Path, w: Any) -> int:
         sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
         value = f.contents()
         if key == "tokenizer.ggml.tokens":
+            value = list(value) + [t for t in extra_tokens if t not in value]
             n_vocab = len(value)
+        elif key == "tokenizer.ggml.token_type":
+            value = list(value) + [int(TokenType.CONTROL)] * len(extra_tokens)
+        elif key == "tokenizer.ggml.scores":
+            value = list(value) + [0.0] * len(extra_tokens)
         w.add_key_value(key, value, vtype, sub)
     if not n_vocab:
         raise EbbError(f"{src} has no tokenizer to copy", "pass a llama.cpp chat model")
     return n_vocab
 
 
-def _tensors(s: ModelShape, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+def _tensors(s: ModelShape, n_vocab: int, arch: str = "llama") -> Iterator[tuple[str, tuple[int, ...]]]:
     """(name, numpy shape = reversed ggml ne) in file order."""
     hd = s.n_embd // s.n_head
     yield "token_embd.weight", (n_vocab, s.n_embd)
@@ -69,18 +104,26 @@ def _tensors(s: ModelShape, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...]
         yield f"{p}.attn_k.weight", (s.n_head_kv * hd, s.n_embd)
         yield f"{p}.attn_v.weight", (s.n_head_kv * hd, s.n_embd)
         yield f"{p}.attn_output.weight", (s.n_embd, s.n_embd)
+        if arch == "gemma3":
+            yield f"{p}.attn_q_norm.weight", (hd,)
+            yield f"{p}.attn_k_norm.weight", (hd,)
+            yield f"{p}.post_attention_norm.weight", (s.n_embd,)
         yield f"{p}.ffn_norm.weight", (s.n_embd,)
         yield f"{p}.ffn_gate.weight", (s.n_ff, s.n_embd)
         yield f"{p}.ffn_up.weight", (s.n_ff, s.n_embd)
         yield f"{p}.ffn_down.weight", (s.n_embd, s.n_ff)
+        if arch == "gemma3":
+            yield f"{p}.post_ffw_norm.weight", (s.n_embd,)
     yield "output_norm.weight", (s.n_embd,)
 
 
-def _llama_writer(out: Path, shape: ModelShape, name: str) -> Any:
-    """A GGUF writer with the llama hyper-parameters of `shape` set."""
+def _llama_writer(out: Path, shape: ModelShape, name: str, arch: str = "llama") -> Any:
+    """A GGUF writer with the hyper-parameters of `shape` set for `arch`."""
     import gguf
 
-    w = gguf.GGUFWriter(str(out), arch="llama")
+    if arch not in ARCHS:
+        raise EbbError(f"unknown model architecture '{arch}'", f"use one of {', '.join(ARCHS)}")
+    w = gguf.GGUFWriter(str(out), arch=arch)
     w.add_name(name)
     w.add_bool("ebb.synthetic", True)
     w.add_block_count(shape.n_layers)
@@ -92,17 +135,28 @@ def _llama_writer(out: Path, shape: ModelShape, name: str) -> Any:
     w.add_rope_dimension_count(shape.n_embd // shape.n_head)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    if arch == "qwen2vl":
+        hd = shape.n_embd // shape.n_head
+        # Qwen2.5-VL's split of the rotary pairs: time, rows, columns (a quarter, 3/8, 3/8)
+        t = hd // 8
+        w.add_array("qwen2vl.rope.dimension_sections", [t, (hd // 2 - t) // 2, hd // 2 - t - (hd // 2 - t) // 2, 0])
     return w
 
 
-def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0) -> Path:
+def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0,
+                family: str = "mlp") -> Path:
+    """A language model for a vision `family` (FAMILY_MODELS; "mlp" is plain llama)."""
     import gguf
 
-    w = _llama_writer(out, shape, "Ebb synthetic llama (random weights)")
+    if family not in FAMILY_MODELS:
+        raise EbbError(f"unknown model family '{family}'", f"use one of {', '.join(FAMILY_MODELS)}")
+    arch, extra = FAMILY_MODELS[family]
+    w = _llama_writer(out, shape, f"Ebb synthetic {arch} for {family} (random weights)", arch)
+    w.add_string("ebb.family", family)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = _copy_tokenizer(tokenizer_from, w)
+    n_vocab = _copy_tokenizer(tokenizer_from, w, extra)
     w.add_vocab_size(n_vocab)
-    specs = list(_tensors(shape, n_vocab))
+    specs = list(_tensors(shape, n_vocab, arch))
     for name, shp in specs:
         dtype = np.float32 if len(shp) == 1 else np.float16
         w.add_tensor_info(name, shp, np.dtype(dtype), int(np.prod(shp)) * np.dtype(dtype).itemsize)
@@ -110,8 +164,14 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for _name, shp in specs:
-        if len(shp) == 1:
+    for name, shp in specs:
+        if name == "output_norm.weight":
+            w.write_tensor_data(np.full(shp, PEAK, dtype=np.float32))
+        elif name.endswith(("post_attention_norm.weight", "post_ffw_norm.weight")):
+            # Gemma's blocks add normalised outputs to an embedding scaled by sqrt(n_embd):
+            # at unit weight the input token outweighs them and a tied output echoes it
+            w.write_tensor_data(np.full(shp, 4.0, dtype=np.float32))
+        elif len(shp) == 1:
             w.write_tensor_data(np.ones(shp, dtype=np.float32))
         else:
             a = rng.standard_normal(shp, dtype=np.float32)

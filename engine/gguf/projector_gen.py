@@ -1,16 +1,50 @@
-"""Write LLaVA-style "mlp" vision projectors with random weights (for tests and the demo).
+"""Write vision projectors (mmproj) with random weights, in llama.cpp's real layouts, for tests
+and the demo.
 
 The file is a real mmproj that llama.cpp's mtmd loads and runs; its weights are random, so it
-exercises the memory pipeline but does not see. Metadata `ebb.synthetic = true` marks it.
+exercises the pipeline (preprocessing, tiling, token counts, positions, attention) but does not
+see. Metadata `ebb.synthetic = true` marks it.
+
+Families (`family`), with the metadata and tensors each needs beyond the common ViT ones
+(`clip.vision.{image_size, patch_size, embedding_length, feed_forward_length, block_count,
+attention.head_count, attention.layer_norm_epsilon, image_mean, image_std, projection_dim}`,
+`v.blk.N.{attn_q,attn_k,attn_v,attn_out,ln1,ln2,ffn_up,ffn_down}`):
+
+- `mlp` (LLaVA-1.5): `clip.has_llava_projector`, `clip.use_gelu`; `v.position_embd`,
+  `mm.0` and `mm.2` (weight and bias). A fixed (image_size / patch)² tokens; no wrappers.
+- `gemma3` (Gemma 3): `clip.vision.projector.scale_factor` (the average pool's kernel: 4 in
+  the real models), `mm.input_projection.weight` (stored as [projection, vision width]) and
+  `mm.soft_emb_norm.weight`. Images are wrapped in `<start_of_image>` / `<end_of_image>` and
+  decoded with non-causal attention; (image_size / patch / scale)² tokens.
+- `idefics3` (SmolVLM): `clip.vision.projector.scale_factor` (pixel shuffle) and
+  `clip.vision.preproc_image_size` (the longest edge images are resized to before slicing);
+  `mm.model.fc.weight` takes width x scale². A large image becomes rows x columns tiles plus a
+  global view, each its own chunk, with `<fake_token_around_image>`, `<row_R_col_C>` and
+  `<global-img>` text between them.
+- `qwen2.5vl` (Qwen2.5-VL): `clip.use_silu`, `clip.vision.n_wa_pattern` (window attention
+  every n layers), `clip.vision.spatial_merge_size` (2); two patch kernels
+  (`v.patch_embd.weight`, `.weight.1`, no position table: 2-D rotary), RMS norms, biased
+  Q/K/V/out and a gated FFN; the merger `mm.0` takes width x 4. Dynamic resolution: the token
+  count follows the image's size (between 8 and 4096, or `image_max_tokens`); wrapped in
+  `<|vision_start|>` / `<|vision_end|>`; M-RoPE positions (the language model must be
+  `qwen2vl`).
+- `pixtral` (Pixtral / Mistral Small 3.x vision): `clip.use_silu`, 2-D rotary in the ViT (no
+  position table), RMS norms, gated FFN, `v.token_embd.img_break` ([IMG_BREAK] between rows),
+  `mm.1` and `mm.2`. Dynamic resolution; one token per patch plus one break per row.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from engine.errors import EbbError
+
+FAMILIES = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "pixtral")
+PROJECTOR_TYPE = {"mlp": "mlp", "gemma3": "gemma3", "idefics3": "idefics3",
+                  "qwen2.5vl": "qwen2.5vl_merger", "pixtral": "pixtral"}  # clip.projector_type
 
 
 @dataclass(frozen=True)
@@ -36,6 +70,21 @@ SIZES: dict[str, ProjectorSize] = {
                            n_layers=24, mm_hidden=4096),
 }
 
+# the tiny size per family: few tokens, but the family's structure (tiles, merges, rows)
+_TINY: dict[str, ProjectorSize] = {
+    "gemma3": ProjectorSize(image_size=64, patch_size=8, n_embd=32, n_ff=48, n_head=2, n_layers=2,
+                            mm_hidden=0),  # 8x8 patches pooled 2x2: 16 tokens
+    "idefics3": ProjectorSize(image_size=32, patch_size=8, n_embd=32, n_ff=48, n_head=2,
+                              n_layers=2, mm_hidden=0),  # 4 tokens per tile
+    "qwen2.5vl": ProjectorSize(image_size=64, patch_size=8, n_embd=32, n_ff=48, n_head=2,
+                               n_layers=2, mm_hidden=64),
+    "pixtral": ProjectorSize(image_size=64, patch_size=16, n_embd=32, n_ff=48, n_head=2,
+                             n_layers=2, mm_hidden=64),
+}
+GEMMA3_POOL = 2  # the real models pool 4x4 (64x64 patches to 256 tokens); tiny ones 2x2
+IDEFICS3_SHUFFLE = 2
+IDEFICS3_LONGEST_EDGE = 64  # with 32-pixel tiles: a large image is 2x2 tiles + a global view
+
 
 def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """A matmul weight, numpy shape (out, in) = ggml ne [in, out], f16, scaled 1/sqrt(in)."""
@@ -44,65 +93,140 @@ def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return w.astype(np.float16)
 
 
-def write_projector(out: Path, llm_n_embd: int, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a projector whose output width is `llm_n_embd`. Returns `out`."""
-    import gguf
-
+def _size_for(family: str, size: str) -> ProjectorSize:
+    if family not in FAMILIES:
+        raise EbbError(f"unknown projector family '{family}'", f"use one of {', '.join(FAMILIES)}")
     if size not in SIZES:
         raise EbbError(f"unknown projector size '{size}'", f"use one of {', '.join(SIZES)}")
+    if family != "mlp" and size == "tiny":
+        return _TINY[family]
+    return SIZES[size]
+
+
+def write_projector(out: Path, llm_n_embd: int, size: str = "tiny", seed: int = 0,
+                    family: str = "mlp") -> Path:
+    """Write a `family` projector whose output width is `llm_n_embd`. Returns `out`."""
+    import gguf
+
+    s = _size_for(family, size)
     if llm_n_embd <= 0:
         raise EbbError("the model's embedding width is unknown", "pass a language model GGUF")
-    s = SIZES[size]
     rng = np.random.default_rng(seed)
-    n_patches = (s.image_size // s.patch_size) ** 2
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), arch="clip")
-    w.add_name(f"Ebb synthetic projector ({size}, random weights)")
+    w.add_name(f"Ebb synthetic {family} projector ({size}, random weights)")
     w.add_description("Generated by ebb-engine make-projector: random weights. It exercises the "
-                      "memory pipeline; it does not see.")
+                      "multimodal pipeline; it does not see.")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_bool("ebb.synthetic", True)
     w.add_uint32("ebb.seed", seed)
     w.add_string("ebb.size", size)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
-    w.add_bool("clip.has_llava_projector", True)
-    w.add_string("clip.projector_type", "mlp")
-    w.add_bool("clip.use_gelu", True)
+    w.add_string("clip.projector_type", PROJECTOR_TYPE[family])
     w.add_uint32("clip.vision.image_size", s.image_size)
     w.add_uint32("clip.vision.patch_size", s.patch_size)
     w.add_uint32("clip.vision.embedding_length", s.n_embd)
     w.add_uint32("clip.vision.feed_forward_length", s.n_ff)
     w.add_uint32("clip.vision.projection_dim", llm_n_embd)
     w.add_uint32("clip.vision.attention.head_count", s.n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_uint32("clip.vision.block_count", s.n_layers)
-    w.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
-    w.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    if family in ("mlp",):
+        w.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+        w.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    else:
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    gated = family in ("qwen2.5vl", "pixtral")
+    w.add_bool("clip.use_silu" if gated else "clip.use_gelu", True)
+    if family == "mlp":
+        w.add_bool("clip.has_llava_projector", True)
+    elif family == "gemma3":
+        w.add_uint32("clip.vision.projector.scale_factor", GEMMA3_POOL)
+    elif family == "idefics3":
+        w.add_uint32("clip.vision.projector.scale_factor", IDEFICS3_SHUFFLE)
+        w.add_uint32("clip.vision.preproc_image_size", IDEFICS3_LONGEST_EDGE)
+    elif family == "qwen2.5vl":
+        w.add_uint32("clip.vision.n_wa_pattern", 2)
+        w.add_uint32("clip.vision.spatial_merge_size", 2)
 
-    patch = rng.standard_normal((s.n_embd, 3, s.patch_size, s.patch_size), dtype=np.float32)
-    patch *= 1.0 / np.sqrt(3 * s.patch_size * s.patch_size)
-    w.add_tensor("v.patch_embd.weight", patch.astype(np.float16))
-    w.add_tensor("v.position_embd.weight",
-                 (0.02 * rng.standard_normal((n_patches, s.n_embd), dtype=np.float32)))
-    ones = np.ones(s.n_embd, dtype=np.float32)
-    zeros = np.zeros(s.n_embd, dtype=np.float32)
-    for i in range(s.n_layers):
-        p = f"v.blk.{i}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{p}.{name}.weight", _weight(rng, s.n_embd, s.n_embd))
-        for ln in ("ln1", "ln2"):
-            w.add_tensor(f"{p}.{ln}.weight", ones)
-            w.add_tensor(f"{p}.{ln}.bias", zeros)
-        w.add_tensor(f"{p}.ffn_up.weight", _weight(rng, s.n_ff, s.n_embd))
-        w.add_tensor(f"{p}.ffn_down.weight", _weight(rng, s.n_embd, s.n_ff))
-    w.add_tensor("mm.0.weight", _weight(rng, s.mm_hidden, s.n_embd))
-    w.add_tensor("mm.0.bias", np.zeros(s.mm_hidden, dtype=np.float32))
-    w.add_tensor("mm.2.weight", _weight(rng, llm_n_embd, s.mm_hidden))
-    w.add_tensor("mm.2.bias", np.zeros(llm_n_embd, dtype=np.float32))
+    _vit(w, rng, s, family)
+    _head(w, rng, s, family, llm_n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _vit(w: Any, rng: np.random.Generator, s: ProjectorSize, family: str) -> None:
+    """The vision transformer: patch embedding, positions, blocks, final norm."""
+    d, p = s.n_embd, s.patch_size
+    ones, zeros = np.ones(d, dtype=np.float32), np.zeros(d, dtype=np.float32)
+
+    def patch_kernel() -> np.ndarray:
+        k = rng.standard_normal((d, 3, p, p), dtype=np.float32) / np.sqrt(3 * p * p)
+        return np.asarray(k, dtype=np.float16)
+
+    w.add_tensor("v.patch_embd.weight", patch_kernel())
+    if family == "qwen2.5vl":
+        w.add_tensor("v.patch_embd.weight.1", patch_kernel())  # the second frame's kernel
+    elif family != "pixtral":
+        w.add_tensor("v.patch_embd.bias", zeros)
+        n_patches = (s.image_size // p) ** 2
+        w.add_tensor("v.position_embd.weight",
+                     (0.02 * rng.standard_normal((n_patches, d), dtype=np.float32)))
+    rms = family in ("qwen2.5vl", "pixtral")
+    for i in range(s.n_layers):
+        b = f"v.blk.{i}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w.add_tensor(f"{b}.{name}.weight", _weight(rng, d, d))
+            if family != "pixtral":
+                w.add_tensor(f"{b}.{name}.bias", zeros)
+        for ln in ("ln1", "ln2"):
+            w.add_tensor(f"{b}.{ln}.weight", ones)
+            if not rms:
+                w.add_tensor(f"{b}.{ln}.bias", zeros)
+        w.add_tensor(f"{b}.ffn_up.weight", _weight(rng, s.n_ff, d))
+        w.add_tensor(f"{b}.ffn_down.weight", _weight(rng, d, s.n_ff))
+        if rms:  # these families' FFN is gated (SiLU)
+            w.add_tensor(f"{b}.ffn_gate.weight", _weight(rng, s.n_ff, d))
+        if family == "qwen2.5vl":
+            for name, n in (("ffn_up", s.n_ff), ("ffn_gate", s.n_ff), ("ffn_down", d)):
+                w.add_tensor(f"{b}.{name}.bias", np.zeros(n, dtype=np.float32))
+    if family == "pixtral":
+        w.add_tensor("v.pre_ln.weight", ones)
+    elif family in ("gemma3", "idefics3", "qwen2.5vl"):
+        w.add_tensor("v.post_ln.weight", ones)
+        if family != "qwen2.5vl":
+            w.add_tensor("v.post_ln.bias", zeros)
+
+
+def _head(w: Any, rng: np.random.Generator, s: ProjectorSize, family: str, out_w: int) -> None:
+    """The projection onto the language model's embeddings."""
+    d = s.n_embd
+    if family == "mlp":
+        w.add_tensor("mm.0.weight", _weight(rng, s.mm_hidden, d))
+        w.add_tensor("mm.0.bias", np.zeros(s.mm_hidden, dtype=np.float32))
+        w.add_tensor("mm.2.weight", _weight(rng, out_w, s.mm_hidden))
+        w.add_tensor("mm.2.bias", np.zeros(out_w, dtype=np.float32))
+    elif family == "gemma3":
+        proj = rng.standard_normal((d, out_w), dtype=np.float32) / np.sqrt(d)
+        w.add_tensor("mm.input_projection.weight", proj.astype(np.float16))  # ne [out, d]
+        w.add_tensor("mm.soft_emb_norm.weight", np.ones(d, dtype=np.float32))
+    elif family == "idefics3":
+        w.add_tensor("mm.model.fc.weight", _weight(rng, out_w, d * IDEFICS3_SHUFFLE ** 2))
+    elif family == "qwen2.5vl":
+        w.add_tensor("mm.0.weight", _weight(rng, s.mm_hidden, d * 4))
+        w.add_tensor("mm.0.bias", np.zeros(s.mm_hidden, dtype=np.float32))
+        w.add_tensor("mm.2.weight", _weight(rng, out_w, s.mm_hidden))
+        w.add_tensor("mm.2.bias", np.zeros(out_w, dtype=np.float32))
+    elif family == "pixtral":
+        w.add_tensor("mm.1.weight", _weight(rng, s.mm_hidden, d))
+        w.add_tensor("mm.1.bias", np.zeros(s.mm_hidden, dtype=np.float32))
+        w.add_tensor("mm.2.weight", _weight(rng, out_w, s.mm_hidden))
+        w.add_tensor("mm.2.bias", np.zeros(out_w, dtype=np.float32))
+        w.add_tensor("v.token_embd.img_break",
+                     (0.02 * rng.standard_normal(out_w, dtype=np.float32)))

@@ -104,9 +104,14 @@ class GenResult:
 
 @dataclass(frozen=True)
 class ImageSpan:
-    """Image embeddings at one place in the prompt (key: the image's content hash)."""
-    key: str
-    embeddings: np.ndarray  # (n_tokens, n_embd) float32
+    """One image chunk's embeddings at its place in the prompt. `chunk` and `mtmd` are the
+    mtmd_input_chunk and the mtmd context that made it: llama.cpp's helper takes from them the
+    positions (M-RoPE: 4 per embedding, `n_pos` in all) and the attention (causal or not)."""
+    key: str  # the image's content, the projector and the chunk's index
+    embeddings: np.ndarray  # (n_tokens, n_embd_inp) float32
+    chunk: Any
+    mtmd: Any
+    n_pos: int
 
 
 PromptItem = int | ImageSpan
@@ -218,7 +223,9 @@ class TextRuntime:
         self.n_ctx = check_context(self.info, params.n_ctx)
         self.n_threads = params.n_threads or physical_cores()
         self._stack = contextlib.ExitStack()
-        self._cached: list[Any] = []  # one key per KV position: token id or (image key, i)
+        self._cached: list[Any] = []  # one key per KV cell: token id or (image key, i)
+        self._cell_pos: list[int] = []  # each cell's position (an image's cells: its first)
+        self._n_past = 0  # the next position (under M-RoPE an image takes fewer than its cells)
         self._replan = False  # device buffers changed since the last graph: see reschedule
         try:
             self._load()
@@ -324,21 +331,6 @@ class TextRuntime:
             n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, True)
         return list(buf[:n])
 
-    def build_prompt(self, messages: list[dict[str, str]], marker: str,
-                     images: Sequence[ImageSpan]) -> list[PromptItem]:
-        """Tokens of the templated chat with each `marker` replaced by the next image."""
-        prompt, added_special = self.format_chat(messages)
-        parts = prompt.split(marker)
-        if len(parts) - 1 != len(images):
-            raise EbbError(f"the conversation has {len(parts) - 1} image places but "
-                           f"{len(images)} images", "this is a bug in Ebb; please report it")
-        items: list[PromptItem] = []
-        for i, part in enumerate(parts):
-            items.extend(self.tokenize(part, add_special=(i == 0 and not added_special)))
-            if i < len(images):
-                items.append(images[i])
-        return items
-
     def _piece(self, token: int) -> bytes:
         L = llama()
         buf = ctypes.create_string_buffer(64)
@@ -360,12 +352,27 @@ class TextRuntime:
         self._check(llama().llama_decode(self.ctx, batch))
 
     def _decode_tokens(self, tokens: list[int]) -> None:
+        """Decode text tokens at the next positions (given explicitly: after an image under
+        M-RoPE the next position is not the number of cells)."""
         L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
             chunk = tokens[i:i + self.params.n_batch]
-            arr = (L.llama_token * len(chunk))(*chunk)
-            self._decode(L.llama_batch_get_one(arr, len(chunk)))
+            n = len(chunk)
+            batch = L.llama_batch_init(n, 0, 1)
+            try:
+                batch.n_tokens = n
+                for j, tok in enumerate(chunk):
+                    batch.token[j] = tok
+                    batch.pos[j] = self._n_past + j
+                    batch.n_seq_id[j] = 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = 1 if j == n - 1 else 0
+                self._decode(batch)
+            finally:
+                L.llama_batch_free(batch)
             self._cached.extend(chunk)
+            self._cell_pos.extend(range(self._n_past, self._n_past + n))
+            self._n_past += n
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
@@ -378,26 +385,29 @@ class TextRuntime:
         return token
 
     def _decode_image(self, img: ImageSpan) -> None:
-        L = llama()
+        """Decode one image chunk's embeddings with llama.cpp's own helper: its positions
+        (M-RoPE's four per embedding), its attention (non-causal for Gemma 3) and its advance
+        (`n_pos`) are llama.cpp's."""
+        import llama_cpp.mtmd_cpp as M
+
         emb = np.ascontiguousarray(img.embeddings, dtype=np.float32)
-        n_embd = emb.shape[1]
-        for start in range(0, emb.shape[0], self.params.n_batch):
-            chunk = emb[start:start + self.params.n_batch]
-            n = chunk.shape[0]
-            batch = L.llama_batch_init(n, n_embd, 1)
-            try:
-                batch.n_tokens = n
-                ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
-                n_past = len(self._cached)
-                for i in range(n):
-                    batch.pos[i] = n_past + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = 1 if i == n - 1 else 0
-                self._decode(batch)
-            finally:
-                L.llama_batch_free(batch)
-            self._cached.extend((img.key, start + i) for i in range(n))
+        n = emb.shape[0]
+        n_batch = self.params.n_batch
+        if M.mtmd_decode_use_non_causal(img.mtmd, img.chunk):
+            if n > n_batch:  # its tokens attend to each other: one micro-batch
+                raise EbbError(f"an image of {n} tokens needs a batch of at least {n} (this "
+                               f"session's is {n_batch})", f"start with --batch {n}")
+            n_batch = n
+        self.replan()
+        new_n_past = llama().llama_pos(0)
+        rc = M.mtmd_helper_decode_image_chunk(
+            img.mtmd, self.ctx, img.chunk, emb.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            self._n_past, 0, n_batch, ctypes.byref(new_n_past),
+            M.mtmd_helper_post_decode_callback(), None)  # a NULL callback
+        self._check(rc)
+        self._cached.extend((img.key, i) for i in range(n))
+        self._cell_pos.extend([self._n_past] * n)
+        self._n_past = int(new_n_past.value)
 
     @staticmethod
     def _keys(items: Sequence[PromptItem]) -> list[Any]:
@@ -423,8 +433,11 @@ class TextRuntime:
         if isinstance(keys[n_keep], tuple):  # never start inside an image: redo all of it
             while n_keep > 0 and isinstance(keys[n_keep - 1], tuple) and keys[n_keep - 1][0] == keys[n_keep][0]:
                 n_keep -= 1
-        L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, n_keep, -1)
-        del self._cached[n_keep:]
+        if n_keep < len(self._cached):  # drop from the first cell not kept (by position)
+            self._n_past = self._cell_pos[n_keep]
+            L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, self._n_past, -1)
+            del self._cached[n_keep:]
+            del self._cell_pos[n_keep:]
         pos, run = 0, list[int]()
         for it in items:
             width = it.embeddings.shape[0] if isinstance(it, ImageSpan) else 1
@@ -443,6 +456,7 @@ class TextRuntime:
         return len(keys) - n_keep
 
     def n_positions(self) -> int:
+        """KV cells in use."""
         return len(self._cached)
 
     def reset(self) -> None:
@@ -450,6 +464,8 @@ class TextRuntime:
         L = llama()
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
         self._cached.clear()
+        self._cell_pos.clear()
+        self._n_past = 0
 
     def reschedule(self) -> None:
         """Device buffers changed: llama.cpp must plan its next graph afresh (a reused graph
@@ -474,22 +490,23 @@ class TextRuntime:
 
     # ------------------------------------------------------------ state
 
-    def save_state(self) -> tuple[bytes, list[Any]]:
-        """Sequence 0's KV cache (and our record of what it holds) as host bytes."""
+    def save_state(self) -> tuple[bytes, list[Any], list[int], int]:
+        """Sequence 0's KV cache (its cells keep their M-RoPE positions) and our record of
+        what it holds, as host bytes."""
         L = llama()
         size = L.llama_state_seq_get_size(self.ctx, 0)
         buf = (ctypes.c_uint8 * size)()
         n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        return bytes(buf[:n]), list(self._cached)
+        return bytes(buf[:n]), list(self._cached), list(self._cell_pos), self._n_past
 
-    def restore_state(self, state: tuple[bytes, list[Any]]) -> None:
+    def restore_state(self, state: tuple[bytes, list[Any], list[int], int]) -> None:
         L = llama()
-        data, cached = state
+        data, cached, cell_pos, n_past = state
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
             raise EbbError("llama.cpp could not restore the conversation state",
                            "the conversation goes on without its earlier context")
-        self._cached = list(cached)
+        self._cached, self._cell_pos, self._n_past = list(cached), list(cell_pos), n_past
 
     # ------------------------------------------------------------ generation
 

@@ -18,7 +18,7 @@ from engine.llama.devices import find_device
 from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.vision.images import LoadedImage, image_digest, load_image
-from engine.vision.projector import Encoded, ProjectorRuntime
+from engine.vision.projector import Bitmap, Encoded, ImagePiece, ProjectorRuntime
 
 
 def _projector_identity(path: Path) -> str:
@@ -54,8 +54,9 @@ class ImageEncoder:
         self.enabled = info is not None
         self.ram: ProjectorRuntime | None = None
         self.on_device: ProjectorRuntime | None = None  # resident, or borrowed for a swap
-        self._cache: dict[str, Encoded] = {}
-        self._paths: dict[str, str] = {}  # cache key -> image file, to encode it again later
+        self._cache: dict[str, Encoded] = {}  # chunk key (image key#index) -> embeddings
+        self._layout: dict[str, tuple[int, int, int]] = {}  # image key -> width, height, chunks
+        self._paths: dict[str, str] = {}  # image key -> image file, to encode it again later
         self._proj_id = ""
         self._stack = contextlib.ExitStack()
 
@@ -120,21 +121,43 @@ class ImageEncoder:
         """Know the image files of another session's conversation (its cache is not ours)."""
         self._paths.update(other._paths)
 
-    def is_cached(self, key: str) -> bool:
-        return key in self._cache
+    @staticmethod
+    def chunk_key(image_key: str, index: int) -> str:
+        return f"{image_key}#{index}"
 
-    def embeddings(self, key: str) -> Any:
-        return self._cache[key].embeddings
+    def is_cached(self, key: str) -> bool:
+        """Every chunk of the image `key` is encoded."""
+        lay = self._layout.get(key)
+        return lay is not None and all(self.chunk_key(key, i) in self._cache for i in range(lay[2]))
+
+    def is_chunk_cached(self, chunk_key: str) -> bool:
+        return chunk_key in self._cache
+
+    def bitmap(self, key: str, pixels: LoadedImage | None) -> Bitmap:
+        """The image for the tokenizer: its pixels when given, else its size alone (an
+        image whose chunks are all encoded)."""
+        if pixels is not None:
+            return Bitmap(pixels.width, pixels.height, pixels.rgb)
+        w, h, _ = self._layout[key]
+        return Bitmap(w, h, None)
+
+    def note_layout(self, key: str, bitmap: Bitmap, n_chunks: int) -> None:
+        self._layout[key] = (bitmap.width, bitmap.height, n_chunks)
+
+    def embeddings(self, chunk_key: str) -> Any:
+        return self._cache[chunk_key].embeddings
 
     def forget(self, img: LoadedImage) -> None:
-        self._cache.pop(self.key(img), None)
+        key = self.key(img)
+        for k in [k for k in self._cache if k.startswith(key + "#")]:
+            del self._cache[k]
 
     def pending(self, keys: list[str]) -> tuple[list[LoadedImage], list[str]]:
         """The images behind `keys` that are not encoded yet, decoded now, and the keys of
         those that can no longer be read (gone or damaged since they were saved)."""
         images, lost = [], []
         for k in dict.fromkeys(keys):
-            if k in self._cache or k not in self._paths:
+            if self.is_cached(k) or k not in self._paths:
                 continue
             try:
                 images.append(load_image(Path(self._paths[k])))
@@ -142,10 +165,11 @@ class ImageEncoder:
                 lost.append(k)
         return images, lost
 
-    def encode(self, pr: ProjectorRuntime, img: LoadedImage, device: str) -> Encoded:
-        """Encode one image with `pr` and keep its embeddings."""
-        enc = pr.encode(img)
-        self._cache[self.key(img)] = enc
+    def encode(self, pr: ProjectorRuntime, piece: ImagePiece, chunk_key: str, device: str,
+               name: str = "") -> Encoded:
+        """Encode one image chunk with `pr` and keep its embeddings."""
+        enc = pr.encode_chunk(piece, name)
+        self._cache[chunk_key] = enc
         self.learn("encode", device, enc.encode_s, n_tokens=enc.n_tokens)
         return enc
 

@@ -27,15 +27,65 @@ from engine.llama.lib import llama
 from engine.vision.images import LoadedImage
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
+_MTMD_CHUNK_TEXT = 0
 _MTMD_CHUNK_IMAGE = 1
 
 
 @dataclass(frozen=True)
 class Encoded:
-    image_sha256: str
     n_tokens: int
-    embeddings: np.ndarray  # (n_tokens, n_embd) float32
+    embeddings: np.ndarray  # (n_tokens, n_embd_inp) float32
     encode_s: float
+
+
+@dataclass(frozen=True)
+class Bitmap:
+    """One image for the tokenizer: its pixels, or only its size (a placeholder: enough to
+    count its tokens and lay out its positions, for an image whose embeddings are cached)."""
+    width: int
+    height: int
+    rgb: bytes | None
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class ImagePiece:
+    """One image chunk of a tokenized prompt (a sliced image gives several)."""
+    image: int  # which of the prompt's bitmaps
+    index: int  # which chunk of that image
+    n_tokens: int
+    n_pos: int  # positions it takes (M-RoPE: fewer than its tokens)
+    non_causal: bool
+    chunk: Any  # the mtmd_input_chunk, valid while its TokenizedPrompt is open
+    placeholder: bool
+
+
+class TokenizedPrompt:
+    """mtmd's chunks of a whole prompt: text (wrappers and tile separators included) and
+    images. Owns the chunks; close() frees them."""
+
+    def __init__(self, M: Any, chunks: Any, pieces: list[TextPiece | ImagePiece], mctx: Any) -> None:
+        self._M, self._chunks = M, chunks
+        self.pieces = pieces
+        self.mctx = mctx  # the mtmd context that made them (positions, attention)
+
+    def images(self) -> list[ImagePiece]:
+        return [p for p in self.pieces if isinstance(p, ImagePiece)]
+
+    def close(self) -> None:
+        if self._chunks is not None:
+            self._M.mtmd_input_chunks_free(self._chunks)
+            self._chunks = None
+
+    def __enter__(self) -> "TokenizedPrompt":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _mtmd() -> Any:
@@ -61,7 +111,8 @@ class ProjectorRuntime:
         self.path = Path(path)
         self.info = info or projector_info(read_gguf(self.path))
         check_projector_matches(model.info, self.info)
-        self.n_embd = model.info.n_embd
+        # the width of what the model takes as input embeddings (Qwen3-VL's deepstack: wider)
+        self.n_embd = int(llama().llama_model_n_embd_inp(model.model))
         M = self._M = _mtmd()
         params = M.mtmd_context_params_default()
         params.use_gpu = device is not None
@@ -106,38 +157,81 @@ class ProjectorRuntime:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def encode(self, image: LoadedImage) -> Encoded:
-        """Preprocess and encode one image; returns its embeddings (copied out of mtmd)."""
+    def tokenize(self, text: str, bitmaps: list[Bitmap], add_special: bool) -> TokenizedPrompt:
+        """mtmd's chunks of `text`, one marker per bitmap (in order), as llama.cpp's own tools
+        make them."""
         M = self._M
-        buf = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
-        bitmap = M.mtmd_bitmap_init(image.width, image.height, buf)
-        if not bitmap:
-            raise EbbError(f"mtmd could not take image {Path(image.path).name}")
+        made = []
         chunks = M.mtmd_input_chunks_init()
         try:
-            text = M.mtmd_input_text()
-            marker = M.mtmd_default_marker()
-            text.text, text.text_len = marker, len(marker)
-            text.add_special, text.parse_special = False, True
-            arr = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
-            rc = M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), arr, 1)
+            for i, b in enumerate(bitmaps):
+                buf = None if b.rgb is None else (ctypes.c_uint8 * len(b.rgb)).from_buffer_copy(b.rgb)
+                bm = M.mtmd_bitmap_init(b.width, b.height, buf)
+                if not bm:
+                    raise EbbError(f"mtmd could not take image {i + 1} ({b.width}x{b.height})")
+                made.append(bm)
+                M.mtmd_bitmap_set_id(bm, str(i).encode())
+            raw = text.encode("utf-8")
+            inp = M.mtmd_input_text()
+            inp.text, inp.text_len = raw, len(raw)
+            inp.add_special, inp.parse_special = add_special, True
+            arr = (M.mtmd_bitmap_p_ctypes * max(1, len(made)))(*made)
+            llama_log.clear()
+            rc = M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), arr, len(made))
             if rc != 0:
-                raise EbbError(f"mtmd could not preprocess image {Path(image.path).name} "
-                               f"(code {rc}): {llama_log.last_error('')}")
-            chunk = next(M.mtmd_input_chunks_get(chunks, i)
-                         for i in range(M.mtmd_input_chunks_size(chunks))
-                         if M.mtmd_input_chunk_get_type(M.mtmd_input_chunks_get(chunks, i))
-                         == _MTMD_CHUNK_IMAGE)
-            n_tokens = M.mtmd_input_chunk_get_n_tokens(chunk)
-            t0 = time.perf_counter()
-            rc = M.mtmd_encode_chunk(self.ctx, chunk)
-            encode_s = time.perf_counter() - t0
-            if rc != 0:
-                raise EbbError(f"encoding image {Path(image.path).name} failed (code {rc}): "
-                               f"{llama_log.last_error('')}")
-            out = M.mtmd_get_output_embd(self.ctx)
-            emb = np.ctypeslib.as_array(out, shape=(n_tokens * self.n_embd,)).copy()
-        finally:
+                raise EbbError(f"mtmd could not preprocess the message's images (code {rc}): "
+                               f"{llama_log.last_error('no detail')}", "try another picture")
+            pieces = self._pieces(chunks, bitmaps)
+        except BaseException:
             M.mtmd_input_chunks_free(chunks)
-            M.mtmd_bitmap_free(bitmap)
-        return Encoded(image.sha256, n_tokens, emb.reshape(n_tokens, self.n_embd), encode_s)
+            raise
+        finally:
+            for bm in made:
+                M.mtmd_bitmap_free(bm)
+        return TokenizedPrompt(M, chunks, pieces, self.ctx)
+
+    def _pieces(self, chunks: Any, bitmaps: list[Bitmap]) -> list[TextPiece | ImagePiece]:
+        M = self._M
+        pieces: list[TextPiece | ImagePiece] = []
+        seen: dict[int, int] = {}
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            c = M.mtmd_input_chunks_get(chunks, i)
+            kind = M.mtmd_input_chunk_get_type(c)
+            if kind == _MTMD_CHUNK_TEXT:
+                n = ctypes.c_size_t(0)
+                toks = M.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+                pieces.append(TextPiece([int(toks[j]) for j in range(n.value)]))
+                continue
+            if kind != _MTMD_CHUNK_IMAGE:
+                raise EbbError("this projector made an audio chunk; Ebb handles images only")
+            image = int((M.mtmd_input_chunk_get_id(c) or b"0").decode())
+            index = seen.get(image, 0)
+            seen[image] = index + 1
+            pieces.append(ImagePiece(
+                image=image, index=index, n_tokens=int(M.mtmd_input_chunk_get_n_tokens(c)),
+                n_pos=int(M.mtmd_input_chunk_get_n_pos(c)),
+                non_causal=bool(M.mtmd_decode_use_non_causal(self.ctx, c)), chunk=c,
+                placeholder=bitmaps[image].rgb is None))
+        return pieces
+
+    def encode_chunk(self, piece: ImagePiece, name: str = "") -> Encoded:
+        """Encode one image chunk; returns its embeddings (copied out of mtmd)."""
+        if piece.placeholder:
+            raise EbbError("an image chunk without pixels cannot be encoded",
+                           "this is a bug in Ebb; please report it")
+        M = self._M
+        t0 = time.perf_counter()
+        rc = M.mtmd_encode_chunk(self.ctx, piece.chunk)
+        encode_s = time.perf_counter() - t0
+        if rc != 0:
+            raise EbbError(f"encoding image {name} failed (code {rc}): {llama_log.last_error('')}")
+        out = M.mtmd_get_output_embd(self.ctx)
+        n = piece.n_tokens
+        emb = np.ctypeslib.as_array(out, shape=(n * self.n_embd,)).copy()
+        return Encoded(n, emb.reshape(n, self.n_embd), encode_s)
+
+    def encode(self, image: LoadedImage) -> list[Encoded]:
+        """Preprocess and encode one image on its own: the embeddings of each of its chunks."""
+        bm = Bitmap(image.width, image.height, image.rgb)
+        with self.tokenize(self.marker, [bm], add_special=False) as tp:
+            return [self.encode_chunk(p, Path(image.path).name) for p in tp.images()]

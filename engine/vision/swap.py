@@ -15,7 +15,7 @@ on the timeline. Engine thread only.
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.errors import EbbError
@@ -24,17 +24,26 @@ from engine.placement.plan import CPU, PlannedStep, VisionPlan
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
-from engine.vision.images import LoadedImage
-from engine.vision.projector import ProjectorRuntime
+from engine.vision.projector import ImagePiece, ProjectorRuntime
 
 CLEANUP_STEPS = ("free_projector", "restore", "restore_state")
 
 
-class PlanRun:
-    """One vision plan carried out over the request's new images. `notes` says what did not go
-    as planned but did not fail the turn (a layer that could not come back)."""
+@dataclass(frozen=True)
+class ChunkWork:
+    """One image chunk to encode: mtmd's chunk, its cache key, the picture's name and size."""
+    piece: ImagePiece
+    key: str
+    name: str
+    n_bytes: int
 
-    def __init__(self, plan: VisionPlan, todo: list[LoadedImage], model: ModelResidency,
+
+class PlanRun:
+    """One vision plan carried out over the request's new image chunks (all of a message's
+    images, every tile). `notes` says what did not go as planned but did not fail the turn (a
+    layer that could not come back)."""
+
+    def __init__(self, plan: VisionPlan, todo: list[ChunkWork], model: ModelResidency,
                  encoder: ImageEncoder, timeline: Timeline,
                  before_restore: Callable[[int], None] | None = None) -> None:
         self.plan = plan
@@ -46,7 +55,7 @@ class PlanRun:
         self.notes: list[str] = []
         self._accel = model.accel or CPU
         self._projector: ProjectorRuntime | None = None
-        self._state: tuple[bytes, list[Any]] | None = None
+        self._state: tuple[bytes, list[Any], list[int], int] | None = None
         self._evicted: list[int] = []  # live: the layers out; reload: [] and _model_freed
         self._model_freed = False
         self._freed_bytes = 0
@@ -73,9 +82,10 @@ class PlanRun:
         else:
             pr = self._projector or self.encoder.on_device
         assert pr is not None
-        for img in self.todo:
-            with self.tl.step("encode", step.device, len(img.rgb), Path(img.path).name):
-                self.encoder.encode(pr, img, step.device)
+        for w in self.todo:
+            label = w.name if w.piece.index == 0 else f"{w.name} [{w.piece.index + 1}]"
+            with self.tl.step("encode", step.device, w.n_bytes, label):
+                self.encoder.encode(pr, w.piece, w.key, step.device, w.name)
 
     def _load_projector(self, step: PlannedStep) -> None:
         model = self.model
