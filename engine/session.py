@@ -69,6 +69,8 @@ class TurnResult:
     n_images: int = 0
     n_images_encoded: int = 0  # the message's images encoded in this turn
     n_images_cached: int = 0  # the message's images whose embeddings were already known
+    n_image_tokens_encoded: int = 0  # image tokens (every chunk) encoded in this turn
+    n_image_chunks_encoded: int = 0
     gen: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     device_lost: str | None = None  # a remote device went away before this turn
@@ -82,6 +84,8 @@ class TurnResult:
                              "device_peak_bytes": self.device_peak_bytes,
                              "n_images": self.n_images, "n_images_encoded": self.n_images_encoded,
                              "n_images_cached": self.n_images_cached,
+                             "n_image_tokens_encoded": self.n_image_tokens_encoded,
+                             "n_image_chunks_encoded": self.n_image_chunks_encoded,
                              "swap_mover": self.swap_mover, **self.gen}
         if self.error is not None:
             d["error"] = self.error
@@ -121,6 +125,9 @@ class Session:
             if cfg.mmproj_path is not None:
                 self.encoder.load_ram(self.model.host_model())
                 self.model.projector = "RAM"
+                # mtmd's own numbers (compute reserve, tokens per image) replace the header's
+                assert self.encoder.ram is not None
+                self.proj_info = self.encoder.info = self.encoder.ram.measured_info()
         except BaseException:
             self._stack.close()
             raise
@@ -310,6 +317,7 @@ class Session:
             return
         assert self.proj_info is not None and self.runtime is not None
         n_tokens = sum(w.piece.n_tokens for w in todo.values())
+        res.n_image_tokens_encoded, res.n_image_chunks_encoded = n_tokens, len(todo)
         state_bytes = self.n_ctx * self.info.kv_bytes_per_token if self.runtime.n_positions() else 0
         with tl.step("plan", CPU):
             plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,

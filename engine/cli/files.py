@@ -10,6 +10,16 @@ from engine.cli.common import flag_parser
 from engine.units import fmt_bytes
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not WIDTHxHEIGHT (e.g. 1024x768)") from None
+    if w <= 0 or h <= 0:
+        raise argparse.ArgumentTypeError("width and height must be positive")
+    return w, h
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from engine.gguf.info import inspect_files
     from engine.gguf.models import existing_file, resolve_model_path
@@ -17,8 +27,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     model = resolve_model_path(args.model)
     mmproj = existing_file(args.mmproj, "projector") if args.mmproj else None
     result = inspect_files(model, mmproj)
+    probe = None
+    if mmproj is not None and result.projector is not None:
+        from engine.hw import physical_cores
+        from engine.vision.projector import probe_projector
+
+        size = args.image_size or (result.projector.image_size, result.projector.image_size)
+        probe = probe_projector(mmproj, model, size, physical_cores(), args.flash_attn == "on",
+                                args.image_max_tokens)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        d = result.to_dict()
+        if probe is not None:
+            d["projector"] = probe.info.to_dict()
+            d["projector"].update(image_size_asked=list(probe.image_size),
+                                  image_tokens_for_size=probe.image_tokens,
+                                  image_chunks_for_size=probe.image_chunks)
+        print(json.dumps(d, indent=1))
         return 0
     m = result.model
     print(f"model        {m.path}")
@@ -32,14 +56,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"{k} {fmt_bytes(v)}" for k, v in m.non_layer_tensors.items()))
     print(f"KV cache     {m.kv_bytes_per_token} B/token "
           f"({m.kv_bytes_per_token_per_layer[0] if m.kv_bytes_per_token_per_layer else 0} B/token/layer, f16)")
-    p = result.projector
-    if p:
+    if probe is not None:
+        p = probe.info
+        w, h = probe.image_size
         print(f"projector    {p.path}{'  [synthetic: random weights]' if p.synthetic else ''}")
-        print(f"             type {p.projector_type}, {p.n_layers} blocks, width {p.n_embd}, "
-              f"image {p.image_size}px → {p.n_image_tokens} tokens of width {p.output_width}")
-        print(f"             weights {fmt_bytes(p.weight_bytes)}; compute buffer ≈ "
-              f"{fmt_bytes(p.compute_buffer_bytes_estimate)} "
-              f"({fmt_bytes(p.compute_buffer_bytes_estimate_flash_attn)} with flash attention)")
+        print(f"family       {p.family} (type {p.projector_type}), {p.n_layers} blocks, width "
+              f"{p.n_embd}, output width {p.output_width}")
+        print(f"image tokens {probe.image_tokens} for a {w}x{h} picture"
+              + (f" in {probe.image_chunks} chunks" if probe.image_chunks > 1 else "")
+              + f"; at most {p.n_image_tokens_measured} (mtmd)")
+        print(f"memory       weights {fmt_bytes(p.weight_bytes)}; compute buffer "
+              f"{fmt_bytes(p.compute_buffer_bytes_measured)} (mtmd's reserve at load)")
+    else:
+        print("projector    none (text only)" if not args.mmproj else "")
     return 0
 
 
@@ -77,6 +106,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table",
                        parents=[flag_parser("rpc", "mmproj", "json")])
     p.add_argument("model", help="GGUF path, or 'default'")
+    p.add_argument("--image-size", type=_size, default=None, metavar="WxH",
+                   help="count the image tokens of a picture this size (default: the "
+                        "projector's own image size)")
+    p.add_argument("--image-max-tokens", type=int, default=0,
+                   help="cap on a dynamic-resolution projector's tokens per image (0: its own)")
+    p.add_argument("--flash-attn", choices=["on", "off"], default="on",
+                   help="the projector's attention kernel (sizes its compute buffer)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("make-projector", help="write a synthetic vision projector (random weights)",

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import EbbError
+from engine.gguf.families import pairing_problem, projector_family
 
 GGUF_MAGIC = b"GGUF"
 KV_CACHE_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is f16
@@ -174,6 +175,7 @@ def model_info(gf: GGUFFile) -> ModelInfo:
 class ProjectorInfo:
     path: str
     projector_type: str
+    family: str  # engine/gguf/families.py
     synthetic: bool
     image_size: int
     patch_size: int
@@ -186,6 +188,19 @@ class ProjectorInfo:
     weight_bytes: int
     compute_buffer_bytes_estimate: int
     compute_buffer_bytes_estimate_flash_attn: int
+    # from mtmd once loaded (ProjectorRuntime / probe_projector): its compute buffer reserve
+    # and the image tokens of the largest image it takes (dynamic resolution: its cap)
+    compute_buffer_bytes_measured: int = 0
+    n_image_tokens_measured: int = 0
+
+    @property
+    def compute_buffer_bytes(self) -> int:
+        return self.compute_buffer_bytes_measured or self.compute_buffer_bytes_estimate
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens to plan one image with: mtmd's count once known, else the header's."""
+        return self.n_image_tokens_measured or self.n_image_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,6 +235,11 @@ def estimate_compute_buffer_bytes(n_pos: int, n_embd: int, n_ff: int, n_head: in
 
 def projector_info(gf: GGUFFile) -> ProjectorInfo:
     md = gf.metadata
+    if gf.architecture == "clip" and md.get("clip.has_audio_encoder", False) \
+            and not md.get("clip.has_vision_encoder", False):
+        kind = md.get("clip.audio.projector_type") or md.get("clip.projector_type", "unknown")
+        raise EbbError(f"{gf.path.name} is an audio projector ({kind}): Ebb takes images only "
+                       "for now", "pass the model's vision mmproj, or none")
     if gf.architecture != "clip" or not md.get("clip.has_vision_encoder", False):
         raise EbbError(f"{gf.path} is not a vision projector (architecture "
                        f"'{gf.architecture}', no clip vision encoder)",
@@ -231,8 +251,9 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
     n_head = int(md.get("clip.vision.attention.head_count", 1))
     n_pos = (image_size // patch_size) ** 2 + (1 if gf.tensor("v.class_embd") else 0)
     kw = dict(n_pos=n_pos, n_embd=n_embd, n_ff=n_ff, n_head=n_head, image_size=image_size)
+    ptype = str(md.get("clip.vision.projector_type") or md.get("clip.projector_type", "unknown"))
     return ProjectorInfo(
-        path=str(gf.path), projector_type=str(md.get("clip.projector_type", "unknown")),
+        path=str(gf.path), projector_type=ptype, family=projector_family(ptype),
         synthetic=bool(md.get("ebb.synthetic", False)), image_size=image_size,
         patch_size=patch_size, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
         n_layers=int(md.get("clip.vision.block_count", 0)),
@@ -244,7 +265,14 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
 
 
 def check_projector_matches(model: ModelInfo, proj: ProjectorInfo) -> None:
-    """Raise EbbError when the projector's output width differs from the model's n_embd."""
+    """Raise EbbError when the projector belongs to another family of language model, or its
+    output width differs from the model's n_embd."""
+    problem = pairing_problem(model.architecture, proj.projector_type)
+    if problem:
+        raise EbbError(
+            f"projector {Path(proj.path).name} ({proj.family}) and model "
+            f"{Path(model.path).name} ({model.architecture}) do not belong together: {problem}",
+            "use the mmproj file published with this model")
     if proj.output_width and proj.output_width != model.n_embd:
         raise EbbError(
             f"projector {Path(proj.path).name} outputs width {proj.output_width} but model "

@@ -70,7 +70,8 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
                 # the fastest of three: a busy machine only ever adds time (one slow projector
                 # load once put a prediction 55% over)
                 encode_s = min(_span_s(t, "encode") for t in turns)
-                per = encode_s / proj.n_image_tokens / proj.weight_bytes
+                n_tok = turns[0].n_image_tokens_encoded
+                per = encode_s / n_tok / proj.weight_bytes
                 if vision == "cpu":
                     cpu = replace(cpu, encode_s_per_token_per_byte=per)
                 else:
@@ -78,7 +79,8 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
                     over = max(load_s - proj.weight_bytes / bus, 0.0)
                     acc = replace(acc, encode_s_per_token_per_byte=per, projector_overhead_s=over)
                 say(f"vision: encode on {'CPU' if vision == 'cpu' else accel} "
-                    f"{encode_s * 1000:.0f} ms for {proj.n_image_tokens} tokens")
+                    f"{encode_s * 1000:.0f} ms for {n_tok} tokens")
+            proj = s.proj_info or proj  # with mtmd's measured compute buffer
         need = projector_need_bytes(proj, flash_attn)
         say(f"projector: {need / 2**20:.0f} MiB on the device while encoding")
     where = save(cpu, acc)

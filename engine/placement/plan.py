@@ -182,6 +182,8 @@ class VisionPlan:
 
 
 def projector_need_bytes(proj: ProjectorInfo, flash_attn: bool) -> int:
+    if proj.compute_buffer_bytes_measured:  # mtmd's own reserve, once it has loaded
+        return proj.weight_bytes + proj.compute_buffer_bytes_measured
     compute = (proj.compute_buffer_bytes_estimate_flash_attn if flash_attn
                else proj.compute_buffer_bytes_estimate)
     return proj.weight_bytes + compute

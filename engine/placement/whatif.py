@@ -165,7 +165,7 @@ def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_B
                       accel_encode_s_per_token=flops_per_token / 20e12)
         if cpu_cal is not None:
             costs = vision_costs(cpu_cal, accel_cal, proj.weight_bytes, costs)
-        result = plan_vision("auto", placement, proj, vram_bytes, proj.n_image_tokens,
+        result = plan_vision("auto", placement, proj, vram_bytes, proj.image_tokens,
                              model.kv_bytes_per_token * n_ctx, True, costs)
         if isinstance(result, VisionPlan):
             vplan = result

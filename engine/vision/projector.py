@@ -9,7 +9,7 @@ import contextlib
 import ctypes
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from engine.errors import EbbError
 from engine.gguf.info import (
     ProjectorInfo,
     check_projector_matches,
+    model_info,
     projector_info,
     read_gguf,
 )
@@ -27,6 +28,7 @@ from engine.llama.lib import llama
 from engine.vision.images import LoadedImage
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
+LARGEST_IMAGE = (4096, 4096)  # bigger than any family's cap: it sizes a dynamic projector
 _MTMD_CHUNK_TEXT = 0
 _MTMD_CHUNK_IMAGE = 1
 
@@ -112,7 +114,7 @@ class ProjectorRuntime:
         self.info = info or projector_info(read_gguf(self.path))
         check_projector_matches(model.info, self.info)
         # the width of what the model takes as input embeddings (Qwen3-VL's deepstack: wider)
-        self.n_embd = int(llama().llama_model_n_embd_inp(model.model))
+        self.n_embd = int(llama().llama_model_n_embd_inp(model.model)) or model.info.n_embd
         M = self._M = _mtmd()
         params = M.mtmd_context_params_default()
         params.use_gpu = device is not None
@@ -156,6 +158,19 @@ class ProjectorRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def image_tokens(self, width: int, height: int) -> tuple[int, int]:
+        """(image tokens, image chunks) mtmd makes of a width x height picture (counted on a
+        placeholder: nothing is preprocessed)."""
+        with self.tokenize(self.marker, [Bitmap(width, height, None)], add_special=False) as tp:
+            pieces = tp.images()
+            return sum(p.n_tokens for p in pieces), len(pieces)
+
+    def measured_info(self) -> ProjectorInfo:
+        """The header's info with mtmd's numbers: its compute buffer reserve and the tokens of
+        the largest picture it takes (a dynamic-resolution family's cap)."""
+        return replace(self.info, compute_buffer_bytes_measured=self.compute_buffer_bytes,
+                       n_image_tokens_measured=self.image_tokens(*LARGEST_IMAGE)[0])
 
     def tokenize(self, text: str, bitmaps: list[Bitmap], add_special: bool) -> TokenizedPrompt:
         """mtmd's chunks of `text`, one marker per bitmap (in order), as llama.cpp's own tools
@@ -235,3 +250,43 @@ class ProjectorRuntime:
         bm = Bitmap(image.width, image.height, image.rgb)
         with self.tokenize(self.marker, [bm], add_special=False) as tp:
             return [self.encode_chunk(p, Path(image.path).name) for p in tp.images()]
+
+
+@dataclass(frozen=True)
+class ProjectorProbe:
+    info: ProjectorInfo  # with mtmd's measured buffer and largest-image tokens
+    image_size: tuple[int, int]
+    image_tokens: int  # for a picture of image_size
+    image_chunks: int
+
+
+class _VocabOnly:
+    """A language model loaded for its vocabulary alone (what mtmd's tokenizer needs)."""
+
+    def __init__(self, path: Path) -> None:
+        L = llama()
+        mp = L.llama_model_default_params()
+        mp.vocab_only = True
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise EbbError(f"llama.cpp could not read the vocabulary of {path.name}: "
+                           f"{llama_log.last_error('no detail')}")
+        self.info = model_info(read_gguf(path))
+
+    def close(self) -> None:
+        llama().llama_model_free(self.model)
+
+
+def probe_projector(mmproj: Path, model: Path, image_size: tuple[int, int], n_threads: int,
+                    flash_attn: bool | None = None, image_max_tokens: int = 0) -> ProjectorProbe:
+    """Load the projector in RAM with mtmd (the language model's vocabulary only) and read its
+    own numbers: the compute buffer it reserves and the tokens of a picture of `image_size`."""
+    holder = _VocabOnly(Path(model))
+    try:
+        with ProjectorRuntime(Path(mmproj), holder, n_threads, None, flash_attn,
+                              image_max_tokens) as pr:
+            tokens, chunks = pr.image_tokens(*image_size)
+            return ProjectorProbe(pr.measured_info(), image_size, tokens, chunks)
+    finally:
+        holder.close()
