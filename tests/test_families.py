@@ -111,3 +111,27 @@ def test_strategies_and_movers_agree_on_rpc(family, pairs, pictures, rpc_server,
     assert runs["swap-reload"][0]["swap_mover"] == "reload"
     texts = {label: [t["text"] for t in turns] for label, turns in runs.items()}
     assert texts["cpu"] == texts["resident"] == texts["swap-live"] == texts["swap-reload"], texts
+
+
+def test_qwen_swap_keeps_the_budget(pairs, pictures, rpc_server, tmp_path):
+    """A Qwen2.5-VL pair under a budget that cannot hold the model beside the projector (mtmd
+    reserves ~416 MiB of compute for its window attention): the swap keeps the budget, with
+    the mover that can make the room, and replies as the CPU does."""
+    lm, mm = pairs["qwen2.5vl"]
+    budget = 450 * 2**20
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": t, "images": [str(pictures[n]) for n in names]}
+                                  for t, names in TURNS]))
+    runs = {}
+    for vision in ("swap", "cpu"):
+        proc = run_cli("chat", "--model", str(lm), "--mmproj", str(mm), "--rpc",
+                       rpc_server.endpoint, "--script", str(script), "--temp", "0",
+                       "--max-tokens", str(N_REPLY), "--ctx", "2048", "--threads", str(N_THREADS),
+                       "--vram-budget", "450MiB", "--vision", vision, "--json", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs[vision] = [json.loads(line) for line in proc.stdout.splitlines()]
+    swap = runs["swap"]
+    assert [t["strategy"] for t in swap] == ["swap", "swap", "none"]
+    assert swap[0]["swap_mover"] == "reload" and "live mover cannot make room" in swap[0]["reason"]
+    assert all(t["device_peak_bytes"]["RPC0"] <= budget for t in swap)
+    assert [t["text"] for t in swap] == [t["text"] for t in runs["cpu"]]

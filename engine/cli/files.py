@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import flag_parser
+from engine.gguf.families import GENERATED as FAMILIES
 from engine.units import fmt_bytes
 
 
@@ -77,16 +78,29 @@ def cmd_make_projector(args: argparse.Namespace) -> int:
     from engine.gguf.models import resolve_model_path
     from engine.gguf.projector_gen import write_projector
 
-    model = model_info(read_gguf(resolve_model_path(args.for_model)))
-    out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed)
-    print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {args.size}, seed {args.seed}, "
-          f"output width {model.n_embd}; synthetic: random weights)")
+    gf = read_gguf(resolve_model_path(args.for_model))
+    model = model_info(gf)
+    # a model Ebb generated for a family says which; any other model takes the LLaVA adapter
+    family = args.family or str(gf.metadata.get("ebb.family", "mlp"))
+    out = write_projector(Path(args.out), model.n_embd, size=args.size, seed=args.seed,
+                          family=family)
+    print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {family}, {args.size}, seed "
+          f"{args.seed}, output width {model.n_embd}; synthetic: random weights)")
     return 0
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from engine.gguf.model_gen import write_sparse_model
+    from engine.gguf.model_gen import SHAPES, write_model, write_sparse_model
 
+    if args.family:
+        from engine.gguf.models import default_model_path, fetch_default_model
+
+        tok = default_model_path() if default_model_path().exists() else fetch_default_model()
+        out = write_model(Path(args.out), SHAPES[args.shape], tok, seed=args.seed,
+                          family=args.family)
+        print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {args.family} language model, "
+              f"{args.shape}, seed {args.seed}; synthetic: random weights, SmolLM2's tokenizer)")
+        return 0
     out = write_sparse_model(Path(args.out), args.like)
     st = out.stat()
     print(f"wrote {out}: {fmt_bytes(st.st_size)} of real shapes ({args.like}, Q4_0), "
@@ -121,10 +135,18 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--size", choices=["tiny", "base", "large"], default="tiny")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", choices=FAMILIES, default=None,
+                   help="projector family (default: the model's, if Ebb made it; else mlp)")
     p.set_defaults(func=cmd_make_projector)
 
-    p = sub.add_parser("make-model", help="write a header-only GGUF with a real model's shapes")
-    p.add_argument("--like", required=True, choices=["llama-8b", "llama-70b"])
+    p = sub.add_parser("make-model", help="write a synthetic language model: a family's tiny "
+                       "random-weight model (--family) or a header-only GGUF of real shapes (--like)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--like", choices=["llama-8b", "llama-70b"])
+    what.add_argument("--family", choices=FAMILIES,
+                      help="the language model of a vision family (its architecture and tokens)")
+    p.add_argument("--shape", choices=["tiny", "3b"], default="tiny", help="with --family")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_make_model)
 

@@ -7,6 +7,9 @@ refuses it before loading anything.
 """
 from __future__ import annotations
 
+# the families Ebb's generators write (engine/gguf/projector_gen.py, model_gen.py)
+GENERATED = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "pixtral")
+
 # clip.projector_type -> family name shown to people
 PROJECTOR_FAMILY: dict[str, str] = {
     "mlp": "llava", "mlp_norm": "llava", "ldp": "llava", "ldpv2": "llava",

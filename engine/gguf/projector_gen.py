@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 
 from engine.errors import EbbError
+from engine.gguf.families import GENERATED
 
-FAMILIES = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "pixtral")
+FAMILIES = GENERATED
 PROJECTOR_TYPE = {"mlp": "mlp", "gemma3": "gemma3", "idefics3": "idefics3",
                   "qwen2.5vl": "qwen2.5vl_merger", "pixtral": "pixtral"}  # clip.projector_type
 
