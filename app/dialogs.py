@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -99,15 +100,44 @@ def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
         if not folder.is_dir():
             continue
         for p in folder.rglob("*.gguf"):
-            if not p.name.lower().startswith("mmproj"):
+            if not is_projector_name(p):
                 out.append(p)
             if len(out) >= limit:
                 return out
     return out
 
 
+def is_projector_name(path: Path) -> bool:
+    """mmproj-*.gguf, or a model's own name with mmproj in it (Qwen2.5-VL-7B-mmproj-f16.gguf)."""
+    return "mmproj" in path.name.lower()
+
+
 def projectors_beside(model: Path) -> list[Path]:
-    return sorted(p for p in model.parent.glob("*.gguf") if p.name.lower().startswith("mmproj"))
+    return sorted(p for p in model.parent.glob("*.gguf") if is_projector_name(p))
+
+
+def model_label(model: Path) -> str:
+    """How the picker lists a model: its path, and [text only] when no projector is beside it."""
+    return str(model) if projectors_beside(model) else f"{model}   [text only]"
+
+
+def projector_offer(model: Path) -> tuple[list[str], str]:
+    """The projectors beside `model` that belong with it (family and width, from the headers),
+    best first, and a line on the family and on those left out and why."""
+    from engine.gguf.info import projector_choices
+
+    try:
+        choices = projector_choices(model, projectors_beside(model))
+    except EbbError as exc:
+        return [], f"cannot read the model: {exc}"
+    fit = [c for c in choices if c.problem is None]
+    notes = []
+    if fit:
+        notes.append(f"Vision: {fit[0].family} projector.")
+    elif not choices:
+        notes.append("Text only: no projector beside this model.")
+    notes += [f"Not offered: {c.path.name} ({c.problem})." for c in choices if c.problem]
+    return [str(c.path) for c in fit], " ".join(notes)
 
 
 def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
@@ -116,7 +146,7 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
     from engine.placement.plan import placement_for, projector_need_bytes
 
     try:
-        ins = inspect_files(model, Path(mmproj) if mmproj and mmproj != DEMO else None)
+        ins = inspect_files(model, Path(mmproj) if mmproj and mmproj not in (DEMO, "none") else None)
     except EbbError as exc:
         return f"cannot use this file: {exc}"
     m = ins.model
@@ -127,8 +157,9 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
             f"KV cache {fmt_bytes(full.accel_bytes['kv'])} at {ctx} tokens, compute "
             f"{fmt_bytes(full.accel_bytes['compute'])}); in RAM only: {fmt_bytes(m.tensor_bytes)}.")
     if ins.projector is not None:
-        text += (f" Projector: {fmt_bytes(ins.projector.weight_bytes)} in RAM, borrows "
-                 f"{fmt_bytes(projector_need_bytes(ins.projector, True))} per image.")
+        text += (f" Projector ({ins.projector.family}): {fmt_bytes(ins.projector.weight_bytes)} in RAM, borrows "
+                 f"about {fmt_bytes(projector_need_bytes(ins.projector, True))} per image (from "
+                 "its header; mtmd's own figure once loaded, or ebb-engine inspect).")
     elif mmproj == DEMO:
         text += " Demo projector: random weights — it exercises the memory pipeline; it does not see."
     return text
@@ -142,8 +173,8 @@ class ModelPicker(QDialog):
         self.settings = settings
         self.list = QListWidget()
         for p in find_models(model_folders(list(settings.get("model_folders", [])))):
-            QListWidgetItem(str(p), self.list)
-        self.list.currentTextChanged.connect(self._on_model)
+            self._add_model(p)
+        self.list.currentItemChanged.connect(self._on_model)
         self.model_path = QLineEdit(placeholderText="path to a .gguf language model, or 'default'")
         self.model_path.textChanged.connect(self._update_estimate)
         browse = QPushButton("Browse…", clicked=self._on_browse)
@@ -164,8 +195,11 @@ class ModelPicker(QDialog):
         lay.addWidget(QLabel("Models found in LM Studio's and Hugging Face's caches and your folders:"))
         lay.addWidget(self.list, 1)
         lay.addLayout(row)
-        lay.addWidget(QLabel("Vision projector (an mmproj*.gguf beside the model is offered):"))
+        lay.addWidget(QLabel("Vision projector (those beside the model that belong with it):"))
         lay.addWidget(self.projector)
+        self.offer = QLabel("")
+        self.offer.setWordWrap(True)
+        lay.addWidget(self.offer)
         lay.addWidget(self.estimate)
         lay.addWidget(buttons)
 
@@ -173,8 +207,13 @@ class ModelPicker(QDialog):
         proj = self.projector.currentText().strip()
         return self.model_path.text().strip(), "" if proj == "none" else proj
 
-    def _on_model(self, text: str) -> None:
-        self.model_path.setText(text)
+    def _add_model(self, path: Path) -> None:
+        item = QListWidgetItem(model_label(path), self.list)
+        item.setData(Qt.ItemDataRole.UserRole, str(path))
+
+    def _on_model(self, item: Any, _previous: Any = None) -> None:
+        if item is not None:
+            self.model_path.setText(str(item.data(Qt.ItemDataRole.UserRole)))
 
     def _on_browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF (*.gguf)")
@@ -186,7 +225,7 @@ class ModelPicker(QDialog):
         if folder:
             self.settings.setdefault("model_folders", []).append(folder)
             for p in find_models([Path(folder)]):
-                QListWidgetItem(str(p), self.list)
+                self._add_model(p)
 
     def _update_estimate(self) -> None:
         from engine.gguf.models import DEFAULT_NAME, default_model_path
@@ -194,9 +233,11 @@ class ModelPicker(QDialog):
         text = self.model_path.text().strip()
         path = default_model_path() if text == DEFAULT_NAME else Path(text)
         if self.sender() is self.model_path:
+            offered, note = projector_offer(path) if path.is_file() else ([], "")
+            self.offer.setText(note)
             self.projector.blockSignals(True)
             self.projector.clear()
-            self.projector.addItems([str(p) for p in projectors_beside(path)] + ["none", DEMO])
+            self.projector.addItems(offered + ["none", DEMO])
             self.projector.blockSignals(False)
         if path.is_file():
             self.estimate.setText(estimate(path, self.projector.currentText(), self.settings))

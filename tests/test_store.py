@@ -94,3 +94,44 @@ def test_app_icon_and_desktop_file_exist():
     assert not QIcon(str(resource_path("ebb.svg"))).isNull()
     desktop = resource_path("ebb.desktop").read_text()
     assert "Exec=ebb" in desktop and "Name=Ebb" in desktop
+
+
+def test_model_picker_pairs_by_family_and_marks_text_only(tmp_path, model_path):
+    """The picker offers the projector beside a model that belongs with it (family and width),
+    says why it leaves out the others (another family, an audio projector), and marks a model
+    with no projector as text only."""
+    import gguf
+    import numpy as np
+
+    from app.dialogs import model_label, projector_offer
+    from engine.gguf.model_gen import ModelShape, write_model
+    from engine.gguf.projector_gen import write_projector
+
+    folder = tmp_path / "Qwen2.5-VL"
+    folder.mkdir()
+    lm = write_model(folder / "Qwen2.5-VL-tiny.gguf", ModelShape(2, 64, 128, 2, 1), model_path,
+                     family="qwen2.5vl")
+    write_projector(folder / "mmproj-qwen.gguf", 64, family="qwen2.5vl")
+    write_projector(folder / "mmproj-gemma.gguf", 64, family="gemma3")
+    write_projector(folder / "mmproj-wide.gguf", 128, family="qwen2.5vl")
+    w = gguf.GGUFWriter(str(folder / "mmproj-audio.gguf"), arch="clip")  # an audio encoder
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_bool("clip.has_vision_encoder", False)
+    w.add_string("clip.projector_type", "qwen2a")
+    w.add_tensor("a.conv1d.0.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    offered, note = projector_offer(lm)
+    assert offered == [str(folder / "mmproj-qwen.gguf")]
+    assert "Vision: qwen2.5-vl projector" in note
+    assert "mmproj-gemma.gguf (projector mmproj-gemma.gguf (gemma3) and model" in note
+    assert "mmproj-wide.gguf (projector mmproj-wide.gguf outputs width 128" in note
+    assert "mmproj-audio.gguf (mmproj-audio.gguf is an audio projector (qwen2a)" in note
+    text_only = tmp_path / "plain"
+    text_only.mkdir()
+    (text_only / "SmolLM2.gguf").symlink_to(model_path)
+    assert model_label(text_only / "SmolLM2.gguf").endswith("[text only]")
+    assert model_label(lm) == str(lm)
+    assert projector_offer(text_only / "SmolLM2.gguf") == ([], "Text only: no projector beside this model.")

@@ -303,3 +303,29 @@ def inspect_files(model_path: Path, mmproj_path: Path | None = None) -> Inspecti
         proj = projector_info(read_gguf(mmproj_path))
         check_projector_matches(model, proj)
     return Inspection(model, proj)
+
+
+@dataclass(frozen=True)
+class ProjectorChoice:
+    path: Path
+    family: str  # "" when the file is not a vision projector
+    problem: str | None  # why it does not belong with the model; None: it does
+
+
+def projector_choices(model: Path, candidates: list[Path]) -> list[ProjectorChoice]:
+    """Each candidate projector for `model` with its family and what stops the pair (family,
+    width, an audio projector, a damaged file), from the headers alone; fitting ones first."""
+    m = model_info(read_gguf(model))
+    out = []
+    for path in candidates:
+        try:
+            proj = projector_info(read_gguf(path))
+        except EbbError as exc:
+            out.append(ProjectorChoice(path, "", exc.what))
+            continue
+        try:
+            check_projector_matches(m, proj)
+            out.append(ProjectorChoice(path, proj.family, None))
+        except EbbError as exc:
+            out.append(ProjectorChoice(path, proj.family, exc.what))
+    return sorted(out, key=lambda c: c.problem is not None)
