@@ -26,6 +26,8 @@ def reference_reply(model: Path, mmproj: Path, prompt: str, images: list[Path], 
     L = llama()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    no_devices = (ctypes.c_void_p * 1)(None)  # CPU only: never ask another registered device
+    mp.devices = ctypes.cast(no_devices, ctypes.c_void_p)
     model_p = L.llama_model_load_from_file(str(model).encode(), mp)
     assert model_p, f"llama.cpp could not load {model}"
     cp = L.llama_context_default_params()

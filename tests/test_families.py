@@ -88,7 +88,7 @@ def _size(path: Path) -> tuple[int, int]:
         return im.size
 
 
-@pytest.mark.parametrize("family", ["qwen2.5vl", "gemma3", "idefics3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_strategies_and_movers_agree_on_rpc(family, pairs, pictures, rpc_server, tmp_path):
     lm, mm = pairs[family]
     script = tmp_path / "script.json"

@@ -268,6 +268,8 @@ class _VocabOnly:
         mp = L.llama_model_default_params()
         mp.vocab_only = True
         mp.n_gpu_layers = 0
+        no_devices = (ctypes.c_void_p * 1)(None)  # ask no device (a registered one may be gone)
+        mp.devices = ctypes.cast(no_devices, ctypes.c_void_p)
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise EbbError(f"llama.cpp could not read the vocabulary of {path.name}: "
