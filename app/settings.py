@@ -14,7 +14,8 @@ from engine.config import SessionConfig
 from engine.units import parse_size
 
 DEMO = "demo"
-DEMO_LABEL = "demo projector: random weights — it exercises the memory pipeline; it does not see"
+DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a picture's colour "
+              "(red, green, blue, yellow, black, white)")
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False}

@@ -78,7 +78,15 @@ def cmd_make_projector(args: argparse.Namespace) -> int:
     from engine.gguf.models import resolve_model_path
     from engine.gguf.projector_gen import write_projector
 
-    gf = read_gguf(resolve_model_path(args.for_model))
+    model_path = resolve_model_path(args.for_model)
+    if args.colour:
+        from engine.gguf.projector_gen import write_colour_projector
+
+        out = write_colour_projector(Path(args.out), model_path, size=args.size)
+        print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, colour, {args.size}: names a "
+              "picture's colour with the model's own words)")
+        return 0
+    gf = read_gguf(model_path)
     model = model_info(gf)
     # a model Ebb generated for a family says which; any other model takes the LLaVA adapter
     family = args.family or str(gf.metadata.get("ebb.family", "mlp"))
@@ -137,6 +145,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--family", choices=FAMILIES, default=None,
                    help="projector family (default: the model's, if Ebb made it; else mlp)")
+    p.add_argument("--colour", action="store_true",
+                   help="the colour projector (closed-form weights, mlp layout): it tells red, "
+                        "green, blue, yellow, black and white apart")
     p.set_defaults(func=cmd_make_projector)
 
     p = sub.add_parser("make-model", help="write a synthetic language model: a family's tiny "
