@@ -7,6 +7,7 @@ STARTED = time.monotonic()
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 import sys  # noqa: E402
 from typing import Any
 
@@ -42,8 +43,9 @@ def relaunch(message: str, lost: list[str]) -> None:
 
 
 def _test_hooks(window: Any, app: Any) -> None:
-    """Test-only: EBB_TEST_SEND sends a message once the model is loaded and prints
-    "streaming" at the first reply token; EBB_TEST_PRINT_NOTICE prints the notice and quits."""
+    """Test-only: EBB_TEST_SEND sends a message once the model is loaded (with the picture
+    EBB_TEST_IMAGE attached, if set) and prints "streaming" at the first reply token;
+    EBB_TEST_PRINT_NOTICE prints the notice and quits."""
     from PySide6.QtCore import QTimer
 
     from engine import events
@@ -65,6 +67,8 @@ def _test_hooks(window: Any, app: Any) -> None:
             if isinstance(ev, events.ModelLoaded) and not self.sent:
                 self.sent = True
                 window.composer.edit.setPlainText(text)
+                if image := os.environ.get("EBB_TEST_IMAGE"):
+                    window.composer.add_image(Path(image))
                 QTimer.singleShot(0, window.send_message)
             elif isinstance(ev, events.TokenText) and not self.streaming:
                 self.streaming = True
