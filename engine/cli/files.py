@@ -39,10 +39,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         d = result.to_dict()
         if probe is not None:
-            d["projector"] = probe.info.to_dict()
-            d["projector"].update(image_size_asked=list(probe.image_size),
-                                  image_tokens_for_size=probe.image_tokens,
-                                  image_chunks_for_size=probe.image_chunks)
+            pd = probe.info.to_dict()
+            # mtmd's own numbers in the plain keys; the header's guesses kept beside them
+            pd.update(n_image_tokens_header=pd["n_image_tokens"],
+                     n_image_tokens=probe.image_tokens, n_image_chunks=probe.image_chunks,
+                     image_size_asked=list(probe.image_size),
+                     n_image_tokens_max=probe.info.n_image_tokens_measured,
+                     compute_buffer_bytes=probe.info.compute_buffer_bytes_measured)
+            d["projector"] = pd
         print(json.dumps(d, indent=1))
         return 0
     m = result.model

@@ -215,7 +215,13 @@ class ProjectorRuntime:
             if kind == _MTMD_CHUNK_TEXT:
                 n = ctypes.c_size_t(0)
                 toks = M.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
-                pieces.append(TextPiece([int(toks[j]) for j in range(n.value)]))
+                tokens = [int(toks[j]) for j in range(n.value)]
+                if any(t < 0 for t in tokens):  # a wrapper token mtmd looked up and missed
+                    raise EbbError(
+                        f"the language model's vocabulary lacks the special tokens that "
+                        f"{self.info.family} projectors wrap images with: they do not belong "
+                        "together", "use the language model published with this projector")
+                pieces.append(TextPiece(tokens))
                 continue
             if kind != _MTMD_CHUNK_IMAGE:
                 raise EbbError("this projector made an audio chunk; Ebb handles images only")
