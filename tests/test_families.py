@@ -88,10 +88,13 @@ def _size(path: Path) -> tuple[int, int]:
         return im.size
 
 
-PIXTRAL_ON_DEVICE = pytest.mark.xfail(strict=True, reason=(
-    "open: a pixtral picture of more tokens than mtmd's 256-token warm-up, encoded by a "
-    "projector bound to the live model on the RPC device (resident, live swap), gives "
-    "embeddings that end the reply at once; the reload mover and the CPU agree"))
+# Open: with a pixtral projector on the RPC device beside the live model (resident, live swap)
+# the replies come back empty, and the server stays that way for later clients; the
+# embeddings are bit-identical to the CPU's and the reload mover and the CPU are right. It is
+# not every run (a fresh server has answered right several times in a row), so it cannot be a
+# strict xfail: it is skipped, and reported on issue #14 with a reproduction.
+PIXTRAL_ON_DEVICE = pytest.mark.skip(reason="open: pixtral on the RPC device (resident, live swap) "
+                                            "sometimes leaves the server replying empty; see #14")
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=PIXTRAL_ON_DEVICE) if f == "pixtral"
