@@ -8,7 +8,7 @@ refuses it before loading anything.
 from __future__ import annotations
 
 # the families Ebb's generators write (engine/gguf/projector_gen.py, model_gen.py)
-GENERATED = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "pixtral")
+GENERATED = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "pixtral", "internvl")
 
 # clip.projector_type -> family name shown to people
 PROJECTOR_FAMILY: dict[str, str] = {

@@ -207,7 +207,8 @@ class ProjectorInfo:
 
 
 def _projector_output_width(gf: GGUFFile) -> int:
-    for name in ("mm.2.weight", "mm.model.fc.weight", "mm.input_projection.weight"):
+    for name in ("mm.2.weight", "mm.model.fc.weight", "mm.model.mlp.3.weight",
+                 "mm.input_projection.weight"):
         t = gf.tensor(name)
         if t is not None and len(t.shape) >= 2:
             # A matmul weight's ne[1] is its output width (input_projection is stored transposed).

@@ -6,7 +6,8 @@ the file; its replies are noise. Weights stream to disk tensor by tensor (little
 
 Architectures (`arch`), with what llama.cpp needs of each beyond llama's keys and tensors:
 
-- `llama`: LLaVA-1.5, SmolVLM (Idefics3), Pixtral/Mistral and InternVL language models.
+- `llama`: LLaVA-1.5, SmolVLM (Idefics3) and Pixtral/Mistral language models.
+- `qwen2`: InternVL 2.5/3's language model (Q/K/V biases are optional and left out).
 - `qwen2vl` (Qwen2-VL, Qwen2.5-VL): `qwen2vl.rope.dimension_sections` (4 counts summing to
   head_dim / 2) makes positions M-RoPE: 4 per image embedding (time, row, column, unused).
   Q/K/V biases are optional and left out.
@@ -28,7 +29,7 @@ import numpy as np
 from engine.errors import EbbError
 
 
-ARCHS = ("llama", "qwen2vl", "gemma3")
+ARCHS = ("llama", "qwen2vl", "gemma3", "qwen2")
 
 # The language model of each vision family: its architecture and the special tokens its
 # projector's wrappers look up in the vocabulary (mtmd finds them by their text).
@@ -39,6 +40,7 @@ FAMILY_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "idefics3": ("llama", ("<fake_token_around_image>", "<global-img>", "<image>",
                            *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))),
     "pixtral": ("llama", ("[IMG]", "[IMG_BREAK]", "[IMG_END]")),
+    "internvl": ("qwen2", ("<img>", "</img>", "<IMG_CONTEXT>")),
 }
 PEAK = 6.0  # output_norm weight: logits ~6x wider than a unit-norm model's
 

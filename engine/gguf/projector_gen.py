@@ -31,6 +31,11 @@ attention.head_count, attention.layer_norm_epsilon, image_mean, image_std, proje
 - `pixtral` (Pixtral / Mistral Small 3.x vision): `clip.use_silu`, 2-D rotary in the ViT (no
   position table), RMS norms, gated FFN, `v.token_embd.img_break` ([IMG_BREAK] between rows),
   `mm.1` and `mm.2`. Dynamic resolution; one token per patch plus one break per row.
+- `internvl` (InternVL 2.5 / 3): `clip.vision.projector.scale_factor` (pixel shuffle), a class
+  token (`v.class_embd`, one more position), layer scales `ls1`/`ls2`, and the projector
+  `mm.model.mlp.0` (layer norm over width x scale²), `.1` and `.3`. A picture becomes tiles
+  of the closest aspect ratio (1 to 12) then a thumbnail, each its own chunk, wrapped in
+  `<img>` / `</img>`; the language model is `qwen2`.
 """
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ from engine.gguf.families import GENERATED
 
 FAMILIES = GENERATED
 PROJECTOR_TYPE = {"mlp": "mlp", "gemma3": "gemma3", "idefics3": "idefics3",
-                  "qwen2.5vl": "qwen2.5vl_merger", "pixtral": "pixtral"}  # clip.projector_type
+                  "qwen2.5vl": "qwen2.5vl_merger", "pixtral": "pixtral",
+                  "internvl": "internvl"}  # clip.projector_type
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,13 @@ _TINY: dict[str, ProjectorSize] = {
                                n_layers=2, mm_hidden=64),
     "pixtral": ProjectorSize(image_size=64, patch_size=16, n_embd=32, n_ff=48, n_head=2,
                              n_layers=2, mm_hidden=64),
+    "internvl": ProjectorSize(image_size=32, patch_size=8, n_embd=32, n_ff=48, n_head=2,
+                              n_layers=2, mm_hidden=64),  # 4 tokens per tile
 }
 GEMMA3_POOL = 2  # the real models pool 4x4 (64x64 patches to 256 tokens); tiny ones 2x2
 IDEFICS3_SHUFFLE = 2
 IDEFICS3_LONGEST_EDGE = 64  # with 32-pixel tiles: a large image is 2x2 tiles + a global view
+INTERNVL_SHUFFLE = 2
 
 
 def _weight(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -152,6 +161,8 @@ def write_projector(out: Path, llm_n_embd: int, size: str = "tiny", seed: int = 
     elif family == "qwen2.5vl":
         w.add_uint32("clip.vision.n_wa_pattern", 2)
         w.add_uint32("clip.vision.spatial_merge_size", 2)
+    elif family == "internvl":
+        w.add_uint32("clip.vision.projector.scale_factor", INTERNVL_SHUFFLE)
 
     _vit(w, rng, s, family)
     _head(w, rng, s, family, llm_n_embd)
@@ -176,9 +187,11 @@ def _vit(w: Any, rng: np.random.Generator, s: ProjectorSize, family: str) -> Non
         w.add_tensor("v.patch_embd.weight.1", patch_kernel())  # the second frame's kernel
     elif family != "pixtral":
         w.add_tensor("v.patch_embd.bias", zeros)
-        n_patches = (s.image_size // p) ** 2
+        n_pos = (s.image_size // p) ** 2 + (1 if family == "internvl" else 0)  # + class token
         w.add_tensor("v.position_embd.weight",
-                     (0.02 * rng.standard_normal((n_patches, d), dtype=np.float32)))
+                     (0.02 * rng.standard_normal((n_pos, d), dtype=np.float32)))
+        if family == "internvl":
+            w.add_tensor("v.class_embd", 0.02 * rng.standard_normal(d, dtype=np.float32))
     rms = family in ("qwen2.5vl", "pixtral")
     for i in range(s.n_layers):
         b = f"v.blk.{i}"
@@ -190,6 +203,9 @@ def _vit(w: Any, rng: np.random.Generator, s: ProjectorSize, family: str) -> Non
             w.add_tensor(f"{b}.{ln}.weight", ones)
             if not rms:
                 w.add_tensor(f"{b}.{ln}.bias", zeros)
+        if family == "internvl":  # layer scales
+            w.add_tensor(f"{b}.ls1.weight", ones)
+            w.add_tensor(f"{b}.ls2.weight", ones)
         w.add_tensor(f"{b}.ffn_up.weight", _weight(rng, s.n_ff, d))
         w.add_tensor(f"{b}.ffn_down.weight", _weight(rng, d, s.n_ff))
         if rms:  # these families' FFN is gated (SiLU)
@@ -224,6 +240,14 @@ def _head(w: Any, rng: np.random.Generator, s: ProjectorSize, family: str, out_w
         w.add_tensor("mm.0.bias", np.zeros(s.mm_hidden, dtype=np.float32))
         w.add_tensor("mm.2.weight", _weight(rng, out_w, s.mm_hidden))
         w.add_tensor("mm.2.bias", np.zeros(out_w, dtype=np.float32))
+    elif family == "internvl":
+        wide = d * INTERNVL_SHUFFLE ** 2
+        w.add_tensor("mm.model.mlp.0.weight", np.ones(wide, dtype=np.float32))  # layer norm
+        w.add_tensor("mm.model.mlp.0.bias", np.zeros(wide, dtype=np.float32))
+        w.add_tensor("mm.model.mlp.1.weight", _weight(rng, s.mm_hidden, wide))
+        w.add_tensor("mm.model.mlp.1.bias", np.zeros(s.mm_hidden, dtype=np.float32))
+        w.add_tensor("mm.model.mlp.3.weight", _weight(rng, out_w, s.mm_hidden))
+        w.add_tensor("mm.model.mlp.3.bias", np.zeros(out_w, dtype=np.float32))
     elif family == "pixtral":
         w.add_tensor("mm.1.weight", _weight(rng, s.mm_hidden, d))
         w.add_tensor("mm.1.bias", np.zeros(s.mm_hidden, dtype=np.float32))

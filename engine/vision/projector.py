@@ -28,7 +28,9 @@ from engine.llama.lib import llama
 from engine.vision.images import LoadedImage
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
-LARGEST_IMAGE = (4096, 4096)  # bigger than any family's cap: it sizes a dynamic projector
+# bigger than any family's cap, in the shapes that tile differently: they size a dynamic or
+# tiling projector's largest image
+LARGEST_IMAGES = ((4096, 4096), (4096, 2731), (2731, 4096), (4096, 1024), (1024, 4096))
 _MTMD_CHUNK_TEXT = 0
 _MTMD_CHUNK_IMAGE = 1
 
@@ -169,8 +171,9 @@ class ProjectorRuntime:
     def measured_info(self) -> ProjectorInfo:
         """The header's info with mtmd's numbers: its compute buffer reserve and the tokens of
         the largest picture it takes (a dynamic-resolution family's cap)."""
+        most = max(self.image_tokens(w, h)[0] for w, h in LARGEST_IMAGES)
         return replace(self.info, compute_buffer_bytes_measured=self.compute_buffer_bytes,
-                       n_image_tokens_measured=self.image_tokens(*LARGEST_IMAGE)[0])
+                       n_image_tokens_measured=most)
 
     def tokenize(self, text: str, bitmaps: list[Bitmap], add_special: bool) -> TokenizedPrompt:
         """mtmd's chunks of `text`, one marker per bitmap (in order), as llama.cpp's own tools
