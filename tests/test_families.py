@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.gguf.model_gen import ModelShape, write_model
-from engine.gguf.projector_gen import FAMILIES, write_projector
+from engine.gguf.families import GENERATED as FAMILIES
+from engine.gguf.projector_gen import write_projector
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 from engine.vision.projector import probe_projector
@@ -88,17 +89,7 @@ def _size(path: Path) -> tuple[int, int]:
         return im.size
 
 
-# Open: with a pixtral projector on the RPC device beside the live model (resident, live swap)
-# the replies come back empty, and the server stays that way for later clients; the
-# embeddings are bit-identical to the CPU's and the reload mover and the CPU are right. It is
-# not every run (a fresh server has answered right several times in a row), so it cannot be a
-# strict xfail: it is skipped, and reported on issue #14 with a reproduction.
-PIXTRAL_ON_DEVICE = pytest.mark.skip(reason="open: pixtral on the RPC device (resident, live swap) "
-                                            "sometimes leaves the server replying empty; see #14")
-
-
-@pytest.mark.parametrize("family", [pytest.param(f, marks=PIXTRAL_ON_DEVICE) if f == "pixtral"
-                                    else f for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_strategies_and_movers_agree_on_rpc(family, pairs, pictures, rpc_server, tmp_path):
     lm, mm = pairs[family]
     script = tmp_path / "script.json"

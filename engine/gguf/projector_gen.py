@@ -48,7 +48,7 @@ import numpy as np
 from engine.errors import EbbError
 from engine.gguf.families import GENERATED
 
-FAMILIES = GENERATED
+FAMILIES = (*GENERATED, "pixtral")  # pixtral: written, not offered (see families.GENERATED)
 PROJECTOR_TYPE = {"mlp": "mlp", "gemma3": "gemma3", "idefics3": "idefics3",
                   "qwen2.5vl": "qwen2.5vl_merger", "pixtral": "pixtral",
                   "internvl": "internvl"}  # clip.projector_type
