@@ -15,10 +15,15 @@ from engine.config import SessionConfig
 
 @dataclass(frozen=True)
 class Pending:
-    """The user message a request answers: put back in the composer if the request fails."""
+    """The user message a request answers: put back in the composer if the request fails.
+    For Continue, `continues` is the reply that goes on (kept as it is if that fails)."""
     text: str
     images: list[Path]
     message_id: int
+    continues: Message | None = None
+
+
+CONTINUABLE = ("length", "cancelled")  # stops after which a reply can go on
 
 
 class ChatState:
@@ -30,6 +35,7 @@ class ChatState:
         self.request_id = 0
         self.pending: Pending | None = None
         self.reply_parts: list[str] = []  # the streamed reply so far
+        self.saved: Message | None = None  # the reply the last request saved
         self.last_cfg: SessionConfig | None = None  # what the engine was last asked to load
         self._observers: list[Callable[[], None]] = []
 
@@ -95,11 +101,28 @@ class ChatState:
 
     def add_user_message(self, text: str, images: list[Path]) -> Pending:
         """Save the user's message (titling a new conversation by it); returns it as stored."""
-        if not self.store.messages(self.conv_id) and text:
+        if not self.store.n_messages(self.conv_id) and text:
             self.store.rename(self.conv_id, text[:48])
         mid = self.store.add_message(self.conv_id, "user", text, images)
-        stored = self.store.messages(self.conv_id)[-1].images
-        return Pending(text, stored, mid)
+        saved = self.store.message(mid)
+        return Pending(text, saved.images if saved else [], mid)
+
+    def last_message(self) -> Message | None:
+        msgs = self.store.messages(self.conv_id, self.store.last_message_id(self.conv_id))
+        return msgs[0] if msgs else None
+
+    def can_continue(self) -> bool:
+        last = self.last_message()
+        return (self.can_send() and last is not None and last.role == "assistant"
+                and last.stats.get("stop_reason") in CONTINUABLE)
+
+    def continue_last(self) -> Pending | None:
+        """The last reply, to go on with (None when it cannot)."""
+        if not self.can_continue():
+            return None
+        last = self.last_message()
+        assert last is not None
+        return Pending("", [], last.id, continues=last)
 
     def regenerate(self) -> Pending | None:
         """Drop the last reply; the user message before it, to send again (None if none)."""
@@ -128,12 +151,22 @@ class ChatState:
         error the user's message is taken back. Returns the pending message when it failed."""
         pending, self.pending = self.pending, None
         failed = None
-        if result.get("error") and pending is not None:
+        self.saved = None
+        if pending is not None and pending.continues is not None:
+            old = pending.continues
+            if result.get("error"):
+                failed = pending
+            else:
+                stats = continued_stats(old.stats, reply_stats(result))
+                self.store.update_message(old.id, old.text + result.get("text", ""), stats)
+            self.saved = self.store.message(old.id)
+        elif result.get("error") and pending is not None:
             self.store.delete_message(pending.message_id)
             failed = pending
         elif pending is not None:
-            self.store.add_message(self.conv_id, "assistant", result.get("text", ""),
-                                   stats=reply_stats(result))
+            mid = self.store.add_message(self.conv_id, "assistant", result.get("text", ""),
+                                         stats=reply_stats(result))
+            self.saved = self.store.message(mid)
         self.busy = False
         self._changed()
         return failed
@@ -143,7 +176,8 @@ class ChatState:
         if not self.busy or self.pending is None:
             return None
         pending, self.pending = self.pending, None
-        self.store.delete_message(pending.message_id)
+        if pending.continues is None:
+            self.store.delete_message(pending.message_id)
         self.busy = False
         self._changed()
         return pending
@@ -160,3 +194,15 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
     stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
     stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)
     return stats
+
+
+def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A continued reply's stats: its tokens and times summed, the newest speed and stop."""
+    out = dict(before)
+    out["n_gen_tokens"] = int(before.get("n_gen_tokens") or 0) + int(more.get("n_gen_tokens") or 0)
+    for k in ("encode_s", "swap_s"):
+        out[k] = float(before.get(k) or 0) + float(more.get(k) or 0)
+    out["gen_tokens_per_s"] = more.get("gen_tokens_per_s")
+    out["stop_reason"] = more.get("stop_reason")
+    out["continued"] = int(before.get("continued") or 0) + 1
+    return out

@@ -40,6 +40,9 @@ class SettingsDialog(QDialog):
                                    specialValueText="projector default")
         self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=int(v["gpu_layers"]),
                                    specialValueText="all that fit (or Tune…)")
+        self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
+                                   value=int(v["max_tokens"]),
+                                   specialValueText="none (until the model stops)")
         self.flash = QCheckBox(checked=bool(v["flash_attn"]))
         self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
                                 "link", checked=bool(v["spread"]))
@@ -56,6 +59,7 @@ class SettingsDialog(QDialog):
         form.addRow("Several devices", self.spread)
         form.addRow("Context length", self.ctx)
         form.addRow("Image token limit", self.img_tokens)
+        form.addRow("Reply length cap", self.max_tokens)
         form.addRow("Flash attention", self.flash)
         form.addRow("Vision strategy", self.vision)
         form.addRow("RPC servers", self.rpc)
@@ -70,6 +74,7 @@ class SettingsDialog(QDialog):
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
+                "max_tokens": self.max_tokens.value(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:

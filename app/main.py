@@ -60,7 +60,7 @@ def _test_hooks(window: Any, app: Any) -> None:
     from PySide6.QtCore import QObject, Slot
 
     class Hook(QObject):  # lives on the GUI thread: the worker's signal is queued to it
-        sent = streaming = False
+        sent = False
 
         @Slot(object)
         def on_event(self, ev: Any) -> None:
@@ -70,10 +70,14 @@ def _test_hooks(window: Any, app: Any) -> None:
                 if image := os.environ.get("EBB_TEST_IMAGE"):
                     window.composer.add_image(Path(image))
                 QTimer.singleShot(0, window.send_message)
-            elif isinstance(ev, events.TokenText) and not self.streaming:
-                self.streaming = True
-                print("streaming", flush=True)
 
+    def say_streaming() -> None:
+        if window.chat.reply_parts:
+            print("streaming", flush=True)
+        else:
+            QTimer.singleShot(20, say_streaming)
+
+    QTimer.singleShot(20, say_streaming)
     hook = Hook(window)  # a child of the window: lives as long as it
     window.worker.event.connect(hook.on_event)
 

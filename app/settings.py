@@ -18,7 +18,7 @@ DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a pic
               "(red, green, blue, yellow, black, white)")
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
-                            "gpu_layers": -1, "spread": False}
+                            "gpu_layers": -1, "spread": False, "max_tokens": 0}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 

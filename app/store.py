@@ -117,18 +117,49 @@ class Store:
             self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))
         return mid
 
+    def update_message(self, message_id: int, text: str, stats: dict[str, Any]) -> None:
+        """A reply that went on (Continue): its whole text and its stats now."""
+        with self.db:
+            self.db.execute("UPDATE messages SET text=?, stats=? WHERE id=?",
+                            (text, json.dumps(stats), message_id))
+
+    def message(self, message_id: int) -> Message | None:
+        row = self.db.execute("SELECT conversation_id FROM messages WHERE id=?",
+                              (message_id,)).fetchone()
+        if row is None:
+            return None
+        return next((m for m in self.messages(int(row[0]), message_id)), None)
+
+    def last_message_id(self, conversation_id: int) -> int:
+        row = self.db.execute("SELECT MAX(id) FROM messages WHERE conversation_id=?",
+                              (conversation_id,)).fetchone()
+        return int(row[0] or 0)
+
+    def n_messages(self, conversation_id: int) -> int:
+        row = self.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id=?",
+                              (conversation_id,)).fetchone()
+        return int(row[0])
+
     def delete_message(self, message_id: int) -> None:
         with self.db:
             self.db.execute("DELETE FROM messages WHERE id=?", (message_id,))
 
-    def messages(self, conversation_id: int) -> list[Message]:
-        out = []
-        for mid, role, text, stats in self.db.execute(
-                "SELECT id, role, text, stats FROM messages WHERE conversation_id=? ORDER BY id",
-                (conversation_id,)):
-            images = [self.images_dir / name for (name,) in self.db.execute(
-                "SELECT filename FROM attachments WHERE message_id=? ORDER BY position", (mid,))]
-            out.append(Message(mid, role, text, images, json.loads(stats or "{}")))
+    def messages(self, conversation_id: int, only: int | None = None) -> list[Message]:
+        """The conversation's messages in order (or only the message `only`): two queries
+        however long it is."""
+        where: str = "conversation_id=?"
+        args: tuple[int, ...] = (conversation_id,)
+        if only is not None:
+            where, args = "conversation_id=? AND id=?", (conversation_id, only)
+        out = [Message(mid, role, text, [], json.loads(stats or "{}")) for mid, role, text, stats
+               in self.db.execute(f"SELECT id, role, text, stats FROM messages WHERE {where} "
+                                  "ORDER BY id", args)]
+        by_id = {m.id: m for m in out}
+        for mid, name in self.db.execute(
+                "SELECT a.message_id, a.filename FROM attachments a JOIN messages m "
+                f"ON m.id = a.message_id WHERE m.{where.replace(' AND id', ' AND m.id')} "
+                "ORDER BY a.message_id, a.position", args):
+            by_id[mid].images.append(self.images_dir / name)
         return out
 
     def _drop_unused_images(self) -> None:

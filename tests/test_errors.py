@@ -84,4 +84,4 @@ def test_projector_given_as_model(bad_files):
 
 def test_bad_numbers():
     _assert_user_error(run_cli(*CHAT, "--ctx", "0"), "positive")
-    _assert_user_error(run_cli("chat", "--prompt", "hi", "--max-tokens", "0"), "positive")
+    _assert_user_error(run_cli("chat", "--prompt", "hi", "--max-tokens", "-1"), "no cap")

@@ -42,8 +42,8 @@ def _session_config(args: argparse.Namespace) -> SessionConfig:
     from engine.gguf.models import existing_file, resolve_model_path
     from engine.units import parse_size
 
-    if args.max_tokens <= 0:
-        raise EbbError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.max_tokens < 0:
+        raise EbbError(f"--max-tokens must be 0 (no cap) or more, got {args.max_tokens}")
     if args.threads is not None and args.threads <= 0:
         raise EbbError(f"--threads must be positive, got {args.threads}")
     if args.gpu_layers is not None and args.gpu_layers < 0:
@@ -144,7 +144,9 @@ def register(sub: Any) -> None:
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="cap on each reply's tokens (default 0: until the model stops or the "
+                        "context is full)")
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")

@@ -65,7 +65,7 @@ class LoadParams:
 
 @dataclass(frozen=True)
 class GenParams:
-    max_tokens: int = 512
+    max_tokens: int = 0  # 0: no cap (until the model stops or the context is full)
     temperature: float = 0.7
     seed: int = 0
     top_k: int = 40
@@ -98,6 +98,7 @@ class GenResult:
             "n_gen_tokens": self.n_gen_tokens, "prompt_s": round(self.prompt_s, 4),
             "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
+            "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
             "stop_reason": self.stop_reason,
         }
 
@@ -227,6 +228,7 @@ class TextRuntime:
         self._cell_pos: list[int] = []  # each cell's position (an image's cells: its first)
         self._n_past = 0  # the next position (under M-RoPE an image takes fewer than its cells)
         self._replan = False  # device buffers changed since the last graph: see reschedule
+        self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         try:
             self._load()
         except BaseException:
@@ -547,15 +549,31 @@ class TextRuntime:
                          prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
                          n_prompt_tokens_evaluated=n_eval)
 
+    def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
+               cancel: threading.Event | None = None) -> GenResult:
+        """Go on with the reply the last `generate_from`/`resume` left open (it stopped on its
+        cap or a cancel): its tokens are all in the KV cache and the last one's logits are
+        still there, so nothing is prefilled and a greedy reply goes on exactly as if it had
+        never stopped. The caller knows that nothing was decoded since."""
+        n_cells = len(self._cached)
+        if n_cells >= self.n_ctx - 1:
+            return GenResult("", n_cells, 0, 0.0, 0.0, "context_full")
+        t1 = time.perf_counter()
+        text, n_gen, stop = self._decode_loop(gp, on_text, cancel, resume=True)
+        return GenResult(text=text, n_prompt_tokens=n_cells, n_gen_tokens=n_gen, prompt_s=0.0,
+                         gen_s=time.perf_counter() - t1, stop_reason=stop)
+
     def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
-                     cancel: threading.Event | None) -> tuple[str, int, str]:
+                     cancel: threading.Event | None, resume: bool = False) -> tuple[str, int, str]:
         L = llama()
         chain = self._sampler(gp)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if resume:  # the bytes of a character the last stop cut in two
+            decoder.setstate(self._utf8_state)
         pieces: list[str] = []
         n_gen, stop = 0, "length"
         try:
-            while n_gen < gp.max_tokens:
+            while not gp.max_tokens or n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
                     stop = "cancelled"
                     break
@@ -578,6 +596,9 @@ class TextRuntime:
             # the last token's decode may still run on an asynchronous device (RPC): finish it
             # here, in this turn's time, not in whatever touches the device next (a swap)
             L.llama_synchronize(self.ctx)
+        self._utf8_state = decoder.getstate()
+        if stop in ("length", "cancelled"):  # a reply that may go on keeps a cut character's bytes
+            return "".join(pieces), n_gen, stop
         tail = decoder.decode(b"", final=True)
         if tail:
             pieces.append(tail)

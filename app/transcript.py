@@ -1,0 +1,352 @@
+"""The conversation as one transcript: saved messages, and the reply streaming in place as the
+last of them.
+
+Nothing here re-renders what is already shown. A message is rendered once when it is added; the
+reply being streamed is rendered block by block (app/markdown.py): text that arrives is appended
+as plain text, and when its block is finished (a blank line, a closing fence) that block alone
+is rendered as Markdown in its place. When the reply ends, it alone is rendered whole with its
+stats line. A long conversation opens with its newest messages; the older ones are added above
+them in batches from the event loop, keeping the view where it is. Thumbnails are made when
+they are first drawn. Links open in the browser; a code block's Copy link copies its code.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtGui import (
+    QDesktopServices,
+    QFont,
+    QGuiApplication,
+    QImage,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+)
+from PySide6.QtWidgets import QTextBrowser
+
+from app.markdown import Part, code_html, split_all, split_finished
+from app.store import Message
+
+FIRST_MESSAGES = 40  # shown at once when a conversation opens
+BATCH = 40  # older messages added above them per event-loop turn
+THUMB = 160  # thumbnail box, pixels
+CODE_BG = "#f3f4f6"
+
+
+class Transcript(QTextBrowser):
+    copied = Signal(str)  # a code block was copied (its text)
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.setOpenLinks(False)  # anchors are ours: copy:N, and http(s) to the browser
+        self.anchorClicked.connect(self._on_anchor)
+        self.document().setDocumentMargin(10)
+        self.open_url: Callable[[QUrl], Any] = QDesktopServices.openUrl
+        self._messages: list[Message] = []
+        self._first = 0  # index of the first message in the document
+        self._codes: list[str] = []  # what copy:N copies
+        self._thumbs: dict[str, QImage] = {}
+        self._last_start = 0  # where the last message begins (the separator before its header)
+        self._stream: _Stream | None = None
+        self._filler = QTimer(self, singleShot=True, interval=0)
+        self._filler.timeout.connect(self._add_older)
+        self.work = 0  # characters laid out by stream() calls (a benchmark's and a test's gauge)
+
+    # ------------------------------------------------------------ whole conversation
+
+    def show_messages(self, messages: list[Message]) -> None:
+        """Open a conversation: its newest messages now, the rest above them soon after."""
+        self._filler.stop()
+        self._stream = None
+        self._messages = list(messages)
+        self._codes = []
+        self.clear()
+        self._first = max(0, len(self._messages) - FIRST_MESSAGES)
+        cur = self._end()
+        for i in range(self._first, len(self._messages)):
+            self._last_start = cur.position()
+            self._insert_message(cur, self._messages[i], first=i == self._first)
+        self.scroll_to_end()
+        if self._first:
+            self._filler.start()
+
+    def n_shown(self) -> int:
+        return len(self._messages) - self._first
+
+    def _add_older(self) -> None:
+        """Put the next batch of older messages above those shown, keeping the view still."""
+        if self._first == 0:
+            return
+        lo = max(0, self._first - BATCH)
+        bar = self.verticalScrollBar()
+        from_bottom = bar.maximum() - bar.value()
+        n0 = self.document().characterCount()
+        cur = QTextCursor(self.document())
+        cur.movePosition(QTextCursor.MoveOperation.Start)
+        for i in range(lo, self._first):
+            self._insert_message(cur, self._messages[i], first=i == lo)
+        # the formerly first message's header text follows what was inserted: its own block
+        cur.insertBlock(_block_format(top=14))
+        cur.block().setUserState(_HEADER)
+        shift = self.document().characterCount() - n0
+        self._last_start += shift
+        if self._stream is not None:
+            self._stream.shift(shift)
+        self._first = lo
+        bar.setValue(bar.maximum() - from_bottom)
+        if self._first:
+            self._filler.start()
+
+    def append_message(self, m: Message) -> None:
+        follow = self._at_bottom()
+        self._messages.append(m)
+        cur = self._end()
+        self._last_start = cur.position()
+        self._insert_message(cur, m, first=self.document().isEmpty())
+        if follow:
+            self.scroll_to_end()
+
+    def remove_last(self) -> None:
+        """Take the last message off (a reply to regenerate)."""
+        if not self._messages:
+            return
+        self._messages.pop()
+        cur = self._end()
+        cur.setPosition(self._last_start, QTextCursor.MoveMode.KeepAnchor)
+        cur.removeSelectedText()
+        self._last_start = self._start_of_last()
+
+    def replace_last(self, m: Message) -> None:
+        """The last message changed (a reply saved, a reply continued): render it again."""
+        if self._messages:
+            self.remove_last()
+        self.append_message(m)
+
+    # ------------------------------------------------------------ streaming
+
+    def begin_reply(self, so_far: Message | None = None) -> None:
+        """A reply starts streaming as the last message (or `so_far`, the last message, goes
+        on: Continue)."""
+        follow = self._at_bottom()
+        if so_far is not None and self._messages:
+            self.remove_last()
+        cur = self._end()
+        self._last_start = cur.position()
+        _insert_header(cur, "Ebb", first=self.document().isEmpty())
+        cur.insertBlock(_block_format(top=4), QTextCharFormat())
+        self._stream = _Stream(self, cur.position())
+        if so_far is not None:
+            self._stream.feed(so_far.text)
+        if follow:
+            self.scroll_to_end()
+
+    def stream(self, text: str) -> None:
+        """More of the streaming reply: appended; a block that it finishes is rendered."""
+        if self._stream is None or not text:
+            return
+        follow = self._at_bottom()
+        self._stream.feed(text)
+        if follow:
+            self.scroll_to_end()
+
+    def end_reply(self, m: Message | None) -> None:
+        """The reply ended: shown whole as saved (`m`), or taken off (None: nothing saved)."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        follow = self._at_bottom()
+        cur = self._end()
+        cur.setPosition(self._last_start, QTextCursor.MoveMode.KeepAnchor)
+        cur.removeSelectedText()
+        self._last_start = self._start_of_last()
+        if m is not None:
+            if self._messages and self._messages[-1].id == m.id:
+                self._messages.pop()  # a continued reply: its new text replaces it
+            self.append_message(m)
+        if follow:
+            self.scroll_to_end()
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream is not None
+
+    # ------------------------------------------------------------ rendering
+
+    def _end(self) -> QTextCursor:
+        cur = QTextCursor(self.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        return cur
+
+    def _start_of_last(self) -> int:
+        """Where the last message (after a removal) begins, its block separator included:
+        found again by its header block."""
+        block = self.document().lastBlock()
+        while block.isValid() and block.userState() != _HEADER:
+            block = block.previous()
+        return max(0, block.position() - 1) if block.isValid() else 0
+
+    def _insert_message(self, cur: QTextCursor, m: Message, first: bool) -> None:
+        _insert_header(cur, "You" if m.role == "user" else "Ebb", first)
+        if m.images:
+            cur.insertBlock(_block_format())
+            cur.insertHtml(" ".join(self._image_html(p) for p in m.images))
+        for part in split_all(m.text):
+            self.insert_part(cur, part)
+        if m.stats:
+            cur.insertBlock(_block_format(top=2))
+            cur.insertHtml(f'<span style="color:#777777; font-size:small">'
+                           f'{html.escape(stats_line(m.stats))}</span>')
+
+    def insert_part(self, cur: QTextCursor, part: Part) -> None:
+        """One block of a reply, in a block of its own after `cur`."""
+        cur.insertBlock(_block_format(top=4), QTextCharFormat())
+        if part.code is None:
+            cur.insertMarkdown(part.text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+            return
+        n = len(self._codes)
+        self._codes.append(part.code)
+        lang = f'<span style="color:#777777">{html.escape(part.lang)}</span> ' if part.lang else ""
+        cur.insertHtml(
+            f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{CODE_BG}">'
+            f'<tr><td>{lang}<a href="copy:{n}">Copy</a>'
+            f'<pre style="font-family:monospace">{code_html(part.code, part.lang)}</pre>'
+            f"</td></tr></table>")
+        cur.movePosition(QTextCursor.MoveOperation.End)
+
+    def _image_html(self, path: Path) -> str:
+        size = _thumb_size(path)
+        if size is None:
+            return f"<i>[image missing: {html.escape(path.name)}]</i>"
+        url = QUrl.fromLocalFile(str(path))
+        url.setScheme("thumb")
+        return f'<img src="{url.toString()}" width="{size[0]}" height="{size[1]}">'
+
+    def loadResource(self, kind: int, url: QUrl | str) -> Any:
+        """Thumbnails are made when first drawn (never for messages scrolled past)."""
+        if isinstance(url, QUrl) and url.scheme() == "thumb":
+            path = url.path()
+            if path not in self._thumbs:
+                self._thumbs[path] = QImage(thumb(Path(path)))
+            return self._thumbs[path]
+        return super().loadResource(kind, url)
+
+    # ------------------------------------------------------------ scrolling, links
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    def scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            try:
+                code = self._codes[int(url.path())]
+            except (ValueError, IndexError):
+                return
+            QGuiApplication.clipboard().setText(code)
+            self.copied.emit(code)
+        elif url.scheme() in ("http", "https", "mailto"):
+            self.open_url(url)
+
+
+_HEADER = 1  # a header block's user state: where a message starts
+
+
+def _block_format(top: int = 0) -> QTextBlockFormat:
+    f = QTextBlockFormat()
+    f.setTopMargin(top)
+    return f
+
+
+def _insert_header(cur: QTextCursor, who: str, first: bool) -> None:
+    fmt = QTextCharFormat()
+    fmt.setFontWeight(QFont.Weight.Bold)
+    if not first:
+        cur.insertBlock(_block_format(top=14), fmt)
+    else:
+        cur.setBlockFormat(_block_format())
+        cur.setCharFormat(fmt)
+    cur.block().setUserState(_HEADER)
+    cur.insertText(who, fmt)
+
+
+class _Stream:
+    """The reply being streamed: rendered blocks, then the unfinished rest as plain text."""
+
+    def __init__(self, view: Transcript, start: int) -> None:
+        self.view = view
+        self.tail_start = start  # where the plain-text rest begins
+        self.rest = ""  # the unfinished block's text so far
+
+    def shift(self, n: int) -> None:
+        self.tail_start += n
+
+    def feed(self, text: str) -> None:
+        self.rest += text
+        parts, rest = split_finished(self.rest)
+        cur = self.view._end()
+        if not parts:
+            cur.insertText(text, QTextCharFormat())
+            self.view.work += len(text)
+            return
+        cur.setPosition(self.tail_start - 1, QTextCursor.MoveMode.KeepAnchor)  # with its block
+        cur.removeSelectedText()
+        for part in parts:
+            self.view.insert_part(cur, part)
+            self.view.work += len(part.text) + len(part.code or "")
+        cur.insertBlock(_block_format(top=4), QTextCharFormat())
+        self.tail_start = cur.position()
+        cur.insertText(rest, QTextCharFormat())
+        self.view.work += len(rest)
+        self.rest = rest
+
+
+def stats_line(s: dict[str, Any]) -> str:
+    line = (f"{s.get('n_gen_tokens', 0)} tokens · {s.get('gen_tokens_per_s', 0):.1f} tok/s · "
+            f"prompt {s.get('prompt_s', 0):.2f}s · {s.get('stop_reason', '')}")
+    if s.get("n_images"):
+        line += (f" · vision: {s.get('strategy')}, encode {s.get('encode_s', 0):.2f}s, "
+                 f"swap {s.get('swap_s', 0):.3f}s")
+    if s.get("stop_reason") == "length":
+        line += " · stopped at the reply cap: Continue goes on"
+    elif s.get("stop_reason") == "context_full":
+        line += " · the context is full"
+    return line
+
+
+def _thumb_size(path: Path) -> tuple[int, int] | None:
+    """The thumbnail's size from the image's header (the pixels are not decoded)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except (OSError, ValueError):
+        return None
+    scale = min(1.0, THUMB / max(w, h, 1))
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def thumb(path: Path, size: int = THUMB) -> str:
+    """A small copy of an image for the transcript (made once, kept beside the store)."""
+    from PIL import Image
+
+    out = path.parent.parent / "thumbs" / f"{path.stem}-{size}.png"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with Image.open(path) as im:
+                im.thumbnail((size, size))
+                tmp = out.with_suffix(".tmp")
+                im.convert("RGB").save(tmp, "PNG")
+                tmp.replace(out)
+        except (OSError, ValueError):
+            return ""
+    return out.as_posix()

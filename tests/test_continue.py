@@ -1,0 +1,63 @@
+"""No cut at a length cap: a reply runs until the model stops by default, and Continue goes on
+with a capped (or stopped) reply, equal to a reply that never stopped (greedy, token for token).
+Real SmolLM2 on the CPU, through the session as the window and the CLI use it."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import SessionConfig
+from engine.llama.runtime import GenParams
+from engine.session import Session
+from tests.conftest import N_THREADS
+
+STORY = "Write a long story about a lighthouse keeper and a storm."
+
+
+@pytest.fixture(scope="module")
+def session(model_path):
+    with Session(SessionConfig(model_path, n_ctx=1024, n_threads=N_THREADS, accel="CPU")) as s:
+        yield s
+
+
+def test_the_default_is_no_cap():
+    assert GenParams().max_tokens == 0
+
+
+def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
+    whole = session.turn(STORY, gp=GenParams(max_tokens=90, temperature=0))
+    assert whole.error is None and whole.gen["n_gen_tokens"] == 90
+    session.set_history([])
+
+    first = session.turn(STORY, gp=GenParams(max_tokens=25, temperature=0))
+    assert first.gen["stop_reason"] == "length"
+    n_cells = session.runtime.n_positions()
+    second = session.continue_reply(GenParams(max_tokens=40, temperature=0))
+    assert second.error is None and second.continued
+    assert second.gen["n_prompt_tokens_evaluated"] == 0  # nothing prefilled
+    assert [s.name for s in second.spans] == ["decode"]
+    assert second.gen["n_prompt_tokens"] == n_cells
+    third = session.continue_reply(GenParams(max_tokens=25, temperature=0))
+    assert first.text + second.text + third.text == whole.text
+    assert session.history[-1].text == whole.text
+    assert len(session.history) == 2  # still one exchange
+
+
+def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
+    session.set_history([])
+    whole = session.turn(STORY, gp=GenParams(max_tokens=60, temperature=0))
+    session.set_history([])
+    first = session.turn(STORY, gp=GenParams(max_tokens=30, temperature=0))
+    # the conversation is reopened (as when the window starts again): the cache is not trusted
+    session.set_history([(t.role, t.text, []) for t in session.history])
+    more = session.continue_reply(GenParams(max_tokens=30, temperature=0))
+    assert more.error is None and "prefilled" in more.reason
+    assert more.gen["n_prompt_tokens_evaluated"] > 0
+    # a re-tokenized reply may differ from the sampled tokens; its start is the reply so far
+    assert session.history[-1].text == first.text + more.text
+    assert (first.text + more.text)[:len(first.text)] == whole.text[:len(first.text)]
+
+
+def test_continue_with_nothing_to_continue_says_so(session):
+    session.set_history([])
+    res = session.continue_reply(GenParams(max_tokens=5, temperature=0))
+    assert res.error.startswith("there is no reply to continue")
