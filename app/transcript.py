@@ -5,8 +5,9 @@ Nothing here re-renders what is already shown. A message is rendered once when i
 reply being streamed is rendered block by block (app/markdown.py): text that arrives is appended
 as plain text, and when its block is finished (a blank line, a closing fence) that block alone
 is rendered as Markdown in its place. When the reply ends, it alone is rendered whole with its
-stats line. A long conversation opens with its newest messages; the older ones are added above
-them in batches from the event loop, keeping the view where it is. Thumbnails are made when
+stats line. A long conversation opens with its newest messages; older ones are added above
+them, a batch at a time, when the view is scrolled near the top (the view stays where it is:
+each batch costs a new layout of what is shown, so it is done only when it is asked for). Thumbnails are made when
 they are first drawn. Links open in the browser; a code block's Copy link copies its code.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from app.markdown import Part, code_html, split_all, split_finished
 from app.store import Message
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens
-BATCH = 40  # older messages added above them per event-loop turn
+BATCH = 20  # older messages added above them when scrolled near the top
 THUMB = 160  # thumbnail box, pixels
 CODE_BG = "#f3f4f6"
 
@@ -54,6 +55,7 @@ class Transcript(QTextBrowser):
         self._stream: _Stream | None = None
         self._filler = QTimer(self, singleShot=True, interval=0)
         self._filler.timeout.connect(self._add_older)
+        self.verticalScrollBar().valueChanged.connect(self._near_top)
         self.work = 0  # characters laid out by stream() calls (a benchmark's and a test's gauge)
 
     # ------------------------------------------------------------ whole conversation
@@ -71,7 +73,11 @@ class Transcript(QTextBrowser):
             self._last_start = cur.position()
             self._insert_message(cur, self._messages[i], first=i == self._first)
         self.scroll_to_end()
-        if self._first:
+        self._near_top()
+
+    def _near_top(self, *_: Any) -> None:
+        """Scrolled near the top (or nothing to scroll yet): older messages, if any, soon."""
+        if self._first and self.verticalScrollBar().value() < self.viewport().height() // 2:
             self._filler.start()
 
     def n_shown(self) -> int:
@@ -98,8 +104,6 @@ class Transcript(QTextBrowser):
             self._stream.shift(shift)
         self._first = lo
         bar.setValue(bar.maximum() - from_bottom)
-        if self._first:
-            self._filler.start()
 
     def append_message(self, m: Message) -> None:
         follow = self._at_bottom()
@@ -215,7 +219,9 @@ class Transcript(QTextBrowser):
             f'<tr><td>{lang}<a href="copy:{n}">Copy</a>'
             f'<pre style="font-family:monospace">{code_html(part.code, part.lang)}</pre>'
             f"</td></tr></table>")
-        cur.movePosition(QTextCursor.MoveOperation.End)
+        table = cur.currentTable()
+        if table is not None:  # left in the last cell: go on after the table
+            cur.setPosition(table.lastPosition() + 1)
 
     def _image_html(self, path: Path) -> str:
         size = _thumb_size(path)

@@ -1,0 +1,213 @@
+"""Benchmarks of the chat view (print figures and ratios; nothing is asserted).
+
+  python -m app.bench stream [--runs 4] [--max-tokens 600]
+      The same greedy prompt streamed in the real window and by `ebb-engine chat --json`,
+      alternating, each in a fresh process: tokens/s of both and window ÷ headless.
+  python -m app.bench open [--messages 500] [--images 50]
+      A generated conversation of that size, opened in the window: the time to show it (the
+      store's read, the newest messages laid out and painted), the time until every older
+      message is in, and the longest the event loop was held meanwhile.
+
+Runs on the offscreen platform unless a display is set (DISPLAY, e.g. under Xvfb).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = "Write a long story about a lighthouse keeper and a storm."
+
+
+def _window_run(args: argparse.Namespace) -> int:
+    """One reply in the real window (a fresh data folder); prints its stats as JSON."""
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.settings import session_config
+    from app.store import Store
+    from app.window import MainWindow
+    from engine.llama.runtime import GenParams
+
+    app = QApplication(sys.argv[:1])
+    app.setStyle("Fusion")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp))
+        store.set_setting("ctx", args.ctx)
+        store.set_setting("threads", args.threads)
+        cfg, rpc = session_config(store, "default", "")
+        w = MainWindow(store, cfg, rpc)
+        w.resize(1200, 800)
+        w.show()
+        w.gen_params = GenParams(temperature=0, max_tokens=args.max_tokens)
+
+        def spin(cond: Any) -> None:
+            """Wait in the event loop, woken only by the chat's own changes (a polling loop
+            here would take the GIL from the engine thread and slow what is measured)."""
+            loop = QEventLoop()
+            w.chat.observe(lambda: cond() and loop.quit())
+            if not cond():
+                loop.exec()
+
+        spin(lambda: w.chat.loaded)
+        w.composer.edit.setPlainText(args.prompt)
+        QTimer.singleShot(0, w.send_message)
+        gui0 = time.thread_time()
+        spin(lambda: w.chat.loaded and not w.chat.busy and bool(w.chat.request_id))
+        gui_s = time.thread_time() - gui0
+        last = store.messages(w.conv_id)[-1]
+        print(json.dumps({**last.stats, "gui_cpu_s": round(gui_s, 3)}), flush=True)
+        w.close()
+        store.close()
+    return 0
+
+
+def _headless_run(args: argparse.Namespace) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "chat", "--prompt", args.prompt, "--temp", "0",
+         "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx), "--threads",
+         str(args.threads), "--json"], capture_output=True, text=True, check=True)
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _window_subprocess(args: argparse.Namespace) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.bench", "window-run", "--prompt", args.prompt,
+         "--max-tokens", str(args.max_tokens), "--ctx", str(args.ctx), "--threads",
+         str(args.threads)], capture_output=True, text=True, check=True)
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    win, head, gui = [], [], []
+    for i in range(args.runs):
+        for which in (("window", "headless") if i % 2 == 0 else ("headless", "window")):
+            r = _window_subprocess(args) if which == "window" else _headless_run(args)
+            tps = float(r["gen_tokens_per_s"])
+            (win if which == "window" else head).append(tps)
+            extra = ""
+            if which == "window":
+                share = r["gui_cpu_s"] / (r["n_gen_tokens"] / tps + r["prompt_s"])
+                gui.append(share)
+                extra = f" (GUI thread: {r['gui_cpu_s']:.2f} s CPU, {share:.1%} of the reply's time)"
+            print(f"run {i + 1} {which:8s} {r['n_gen_tokens']:5d} tokens {tps:7.1f} tok/s "
+                  f"stop={r['stop_reason']}{extra}", flush=True)
+    w, h = statistics.median(win), statistics.median(head)
+    print(f"median window {w:.1f} tok/s, headless {h:.1f} tok/s: window / headless = {w / h:.3f}; "
+          f"the GUI thread used {statistics.median(gui):.1%} of one core while streaming "
+          f"(median; {args.runs} runs each, alternating)")
+    return 0
+
+
+def make_conversation(store: Any, n_messages: int, n_images: int, folder: Path) -> int:
+    """A conversation of `n_messages` (user and Ebb in turn; user messages every so often
+    carry one of `n_images` distinct pictures; replies with paragraphs, lists and code)."""
+    from PIL import Image
+
+    cid = int(store.create_conversation("A long conversation"))
+    users = n_messages // 2
+    every = max(1, users // max(1, n_images))
+    made = 0
+    reply = ("Here is what I found.\n\n1. The first point, with **bold** text.\n2. A second "
+             "point and a [link](https://example.com).\n\n```python\ndef area(r):\n    "
+             "return 3.14159 * r * r\n```\n\nThat is all for now; ask again if you want more.")
+    for i in range(n_messages):
+        if i % 2 == 0:
+            images = []
+            if (i // 2) % every == 0 and made < n_images:
+                p = folder / f"picture-{made}.png"
+                Image.new("RGB", (640, 480), ((made * 37) % 256, (made * 91) % 256, 128)).save(p)
+                images, made = [p], made + 1
+            store.add_message(cid, "user", f"Question {i // 2}: what about this?", images)
+        else:
+            store.add_message(cid, "assistant", reply,
+                              stats={"n_gen_tokens": 60, "gen_tokens_per_s": 100.0,
+                                     "prompt_s": 0.05, "stop_reason": "stop"})
+    return cid
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.store import Store
+    from app.window import MainWindow
+
+    app = QApplication(sys.argv[:1])
+    app.setStyle("Fusion")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "data")
+        cid = make_conversation(store, args.messages, args.images, Path(tmp))
+        store.create_conversation("empty")  # the window opens this one first (newest)
+        w = MainWindow(store, None)  # no model: the view alone
+        w.resize(1200, 800)
+        w.show()
+        app.processEvents()
+        timer = QElapsedTimer()
+        timer.start()
+        w.chat.select(cid)
+        w._show_conversation()
+        w.transcript.viewport().repaint()  # laid out and painted, thumbnails made
+        shown_ms = timer.nsecsElapsed() / 1e6
+        first_shown = w.transcript.n_shown()
+        # scrolled to the top again and again: the older messages come in batches
+        stalls = []
+        bar = w.transcript.verticalScrollBar()
+        while w.transcript.n_shown() < args.messages:
+            bar.setValue(0)
+            t = QElapsedTimer()
+            t.start()
+            loop = QEventLoop()
+            QTimer.singleShot(0, loop.quit)
+            loop.exec()
+            stalls.append(t.nsecsElapsed() / 1e6)
+        t = QElapsedTimer()
+        t.start()
+        for v in range(0, bar.maximum(), max(1, bar.maximum() // 50)):
+            bar.setValue(v)
+            w.transcript.viewport().repaint()
+        scroll_ms = t.nsecsElapsed() / 1e6
+        print(f"{args.messages} messages, {args.images} images: shown in {shown_ms:.0f} ms "
+              f"({first_shown} newest first); scrolled up to the first message in "
+              f"{len(stalls)} loads of older ones, each {min(stalls, default=0):.0f}-"
+              f"{max(stalls, default=0):.0f} ms; 50 scroll steps top to bottom "
+              f"painted in {scroll_ms:.0f} ms ({scroll_ms / 50:.1f} ms each)")
+        w.close()
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.hw import physical_cores
+
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    p = argparse.ArgumentParser(prog="python -m app.bench")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("stream", "window-run"):
+        s = sub.add_parser(name)
+        s.add_argument("--prompt", default=PROMPT)
+        s.add_argument("--max-tokens", type=int, default=600)
+        s.add_argument("--ctx", type=int, default=2048)
+        s.add_argument("--threads", type=int, default=physical_cores())
+        s.add_argument("--runs", type=int, default=4)
+    o = sub.add_parser("open")
+    o.add_argument("--messages", type=int, default=500)
+    o.add_argument("--images", type=int, default=50)
+    args = p.parse_args(argv)
+    if args.cmd == "stream":
+        return cmd_stream(args)
+    if args.cmd == "window-run":
+        return _window_run(args)
+    return cmd_open(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

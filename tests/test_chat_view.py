@@ -1,0 +1,248 @@
+"""The chat view: one transcript that streams the reply in place without re-rendering what is
+shown, long conversations opened newest first, code blocks with Copy, links to the browser,
+and Continue. The view's own tests run without a model (offscreen Qt); the Continue and no-cap
+tests run the real window over the real engine (SmolLM2 on the CPU)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication
+
+from app.markdown import split_all, split_finished
+from app.store import Message, Store
+from app.transcript import FIRST_MESSAGES, Transcript
+from engine.llama.runtime import GenParams
+from tests.test_app import _send, _window, wait_for
+
+REPLY = """Here is a plan:
+
+1. First **bold** step
+2. Second step with a [link](https://example.com)
+
+```python
+def double(x):
+
+    return x * 2  # a blank line above, inside the fence
+```
+
+And `inline code` after.
+~~~
+plain fence
+~~~
+The end."""
+
+
+def _feed_randomly(text: str, seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    out, i = [], 0
+    while i < len(text):
+        n = rnd.randint(1, 7)
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_blocks_found_while_streaming_are_the_blocks_of_the_whole_reply(seed):
+    rest, found = "", []
+    for piece in _feed_randomly(REPLY, seed):
+        parts, rest = split_finished(rest + piece)
+        found.extend(parts)
+    found.extend(split_all(rest))
+    assert found == split_all(REPLY)
+    codes = [p for p in found if p.code is not None]
+    assert [c.lang for c in codes] == ["python", ""]
+    assert "\n\n    return" in codes[0].code  # a blank line inside a fence does not end it
+
+
+@pytest.fixture
+def view(qtbot):
+    t = Transcript()
+    qtbot.addWidget(t)
+    t.resize(600, 400)
+    t.show()
+    return t
+
+
+def _msg(i: int, role: str, text: str, images=(), stats=None) -> Message:
+    return Message(i, role, text, list(images), stats or {})
+
+
+def test_the_reply_streams_in_place_without_rendering_it_again(view):
+    view.show_messages([_msg(1, "user", "Tell me a long story.")])
+    view.begin_reply()
+    paragraphs = [f"Paragraph {i}: " + "the keeper climbed the stairs again. " * 6 for i in range(60)]
+    story = "\n\n".join(paragraphs)
+    per_feed = []
+    for piece in _feed_randomly(story, 1):
+        before = view.work
+        view.stream(piece)
+        per_feed.append(view.work - before)
+        assert view.streaming
+    # each call lays out the new text, plus at most the one block it finished
+    longest_block = max(len(p) for p in paragraphs)
+    assert max(per_feed) <= longest_block + 8
+    assert sum(per_feed) <= 2 * len(story) + 8
+    shown = view.toPlainText()
+    assert shown.startswith("You\nTell me a long story.\nEbb\nParagraph 0:")
+    assert "Paragraph 59:" in shown
+    view.end_reply(_msg(2, "assistant", story, stats={"n_gen_tokens": 900, "stop_reason": "stop"}))
+    final = view.toPlainText()
+    assert final.count("Ebb\n") == 1 and final.count("Paragraph 59:") == 1
+    assert final.rstrip().endswith("· stop")
+
+
+def test_scrolling_follows_the_stream_unless_the_user_scrolled_up(view, qtbot):
+    view.show_messages([_msg(i, "user" if i % 2 else "assistant", f"message {i}\n\nmore") for i in range(1, 30)])
+    bar = view.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()
+    view.begin_reply()
+    for i in range(40):
+        view.stream(f"line {i}\n\n")
+    assert bar.value() == bar.maximum()  # followed
+    bar.setValue(bar.maximum() // 3)
+    held = bar.value()
+    for i in range(40):
+        view.stream(f"more {i}\n\n")
+    assert bar.value() == held < bar.maximum()  # left where the user put it
+
+
+def test_a_long_conversation_opens_newest_first_and_fills_in_upwards(view, tmp_path):
+    from app.bench import make_conversation
+
+    store = Store(tmp_path / "data")
+    cid = make_conversation(store, 500, 50, tmp_path)
+    msgs = store.messages(cid)
+    assert len(msgs) == 500 and sum(len(m.images) for m in msgs) == 50
+    view.show_messages(msgs)
+    assert view.n_shown() == FIRST_MESSAGES
+    thumbs = tmp_path / "data" / "thumbs"
+    made = set(p.name for p in thumbs.iterdir()) if thumbs.exists() else set()
+    first_image = next(p for m in msgs for p in m.images)
+    assert not any(n.startswith(first_image.stem) for n in made)  # not shown: not made
+    bar = view.verticalScrollBar()
+    for _ in range(200):
+        if view.n_shown() == 500:
+            break
+        bar.setValue(0)
+        QApplication.processEvents()
+    assert view.n_shown() == 500
+    text = view.toPlainText()
+    positions = [text.index(f"Question {i}:") for i in (0, 1, 100, 249)]
+    assert positions == sorted(positions)  # in order, oldest first
+    assert text.count("Question ") == 250
+    store.close()
+
+
+def test_code_blocks_copy_and_links_open_in_the_browser(view):
+    opened: list[str] = []
+    view.open_url = lambda url: opened.append(url.toString())  # the desktop's browser, recorded
+    view.show_messages([_msg(1, "assistant", REPLY, stats={"stop_reason": "stop"})])
+    view.anchorClicked.emit(QUrl("copy:0"))
+    assert QGuiApplication.clipboard().text() == "def double(x):\n\n    return x * 2  # a blank line above, inside the fence"
+    view.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == "plain fence"
+    view.anchorClicked.emit(QUrl("https://example.com"))
+    view.anchorClicked.emit(QUrl("file:///etc/passwd"))  # not a web link: nothing opens
+    assert opened == ["https://example.com"]
+    # the code is shown in monospace, coloured
+    doc = view.document()
+    block = doc.findBlock(view.toPlainText().index("def double"))
+    fmt = block.begin().fragment().charFormat()
+    assert fmt.fontFixedPitch() or "mono" in ",".join(fmt.fontFamilies() or []).lower()
+
+
+# ------------------------------------------------------------ with the real engine
+
+STORY = "Write a long story about a lighthouse keeper and a storm."
+
+
+def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtbot, tmp_path):
+    store = Store(tmp_path / "data")
+    store.set_setting("threads", 2)
+    store.set_setting("ctx", 512)
+    w = _window(qtbot, store)
+    # the default: no cap; a long story runs until the model stops or the context is full
+    w.gen_params = GenParams(temperature=0, max_tokens=int(w._settings()["max_tokens"]))
+    assert w.gen_params.max_tokens == 0
+    _send(qtbot, w, STORY)
+    whole = store.messages(w.conv_id)[-1]
+    assert whole.stats["stop_reason"] in ("stop", "context_full"), whole.stats
+    assert not w.continue_button.isVisible() or whole.stats["stop_reason"] != "stop"
+
+    w._on_new_chat()
+    w.gen_params = GenParams(temperature=0, max_tokens=40)
+    _send(qtbot, w, STORY)
+    capped = store.messages(w.conv_id)[-1]
+    assert capped.stats["stop_reason"] == "length"
+    assert w.continue_button.isVisible()
+    n = 0
+    while store.messages(w.conv_id)[-1].stats["stop_reason"] == "length" and n < 30:
+        w.continue_button.click()
+        wait_for(lambda: not w.chat.busy)
+        n += 1
+    msgs = store.messages(w.conv_id)
+    assert [m.role for m in msgs] == ["user", "assistant"]  # one reply, grown in place
+    assert msgs[-1].text == whole.text
+    assert msgs[-1].stats["n_gen_tokens"] == whole.stats["n_gen_tokens"]
+    assert msgs[-1].stats["continued"] == n
+    shown = w.transcript.toPlainText()
+    assert shown.count("Ebb\n") == 1 and shown.count("You\n") == 1
+    assert not w.continue_button.isVisible()
+    store.close()
+
+
+def test_stop_then_continue(qtbot, store):
+    w = _window(qtbot, store)
+    w.gen_params = GenParams(temperature=0, max_tokens=300)
+    w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
+    w.send_message()
+    wait_for(lambda: len(w.chat.reply_parts) > 3, timeout=60_000)
+    w.stop_button.click()
+    wait_for(lambda: not w.chat.busy, timeout=30_000)
+    stopped = store.messages(w.conv_id)[-1]
+    assert stopped.stats["stop_reason"] == "cancelled" and w.continue_button.isVisible()
+    w.gen_params = GenParams(temperature=0, max_tokens=10)
+    w.continue_button.click()
+    wait_for(lambda: not w.chat.busy)
+    went_on = store.messages(w.conv_id)[-1]
+    assert went_on.id == stopped.id and went_on.text.startswith(stopped.text)
+    assert len(went_on.text) > len(stopped.text)
+    assert went_on.stats["n_gen_tokens"] == stopped.stats["n_gen_tokens"] + 10
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "data")
+    s.set_setting("ctx", 1024)
+    s.set_setting("threads", 2)
+    yield s
+    s.close()
+
+
+def test_the_window_streams_into_its_one_transcript(qtbot, store):
+    w = _window(qtbot, store)
+    assert not hasattr(w, "live_reply")
+    w.gen_params = GenParams(temperature=0, max_tokens=200)
+    w.composer.edit.setPlainText(STORY)
+    w.send_message()
+    wait_for(lambda: len("".join(w.chat.reply_parts)) > 80, timeout=60_000)
+    during = w.transcript.toPlainText()
+    assert during.startswith(f"You\n{STORY}\nEbb\n")
+    first_word = "".join(w.chat.reply_parts).split()[0]
+    assert first_word in during[len(f"You\n{STORY}\nEbb\n"):]
+    assert w.transcript.streaming
+    wait_for(lambda: not w.chat.busy)
+    after = w.transcript.toPlainText()
+    assert after.count("Ebb\n") == 1 and "tok/s" in after
+
+
+def test_continue_never_shown_for_a_finished_reply(qtbot, store):
+    w = _window(qtbot, store)
+    _send(qtbot, w, "What is the capital of France? Answer in one word.")
+    assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "stop"
+    assert not w.continue_button.isVisible()
+    assert w.chat.continue_last() is None
