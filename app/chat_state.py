@@ -23,7 +23,8 @@ class Pending:
     continues: Message | None = None
 
 
-CONTINUABLE = ("length", "cancelled")  # stops after which a reply can go on
+# stops after which a reply can go on (a full context: older turns make room, by the policy)
+CONTINUABLE = ("length", "cancelled", "context_full")
 
 
 class ChatState:
@@ -50,6 +51,15 @@ class ChatState:
 
     def messages(self) -> list[Message]:
         return self.store.messages(self.conv_id) if self.conv_id else []
+
+    @staticmethod
+    def memory_from(messages: list[Message]) -> int | None:
+        """The first message still in the model's memory, as the newest reply that had to let
+        older turns go said (None: all of them)."""
+        for m in reversed(messages):
+            if m.stats.get("memory_from"):
+                return int(m.stats["memory_from"])
+        return None
 
     def open_first(self) -> None:
         convs = self.store.conversations()
@@ -157,19 +167,30 @@ class ChatState:
             if result.get("error"):
                 failed = pending
             else:
-                stats = continued_stats(old.stats, reply_stats(result))
+                stats = self._remembered(result, continued_stats(old.stats, reply_stats(result)))
                 self.store.update_message(old.id, old.text + result.get("text", ""), stats)
             self.saved = self.store.message(old.id)
         elif result.get("error") and pending is not None:
             self.store.delete_message(pending.message_id)
             failed = pending
         elif pending is not None:
+            stats = self._remembered(result, reply_stats(result))
             mid = self.store.add_message(self.conv_id, "assistant", result.get("text", ""),
-                                         stats=reply_stats(result))
+                                         stats=stats)
             self.saved = self.store.message(mid)
         self.busy = False
         self._changed()
         return failed
+
+    def _remembered(self, result: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+        """`stats` with the first message the model still remembers (by id), when older turns
+        had to leave the context."""
+        start = int(result.get("memory_starts_at") or 0)
+        if start:
+            ids = self.store.message_ids(self.conv_id)
+            if start < len(ids):
+                stats["memory_from"] = ids[start]
+        return stats
 
     def fail(self) -> Pending | None:
         """The engine failed outside a turn's result: take the user's message back."""
@@ -189,7 +210,8 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
     from engine.events import SWAP_STEPS
 
     stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
-                                   "stop_reason", "n_images")}
+                                   "stop_reason", "n_images", "n_turns_dropped",
+                                   "n_images_dropped", "n_tokens_dropped", "memory_starts_at")}
     spans = r.get("spans", [])
     stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
     stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)

@@ -43,6 +43,10 @@ class SettingsDialog(QDialog):
         self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
                                    value=int(v["max_tokens"]),
                                    specialValueText="none (until the model stops)")
+        self.overflow = QComboBox()
+        self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
+        self.overflow.addItem("stop and say so", "stop")
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v["overflow"])))
         self.flash = QCheckBox(checked=bool(v["flash_attn"]))
         self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
                                 "link", checked=bool(v["spread"]))
@@ -60,6 +64,7 @@ class SettingsDialog(QDialog):
         form.addRow("Context length", self.ctx)
         form.addRow("Image token limit", self.img_tokens)
         form.addRow("Reply length cap", self.max_tokens)
+        form.addRow("When the context is full", self.overflow)
         form.addRow("Flash attention", self.flash)
         form.addRow("Vision strategy", self.vision)
         form.addRow("RPC servers", self.rpc)
@@ -74,7 +79,7 @@ class SettingsDialog(QDialog):
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
-                "max_tokens": self.max_tokens.value(),
+                "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:

@@ -135,6 +135,10 @@ class Store:
                               (conversation_id,)).fetchone()
         return int(row[0] or 0)
 
+    def message_ids(self, conversation_id: int) -> list[int]:
+        return [int(r[0]) for r in self.db.execute(
+            "SELECT id FROM messages WHERE conversation_id=? ORDER BY id", (conversation_id,))]
+
     def n_messages(self, conversation_id: int) -> int:
         row = self.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id=?",
                               (conversation_id,)).fetchone()

@@ -16,7 +16,7 @@ import html
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QDesktopServices,
     QFont,
@@ -48,6 +48,7 @@ class Transcript(QTextBrowser):
         self.document().setDocumentMargin(10)
         self.open_url: Callable[[QUrl], Any] = QDesktopServices.openUrl
         self._messages: list[Message] = []
+        self.memory_from: int | None = None
         self._first = 0  # index of the first message in the document
         self._codes: list[str] = []  # what copy:N copies
         self._thumbs: dict[str, QImage] = {}
@@ -60,8 +61,10 @@ class Transcript(QTextBrowser):
 
     # ------------------------------------------------------------ whole conversation
 
-    def show_messages(self, messages: list[Message]) -> None:
-        """Open a conversation: its newest messages now, the rest above them soon after."""
+    def show_messages(self, messages: list[Message], memory_from: int | None = None) -> None:
+        """Open a conversation: its newest messages now, older ones as the view is scrolled up.
+        `memory_from`: the first message the model still remembers (a line above it says so)."""
+        self.memory_from = memory_from
         self._filler.stop()
         self._stream = None
         self._messages = list(messages)
@@ -194,6 +197,17 @@ class Transcript(QTextBrowser):
         return max(0, block.position() - 1) if block.isValid() else 0
 
     def _insert_message(self, cur: QTextCursor, m: Message, first: bool) -> None:
+        if m.id == self.memory_from and m is not self._messages[0]:
+            fmt = QTextBlockFormat()
+            fmt.setTopMargin(14)
+            fmt.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+            if first:
+                cur.setBlockFormat(fmt)
+            else:
+                cur.insertBlock(fmt)
+            cur.insertHtml('<i style="color:#8a6d00">— earlier messages are outside the model\'s '
+                           'memory (the context is full) —</i>')
+            first = False
         _insert_header(cur, "You" if m.role == "user" else "Ebb", first)
         if m.images:
             cur.insertBlock(_block_format())
@@ -323,7 +337,11 @@ def stats_line(s: dict[str, Any]) -> str:
     if s.get("stop_reason") == "length":
         line += " · stopped at the reply cap: Continue goes on"
     elif s.get("stop_reason") == "context_full":
-        line += " · the context is full"
+        line += " · the context is full: Continue lets older turns go"
+    if s.get("n_turns_dropped") or s.get("n_images_dropped"):
+        gone = [f"{s['n_turns_dropped']} older messages" if s.get("n_turns_dropped") else "",
+                f"{s['n_images_dropped']} older images" if s.get("n_images_dropped") else ""]
+        line += f" · to fit, {' and '.join(g for g in gone if g)} left the model's memory"
     return line
 
 

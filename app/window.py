@@ -278,7 +278,8 @@ class MainWindow(QMainWindow):
 
     def _show_conversation(self) -> None:
         """The open conversation, drawn afresh (opened, switched to, or a request failed)."""
-        self.transcript.show_messages(self.chat.messages())
+        msgs = self.chat.messages()
+        self.transcript.show_messages(msgs, self.chat.memory_from(msgs))
         self._update_actions()
 
     def _update_actions(self) -> None:
@@ -532,6 +533,9 @@ class MainWindow(QMainWindow):
             self._give_back(failed, r["error"])
         else:
             self.transcript.end_reply(self.chat.saved)
+            saved = self.chat.saved
+            if saved is not None and saved.stats.get("memory_from") not in (None, self.transcript.memory_from):
+                self._show_conversation()  # the line "outside the model's memory" moves
         self._update_actions()
 
     def _give_back(self, pending: Pending, error: str) -> None:

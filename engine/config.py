@@ -26,3 +26,6 @@ class SessionConfig:
     # layers over every accelerator of this session (reload mover); without it, only when the
     # first device alone cannot hold the whole model
     spread: bool = False
+    # when the next turn does not fit the context: drop-oldest (images of older turns first,
+    # then the oldest whole exchanges; the cache is shifted where the model allows) | stop
+    overflow: str = "drop-oldest"

@@ -75,6 +75,12 @@ class TurnResult:
     error: str | None = None
     device_lost: str | None = None  # a remote device went away before this turn
     continued: bool = False  # Continue of the last reply: `text` is what was added
+    # the context overflowed: what left the model's memory for this turn to fit
+    n_turns_dropped: int = 0  # whole turns (user and assistant messages), oldest first
+    n_images_dropped: int = 0  # images of older turns (their text stays)
+    n_tokens_dropped: int = 0
+    memory_starts_at: int = 0  # the conversation's first message still in the model's memory
+    shifted_cells: int = 0  # cells kept by moving them in the KV cache (no prefill)
     swap_mover: str = ""  # the mover this turn's swap used (live | reload), "" without a swap
     mover_note: str = ""  # why this turn's swap did not use the session's mover
 
@@ -90,6 +96,9 @@ class TurnResult:
                              "swap_mover": self.swap_mover, **self.gen}
         if self.continued:
             d["continued"] = True
+        d.update(n_turns_dropped=self.n_turns_dropped, n_images_dropped=self.n_images_dropped,
+                 n_tokens_dropped=self.n_tokens_dropped, memory_starts_at=self.memory_starts_at,
+                 shifted_cells=self.shifted_cells)
         if self.error is not None:
             d["error"] = self.error
         if self.device_lost is not None:
@@ -112,6 +121,8 @@ class Session:
         # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
         # resumes it where it stopped, without a prefill
         self._reply_open = False
+        self._last_stop = ""  # how the last reply ended
+        self.forgotten = 0  # turns at the conversation's start no longer in the model's memory
         self._request_id = 0
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
@@ -236,6 +247,9 @@ class Session:
                                "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
             pending = self._pending_history_images()  # may drop unreadable ones from history
             turn = HistoryTurn("user", text, tuple(self.encoder.remember(i) for i in images))
+            self._fit(turn, pending + images, res)  # before any image is encoded
+            kept = {k for t in self.history for k in t.image_keys}
+            pending = [i for i in pending if self.encoder.key(i) in kept]
             messages, keys = self._messages(turn)
             with self._tokenize(messages, keys, pending + images) as prompt:
                 self._encode_new(prompt, keys, images, res, tl)
@@ -263,13 +277,18 @@ class Session:
             assert self.runtime is not None
             before = self.history[-1]
             accel = self.placement.accel or CPU
-            if self._reply_open:
+            if self._reply_open and self._last_stop != "context_full":
                 t0 = time.monotonic()
                 result = self.runtime.resume(gp, on_text, cancel)
                 tl.add("decode", t0, t0 + result.gen_s, accel)
                 res.reason = "resumed from the KV cache (no prefill)"
             else:
                 self.history = self.history[:-1]
+                try:  # a reply that filled the context: older turns leave to make room
+                    self._fit(None, self._pending_history_images(), res, open_reply=before.text)
+                except EbbError:
+                    self.history = self.history + [before]
+                    raise
                 pending = self._pending_history_images()
                 messages, keys = self._messages()
                 text, added_special = self.runtime.format_chat(messages)
@@ -286,10 +305,88 @@ class Session:
             del res.gen["text"]
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
             self._reply_open = result.stop_reason in ("length", "cancelled")
+            self._last_stop = result.stop_reason
+            res.shifted_cells = self.runtime.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         res.device_peak_bytes = self.ledger.peaks()
         return res
+
+    # ------------------------------------------------------------ the context's limit
+
+    @property
+    def reply_room(self) -> int:
+        """Cells a turn keeps free for its reply when the conversation is fitted."""
+        return min(1024, self.n_ctx // 4)
+
+    def _count(self, extra: HistoryTurn | None, pixels: list[LoadedImage],
+               open_reply: str = "") -> int:
+        """KV cells the conversation (with `extra`) takes as a prompt: the template's tokens and
+        every image chunk's, as mtmd counts them (nothing is encoded)."""
+        assert self.runtime is not None
+        messages, keys = self._messages(extra)
+        text, added_special = self.runtime.format_chat(messages)
+        text += open_reply
+        if not keys:
+            return len(self.runtime.tokenize(text, not added_special))
+        with self._tokenize_text(text, not added_special, keys, pixels) as prompt:
+            return sum(len(p.tokens) if isinstance(p, TextPiece) else p.n_tokens
+                       for p in prompt.pieces)
+
+    def _fit(self, turn: HistoryTurn | None, pixels: list[LoadedImage], res: TurnResult,
+             open_reply: str = "") -> None:
+        """Make the conversation plus `turn` fit the context with room for the reply. A
+        message that cannot fit even alone is refused with the numbers (the history is left as
+        it was); else under `drop-oldest` older turns leave the model's memory: first the
+        images of turns before the last exchange, then the oldest exchanges. Under `stop` the
+        turn is refused."""
+        n = self._count(turn, pixels, open_reply)
+        limit = self.n_ctx - self.reply_room
+        res.memory_starts_at = self.forgotten
+        if n <= limit:
+            return
+        keep = 1 if turn is None else 0  # Continue: the question of the reply stays
+        saved = self.history
+        self.history = self.history[len(self.history) - keep:] if keep else []
+        alone = self._count(turn, pixels, open_reply)
+        self.history = saved
+        what = "this message" if turn is not None else "this reply with its question"
+        if alone > limit:
+            raise EbbError(f"{what} is {alone} tokens; the context holds {self.n_ctx} and "
+                           f"keeps {self.reply_room} for the reply",
+                           "shorten it, send fewer or smaller images, or raise the context length"
+                           if turn is not None else "raise the context length to go on")
+        if self.cfg.overflow == "stop":
+            raise EbbError(f"the conversation is {n} tokens, the context holds {self.n_ctx} "
+                           f"(with {self.reply_room} kept for the reply)",
+                           "start a new conversation, raise the context length, or let the "
+                           "oldest turns go (--overflow drop-oldest)")
+        before = n
+        while n > limit:
+            self._drop_oldest(res, keep)
+            n = self._count(turn, pixels, open_reply)
+        res.n_tokens_dropped = before - n
+        res.memory_starts_at = self.forgotten
+
+    def _drop_oldest(self, res: TurnResult, keep: int) -> None:
+        """One step of drop-oldest: the images of the oldest turn before the last exchange that
+        still has some, else the oldest exchange (a user turn and its replies)."""
+        h = list(self.history)
+        older = max(0, len(h) - 2 - keep)
+        for i in range(older):
+            if h[i].image_keys:
+                res.n_images_dropped += len(h[i].image_keys)
+                h[i] = replace(h[i], image_keys=())
+                self.history = h
+                return
+        end = 1
+        while end < len(h) - keep and h[end].role != "user":
+            end += 1
+        end = min(end, len(h) - keep)
+        assert end > 0, "_fit checked that the turn fits alone"
+        self.history = h[end:]
+        self.forgotten += end
+        res.n_turns_dropped += end
 
     def _check_device(self) -> None:
         endpoint = self.model.accel_endpoint
@@ -412,6 +509,8 @@ class Session:
             history.append(HistoryTurn(role, text, tuple(keys)))
         self.history = history
         self._reply_open = False
+        self._last_stop = ""
+        self.forgotten = 0
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
@@ -465,8 +564,11 @@ class Session:
         res.text = result.text
         res.gen = result.to_dict()
         del res.gen["text"]
+        assert self.runtime is not None
+        res.shifted_cells = self.runtime.last_shift[1]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
         self._reply_open = result.stop_reason in ("length", "cancelled")
+        self._last_stop = result.stop_reason
 
     def _run_prompt(self, prompt: Any, keys: list[str], gp: GenParams,
                     on_text: Callable[[str], None] | None, cancel: threading.Event | None,

@@ -171,7 +171,6 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     _send(qtbot, w, STORY)
     whole = store.messages(w.conv_id)[-1]
     assert whole.stats["stop_reason"] in ("stop", "context_full"), whole.stats
-    assert not w.continue_button.isVisible() or whole.stats["stop_reason"] != "stop"
 
     w._on_new_chat()
     w.gen_params = GenParams(temperature=0, max_tokens=40)
@@ -191,7 +190,9 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     assert msgs[-1].stats["continued"] == n
     shown = w.transcript.toPlainText()
     assert shown.count("Ebb\n") == 1 and shown.count("You\n") == 1
-    assert not w.continue_button.isVisible()
+    # a reply that filled the context may go on (older turns would make room); one that ended
+    # by itself may not
+    assert w.continue_button.isVisible() == (whole.stats["stop_reason"] == "context_full")
     store.close()
 
 

@@ -54,7 +54,8 @@ def _session_config(args: argparse.Namespace) -> SessionConfig:
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
         vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
-        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread)
+        mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
+        overflow=args.overflow)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -144,6 +145,9 @@ def register(sub: Any) -> None:
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
+    p.add_argument("--overflow", choices=["drop-oldest", "stop"], default="drop-oldest",
+                   help="when a turn does not fit the context: let the oldest turns go (images "
+                        "of older turns first; default) or refuse the turn")
     p.add_argument("--max-tokens", type=int, default=0,
                    help="cap on each reply's tokens (default 0: until the model stops or the "
                         "context is full)")

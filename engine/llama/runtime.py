@@ -26,6 +26,7 @@ from engine.llama import log as llama_log
 from engine.llama.lib import llama
 
 DEFAULT_CTX = 4096
+MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept
 _BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
 
 
@@ -229,6 +230,7 @@ class TextRuntime:
         self._n_past = 0  # the next position (under M-RoPE an image takes fewer than its cells)
         self._replan = False  # device buffers changed since the last graph: see reschedule
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
+        self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         try:
             self._load()
         except BaseException:
@@ -431,6 +433,8 @@ class TextRuntime:
             if a != b:
                 break
             n_keep += 1
+        self.last_shift = (0, 0)
+        n_keep = self._shift_to(keys, n_keep)
         n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
         if isinstance(keys[n_keep], tuple):  # never start inside an image: redo all of it
             while n_keep > 0 and isinstance(keys[n_keep - 1], tuple) and keys[n_keep - 1][0] == keys[n_keep][0]:
@@ -456,6 +460,53 @@ class TextRuntime:
         # wait, so the prompt's time is the prompt's and not the first token's
         L.llama_synchronize(self.ctx)
         return len(keys) - n_keep
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether cached cells can move to other positions (llama.cpp's K-shift): not under
+        M-RoPE, whose positions are not one number."""
+        L = llama()
+        return bool(L.llama_memory_can_shift(L.llama_get_memory(self.ctx)))
+
+    def _shift_to(self, keys: list[Any], n_keep: int) -> int:
+        """The cache holds S + D + K (+ more) and the prompt is S + K + …: drop D's cells and
+        move K's back to follow S (`llama_memory_seq_rm`, `llama_memory_seq_add`; llama.cpp
+        rotates their keys at the next decode), so K is not evaluated again. Returns the
+        prefix now kept. Used when the oldest turns of a conversation left the context."""
+        cached = self._cached
+        if n_keep >= len(cached) or n_keep >= len(keys) or not self.can_shift:
+            return n_keep
+        first = keys[n_keep]
+        if isinstance(first, tuple) and first[1] != 0:  # never from inside an image
+            return n_keep
+        best_b, best_m = -1, 0
+        for b in range(n_keep + 1, len(cached)):
+            if cached[b] != first:
+                continue
+            m, lim = 0, min(len(cached) - b, len(keys) - n_keep)
+            while m < lim and cached[b + m] == keys[n_keep + m]:
+                m += 1
+            if m > best_m:
+                best_b, best_m = b, m
+        if best_m < MIN_SHIFT_CELLS:
+            return n_keep
+        b, m = best_b, best_m
+        if isinstance(keys[n_keep + m - 1], tuple) and n_keep + m < len(keys) and \
+                isinstance(keys[n_keep + m], tuple) and keys[n_keep + m][0] == keys[n_keep + m - 1][0]:
+            return n_keep  # the match would end inside an image
+        L = llama()
+        mem = L.llama_get_memory(self.ctx)
+        p_keep, p_b = self._cell_pos[n_keep], self._cell_pos[b]
+        p_end = self._cell_pos[b + m] if b + m < len(cached) else self._n_past
+        delta = p_b - p_keep
+        L.llama_memory_seq_rm(mem, 0, p_end, -1)
+        L.llama_memory_seq_rm(mem, 0, p_keep, p_b)
+        L.llama_memory_seq_add(mem, 0, p_b, p_end, -delta)
+        self._cached = cached[:n_keep] + cached[b:b + m]
+        self._cell_pos = self._cell_pos[:n_keep] + [p - delta for p in self._cell_pos[b:b + m]]
+        self._n_past = p_end - delta
+        self.last_shift = (b - n_keep, m)
+        return n_keep + m
 
     def n_positions(self) -> int:
         """KV cells in use."""
