@@ -5,11 +5,13 @@ GUI thread only (engine events reach it through the window's queued slot).
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from app.store import Message, Store
+from app.store import Message, Store, StoreError
 from engine.config import SessionConfig
 
 
@@ -23,6 +25,7 @@ class Pending:
     continues: Message | None = None
 
 
+COMMIT_EVERY_S = 1.0  # a streaming reply is committed at least this often
 # stops after which a reply can go on (a full context: older turns make room, by the policy)
 CONTINUABLE = ("length", "cancelled", "context_full")
 
@@ -37,6 +40,9 @@ class ChatState:
         self.pending: Pending | None = None
         self.reply_parts: list[str] = []  # the streamed reply so far
         self.saved: Message | None = None  # the reply the last request saved
+        self.save_error: str | None = None  # why the last reply could not be saved
+        self.reply_id = 0  # the reply's row while it streams (committed about once a second)
+        self._committed_at = 0.0
         self.last_cfg: SessionConfig | None = None  # what the engine was last asked to load
         self._observers: list[Callable[[], None]] = []
 
@@ -124,7 +130,7 @@ class ChatState:
     def can_continue(self) -> bool:
         last = self.last_message()
         return (self.can_send() and last is not None and last.role == "assistant"
-                and last.stats.get("stop_reason") in CONTINUABLE)
+                and (last.stats.get("stop_reason") in CONTINUABLE or last.state == "interrupted"))
 
     def continue_last(self) -> Pending | None:
         """The last reply, to go on with (None when it cannot)."""
@@ -144,17 +150,37 @@ class ChatState:
         return Pending(user.text, user.images, user.id)
 
     def begin(self, pending: Pending) -> int:
-        """A request is on its way for `pending`; returns its id."""
+        """A request is on its way for `pending`; returns its id. The reply's row is made now
+        (state `streaming`), so what streams is committed as it comes."""
         self.request_id += 1
         self.pending = pending
         self.reply_parts = []
+        self.reply_id = 0
+        self._committed_at = time.monotonic()
+        if pending.continues is not None:
+            self.reply_id = pending.continues.id
+        else:
+            with contextlib.suppress(StoreError):  # a full disk: tried again at the end
+                self.reply_id = self.store.add_message(self.conv_id, "assistant", "",
+                                                       state="streaming")
         self.busy = True
         self._changed()
         return self.request_id
 
     def add_text(self, request_id: int, text: str) -> None:
-        if request_id == self.request_id:
-            self.reply_parts.append(text)
+        if request_id != self.request_id:
+            return
+        self.reply_parts.append(text)
+        if self.reply_id and time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
+            self.commit_reply()
+
+    def commit_reply(self) -> None:
+        """Commit the reply so far (a kill from here on loses nothing before this)."""
+        self._committed_at = time.monotonic()
+        before = self.pending.continues.text if self.pending and self.pending.continues else ""
+        with contextlib.suppress(StoreError):  # tried again in a second, and at the end
+            self.store.update_message(self.reply_id, before + "".join(self.reply_parts),
+                                      state="streaming")
 
     def finish(self, result: dict[str, Any]) -> Pending | None:
         """The request ended with `result` (the engine's turn): the reply is saved, or on an
@@ -162,24 +188,40 @@ class ChatState:
         pending, self.pending = self.pending, None
         failed = None
         self.saved = None
-        if pending is not None and pending.continues is not None:
-            old = pending.continues
-            if result.get("error"):
+        self.save_error = None
+        try:
+            if pending is not None and pending.continues is not None:
+                old = pending.continues
+                if result.get("error"):
+                    failed = pending
+                    self.store.update_message(old.id, old.text, state=old.state)
+                else:
+                    stats = self._remembered(result, continued_stats(old.stats, reply_stats(result)))
+                    text = old.text + result.get("text", "")
+                    self.saved = Message(old.id, "assistant", text, [], stats)
+                    self.store.update_message(old.id, text, stats)
+                self.saved = self.store.message(old.id) or self.saved
+            elif result.get("error") and pending is not None:
                 failed = pending
-            else:
-                stats = self._remembered(result, continued_stats(old.stats, reply_stats(result)))
-                self.store.update_message(old.id, old.text + result.get("text", ""), stats)
-            self.saved = self.store.message(old.id)
-        elif result.get("error") and pending is not None:
-            self.store.delete_message(pending.message_id)
-            failed = pending
-        elif pending is not None:
-            stats = self._remembered(result, reply_stats(result))
-            mid = self.store.add_message(self.conv_id, "assistant", result.get("text", ""),
-                                         stats=stats)
-            self.saved = self.store.message(mid)
-        self.busy = False
-        self._changed()
+                if self.reply_id:
+                    self.store.delete_message(self.reply_id)
+                self.store.delete_message(pending.message_id)
+            elif pending is not None:
+                stats = self._remembered(result, reply_stats(result))
+                self.saved = Message(self.reply_id, "assistant", result.get("text", ""), [], stats)
+                if self.reply_id:
+                    self.store.update_message(self.reply_id, self.saved.text, stats)
+                else:
+                    self.reply_id = self.store.add_message(self.conv_id, "assistant",
+                                                           self.saved.text, stats=stats)
+                self.saved = self.store.message(self.reply_id) or self.saved
+        except StoreError as exc:  # shown with the reply; the window is never left busy
+            self.save_error = str(exc)
+            if self.saved is not None:
+                self.saved.stats = {**self.saved.stats, "unsaved": str(exc)}
+        finally:
+            self.busy = False
+            self._changed()
         return failed
 
     def _remembered(self, result: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
@@ -197,9 +239,15 @@ class ChatState:
         if not self.busy or self.pending is None:
             return None
         pending, self.pending = self.pending, None
-        if pending.continues is None:
-            self.store.delete_message(pending.message_id)
-        self.busy = False
+        try:
+            if pending.continues is None:
+                if self.reply_id:
+                    self.store.delete_message(self.reply_id)
+                self.store.delete_message(pending.message_id)
+        except StoreError as exc:
+            self.save_error = str(exc)
+        finally:
+            self.busy = False
         self._changed()
         return pending
 

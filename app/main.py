@@ -1,12 +1,23 @@
 """`ebb`: the desktop window. Shows at once; the model loads in the background."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 STARTED = time.monotonic()
 
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C in the terminal: one line and exit 130 at once (start-up imports included). What
+    was saved is saved: the store commits every message, and a streaming reply every second."""
+    os.write(2, b"ebb: interrupted\n")
+    os._exit(130)
+
+
+signal.signal(signal.SIGINT, _interrupted)
+
 import argparse  # noqa: E402
-import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 import sys  # noqa: E402
 from typing import Any

@@ -214,10 +214,19 @@ class Transcript(QTextBrowser):
             cur.insertHtml(" ".join(self._image_html(p) for p in m.images))
         for part in split_all(m.text):
             self.insert_part(cur, part)
-        if m.stats:
+        if m.state == "interrupted":
+            cur.insertBlock(_block_format(top=2))
+            cur.insertHtml('<span style="color:#b26a00; font-size:small">interrupted: Ebb '
+                           'stopped before this reply was finished (Regenerate, or Continue '
+                           'to go on)</span>')
+        elif m.stats:
             cur.insertBlock(_block_format(top=2))
             cur.insertHtml(f'<span style="color:#777777; font-size:small">'
                            f'{html.escape(stats_line(m.stats))}</span>')
+        if m.stats.get("unsaved"):
+            cur.insertBlock(_block_format(top=2))
+            cur.insertHtml(f'<span style="color:#c62828; font-size:small">not saved: '
+                           f'{html.escape(str(m.stats["unsaved"]))}</span>')
 
     def insert_part(self, cur: QTextCursor, part: Part) -> None:
         """One block of a reply, in a block of its own after `cur`."""
@@ -250,7 +259,8 @@ class Transcript(QTextBrowser):
         if isinstance(url, QUrl) and url.scheme() == "thumb":
             path = url.path()
             if path not in self._thumbs:
-                self._thumbs[path] = QImage(thumb(Path(path)))
+                made = thumb(Path(path))
+                self._thumbs[path] = QImage(made) if made else _thumb_in_memory(Path(path))
             return self._thumbs[path]
         return super().loadResource(kind, url)
 
@@ -358,19 +368,29 @@ def _thumb_size(path: Path) -> tuple[int, int] | None:
     return max(1, round(w * scale)), max(1, round(h * scale))
 
 
+def _thumb_in_memory(path: Path) -> QImage:
+    """A thumbnail made without writing it (the thumbnail folder cannot be written)."""
+    img = QImage(str(path))
+    if img.isNull():
+        return img
+    return img.scaled(THUMB, THUMB, Qt.AspectRatioMode.KeepAspectRatio,
+                      Qt.TransformationMode.SmoothTransformation)
+
+
 def thumb(path: Path, size: int = THUMB) -> str:
     """A small copy of an image for the transcript (made once, kept beside the store)."""
     from PIL import Image
 
     out = path.parent.parent / "thumbs" / f"{path.stem}-{size}.png"
     if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)
             with Image.open(path) as im:
                 im.thumbnail((size, size))
                 tmp = out.with_suffix(".tmp")
                 im.convert("RGB").save(tmp, "PNG")
                 tmp.replace(out)
         except (OSError, ValueError):
+            out.with_suffix(".tmp").unlink(missing_ok=True)
             return ""
     return out.as_posix()

@@ -92,6 +92,13 @@ class MainWindow(QMainWindow):
         self.chat.open_first()
         self._refresh_conversations()
         self._show_conversation()
+        notes = [store.problem or ""]
+        if store.recovered:
+            notes.append(f"{store.recovered} repl{'y was' if store.recovered == 1 else 'ies were'} "
+                         "being written when Ebb stopped: kept as far as they got, marked "
+                         "interrupted (Regenerate or Continue).")
+        if any(notes):
+            self.show_notice(" ".join(n for n in notes if n))
         if load is not None:
             self.request_load.emit(load, self._rpc)
 
@@ -220,7 +227,9 @@ class MainWindow(QMainWindow):
         self._thread.start()
 
     def show_notice(self, text: str) -> None:
-        self.notice.setText(text)
+        """A line above the chat until the next start (what went wrong with the data folder,
+        what happened before a restart)."""
+        self.notice.setText((self.notice.text() + " " if self.notice.isVisible() else "") + text)
         self.notice.show()
 
     # ------------------------------------------------------------ conversations
@@ -250,7 +259,11 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_new_chat(self) -> None:
-        if not self.chat.new_conversation():
+        try:
+            if not self.chat.new_conversation():
+                return
+        except EbbError as exc:  # a full disk
+            self.statusBar().showMessage(f"Error: {exc}", 30000)
             return
         self.request_history.emit([])
         self._refresh_conversations()
@@ -265,13 +278,16 @@ class MainWindow(QMainWindow):
         rename = menu.addAction("Rename…")
         delete = menu.addAction("Delete")
         chosen = menu.exec(self.conversations.mapToGlobal(pos))
-        if chosen is rename:
-            title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=item.text())
-            if ok:
-                self.store.rename(cid, title)
-        elif chosen is delete and self.chat.delete(cid):
-            self._send_history()  # the open one went: another is open now
-            self._show_conversation()
+        try:
+            if chosen is rename:
+                title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=item.text())
+                if ok:
+                    self.store.rename(cid, title)
+            elif chosen is delete and self.chat.delete(cid):
+                self._send_history()  # the open one went: another is open now
+                self._show_conversation()
+        except EbbError as exc:  # a full disk
+            self.statusBar().showMessage(f"Error: {exc}", 30000)
         self._refresh_conversations()
 
     # ------------------------------------------------------------ rendering
@@ -323,8 +339,12 @@ class MainWindow(QMainWindow):
         if images and not self.vision_switch.isChecked():
             self.composer.show_error("Turn vision on to send images (no reload needed).")
             return
+        try:
+            pending = self.chat.add_user_message(text, images)
+        except EbbError as exc:  # not saved (a full disk): the composer keeps it all
+            self.composer.show_error(str(exc))
+            return
         self.composer.clear()
-        pending = self.chat.add_user_message(text, images)
         saved = self.store.message(pending.message_id)
         if saved is not None:
             self.transcript.append_message(saved)
@@ -389,8 +409,12 @@ class MainWindow(QMainWindow):
     def _on_settings(self) -> None:
         dlg = SettingsDialog(self._settings(), self)
         if dlg.exec():
-            for k, v in dlg.values().items():
-                self.store.set_setting(k, v)
+            try:
+                for k, v in dlg.values().items():
+                    self.store.set_setting(k, v)
+            except EbbError as exc:
+                self.statusBar().showMessage(f"Error: {exc}", 30000)
+                return
             self.gen_params = replace(self.gen_params, max_tokens=int(self._settings()["max_tokens"]))
             cfg = self.chat.last_cfg
             if cfg is not None and not self.chat.busy:
@@ -529,6 +553,8 @@ class MainWindow(QMainWindow):
                                          "devices that are left", 30000)
         self._take_stream()  # the last pieces, before the reply is shown as saved
         failed = self.chat.finish(r)
+        if self.chat.save_error:
+            self.statusBar().showMessage(f"Error: {self.chat.save_error}", 60000)
         if failed is not None:
             self._give_back(failed, r["error"])
         else:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.cli import bench, chat, devices, files, tuning
 from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, exit_on_interrupt
-from engine.errors import EbbError
+
+exit_on_interrupt()  # Ctrl-C from the first import on: one line, exit 130, no traceback
+
+from engine.cli import bench, chat, devices, files, tuning  # noqa: E402
+from engine.errors import EbbError  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
