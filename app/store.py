@@ -357,10 +357,25 @@ def _reason(exc: BaseException) -> str:
 def _salvage(bad: Path, into: sqlite3.Connection) -> tuple[int, int]:
     """Copy what can be read of a bad database into `into`, table by table and, where a read
     fails part way, row by row. Returns (conversations, messages) copied."""
-    try:
-        src = sqlite3.connect(f"file:{bad}?mode=ro", uri=True)
-    except sqlite3.DatabaseError:
-        return 0, 0
+    with tempfile.TemporaryDirectory(prefix="ebb-salvage-") as tmp:
+        # read a copy (with its WAL, so the newest commits count): SQLite never touches the
+        # original, which may sit in a folder that cannot be written
+        copy = Path(tmp) / "copy.sqlite3"
+        try:
+            shutil.copyfile(bad, copy)
+            wal = bad.with_name(bad.name + "-wal")
+            if wal.exists():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+            src = sqlite3.connect(copy)
+        except (OSError, sqlite3.DatabaseError):
+            try:
+                src = sqlite3.connect(f"file:{bad}?mode=ro&immutable=1", uri=True)
+            except sqlite3.DatabaseError:
+                return 0, 0
+        return _copy_rows(src, into)
+
+
+def _copy_rows(src: sqlite3.Connection, into: sqlite3.Connection) -> tuple[int, int]:
     try:
         for table, cols in SALVAGE.items():
             rows = _readable_rows(src, table, cols)

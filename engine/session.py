@@ -127,6 +127,7 @@ class Session:
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
         self.before_restore: Callable[[int], None] | None = None
+        events.pause_point("load")
         self.model = ModelResidency(cfg, self.info, self.n_ctx, self.n_threads, self._emit,
                                     lambda: self._request_id)
         self._stack = contextlib.ExitStack()
@@ -588,6 +589,7 @@ class Session:
         else:
             items = list(prompt)
         accel = self.placement.accel or CPU
+        events.pause_point("prefill")
         t_start = time.monotonic()
         result = self.runtime.generate_from(items, gp, on_text, cancel)
         t_pre = t_start + result.prompt_s

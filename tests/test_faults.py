@@ -155,3 +155,334 @@ def test_the_window_says_where_the_models_memory_begins(qtbot, tmp_path):
     w._show_conversation()
     assert w.transcript.toPlainText() == shown
     store.close()
+
+
+# ------------------------------------------------------------ killed in the middle
+
+LONG = "Write a long story about a lighthouse keeper and a storm."
+
+
+def _window_process(data: Path, extra_env: dict[str, str], *args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(data), **extra_env)
+    for k in ("EBB_NOTICE", "EBB_LOST_RPC", "EBB_RESTARTS"):
+        env.pop(k, None)
+    return subprocess.Popen([sys.executable, "-m", "app", "--threads", str(N_THREADS), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_line(stream, needle: str, timeout: float = 120) -> None:
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], 1.0)
+        if ready:
+            line = stream.readline()
+            if needle in line:
+                return
+            if not line:
+                break
+    raise AssertionError(f"never saw {needle!r}")
+
+
+@pytest.mark.parametrize("moment", ["load", "prefill", "encode", "evict", "decode"])
+def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot, base_projector,
+                                                        pictures, shared_rpc_server):
+    """SIGKILL while the window loads, prefills, encodes, swaps (evict) or streams the reply:
+    the next start opens every conversation with every committed message, the interrupted
+    reply marked (with Regenerate), and the database passes integrity_check."""
+    import signal
+    import sqlite3
+    import time
+
+    from app.store import Store
+    from tests.test_app import _open_windows, wait_for
+
+    data = tmp_path / "data"
+    store = Store(data)
+    old = store.create_conversation("Before")
+    store.add_message(old, "user", "An earlier question.")
+    store.add_message(old, "assistant", "An earlier answer.", stats={"stop_reason": "stop"})
+    store.set_setting("ctx", 2048)
+    store.close()
+    env = {"EBB_TEST_SEND": LONG}
+    args = ["--model", "default", "--mmproj", ""]
+    if moment != "decode":
+        env["EBB_TEST_PAUSE_AT"] = moment
+    if moment in ("encode", "evict"):
+        env["EBB_TEST_IMAGE"] = str(pictures["a.png"])
+        args = ["--model", "default", "--mmproj", str(base_projector)]
+        if moment == "evict":
+            args += ["--rpc", shared_rpc_server.endpoint]
+            s = Store(data)
+            s.set_setting("vision", "swap")
+            s.set_setting("vram_budget", "300MiB")
+            s.close()
+        else:
+            s = Store(data)
+            s.set_setting("vision", "cpu")
+            s.close()
+    proc = _window_process(data, env, *args)
+    try:
+        if moment == "decode":
+            _wait_for_line(proc.stdout, "streaming")
+            time.sleep(2.5)  # more than a second of reply: committed at least once
+        else:
+            _wait_for_line(proc.stderr, f"ebb-test: paused in {moment}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    db = sqlite3.connect(data / "ebb.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+    store = Store(data)
+    try:
+        msgs = store.messages(old)  # the window sends into the conversation it opened
+        assert [m.text for m in msgs[:2]] == ["An earlier question.", "An earlier answer."]
+        if moment == "load":
+            assert len(msgs) == 2 and store.recovered == 0
+            return
+        assert msgs[2].role == "user" and msgs[2].text == LONG
+        if moment in ("encode", "evict"):
+            assert len(msgs[2].images) == 1 and msgs[2].images[0].exists()
+        assert store.recovered == 1 and len(msgs) == 4
+        assert msgs[-1].role == "assistant" and msgs[-1].state == "interrupted"
+        if moment == "decode":
+            assert len(msgs[-1].text) > 20  # what streamed before the last second is kept
+        # the window opens it: the reply marked, Regenerate offered
+        from app.settings import session_config
+        from app.window import MainWindow
+
+        cfg, rpc = session_config(store, "default", "")
+        store.set_setting("vision", "auto")
+        w = MainWindow(store, cfg, [])
+        _open_windows.append(w)
+        qtbot.addWidget(w)
+        w.show()
+        wait_for(lambda: w.chat.loaded)
+        w.chat.select(old)
+        w._show_conversation()
+        assert "interrupted: Ebb stopped before this reply was finished" in w.transcript.toPlainText()
+        assert w.regen_button.isEnabled() and w.continue_button.isVisible()
+    finally:
+        store.close()
+
+
+# ------------------------------------------------------------ the data folder going bad
+
+
+def _fill_store(folder: Path, n_conv: int = 30) -> dict[int, list[str]]:
+    from app.store import Store
+
+    store = Store(folder)
+    texts = {}
+    for c in range(n_conv):
+        cid = store.create_conversation(f"Chat {c}")
+        texts[cid] = []
+        for k in range(6):
+            t = f"Message {k} of chat {c}: " + "words about the sea and the light. " * 8
+            store.add_message(cid, "user" if k % 2 == 0 else "assistant", t)
+            texts[cid].append(t)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    return texts
+
+
+def _window_without_model(qtbot, store):
+    from app.window import MainWindow
+    from tests.test_app import _open_windows
+
+    w = MainWindow(store, None)
+    _open_windows.append(w)
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def test_a_damaged_database_is_moved_aside_and_what_can_be_read_is_shown(tmp_path, qtbot):
+    import hashlib
+    import random
+
+    from app.store import Store
+
+    data = tmp_path / "data"
+    texts = _fill_store(data)
+    db = data / "ebb.sqlite3"
+    raw = bytearray(db.read_bytes())
+    page = 4096
+    n_pages = len(raw) // page
+    victim = n_pages // 2
+    raw[victim * page:(victim + 1) * page] = random.Random(7).randbytes(page)
+    db.write_bytes(bytes(raw))
+    bad_hash = hashlib.sha256(bytes(raw)).hexdigest()
+
+    store = Store(data)
+    try:
+        assert store.problem and "moved aside" in store.problem and str(db) in store.problem
+        aside = [p for p in data.iterdir() if p.name.startswith("ebb.sqlite3.bad-")
+                 and not p.name.endswith(("-wal", "-shm"))]
+        assert len(aside) == 1 and hashlib.sha256(aside[0].read_bytes()).hexdigest() == bad_hash
+        convs = store.conversations()
+        assert 0 < len(convs)
+        for c in convs:  # what was read is what was written
+            assert all(m.text in texts[c.id] for m in store.messages(c.id))
+        assert sum(len(store.messages(c.id)) for c in convs) > len(texts) * 6 // 3
+        # the window opens, says what happened and where, and lists what could be read
+        w = _window_without_model(qtbot, store)
+        assert w.notice.isVisible() and aside[0].name in w.notice.text()
+        assert w.conversations.count() == len(convs)
+        # and the fresh database works
+        cid = store.create_conversation("After")
+        store.add_message(cid, "user", "still here")
+    finally:
+        store.close()
+    again = Store(data)
+    assert again.problem is None and "After" in [c.title for c in again.conversations()]
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["text file", "newer schema"])
+def test_a_database_that_is_not_ours_is_kept_and_a_fresh_one_used(kind, tmp_path):
+    import sqlite3
+
+    from app.store import Store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    db = data / "ebb.sqlite3"
+    if kind == "text file":
+        db.write_text("these are my notes, not a database\n" * 50)
+    else:
+        _fill_store(data, n_conv=3)
+        con = sqlite3.connect(db)
+        con.execute("PRAGMA user_version=99")
+        con.commit()
+        con.close()
+    before = db.read_bytes()
+    store = Store(data)
+    try:
+        aside = [p for p in data.iterdir() if p.name.startswith("ebb.sqlite3.bad-")
+                 and not p.name.endswith(("-wal", "-shm"))]
+        assert len(aside) == 1 and aside[0].read_bytes() == before
+        assert store.problem and aside[0].name in store.problem
+        if kind == "newer schema":
+            assert "newer version of Ebb" in store.problem
+            assert len(store.conversations()) == 3  # read from it all the same
+        else:
+            assert "not a database" in store.problem and store.conversations() == []
+        store.add_message(store.create_conversation(), "user", "works")
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (root), to fill up or make read-only."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip()}): needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill_disk(mount: Path) -> Path:
+    filler = mount / f"filler-{len(list(mount.glob('filler-*')))}"
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to flush at close
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+    return filler
+
+
+def test_an_unwritable_data_folder_opens_in_memory_with_what_can_be_read(small_disk, qtbot):
+    import subprocess
+
+    from app.store import Store
+
+    data = small_disk / "data"
+    _fill_store(data, n_conv=2)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    store = Store(data)
+    try:
+        assert store.in_memory and "cannot be written" in store.problem and str(data) in store.problem
+        assert len(store.conversations()) == 2
+        w = _window_without_model(qtbot, store)
+        assert w.notice.isVisible() and "nothing in this session will be saved" in w.notice.text()
+        cid = store.create_conversation("in memory")
+        store.add_message(cid, "user", "kept for this session")
+        assert [m.text for m in store.messages(cid)] == ["kept for this session"]
+    finally:
+        store.close()
+
+
+def test_a_full_disk_at_start_opens_in_memory(small_disk):
+    from app.store import Store
+
+    _fill_disk(small_disk)
+    store = Store(small_disk / "data")
+    try:
+        assert store.in_memory and "the disk is full" in store.problem
+        store.add_message(store.create_conversation(), "user", "kept in memory")
+    finally:
+        store.close()
+
+
+def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, pictures,
+                                                           tiny_projector):
+    from app.store import Store
+    from tests.test_app import _send, _window, wait_for
+
+    data = small_disk / "data"
+    store = Store(data)
+    store.set_setting("threads", N_THREADS)
+    store.set_setting("ctx", 1024)
+    w = _window(qtbot, store, mmproj=str(tiny_projector), vision="cpu")
+    w.gen_params = GP
+    filler = _fill_disk(small_disk)
+    # sending: nothing saved, nothing lost, nothing half-written, said in the window
+    w.composer.edit.setPlainText("A question while the disk is full.")
+    w.composer.add_image(pictures["a.png"])
+    w.send_message()
+    assert not w.chat.busy
+    assert w.composer.text() == "A question while the disk is full." and len(w.composer.images) == 1
+    assert "the disk is full" in w.composer.error.text()
+    assert store.messages(w.conv_id) == []
+    assert not [p for p in (data / "images").iterdir() if p.suffix == ".part"]
+    # space again: it goes
+    filler.unlink()
+    w.send_message()
+    wait_for(lambda: not w.chat.busy)
+    assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"]
+    # the disk fills while the reply is written: the window is not left busy, says so
+    w.gen_params = GenParams(max_tokens=200, temperature=0)
+    w.composer.edit.setPlainText("Write a long story about a lighthouse keeper and a storm.")
+    w.send_message()
+    wait_for(lambda: len(w.chat.reply_parts) > 2, timeout=60_000)
+    _fill_disk(small_disk)
+    wait_for(lambda: not w.chat.busy)
+    assert w.chat.save_error and "the disk is full" in w.chat.save_error
+    shown = w.transcript.toPlainText()
+    assert "not saved: could not save the reply: the disk is full" in shown
+    reply_start = "".join(w.chat.reply_parts).split()[0]
+    assert reply_start in shown.split("Write a long story")[-1]  # the unsaved reply is shown
+    assert w.send_button.isEnabled() and not w.stop_button.isEnabled()
+    w._on_new_chat()  # New chat and Stop still answer
+    w._on_stop()
+    store.close()

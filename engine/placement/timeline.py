@@ -26,6 +26,7 @@ class Timeline:
     @contextlib.contextmanager
     def step(self, name: str, device: str, n_bytes: int = 0, detail: str = "") -> Iterator[None]:
         """Time the block as step `name` (also when it raises)."""
+        events.pause_point(name)
         t0 = time.monotonic()
         try:
             yield
