@@ -20,3 +20,8 @@ class EbbError(Exception):
 class DeviceLost(EbbError):
     """A remote device went away. The session must be rebuilt on the devices that are left;
     nothing may be freed on the lost one (ggml would abort)."""
+
+
+class TurnCancelled(Exception):
+    """Stop was pressed before the reply started (during the images' encoding or a swap): the
+    plan's cleanup steps have run, the model is back where it was."""

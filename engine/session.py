@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 from engine import events
 from engine.config import SessionConfig
-from engine.errors import DeviceLost, EbbError
+from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
     model_info,
@@ -253,10 +253,17 @@ class Session:
             pending = [i for i in pending if self.encoder.key(i) in kept]
             messages, keys = self._messages(turn)
             with self._tokenize(messages, keys, pending + images) as prompt:
-                self._encode_new(prompt, keys, images, res, tl)
+                self._encode_new(prompt, keys, images, res, tl, cancel)
                 self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
         except EbbError as exc:
             res.error = str(exc)
+        except TurnCancelled as exc:  # Stop before the reply: the message stays, no reply yet
+            res.reason = (res.reason + "; " if res.reason else "") + str(exc)
+            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
+                       "stop_reason": "cancelled"}
+            self.history = self.history + [turn, HistoryTurn("assistant", "")]
+            self._reply_open = False
+            self._last_stop = "cancelled"
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
@@ -298,7 +305,7 @@ class Session:
                           else contextlib.nullcontext(self.runtime.tokenize(text, not added_special)))
                 self.history = self.history + [before]  # kept if anything below fails
                 with prompt as p:
-                    self._encode_new(p, keys, [], res, tl)
+                    self._encode_new(p, keys, [], res, tl, cancel)
                     result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
@@ -310,6 +317,10 @@ class Session:
             res.shifted_cells = self.runtime.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
+        except TurnCancelled as exc:  # the reply stays as it was
+            res.reason = str(exc)
+            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
+                       "stop_reason": "cancelled"}
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
@@ -448,7 +459,7 @@ class Session:
         return prompt
 
     def _encode_new(self, prompt: Any, keys: list[str], images: list[LoadedImage],
-                    res: TurnResult, tl: Timeline) -> None:
+                    res: TurnResult, tl: Timeline, cancel: threading.Event | None = None) -> None:
         """Encode every image chunk of the prompt that is not cached yet (the message's images
         and any earlier ones, e.g. after a conversation is reopened), in one plan."""
         if not isinstance(prompt, TokenizedPrompt):
@@ -486,7 +497,7 @@ class Session:
         res.strategy, res.reason = plan.strategy, plan.reason
         res.swap_mover, res.mover_note = plan.mover, plan.mover_note
         tl.plan = plan
-        run = PlanRun(plan, list(todo.values()), self.model, enc, tl, self.before_restore)
+        run = PlanRun(plan, list(todo.values()), self.model, enc, tl, self.before_restore, cancel)
         try:
             run.run()
         finally:

@@ -486,3 +486,58 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     w._on_new_chat()  # New chat and Stop still answer
     w._on_stop()
     store.close()
+
+
+# ------------------------------------------------------------ Stop anywhere
+
+
+def _layers_on_device(s: Session) -> list[int]:
+    """Where the live mover has each layer now (not where the plan wanted it)."""
+    return [i for i, where in enumerate(s.model.layer_state) if where != "CPU"]
+
+
+@pytest.mark.parametrize("stop_after", ["encode", "evict", "free_projector", "decode"])
+def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, model_path,
+                                                                    base_projector, pictures,
+                                                                    shared_rpc_server):
+    """Stop after the first image's encode (the second is skipped), right after the evict
+    (nothing is encoded), while the layers come back (after the projector is freed: the restore
+    still runs) and during decode: the model ends at its placement, the ledger at its value
+    before the turn, and the next turn works."""
+    import threading
+
+    from engine.llama.devices import connect_rpc
+
+    connect_rpc(shared_rpc_server.endpoint)
+    cancel = threading.Event()
+    seen: list[str] = []
+
+    def emit(ev) -> None:
+        name = getattr(ev, "name", None)
+        if name:
+            seen.append(name)
+            if name == stop_after and stop_after != "decode":
+                cancel.set()
+
+    cfg = SessionConfig(model_path, base_projector, n_ctx=1024, n_threads=N_THREADS,
+                        vision="swap", vram_budget_bytes=300 * 2**20, mover="live",
+                        rpc=(shared_rpc_server.endpoint,))
+    with Session(cfg, emit=emit) as s:
+        s.turn("Hello.", gp=GP)
+        placed, ledger = _layers_on_device(s), s.ledger.total(s.accel)
+        assert placed
+        on_text = (lambda t: cancel.set()) if stop_after == "decode" else None
+        res = s.turn("What is in these pictures?", [pictures["a.png"], pictures["b.jpg"]],
+                     GenParams(max_tokens=40, temperature=0), on_text=on_text, cancel=cancel)
+        assert res.error is None and res.gen["stop_reason"] == "cancelled", res.to_dict()
+        assert "restore" in seen and seen.index("restore") > seen.index("evict")
+        if stop_after == "encode":
+            assert res.n_image_chunks_encoded == 2 and seen.count("encode") == 1
+        if stop_after == "evict":
+            assert "encode" not in seen
+        assert _layers_on_device(s) == placed
+        assert s.ledger.total(s.accel) == ledger
+        cancel.clear()
+        again = s.turn("Thanks. And now?", gp=GP)
+        assert again.error is None and again.gen["n_gen_tokens"] > 0
+        assert _layers_on_device(s) == placed and s.ledger.total(s.accel) == ledger

@@ -9,16 +9,19 @@ each): the executor keeps no plan of its own.
   host-only instance of the model), encode, free it, rebuild the model, restore the state.
 
 If a step fails, the remaining cleanup steps (free_projector, restore, restore_state) still run
-so the model always comes back, and the first error is raised after them. Each step is a span
-on the timeline. Engine thread only.
+so the model always comes back, and the first error is raised after them. Stop (the cancel
+event) is honoured between steps and between image chunks the same way: the work steps left
+are skipped, the cleanup steps run, then TurnCancelled is raised. Each step is a span on the
+timeline. Engine thread only.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.errors import EbbError
+from engine.errors import EbbError, TurnCancelled
 from engine.llama.devices import wait_until_done
 from engine.placement.plan import CPU, PlannedStep, VisionPlan
 from engine.placement.residency import ModelResidency
@@ -45,8 +48,10 @@ class PlanRun:
 
     def __init__(self, plan: VisionPlan, todo: list[ChunkWork], model: ModelResidency,
                  encoder: ImageEncoder, timeline: Timeline,
-                 before_restore: Callable[[int], None] | None = None) -> None:
+                 before_restore: Callable[[int], None] | None = None,
+                 cancel: threading.Event | None = None) -> None:
         self.plan = plan
+        self.cancel = cancel
         self.todo = todo
         self.model = model
         self.encoder = encoder
@@ -64,6 +69,8 @@ class PlanRun:
     def run(self) -> None:
         error: BaseException | None = None
         for step in self.plan.steps:
+            if error is None and self._cancelled():
+                error = TurnCancelled("stopped before the reply started")
             if error is not None and step.name not in CLEANUP_STEPS:
                 continue
             try:
@@ -74,6 +81,9 @@ class PlanRun:
         if error is not None:
             raise error
 
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
     # ------------------------------------------------------------ steps
 
     def _encode(self, step: PlannedStep) -> None:
@@ -83,6 +93,8 @@ class PlanRun:
             pr = self._projector or self.encoder.on_device
         assert pr is not None
         for w in self.todo:
+            if self._cancelled():  # the chunks encoded so far stay cached
+                raise TurnCancelled("stopped while encoding the images")
             label = w.name if w.piece.index == 0 else f"{w.name} [{w.piece.index + 1}]"
             with self.tl.step("encode", step.device, w.n_bytes, label):
                 self.encoder.encode(pr, w.piece, w.key, step.device, w.name)
