@@ -43,6 +43,9 @@ class SettingsDialog(QDialog):
         self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
                                    value=int(v["max_tokens"]),
                                    specialValueText="none (until the model stops)")
+        self.image_cache = QLineEdit(v["image_cache"], placeholderText="1GiB",
+                                     toolTip="Image embeddings kept in RAM; the least recently "
+                                             "used leave first and are encoded again if needed")
         self.overflow = QComboBox()
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
         self.overflow.addItem("stop and say so", "stop")
@@ -65,6 +68,7 @@ class SettingsDialog(QDialog):
         form.addRow("Image token limit", self.img_tokens)
         form.addRow("Reply length cap", self.max_tokens)
         form.addRow("When the context is full", self.overflow)
+        form.addRow("Image cache", self.image_cache)
         form.addRow("Flash attention", self.flash)
         form.addRow("Vision strategy", self.vision)
         form.addRow("RPC servers", self.rpc)
@@ -80,6 +84,7 @@ class SettingsDialog(QDialog):
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
+                "image_cache": self.image_cache.text().strip(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
 
     def _on_ok(self) -> None:
@@ -89,6 +94,8 @@ class SettingsDialog(QDialog):
             v = self.values()
             if v["vram_budget"]:
                 parse_size(v["vram_budget"])
+            if v["image_cache"]:
+                parse_size(v["image_cache"])
             for r in v["rpc"]:
                 parse_endpoint(r)
         except EbbError as exc:

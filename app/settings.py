@@ -19,7 +19,7 @@ DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a pic
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False, "max_tokens": 0,
-                            "overflow": "drop-oldest"}
+                            "overflow": "drop-oldest", "image_cache": "1GiB"}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -44,7 +44,8 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
         image_max_tokens=int(s["image_max_tokens"]),
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
-        spread=bool(s["spread"]), overflow=str(s["overflow"]))
+        spread=bool(s["spread"]), overflow=str(s["overflow"]),
+        image_cache_bytes=parse_size(s["image_cache"]) if s["image_cache"] else 1 << 30)
     servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
 

@@ -29,3 +29,5 @@ class SessionConfig:
     # when the next turn does not fit the context: drop-oldest (images of older turns first,
     # then the oldest whole exchanges; the cache is shifted where the model allows) | stop
     overflow: str = "drop-oldest"
+    # bytes of image embeddings kept (least recently used leave first; encoded again if needed)
+    image_cache_bytes: int = 1 << 30

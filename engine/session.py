@@ -264,6 +264,8 @@ class Session:
             self.history = self.history + [turn, HistoryTurn("assistant", "")]
             self._reply_open = False
             self._last_stop = "cancelled"
+        finally:
+            self.encoder.pin(set())  # the cache may keep to its limit again
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
@@ -321,6 +323,8 @@ class Session:
             res.reason = str(exc)
             res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
                        "stop_reason": "cancelled"}
+        finally:
+            self.encoder.pin(set())
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
@@ -465,6 +469,8 @@ class Session:
         if not isinstance(prompt, TokenizedPrompt):
             return
         enc = self.encoder
+        # every chunk of this prompt stays in the cache until the turn ends (see turn)
+        enc.pin({enc.chunk_key(keys[p.image], p.index) for p in prompt.images()})
         names = {enc.key(i): (Path(i.path).name, len(i.rgb)) for i in images}
         todo: dict[str, ChunkWork] = {}
         for piece in prompt.images():

@@ -541,3 +541,52 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
         again = s.turn("Thanks. And now?", gp=GP)
         assert again.error is None and again.gen["n_gen_tokens"] > 0
         assert _layers_on_device(s) == placed and s.ledger.total(s.accel) == ledger
+
+
+# ------------------------------------------------------------ bounded memory
+
+
+def test_the_image_cache_keeps_to_its_limit_and_encodes_again_what_left(model_path, tiny_projector,
+                                                                      pictures):
+    def run(cache_bytes: int) -> tuple[list[str], list[int], int, int]:
+        cfg = SessionConfig(model_path, tiny_projector, n_ctx=1024, n_threads=N_THREADS,
+                            accel="CPU", vision="cpu", image_cache_bytes=cache_bytes)
+        with Session(cfg) as s:
+            texts, encoded = [], []
+            for text, images in (("What is this?", [pictures["a.png"]]),
+                                 ("And this one?", [pictures["b.jpg"]]),
+                                 ("Compare the two pictures.", [])):
+                r = s.turn(text, images, GP)
+                assert r.error is None
+                texts.append(r.text)
+                encoded.append(r.n_image_chunks_encoded)
+                assert s.encoder.cache_bytes <= cache_bytes or cache_bytes < 1
+            return texts, encoded, s.encoder.n_evicted, s.encoder.cache_bytes
+
+    big_texts, big_encoded, big_evicted, _ = run(1 << 30)
+    small_texts, small_encoded, small_evicted, left = run(1)  # nothing kept between turns
+    assert big_evicted == 0 and big_encoded[2] == 0
+    assert small_evicted > 0 and left == 0
+    assert small_encoded[1] > big_encoded[1] and small_encoded[2] > 0  # encoded again
+    assert small_texts == big_texts  # the same replies
+
+
+def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector, shared_rpc_server,
+                                                     tmp_path):
+    from engine.cli.bench import _soak_pictures
+    from engine.llama.devices import connect_rpc
+    from engine.measure.soak import soak
+
+    connect_rpc(shared_rpc_server.endpoint)
+    cfg = SessionConfig(model_path, tiny_projector, n_ctx=512, n_threads=N_THREADS, vision="swap",
+                        vram_budget_bytes=150 * 2**20, rpc=(shared_rpc_server.endpoint,),
+                        image_cache_bytes=64 * 1024)
+    res = soak(cfg, 18, _soak_pictures(tmp_path, 6), image_every=3,
+               server_pid=shared_rpc_server.proc.pid, warmup=6)
+    out = res.to_dict()
+    print("\nsoak:", {k: v for k, v in out.items() if k != "errors"})
+    assert out["errors"] == []
+    assert out["swaps"] == 6 and out["cache_evictions"] > 0 and out["turns_dropped"] > 0
+    assert out["fds_end"] == out["fds_after_first_turn"]
+    assert out["ledger_end"] == out["ledger_after_first_turn"]
+    assert out["image_cache_bytes_end"] <= 64 * 1024

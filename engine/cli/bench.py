@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from engine.cli.common import flag_parser
+from engine.errors import EbbError
 from engine.units import fmt_bytes
 
 
@@ -73,6 +75,90 @@ def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    import sys
+    import tempfile
+
+    from engine.config import SessionConfig
+    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
+    from engine.measure.soak import soak
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
+    with tempfile.TemporaryDirectory(prefix="ebb-soak-") as tmp:
+        pictures = _soak_pictures(Path(tmp), args.n_pictures)
+        server = None
+        rpc = tuple(args.rpc)
+        if not rpc:  # a stand-in accelerator of our own, so its memory can be read too
+            server = _start_rpc_server(args.threads)
+            rpc = (server[1],)
+        from engine.llama.devices import connect_rpc
+
+        for endpoint in rpc:
+            connect_rpc(endpoint)
+        cfg = SessionConfig(model_path=model, mmproj_path=mmproj, n_ctx=args.ctx,
+                            n_threads=args.threads, vision="swap", rpc=rpc,
+                            vram_budget_bytes=parse_size(args.vram_budget),
+                            image_cache_bytes=parse_size(args.image_cache))
+        try:
+            res = soak(cfg, args.turns, pictures, args.image_every,
+                       server_pid=server[0].pid if server else None,
+                       log=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+        finally:
+            if server is not None:
+                server[0].terminate()
+                server[0].wait(30)
+    out = res.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    mib = 2**20
+    print(f"{out['turns']} turns, {out['images']} images, {out['swaps']} swaps, "
+          f"{out['cache_evictions']} image chunks left the cache, {out['turns_dropped']} turns "
+          f"left the context, {len(res.errors)} errors")
+    print(f"process RSS  {out['rss_after_warmup'] / mib:.1f} MiB after warm-up -> "
+          f"{out['rss_end'] / mib:.1f} MiB at the end ({out['rss_growth_after_warmup'] / mib:+.1f} MiB)")
+    if out["server_rss_end"]:
+        print(f"server RSS   {out['server_rss_after_warmup'] / mib:.1f} MiB -> "
+              f"{out['server_rss_end'] / mib:.1f} MiB")
+    print(f"open fds     {out['fds_after_first_turn']} -> {out['fds_end']}")
+    print(f"ledger       {fmt_bytes(out['ledger_after_first_turn'])} -> {fmt_bytes(out['ledger_end'])}")
+    return 0
+
+
+def _soak_pictures(folder: Path, n: int) -> list[Path]:
+    from PIL import Image
+
+    out = []
+    for i in range(n):
+        p = folder / f"soak-{i}.png"
+        Image.new("RGB", (320 + 16 * (i % 5), 240), ((i * 53) % 256, (i * 97) % 256, 140)).save(p)
+        out.append(p)
+    return out
+
+
+def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "rpc-serve", "--port", str(port),
+                             "--threads", str(threads or 2)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"127.0.0.1:{port}"
+        time.sleep(0.1)
+    proc.kill()
+    raise EbbError("the stand-in RPC server did not start")
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -94,3 +180,16 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--recalibrate", action="store_true", help="calibrate again first")
     p.set_defaults(func=cmd_bench_calibrate)
+
+    p = bench.add_parser("soak", help="a long session with images and swaps: memory, descriptors "
+                                      "and the ledger before and after",
+                         parents=[flag_parser("rpc", "model", "threads", "json")])
+    p.add_argument("--mmproj", default=None, help="default: the demo projector")
+    p.add_argument("--turns", type=int, default=200)
+    p.add_argument("--image-every", type=int, default=3)
+    p.add_argument("--n-pictures", type=int, default=24, help="distinct pictures, used in turn")
+    p.add_argument("--image-cache", default="256KiB", metavar="SIZE",
+                   help="small, so the cache works at its limit")
+    p.add_argument("--vram-budget", default="300MiB", metavar="SIZE")
+    p.add_argument("--ctx", type=int, default=1024)
+    p.set_defaults(func=cmd_bench_soak)

@@ -55,7 +55,7 @@ def _session_config(args: argparse.Namespace) -> SessionConfig:
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
         vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
-        overflow=args.overflow)
+        overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -145,6 +145,9 @@ def register(sub: Any) -> None:
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
+    p.add_argument("--image-cache", default="1GiB", metavar="SIZE",
+                   help="most image embeddings kept in RAM (least recently used leave first and "
+                        "are encoded again when needed; default 1GiB)")
     p.add_argument("--overflow", choices=["drop-oldest", "stop"], default="drop-oldest",
                    help="when a turn does not fit the context: let the oldest turns go (images "
                         "of older turns first; default) or refuse the turn")

@@ -1,9 +1,11 @@
 """The vision side of a session: the projector held in RAM, the one borrowed on the accelerator
-(resident, or for the length of a swap), the embeddings of every image seen (by content hash
-and projector), and the vision costs the planner weighs, learned from measured steps.
-Engine thread only."""
+(resident, or for the length of a swap), the embeddings of the images seen (by content hash
+and projector; at most `image_cache_bytes`, least recently used first out, an image that left
+is encoded again when a turn needs it), and the vision costs the planner weighs, learned from
+measured steps. Engine thread only."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 from dataclasses import replace
@@ -54,7 +56,11 @@ class ImageEncoder:
         self.enabled = info is not None
         self.ram: ProjectorRuntime | None = None
         self.on_device: ProjectorRuntime | None = None  # resident, or borrowed for a swap
-        self._cache: dict[str, Encoded] = {}  # chunk key (image key#index) -> embeddings
+        # chunk key (image key#index) -> embeddings, least recently used first
+        self._cache: collections.OrderedDict[str, Encoded] = collections.OrderedDict()
+        self.cache_bytes = 0
+        self.n_evicted = 0  # chunks that left the cache for its limit
+        self._pinned: set[str] = set()  # chunks the turn in progress needs: never evicted
         self._layout: dict[str, tuple[int, int, int]] = {}  # image key -> width, height, chunks
         self._paths: dict[str, str] = {}  # image key -> image file, to encode it again later
         self._proj_id = ""
@@ -145,12 +151,28 @@ class ImageEncoder:
         self._layout[key] = (bitmap.width, bitmap.height, n_chunks)
 
     def embeddings(self, chunk_key: str) -> Any:
+        self._cache.move_to_end(chunk_key)  # used: the last to leave
         return self._cache[chunk_key].embeddings
+
+    def pin(self, chunk_keys: set[str]) -> None:
+        """The chunks of the turn in progress: kept whatever the limit until `pin(set())`."""
+        self._pinned = set(chunk_keys)
+        self._trim()
+
+    def _trim(self) -> None:
+        limit = self.cfg.image_cache_bytes
+        for k in list(self._cache):
+            if self.cache_bytes <= limit:
+                break
+            if k in self._pinned:
+                continue
+            self.cache_bytes -= self._cache.pop(k).embeddings.nbytes
+            self.n_evicted += 1
 
     def forget(self, img: LoadedImage) -> None:
         key = self.key(img)
         for k in [k for k in self._cache if k.startswith(key + "#")]:
-            del self._cache[k]
+            self.cache_bytes -= self._cache.pop(k).embeddings.nbytes
 
     def pending(self, keys: list[str]) -> tuple[list[LoadedImage], list[str]]:
         """The images behind `keys` that are not encoded yet, decoded now, and the keys of
@@ -169,7 +191,12 @@ class ImageEncoder:
                name: str = "") -> Encoded:
         """Encode one image chunk with `pr` and keep its embeddings."""
         enc = pr.encode_chunk(piece, name)
+        old = self._cache.pop(chunk_key, None)
+        if old is not None:
+            self.cache_bytes -= old.embeddings.nbytes
         self._cache[chunk_key] = enc
+        self.cache_bytes += enc.embeddings.nbytes
+        self._trim()
         self.learn("encode", device, enc.encode_s, n_tokens=enc.n_tokens)
         return enc
 
