@@ -580,7 +580,7 @@ def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector
     connect_rpc(shared_rpc_server.endpoint)
     cfg = SessionConfig(model_path, tiny_projector, n_ctx=512, n_threads=N_THREADS, vision="swap",
                         vram_budget_bytes=150 * 2**20, rpc=(shared_rpc_server.endpoint,),
-                        image_cache_bytes=64 * 1024)
+                        image_cache_bytes=32 * 1024)
     res = soak(cfg, 18, _soak_pictures(tmp_path, 6), image_every=3,
                server_pid=shared_rpc_server.proc.pid, warmup=6)
     out = res.to_dict()
@@ -589,4 +589,4 @@ def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector
     assert out["swaps"] == 6 and out["cache_evictions"] > 0 and out["turns_dropped"] > 0
     assert out["fds_end"] == out["fds_after_first_turn"]
     assert out["ledger_end"] == out["ledger_after_first_turn"]
-    assert out["image_cache_bytes_end"] <= 64 * 1024
+    assert out["image_cache_bytes_end"] <= 32 * 1024
