@@ -25,3 +25,16 @@ class DeviceLost(EbbError):
 class TurnCancelled(Exception):
     """Stop was pressed before the reply started (during the images' encoding or a swap): the
     plan's cleanup steps have run, the model is back where it was."""
+
+
+class DeviceOutOfMemory(EbbError):
+    """An accelerator could not allocate a buffer (its server or driver is short of memory,
+    whatever the budget said). The caller falls back to fewer layers or the CPU."""
+
+
+_ALLOCATION_WORDS = ("unable to allocate", "failed to allocate", "out of memory",
+                     "could not allocate")
+
+
+def is_allocation_failure(exc: BaseException) -> bool:
+    return isinstance(exc, DeviceOutOfMemory) or any(w in str(exc).lower() for w in _ALLOCATION_WORDS)

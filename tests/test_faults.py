@@ -579,7 +579,7 @@ def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector
 
     connect_rpc(shared_rpc_server.endpoint)
     cfg = SessionConfig(model_path, tiny_projector, n_ctx=512, n_threads=N_THREADS, vision="swap",
-                        vram_budget_bytes=150 * 2**20, rpc=(shared_rpc_server.endpoint,),
+                        vram_budget_bytes=300 * 2**20, rpc=(shared_rpc_server.endpoint,),
                         image_cache_bytes=32 * 1024)
     res = soak(cfg, 18, _soak_pictures(tmp_path, 6), image_every=3,
                server_pid=shared_rpc_server.proc.pid, warmup=6)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.errors import EbbError
+from engine.errors import DeviceOutOfMemory, EbbError
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
 from engine.llama import log as llama_log
@@ -666,6 +666,9 @@ CHATML_TEMPLATE = (
 
 def _load_error(path: Path) -> EbbError:
     cause = llama_log.last_error("llama.cpp could not load it")
+    if "unable to allocate" in cause or "failed to allocate" in cause:
+        return DeviceOutOfMemory(f"{path.name}: a device could not allocate memory for the "
+                                 f"model ({cause})", "load fewer layers there, or use the CPU")
     if "unknown model architecture" in cause:
         arch = cause.split("unknown model architecture:", 1)[-1].strip().strip("'\"")
         return EbbError(f"{path.name}: model architecture '{arch}' is not supported by this "

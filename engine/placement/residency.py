@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from engine import events
 from engine.config import SessionConfig
-from engine.errors import EbbError
+from engine.errors import EbbError, is_allocation_failure
 from engine.gguf.info import ModelInfo
 from engine.ledger import Ledger
 from engine.llama.bandwidth import measure_bandwidth
@@ -127,7 +127,31 @@ class ModelResidency:
                                    max_gpu_layers=cfg.gpu_layers)
         assert isinstance(placement, Placement)
         self.placement = placement
-        self.runtime = self._load_text()
+        self._load_text_or_fewer(reserve_bytes)
+
+    def _load_text_or_fewer(self, reserve_bytes: int) -> None:
+        """Load the placement; when the device cannot allocate what its budget promised (a
+        remote server short of memory, a GPU someone else filled), load again with half the
+        layers there, down to none, and say so."""
+        while True:
+            try:
+                self.runtime = self._load_text()
+                return
+            except EbbError as exc:
+                n = self.placement.n_layers_on_accel
+                if self.accel is None or n == 0 or not is_allocation_failure(exc):
+                    raise
+                self.ledger.clear(self.accel, *MODEL_KINDS)
+                fewer = n // 2
+                placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
+                                           self.cfg.n_batch, self.cfg.flash_attn, reserve_bytes,
+                                           max_gpu_layers=fewer)
+                assert isinstance(placement, Placement)
+                self.placement = placement
+                note = (f"{self.accel} could not allocate the memory its budget allowed for {n} "
+                        f"layers; loaded with {placement.n_layers_on_accel} there")
+                self.placement_reason = "; ".join(r for r in (self.placement_reason, note) if r)
+                log.warning("%s", note)
 
     def _too_big_for_one(self) -> str:
         """Why one device is not enough (its budget holds only part of the model), or ""."""

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from engine.errors import EbbError, TurnCancelled
+from engine.errors import EbbError, TurnCancelled, is_allocation_failure
 from engine.llama.devices import wait_until_done
 from engine.placement.plan import CPU, PlannedStep, VisionPlan
 from engine.placement.residency import ModelResidency
@@ -65,6 +65,7 @@ class PlanRun:
         self._model_freed = False
         self._freed_bytes = 0
         self._failed = False
+        self._on_cpu = False  # the device could not take the projector: encode in RAM
 
     def run(self) -> None:
         error: BaseException | None = None
@@ -87,8 +88,9 @@ class PlanRun:
     # ------------------------------------------------------------ steps
 
     def _encode(self, step: PlannedStep) -> None:
-        if step.device == CPU:
+        if step.device == CPU or self._on_cpu:
             pr = self.encoder.ram
+            step = replace(step, device=CPU)
         else:
             pr = self._projector or self.encoder.on_device
         assert pr is not None
@@ -104,10 +106,20 @@ class PlanRun:
         swapping = self.plan.strategy == "swap"
         bound_to = model.host_holder if self._model_freed else model.runtime
         self._set_projector("loading")
-        with self.tl.step("load_projector", self._accel, step.bytes):
-            self._projector = self.encoder.load_on_device(self._accel, bound_to)
-            if not swapping:
-                model.reschedule()
+        try:
+            with self.tl.step("load_projector", self._accel, step.bytes):
+                self._projector = self.encoder.load_on_device(self._accel, bound_to)
+                if not swapping:
+                    model.reschedule()
+        except EbbError as exc:
+            if not is_allocation_failure(exc):
+                raise
+            self.encoder.free_on_device(self._accel)
+            self._on_cpu = True  # the model comes back as planned; the images go to the CPU
+            self.notes.append(f"{self._accel} could not take the projector ({exc}): encoded "
+                              "on the CPU")
+            self._set_projector("RAM")
+            return
         self._set_projector(self._accel)
         if self._model_freed:
             model.emit(evicted=True)
