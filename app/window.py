@@ -595,4 +595,7 @@ class MainWindow(QMainWindow):
         QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()
         self._thread.wait(10_000)
+        if self.chat.busy:  # closed during a reply: it is kept as far as it got, as stopped
+            self._take_stream()
+            self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
         super().closeEvent(event)

@@ -179,7 +179,9 @@ def test_close_during_reply_shuts_down_cleanly(qtbot, store):
     w.close()
     assert w._thread.isFinished()
     assert w.worker._session is None
-    assert [m.role for m in store.messages(w.conv_id)] == ["user"]  # the reply in progress only
+    msgs = store.messages(w.conv_id)
+    assert [m.role for m in msgs] == ["user", "assistant"]  # kept as far as it got, as stopped
+    assert msgs[1].text and msgs[1].stats["stop_reason"] == "cancelled" and msgs[1].state == "complete"
 
 
 def test_window_appears_fast(tmp_path):

@@ -247,3 +247,12 @@ def test_continue_never_shown_for_a_finished_reply(qtbot, store):
     assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "stop"
     assert not w.continue_button.isVisible()
     assert w.chat.continue_last() is None
+
+
+def test_text_can_be_selected_and_copied(view):
+    view.show_messages([_msg(1, "user", "Copy me, please."),
+                        _msg(2, "assistant", "Here you are:\n\n- one\n- two", stats={"stop_reason": "stop"})])
+    view.selectAll()
+    view.copy()
+    copied = QGuiApplication.clipboard().text()
+    assert "Copy me, please." in copied and "two" in copied

@@ -590,3 +590,26 @@ def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector
     assert out["fds_end"] == out["fds_after_first_turn"]
     assert out["ledger_end"] == out["ledger_after_first_turn"]
     assert out["image_cache_bytes_end"] <= 32 * 1024
+
+
+# ------------------------------------------------------------ Ctrl-C at start-up
+
+
+@pytest.mark.parametrize("module", ["engine", "app"])
+def test_ctrl_c_during_start_up_ends_at_once_with_one_line(module, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(tmp_path / "data"))
+    args = ["chat", "--prompt", "hi"] if module == "engine" else []
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(0.25)  # inside the imports (Qt, llama.cpp's binding) or the load
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().count("\n") == 0
+    assert "interrupted" in err
