@@ -15,7 +15,7 @@ from app.markdown import split_all, split_finished
 from app.store import Message, Store
 from app.transcript import FIRST_MESSAGES, Transcript
 from engine.llama.runtime import GenParams
-from tests.test_app import _send, _window, wait_for
+from tests.test_app import _send, _window, store, wait_for  # noqa: F401 (store: a fixture)
 
 REPLY = """Here is a plan:
 
@@ -213,15 +213,6 @@ def test_stop_then_continue(qtbot, store):
     assert went_on.id == stopped.id and went_on.text.startswith(stopped.text)
     assert len(went_on.text) > len(stopped.text)
     assert went_on.stats["n_gen_tokens"] == stopped.stats["n_gen_tokens"] + 10
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "data")
-    s.set_setting("ctx", 1024)
-    s.set_setting("threads", 2)
-    yield s
-    s.close()
 
 
 def test_the_window_streams_into_its_one_transcript(qtbot, store):
