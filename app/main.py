@@ -49,7 +49,7 @@ def relaunch(message: str, lost: list[str]) -> None:
     env["EBB_RESTARTS"] = str(restarts + 1)
     env["EBB_LOST_RPC"] = ",".join(sorted(LOST_RPC | set(lost)))
     env["EBB_NOTICE"] = (note + ". Ebb restarted without it; your conversations are kept (a reply "
-                         "that was being written is not). Settings still list the server.")
+                         "that was being written, as far as it got). Settings still list the server.")
     os.execve(sys.executable, [sys.executable, "-m", "app", *sys.argv[1:]], env)
 
 

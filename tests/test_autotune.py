@@ -96,6 +96,7 @@ def test_find_cliff_marks_the_collapse_after_the_best():
     assert find_cliff(pts[:4], lambda p: p.gen_tps) is None
 
 
+@pytest.mark.slow  # a measurement: `make test-slow` (CI runs it after `make test`)
 def test_autotune_matches_an_exhaustive_sweep_with_half_the_runs(shared_rpc_server, model_path):
     """The RPC server computes with 2 threads, the client with 1: layers on the device are
     faster, each graph split costs a round trip, and the budget is the wall. llama.cpp's own

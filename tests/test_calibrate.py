@@ -28,6 +28,7 @@ def test_fit_recovers_known_costs(model_path):
         assert got == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.slow  # a measurement: `make test-slow` (CI runs it after `make test`)
 def test_calibration_is_stored_consistent_and_predicts_with_it(shared_rpc_server, base_projector,
                                                                 model_path, tmp_path, monkeypatch):
     """What a loaded machine cannot break: the stored calibration round-trips, the fit agrees

@@ -258,6 +258,8 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         assert msgs[-1].role == "assistant" and msgs[-1].state == "interrupted"
         if moment == "decode":
             assert len(msgs[-1].text) > 20  # what streamed before the last second is kept
+        if moment not in ("decode", "evict"):
+            return  # the window's view of an interrupted reply is checked for those two
         # the window opens it: the reply marked, Regenerate offered
         from app.settings import session_config
         from app.window import MainWindow

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import run_cli
 
 
@@ -79,9 +81,9 @@ with Session(SessionConfig(**{**cfg.__dict__, "vram_budget_bytes": budget})) as 
 """
 
 
-def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictures):
+def test_fifty_swap_cycles_leak_nothing(rpc_server, base_projector, pictures):
     proc = subprocess.Popen([sys.executable, "-c", CYCLES, rpc_server.endpoint, str(base_projector),
-                             str(pictures["a.png"]), "100"], stdin=subprocess.PIPE,
+                             str(pictures["a.png"]), "50"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     first = json.loads(proc.stdout.readline())
@@ -96,7 +98,7 @@ def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictur
     assert proc.returncode == 0, err
     stats = json.loads(out.strip().splitlines()[-1])
     MiB = 2**20
-    print(f"\nafter cycle 5 → 100: ledger {first['ledger'] / MiB:.1f} → {last['ledger'] / MiB:.1f} MiB, "
+    print(f"\nafter cycle 5 → 50: ledger {first['ledger'] / MiB:.1f} → {last['ledger'] / MiB:.1f} MiB, "
           f"process RSS {first['rss'] / MiB:.0f} → {last['rss'] / MiB:.0f} MiB, "
           f"server RSS {server_first / MiB:.0f} → {server_last / MiB:.0f} MiB; "
           f"{stats['allocs']} device buffers allocated, {stats['frees']} freed, "
@@ -106,7 +108,7 @@ def test_one_hundred_swap_cycles_leak_nothing(rpc_server, base_projector, pictur
     assert last["rss"] - first["rss"] < 16 * MiB
     assert server_last - server_first < 16 * MiB
     assert stats["allocs"] == stats["frees"] + stats["held"]
-    assert stats["allocs"] >= 100 * 2  # every cycle really moved layers (in shared buffers)
+    assert stats["allocs"] >= 50 * 2  # every cycle really moved layers (in shared buffers)
     assert stats["evicted_layers"] and int(stats["evicted_layers"][0].split()[0]) >= 10
 
 
@@ -153,6 +155,7 @@ def test_layout_starts_a_new_copy_where_it_cannot_mirror_the_host():
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
+@pytest.mark.slow  # a measurement: `make test-slow` (CI runs it after `make test`)
 def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_projector):
     proc = run_cli("bench", "swap", "--rpc", rpc_server.endpoint, "--mmproj", str(base_projector),
                    "--threads", "2", "--json", timeout=300)

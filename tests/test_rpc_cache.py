@@ -102,6 +102,7 @@ class SlowLink:
 
 
 @pytest.mark.skipif(not _netns_available(), reason="needs root and iproute2 (ip netns, tc)")
+@pytest.mark.slow  # a measurement: `make test-slow` (CI runs it after `make test`)
 def test_warm_load_over_a_1_gbit_link(tmp_path, wide_model):
     link_Bps = 1e9 / 8
     with SlowLink() as link:
