@@ -314,6 +314,7 @@ class _Stream:
         self.view = view
         self.tail_start = start  # where the plain-text rest begins
         self.rest = ""  # the unfinished block's text so far
+        self.cur = view._end()  # stays at the end (a cursor follows edits above it)
 
     def shift(self, n: int) -> None:
         self.tail_start += n
@@ -321,11 +322,11 @@ class _Stream:
     def feed(self, text: str) -> None:
         self.rest += text
         parts, rest = split_finished(self.rest)
-        cur = self.view._end()
         if not parts:
-            cur.insertText(text, QTextCharFormat())
+            self.cur.insertText(text, QTextCharFormat())
             self.view.work += len(text)
             return
+        cur = self.cur
         cur.setPosition(self.tail_start - 1, QTextCursor.MoveMode.KeepAnchor)  # with its block
         cur.removeSelectedText()
         for part in parts:
