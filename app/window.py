@@ -348,9 +348,10 @@ class MainWindow(QMainWindow):
         saved = self.store.message(pending.message_id)
         if saved is not None:
             self.transcript.append_message(saved)
+        titled = self.store.n_messages(self.conv_id) == 1  # the chat is named by this message
         # the composer gets back what the user gave, the engine the stored copies
         self._dispatch(Pending(text, images, pending.message_id), pending.images)
-        if self.store.n_messages(self.conv_id) == 1:  # titled by it: the list shows the title
+        if titled:  # the list shows the new title
             self._refresh_conversations()
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:

@@ -91,6 +91,7 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"] and "Paris" in msgs[1].text
     assert store.title(w.conv_id).startswith("What is the capital")
+    assert w.conversations.currentItem().text().startswith("What is the capital")  # the list too
 
 
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
