@@ -175,19 +175,25 @@ def _window_process(data: Path, extra_env: dict[str, str], *args: str):
 
 
 def _wait_for_line(stream, needle: str, timeout: float = 120) -> None:
-    import select
-    import time
+    """Wait for a line holding ``needle``; a thread keeps reading the pipe afterwards so the
+    child never blocks on a full pipe. (select() on the buffered stream missed a line that
+    arrived in the same read as the one before it: the CI failure of stop 22.)"""
+    import threading
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], 1.0)
-        if ready:
-            line = stream.readline()
-            if needle in line:
-                return
-            if not line:
-                break
-    raise AssertionError(f"never saw {needle!r}")
+    done = threading.Event()
+    found: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            if needle in line and not found:
+                found.append(line)
+                done.set()
+        done.set()  # end of output: stop waiting
+
+    threading.Thread(target=read, daemon=True).start()
+    done.wait(timeout)
+    if not found:
+        raise AssertionError(f"never saw {needle!r}")
 
 
 @pytest.mark.parametrize("moment", ["load", "prefill", "encode", "evict", "decode"])
