@@ -11,7 +11,7 @@ from PIL import Image
 from engine.config import SessionConfig
 from engine.llama.runtime import GenParams
 from engine.session import Session
-from tests.conftest import N_THREADS
+from tests.conftest import N_THREADS, RpcServer
 
 GP = GenParams(max_tokens=16, temperature=0)
 
@@ -500,7 +500,10 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
 
 
 def _layers_on_device(s: Session) -> list[int]:
-    """Where the live mover has each layer now (not where the plan wanted it)."""
+    """Where the live mover has each layer now (not where the plan wanted it); for the reload
+    mover, where the loaded placement put them."""
+    if s.model.mover is None:
+        return [i for i, where in enumerate(s.model.placement.layer_devices) if where != "CPU"]
     return [i for i, where in enumerate(s.model.layer_state) if where != "CPU"]
 
 
@@ -621,3 +624,181 @@ def test_ctrl_c_during_start_up_ends_at_once_with_one_line(module, tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().count("\n") == 0
     assert "interrupted" in err
+
+
+# ------------------------------------------------------------ the device runs out of memory
+# `rpc-serve --device-memory` serves a device of that size: past it, an allocation fails as on a
+# full GPU (the client's llama.cpp cannot allocate), and the device reports the cap as its memory.
+
+
+# llama.cpp reports its buffers in MiB with two decimals (up to 5 KiB off each): the ledger
+# agrees with the device to that; a layer left behind would be megabytes
+LEDGER_SLACK = 64 * 1024
+
+
+def _agrees(ledger_bytes: int, device_bytes: int) -> bool:
+    return abs(ledger_bytes - device_bytes) < LEDGER_SLACK
+
+
+def _device_used(name: str) -> int:
+    from engine.llama.devices import find_device
+
+    d = find_device(name)
+    assert d.total_bytes is not None and d.free_bytes is not None
+    return d.total_bytes - d.free_bytes
+
+
+class _Hog:
+    """Someone else's allocation on the device (another program filling the GPU)."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.buffer = device, None
+
+    def take(self, n_bytes: int) -> None:
+        from engine.llama import ggml
+        from engine.llama.devices import find_device
+
+        g = ggml.lib()
+        buft = g.base.ggml_backend_dev_buffer_type(find_device(self.device).handle)
+        self.buffer = g.base.ggml_backend_buft_alloc_buffer(buft, n_bytes)
+        assert self.buffer, "the hog could not allocate"
+
+    def release(self) -> None:
+        from engine.llama import ggml
+
+        if self.buffer:
+            ggml.lib().base.ggml_backend_buffer_free(self.buffer)
+            self.buffer = None
+
+
+def test_a_device_smaller_than_its_budget_loads_fewer_layers_and_says_so(model_path):
+    """The budget promises 1 GiB, the device has 200 MiB: the load fails there, the session loads
+    again within what the device reports free, says so, and the conversation goes on; the
+    ledger equals what the device holds."""
+    from engine.llama.devices import connect_rpc
+
+    server = RpcServer("--device-memory", "200MiB")
+    try:
+        connect_rpc(server.endpoint)
+        cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS,
+                            vram_budget_bytes=2**30, rpc=(server.endpoint,))
+        with Session(cfg) as s:
+            reason = s.model.placement_reason
+            assert "could not allocate" in reason and "tried 30 layers" in reason, reason
+            assert 0 < s.model.placement.n_layers_on_accel < 30
+            for text in ("Hello.", "Tell me about the sea."):
+                r = s.turn(text, gp=GP)
+                assert r.error is None and r.gen["n_gen_tokens"] > 0
+            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
+    finally:
+        server.stop()
+
+
+def test_a_device_without_room_for_the_context_runs_on_the_cpu(model_path):
+    from engine.llama.devices import connect_rpc
+
+    server = RpcServer("--device-memory", "4MiB")
+    try:
+        connect_rpc(server.endpoint)
+        cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS,
+                            vram_budget_bytes=2**30, rpc=(server.endpoint,))
+        with Session(cfg) as s:
+            assert "running on the CPU" in s.model.placement_reason, s.model.placement_reason
+            assert s.model.placement.n_gpu_layers == 0
+            r = s.turn("Hello.", gp=GP)
+            assert r.error is None and r.gen["n_gen_tokens"] > 0
+            assert _device_used(s.accel) == 0
+    finally:
+        server.stop()
+
+
+def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_projector,
+                                                             pictures):
+    """Another program fills the device after the model loaded: the swap's projector cannot be
+    put there (the live mover evicts only the room the budget said it needs), so the images are
+    encoded on the CPU, the reason says so, the model comes back where it was, and the next
+    turn works. (The reload mover frees the whole model first: the projector takes its room.)"""
+    from engine.llama.devices import connect_rpc
+
+    server = RpcServer("--device-memory", "400MiB")
+    hog = _Hog("")
+    try:
+        connect_rpc(server.endpoint)
+        cfg = SessionConfig(model_path, base_projector, n_ctx=1024, n_threads=N_THREADS,
+                            vision="swap", vram_budget_bytes=300 * 2**20, mover="live",
+                            rpc=(server.endpoint,))
+        with Session(cfg) as s:
+            s.turn("Hello.", gp=GP)
+            placed, ledger = _layers_on_device(s), s.ledger.total(s.accel)
+            assert placed
+            hog.device = s.accel
+            hog.take(400 * 2**20 - _device_used(s.accel) - 2 * 2**20)  # 2 MiB left
+            r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
+            assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
+            assert "could not take the projector" in r.reason and "on the CPU" in r.reason, r.reason
+            assert r.n_image_chunks_encoded > 0
+            hog.release()
+            assert _layers_on_device(s) == placed
+            assert s.ledger.total(s.accel) == ledger
+            assert _agrees(ledger, _device_used(s.accel))
+            again = s.turn("And now?", gp=GP)
+            assert again.error is None and again.gen["n_gen_tokens"] > 0
+    finally:
+        hog.release()
+        server.stop()
+
+
+@pytest.mark.parametrize("mover", ["live", "reload"])
+def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, model_path,
+                                                                      base_projector, pictures):
+    """Once the projector is freed, another program takes most of the room the layers left: the
+    live mover brings back what fits, the reload mover runs the model from RAM; the reason says
+    so, no layer is left half-moved, the ledger equals what the device holds, and the next turn
+    works."""
+    from engine.llama.devices import connect_rpc
+
+    cap = 400 * 2**20
+    server = RpcServer("--device-memory", "400MiB")
+    hog = _Hog("")
+    try:
+        connect_rpc(server.endpoint)
+        taken: list[int] = []
+        sessions: list[Session] = []
+
+        def emit(ev) -> None:
+            if getattr(ev, "name", None) == "free_projector" and not taken:
+                room = cap - _device_used(hog.device)
+                evicted = layer_bytes - sessions[0].ledger.snapshot().get(hog.device, {}).get("layers", 0)
+                keep = evicted // 2 if mover == "live" else 2**20
+                taken.append(room - keep)
+                hog.take(room - keep)
+
+        cfg = SessionConfig(model_path, base_projector, n_ctx=1024, n_threads=N_THREADS,
+                            vision="swap", vram_budget_bytes=300 * 2**20, mover=mover,
+                            rpc=(server.endpoint,))
+        with Session(cfg, emit=emit) as s:
+            sessions.append(s)
+            s.turn("Hello.", gp=GP)
+            placed = _layers_on_device(s)
+            hog.device = s.accel
+            layer_bytes = s.ledger.snapshot()[s.accel].get("layers") or \
+                s.ledger.snapshot()[s.accel].get("weights", 0)
+            r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
+            assert taken, "no swap ran"
+            assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
+            now = _layers_on_device(s)
+            if mover == "live":
+                assert "could not bring every layer back" in r.reason, r.reason
+                assert 0 < len(now) < len(placed) and set(now) <= set(placed)
+                assert all(state in ("CPU", s.accel) for state in s.model.layer_state)
+            else:
+                assert "could not bring the model back" in r.reason, r.reason
+                assert now == []
+            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel) - taken[0])
+            hog.release()
+            again = s.turn("And now?", gp=GP)
+            assert again.error is None and again.gen["n_gen_tokens"] > 0
+            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
+    finally:
+        hog.release()
+        server.stop()

@@ -32,9 +32,21 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_rpc_serve(args: argparse.Namespace) -> int:
-    from engine.llama.rpc_server import serve
+    import os
+    import sys
 
-    serve(args.host, args.port, args.cache, args.threads, args.warm_from)
+    from engine.llama import devcap
+    from engine.llama.rpc_server import serve
+    from engine.units import parse_size
+
+    limit = parse_size(args.device_memory) if args.device_memory else 0
+    if limit and not devcap.active():  # start again with the cap preloaded
+        env = devcap.preload_env(limit)
+        argv = ([sys.executable, *sys.argv[1:]] if getattr(sys, "frozen", False)
+                else [sys.executable, "-m", "engine", *sys.argv[1:]])
+        sys.stdout.flush()
+        os.execve(sys.executable, argv, env)
+    serve(args.host, args.port, args.cache, args.threads, args.warm_from, limit)
     return 0
 
 
@@ -49,4 +61,8 @@ def register(sub: Any) -> None:
     p.add_argument("--cache", default=None, help="folder for ggml's RPC tensor cache")
     p.add_argument("--warm-from", action="append", default=[], metavar="MODEL.gguf",
                    help="fill the cache from this machine's copy of a model before serving")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="serve a device with this much memory (e.g. 300MiB): it reports SIZE, and "
+                        "allocations past it fail as on a full GPU (Linux; builds a small library "
+                        "with the C compiler once)")
     p.set_defaults(func=cmd_rpc_serve)

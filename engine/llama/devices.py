@@ -53,7 +53,7 @@ def _usable_handles() -> list[tuple[int, bool]]:
 def _info(dev: int, remote: bool) -> DeviceInfo:
     free, total = ggml.device_memory(dev)  # a round trip for a remote device
     return DeviceInfo(name=ggml.device_name(dev), description=ggml.device_description(dev),
-                      kind=ggml.device_kind(dev), free_bytes=free or None,
+                      kind=ggml.device_kind(dev), free_bytes=free if total else None,
                       total_bytes=total or None, remote=remote, handle=dev)
 
 

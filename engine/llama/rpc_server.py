@@ -99,7 +99,7 @@ def keep_freed_memory() -> bool:
 
 
 def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None,
-          warm_from: list[str] | None = None) -> None:
+          warm_from: list[str] | None = None, device_memory: int = 0) -> None:
     g = ggml.lib()
     warm = [existing_file(m, "model") for m in warm_from or []]
     if warm and not cache_dir:
@@ -118,7 +118,8 @@ def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None,
         print(NO_AUTH_WARNING.format(endpoint=endpoint), file=sys.stderr, flush=True)
     names = ", ".join(f"{d.name} ({d.description})" for d in served)
     print(f"ebb-engine rpc-serve: serving {names} on {endpoint}"
-          + (f", tensor cache {cache_dir}" if cache_dir else ""), flush=True)
+          + (f", tensor cache {cache_dir}" if cache_dir else "")
+          + (f", device memory {fmt_bytes(device_memory)}" if device_memory else ""), flush=True)
     keep_freed_memory()
     arr = (ctypes.c_void_p * len(served))(*[d.handle for d in served])
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # the server blocks in C: let Ctrl-C end it

@@ -131,27 +131,46 @@ class ModelResidency:
 
     def _load_text_or_fewer(self, reserve_bytes: int) -> None:
         """Load the placement; when the device cannot allocate what its budget promised (a
-        remote server short of memory, a GPU someone else filled), load again with half the
-        layers there, down to none, and say so."""
+        remote server short of memory, a GPU someone else filled), plan again within the memory
+        the device now reports free, then with half the layers there, down to none, and at last
+        on the CPU alone; the placement's reason says what was tried."""
+        tried: list[int] = []
         while True:
             try:
                 self.runtime = self._load_text()
-                return
+                break
             except EbbError as exc:
                 n = self.placement.n_layers_on_accel
-                if self.accel is None or n == 0 or not is_allocation_failure(exc):
+                if self.accel is None or self.placement.accel is None \
+                        or not is_allocation_failure(exc):
                     raise
                 self.ledger.clear(self.accel, *MODEL_KINDS)
-                fewer = n // 2
-                placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                           self.cfg.n_batch, self.cfg.flash_attn, reserve_bytes,
-                                           max_gpu_layers=fewer)
+                tried.append(n)
+                log.warning("%s could not allocate for %d layers: %s", self.accel, n, exc)
+                placement: Placement | DoesNotFit = DoesNotFit("")
+                if n > 0 and len(tried) == 1:  # within what the device says it has now
+                    free = find_device(self.accel).free_bytes or 0
+                    if free < self.budget_bytes:
+                        self.budget_bytes = free
+                        placement = plan_placement(self.info, self.accel, free, self.n_ctx,
+                                                   self.cfg.n_batch, self.cfg.flash_attn,
+                                                   reserve_bytes, max_gpu_layers=n - 1)
+                if isinstance(placement, DoesNotFit) and n > 0:
+                    placement = plan_placement(self.info, self.accel, self.budget_bytes,
+                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn,
+                                               reserve_bytes, max_gpu_layers=n // 2)
+                if isinstance(placement, DoesNotFit) or n == 0:  # not even the context's buffers
+                    placement = plan_placement(self.info, None, 0, self.n_ctx, self.cfg.n_batch,
+                                               self.cfg.flash_attn)
                 assert isinstance(placement, Placement)
                 self.placement = placement
-                note = (f"{self.accel} could not allocate the memory its budget allowed for {n} "
-                        f"layers; loaded with {placement.n_layers_on_accel} there")
-                self.placement_reason = "; ".join(r for r in (self.placement_reason, note) if r)
-                log.warning("%s", note)
+        if tried:
+            where = (f"loaded with {self.placement.n_layers_on_accel} there"
+                     if self.placement.n_gpu_layers else "running on the CPU")
+            note = (f"{self.accel} could not allocate the memory its budget allowed (tried "
+                    f"{', '.join(str(n) for n in tried)} layers there): {where}")
+            self.placement_reason = "; ".join(r for r in (self.placement_reason, note) if r)
+            log.warning("%s", note)
 
     def _too_big_for_one(self) -> str:
         """Why one device is not enough (its budget holds only part of the model), or ""."""
@@ -286,10 +305,12 @@ class ModelResidency:
             self.emit()
             try:
                 copied += self.mover.promote_many(group)
-            except EbbError:
+            except EbbError:  # the device is full: the group stays in RAM, the rest is counted
                 for layer in group:
                     self.layer_state[layer] = CPU
                 self.mover.reschedule()
+                self.ledger.set(self.accel, "layers", self.mover.device_bytes())
+                self.emit()
                 raise
             for layer in group:
                 self.layer_state[layer] = self.accel
@@ -326,10 +347,11 @@ class ModelResidency:
         """Live mover: bring `layers` back in shared buffers and pay the re-schedule now, until
         the last copy has landed. Returns the bytes copied; EbbError when the device is full."""
         assert self.runtime is not None and self.accel is not None
-        copied = self.move(promote=sorted(layers), group_bytes=RESTORE_GROUP_BYTES)
-        self.runtime.replan()
-        wait_until_done(self.accel)
-        return copied
+        try:
+            return self.move(promote=sorted(layers), group_bytes=RESTORE_GROUP_BYTES)
+        finally:
+            self.runtime.replan()
+            wait_until_done(self.accel)
 
     def evict_all(self) -> None:
         """Reload mover: free the model, its KV cache and compute buffers from every device."""

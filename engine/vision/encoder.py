@@ -15,6 +15,7 @@ from typing import Any
 from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.gguf.info import ProjectorInfo
+from engine.units import fmt_bytes
 from engine.ledger import Ledger
 from engine.llama.devices import find_device
 from engine.placement import calibration
@@ -84,6 +85,7 @@ class ImageEncoder:
     def load_on_device(self, accel: str, bound_to: Any) -> ProjectorRuntime:
         """Put the projector on `accel` (bound to a live model) and count its bytes there."""
         assert self.cfg.mmproj_path is not None
+        self._check_room(accel)
         pr = ProjectorRuntime(self.cfg.mmproj_path, bound_to, self.n_threads, device=accel,
                               flash_attn=self.cfg.flash_attn,
                               image_max_tokens=self.cfg.image_max_tokens, info=self.info)
@@ -91,6 +93,21 @@ class ImageEncoder:
         self.ledger.set(accel, "projector", pr.info.weight_bytes)
         self.ledger.set(accel, "projector_compute", pr.compute_buffer_bytes)
         return pr
+
+    def _check_room(self, accel: str) -> None:
+        """DeviceOutOfMemory when the device says it has less free than the projector needs.
+        llama.cpp's clip loader aborts the process when its weights cannot be allocated (no
+        error path), so this is asked first; a real GPU and an RPC server both report it."""
+        from engine.errors import DeviceOutOfMemory
+        from engine.llama.devices import find_device
+
+        if self.info is None:
+            return
+        need = self.info.weight_bytes + self.info.compute_buffer_bytes
+        free = find_device(accel).free_bytes
+        if free is not None and free < need:
+            raise DeviceOutOfMemory(f"{accel} has {fmt_bytes(free)} free, the projector needs "
+                                    f"{fmt_bytes(need)}")
 
     def free_on_device(self, accel: str | None) -> bool:
         """Free the projector on the accelerator, if there is one. True when one was freed
