@@ -259,7 +259,8 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
 
     stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
                                    "stop_reason", "n_images", "n_turns_dropped",
-                                   "n_images_dropped", "n_tokens_dropped", "memory_starts_at")}
+                                   "n_images_dropped", "n_tokens_dropped", "memory_starts_at",
+                                   "device_notes")}
     spans = r.get("spans", [])
     stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
     stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)

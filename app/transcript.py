@@ -353,6 +353,8 @@ def stats_line(s: dict[str, Any]) -> str:
         gone = [f"{s['n_turns_dropped']} older messages" if s.get("n_turns_dropped") else "",
                 f"{s['n_images_dropped']} older images" if s.get("n_images_dropped") else ""]
         line += f" · to fit, {' and '.join(g for g in gone if g)} left the model's memory"
+    for note in s.get("device_notes") or ():  # the device was short of memory: what ran where
+        line += f" · {note}"
     return line
 
 

@@ -517,6 +517,8 @@ class MainWindow(QMainWindow):
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
         self.model_label.setToolTip(d.get("placement_reason") or "")
+        if d.get("memory_note"):
+            self.show_notice(d["memory_note"] + ".")
         sent = d.get("rpc_bytes_sent") or 0
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "

@@ -88,7 +88,7 @@ class EngineWorker(QObject):
                      "projector_synthetic": bool(proj and proj.synthetic),
                      "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent,
                      "layers_by_device": s.placement.layers_by_device,
-                     "placement_reason": s.placement_reason}))
+                     "placement_reason": s.placement_reason, "memory_note": s.memory_note}))
 
     @Slot(object)
     def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:

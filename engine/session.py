@@ -83,6 +83,8 @@ class TurnResult:
     shifted_cells: int = 0  # cells kept by moving them in the KV cache (no prefill)
     swap_mover: str = ""  # the mover this turn's swap used (live | reload), "" without a swap
     mover_note: str = ""  # why this turn's swap did not use the session's mover
+    # what the device could not hold in this turn and where it ran instead (also in `reason`)
+    device_notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         t0 = self.spans[0].start_s if self.spans else 0.0
@@ -94,6 +96,8 @@ class TurnResult:
                              "n_image_tokens_encoded": self.n_image_tokens_encoded,
                              "n_image_chunks_encoded": self.n_image_chunks_encoded,
                              "swap_mover": self.swap_mover, **self.gen}
+        if self.device_notes:
+            d["device_notes"] = self.device_notes
         if self.continued:
             d["continued"] = True
         d.update(n_turns_dropped=self.n_turns_dropped, n_images_dropped=self.n_images_dropped,
@@ -168,6 +172,11 @@ class Session:
     @property
     def placement_reason(self) -> str:
         return self.model.placement_reason
+
+    @property
+    def memory_note(self) -> str:
+        """Set when the device could not hold what its budget allowed (and what ran instead)."""
+        return self.model.memory_note
 
     @property
     def budget_bytes(self) -> int:
@@ -508,6 +517,7 @@ class Session:
             run.run()
         finally:
             res.reason += "".join(f"; {note}" for note in run.notes)
+            res.device_notes = list(run.notes)
 
     # ------------------------------------------------------------ the conversation
 

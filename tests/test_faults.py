@@ -684,7 +684,8 @@ def test_a_device_smaller_than_its_budget_loads_fewer_layers_and_says_so(model_p
                             vram_budget_bytes=2**30, rpc=(server.endpoint,))
         with Session(cfg) as s:
             reason = s.model.placement_reason
-            assert "could not allocate" in reason and "tried 30 layers" in reason, reason
+            assert "could not allocate" in reason and "it reports" in reason, reason
+            assert s.memory_note and s.memory_note in reason  # the window shows it as a notice
             assert 0 < s.model.placement.n_layers_on_accel < 30
             for text in ("Hello.", "Tell me about the sea."):
                 r = s.turn(text, gp=GP)
@@ -736,6 +737,7 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
             r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
             assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
             assert "could not take the projector" in r.reason and "on the CPU" in r.reason, r.reason
+            assert r.to_dict()["device_notes"] == r.device_notes  # shown under the reply
             assert r.n_image_chunks_encoded > 0
             hog.release()
             assert _layers_on_device(s) == placed

@@ -40,6 +40,7 @@ from engine.placement.plan import (
     plan_spread,
 )
 from engine.placement.selftest import SelfTestReference, Setup
+from engine.units import fmt_bytes
 
 log = logging.getLogger("ebb.residency")
 _KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
@@ -76,6 +77,9 @@ class ModelResidency:
         self.ledger = Ledger()
         self.placement: Placement = Placement(None, 0, (CPU,) * info.n_layers, CPU)
         self.placement_reason = ""
+        self.memory_note = ""  # the device held less than its budget said: what was done
+        self._tried_layers: list[int] = []  # layer counts the device could not allocate
+        self._free_seen: int | None = None  # what it reported free after a failure
         self.spread: Spread | None = None
         self.runtime: TextRuntime | None = None
         self.mover: LiveMover | None = None
@@ -99,7 +103,20 @@ class ModelResidency:
 
     def load(self, reserve_bytes: int) -> None:
         """Place and load the model, keeping `reserve_bytes` free for a resident projector."""
+        promised, self._tried_layers, self._free_seen = self.budget_bytes, [], None
         self._load(reserve_bytes)
+        if self.accel is not None and (self._tried_layers or self._free_seen is not None):
+            where = (f"{self.placement.n_layers_on_accel} layers there"
+                     if self.placement.n_gpu_layers else "running on the CPU")
+            why = [f"tried {', '.join(str(n) for n in self._tried_layers)} layers"
+                   if self._tried_layers else "",
+                   f"it reports {fmt_bytes(self._free_seen)} free"
+                   if self._free_seen is not None else ""]
+            self.memory_note = (f"{self.accel} could not allocate the {fmt_bytes(promised)} its "
+                                f"budget allowed ({'; '.join(w for w in why if w)}): {where}")
+            self.placement_reason = "; ".join(r for r in (self.placement_reason,
+                                                          self.memory_note) if r)
+            log.warning("%s", self.memory_note)
         dev = find_device(self.accel) if self.accel else None
         self.accel_endpoint = dev.description if dev is not None and dev.remote else None
 
@@ -113,7 +130,14 @@ class ModelResidency:
         # gpu_layers 0 (autotune's "all in RAM"): no layout to move, nothing on the device
         if self.accel is not None and cfg.mover in ("auto", "live") and cfg.gpu_layers != 0:
             try:
-                self._load_live_checked(reserve_bytes)
+                try:
+                    self._load_live_checked(reserve_bytes)
+                except EbbError as exc:  # the device holds less than its budget said
+                    if not self._shrink_budget_after(exc):
+                        raise
+                    self.close_runtime()
+                    self.ledger.clear(self.accel, *MODEL_KINDS)
+                    self._load_live_checked(reserve_bytes)
                 return
             except EbbError as exc:
                 if cfg.mover == "live":
@@ -148,13 +172,10 @@ class ModelResidency:
                 tried.append(n)
                 log.warning("%s could not allocate for %d layers: %s", self.accel, n, exc)
                 placement: Placement | DoesNotFit = DoesNotFit("")
-                if n > 0 and len(tried) == 1:  # within what the device says it has now
-                    free = find_device(self.accel).free_bytes or 0
-                    if free < self.budget_bytes:
-                        self.budget_bytes = free
-                        placement = plan_placement(self.info, self.accel, free, self.n_ctx,
-                                                   self.cfg.n_batch, self.cfg.flash_attn,
-                                                   reserve_bytes, max_gpu_layers=n - 1)
+                if n > 0 and len(tried) == 1 and self._shrink_budget_after(exc):
+                    placement = plan_placement(self.info, self.accel, self.budget_bytes,
+                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn,
+                                               reserve_bytes, max_gpu_layers=n - 1)
                 if isinstance(placement, DoesNotFit) and n > 0:
                     placement = plan_placement(self.info, self.accel, self.budget_bytes,
                                                self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn,
@@ -164,13 +185,19 @@ class ModelResidency:
                                                self.cfg.flash_attn)
                 assert isinstance(placement, Placement)
                 self.placement = placement
-        if tried:
-            where = (f"loaded with {self.placement.n_layers_on_accel} there"
-                     if self.placement.n_gpu_layers else "running on the CPU")
-            note = (f"{self.accel} could not allocate the memory its budget allowed (tried "
-                    f"{', '.join(str(n) for n in tried)} layers there): {where}")
-            self.placement_reason = "; ".join(r for r in (self.placement_reason, note) if r)
-            log.warning("%s", note)
+        self._tried_layers += tried
+
+    def _shrink_budget_after(self, exc: EbbError) -> bool:
+        """After an allocation failure: hold the budget to what the device reports free now.
+        False when that changes nothing (the failure was something else, or the budget was
+        already within it)."""
+        if self.accel is None or not is_allocation_failure(exc):
+            return False
+        free = find_device(self.accel).free_bytes or 0
+        if free >= self.budget_bytes:
+            return False
+        self.budget_bytes = self._free_seen = free
+        return True
 
     def _too_big_for_one(self) -> str:
         """Why one device is not enough (its budget holds only part of the model), or ""."""
