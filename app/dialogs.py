@@ -40,6 +40,21 @@ class SettingsDialog(QDialog):
                                    specialValueText="projector default")
         self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=int(v["gpu_layers"]),
                                    specialValueText="all that fit (or Tune…)")
+        self.prompt_layers = QSpinBox(
+            minimum=-1, maximum=1000, value=int(v["prompt_layers"]),
+            specialValueText="as for generation",
+            toolTip="A long prompt runs with this many layers on the accelerator and moves back "
+                    "before the first generated token, when the move pays (live mover; priced "
+                    "from Tune's measurements)")
+        self.threads_batch = QSpinBox(minimum=0, maximum=256, value=int(v["threads_batch"]),
+                                      specialValueText="as for generation")
+        self.prompt_speeds = dict(v.get("prompt_speeds") or {})
+        self.phase_info = QLabel(self._phase_text())
+        self.phase_info.setWordWrap(True)
+        self.phase_info.setStyleSheet("color: #555;")
+        self.gpu_layers.valueChanged.connect(lambda _: self.phase_info.setText(self._phase_text()))
+        self.prompt_layers.valueChanged.connect(
+            lambda _: self.phase_info.setText(self._phase_text()))
         self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
                                    value=int(v["max_tokens"]),
                                    specialValueText="none (until the model stops)")
@@ -61,8 +76,11 @@ class SettingsDialog(QDialog):
         self.error.setStyleSheet("color: #c62828;")
         form = QFormLayout(self)
         form.addRow("Accelerator VRAM budget", self.budget)
-        form.addRow("Threads", self.threads)
-        form.addRow("Accelerator layers", self.gpu_layers)
+        form.addRow("Threads (generation)", self.threads)
+        form.addRow("Threads (prompt)", self.threads_batch)
+        form.addRow("Accelerator layers (generation)", self.gpu_layers)
+        form.addRow("Accelerator layers (prompt)", self.prompt_layers)
+        form.addRow("", self.phase_info)
         form.addRow("Several devices", self.spread)
         form.addRow("Context length", self.ctx)
         form.addRow("Image token limit", self.img_tokens)
@@ -83,9 +101,23 @@ class SettingsDialog(QDialog):
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
                 "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
+                "prompt_layers": self.prompt_layers.value(),
+                "threads_batch": self.threads_batch.value(), "prompt_speeds": self.prompt_speeds,
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
                 "image_cache": self.image_cache.text().strip(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
+
+    def _phase_text(self) -> str:
+        """What the two layer counts do, from Tune's measured prompt speeds."""
+        gen, prompt = self.gpu_layers.value(), self.prompt_layers.value()
+        if prompt < 0 or gen < 0 or prompt == gen:
+            return "One placement for both phases."
+        speeds = self.prompt_speeds
+        if str(gen) not in speeds or str(prompt) not in speeds:
+            return ("Tune… has not measured prompts at both counts: one placement until it "
+                    "has.")
+        return (f"Prompts measured at {speeds[str(prompt)]:.0f} tok/s with {prompt} layers, "
+                f"{speeds[str(gen)]:.0f} with {gen}: a long prompt moves when that pays.")
 
     def _on_ok(self) -> None:
         from engine.llama.devices import parse_endpoint

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine.config import SessionConfig
+from engine.config import PhaseTuning, SessionConfig
 from engine.units import parse_size
 
 DEMO = "demo"
@@ -19,7 +19,11 @@ DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a pic
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False, "max_tokens": 0,
-                            "overflow": "drop-oldest", "image_cache": "1GiB"}
+                            "overflow": "drop-oldest", "image_cache": "1GiB",
+                            # each phase at its best (Model → Tune…): the prompt's layers (-1: as
+                            # generation's) and threads (0: as generation's), and the prompt
+                            # speeds autotune measured per layer count, which price a move
+                            "prompt_layers": -1, "threads_batch": 0, "prompt_speeds": {}}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -45,9 +49,35 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         image_max_tokens=int(s["image_max_tokens"]),
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
         spread=bool(s["spread"]), overflow=str(s["overflow"]),
-        image_cache_bytes=parse_size(s["image_cache"]) if s["image_cache"] else 1 << 30)
+        image_cache_bytes=parse_size(s["image_cache"]) if s["image_cache"] else 1 << 30,
+        n_threads_batch=int(s["threads_batch"]) or None, phases=phase_tuning(s))
     servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
+
+
+def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:
+    """The per-phase choice from the settings: only when the two phases' layer counts differ
+    and autotune measured prompts at both (a move is priced from those measurements)."""
+    gen, prompt = int(s["gpu_layers"]), int(s["prompt_layers"])
+    speeds = {int(k): float(v) for k, v in (s.get("prompt_speeds") or {}).items()}
+    if gen < 0 or prompt < 0 or gen == prompt or gen not in speeds or prompt not in speeds:
+        return None
+    return PhaseTuning(gen, prompt, int(s["threads"]), int(s["threads_batch"]), speeds[gen],
+                       speeds[prompt])
+
+
+def phase_settings(result: dict[str, Any]) -> dict[str, Any]:
+    """The settings that use autotune's result: each phase's layers and threads, and the prompt
+    speeds it measured (at the prompt's best thread count) for pricing a move."""
+    threads = int(result.get("best_prompt_threads") or 0)
+    speeds = {}
+    for p in result["points"]:
+        per = p.get("prompt_tps_by_threads") or {}
+        speeds[str(p["layers"])] = float(per.get(str(threads)) or p["prompt_tps"])
+    return {"gpu_layers": int(result["best_gen_layers"]),
+            "prompt_layers": int(result["best_prompt_layers"]),
+            "threads": int(result.get("best_gen_threads") or 0), "threads_batch": threads,
+            "prompt_speeds": speeds}
 
 
 def resolve_paths(cfg: SessionConfig) -> SessionConfig:

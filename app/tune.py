@@ -1,5 +1,6 @@
-"""The "Tune layers" dialog: autotune's runs as they come, tokens/s against accelerator layers
-with the best and the cliff marked, and a button to use the result."""
+"""The "Tune" dialog: autotune's runs as they come, tokens/s against accelerator layers with a
+curve per thread count, one plot per phase, the best, the cliff and the budget marked, and a
+button that uses each phase's best layers and threads."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,35 +10,36 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
-GEN, PROMPT = QColor("#1e88e5"), QColor("#e53935")
+BEST, CLIFF, BUDGET = "#43a047", "#8e24aa", "#757575"
+# one colour per thread count (cycled), light to dark as threads grow
+THREAD_COLOURS = ["#90caf9", "#1e88e5", "#0d47a1", "#ffb74d", "#e53935", "#6d4c41"]
 
 
 class TuneDialog(QDialog):
-    apply_layers = Signal(int)
+    apply_result = Signal(object)  # autotune's result: the window saves each phase's choice
     stop = Signal()
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Tune accelerator layers")
-        self.resize(720, 520)
-        self.points: dict[int, tuple[float, float]] = {}
+        self.setWindowTitle("Tune layers and threads per phase")
+        self.resize(760, 580)
+        # layers -> (prompt tok/s by threads, generation tok/s by threads)
+        self.points: dict[int, tuple[dict[int, float], dict[int, float]]] = {}
         self.result: dict[str, Any] | None = None
         self.status = QLabel("Measuring: each run loads the model with a different number of "
-                             "layers on the accelerator and times a prompt and a reply.")
+                             "layers on the accelerator and times a prompt and a reply at each "
+                             "thread count.")
         self.status.setWordWrap(True)
         self.gen_plot = self._plot("Generation (tokens/s, one at a time)")
         self.prompt_plot = self._plot("Prompt (tokens/s, one batch)")
         self.prompt_plot.setLabel("bottom", "layers on the accelerator (0: all in RAM)")
-        self.gen_curve = self.gen_plot.plot([], [], pen=pg.mkPen(GEN, width=2), symbol="o",
-                                            symbolBrush=GEN, symbolSize=7)
-        self.prompt_curve = self.prompt_plot.plot([], [], pen=pg.mkPen(PROMPT, width=2), symbol="o",
-                                                  symbolBrush=PROMPT, symbolSize=7)
+        self.curves: dict[tuple[str, int], Any] = {}
         self._marks: list[Any] = []
         self.summary = QLabel("")
+        self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.stop_button = QPushButton("Stop", clicked=self.stop.emit)
-        self.apply_button = QPushButton("Use best for generation", enabled=False,
-                                        clicked=self._on_apply)
+        self.apply_button = QPushButton("Use these", enabled=False, clicked=self._on_apply)
         close = QPushButton("Close", clicked=self.reject)
         buttons = QHBoxLayout()
         buttons.addWidget(self.summary, 1)
@@ -54,18 +56,36 @@ class TuneDialog(QDialog):
         w = pg.PlotWidget(title=title)
         w.showGrid(x=True, y=True, alpha=0.25)
         w.setLabel("left", "tokens/s")
+        w.addLegend(offset=(-10, 10))
         return w
+
+    def _curve(self, phase: str, threads: int) -> Any:
+        key = (phase, threads)
+        if key not in self.curves:
+            n = len({t for _, t in self.curves if _ == phase})
+            colour = QColor(THREAD_COLOURS[n % len(THREAD_COLOURS)])
+            plot = self.gen_plot if phase == "gen" else self.prompt_plot
+            self.curves[key] = plot.plot([], [], pen=pg.mkPen(colour, width=2), symbol="o",
+                                         symbolBrush=colour, symbolSize=6,
+                                         name=f"{threads} thread{'s' if threads != 1 else ''}")
+        return self.curves[key]
 
     def _redraw(self) -> None:
         xs = sorted(self.points)
-        self.gen_curve.setData(xs, [self.points[x][1] for x in xs])
-        self.prompt_curve.setData(xs, [self.points[x][0] for x in xs])
+        threads = sorted({t for x in xs for by in self.points[x] for t in by})
+        for phase, i in (("prompt", 0), ("gen", 1)):
+            for t in threads:
+                have = [x for x in xs if t in self.points[x][i]]
+                self._curve(phase, t).setData(have, [self.points[x][i][t] for x in have])
 
-    def add_point(self, layers: int, prompt_tps: float, gen_tps: float) -> None:
-        self.points[layers] = (prompt_tps, gen_tps)
+    def add_point(self, layers: int, prompt_tps: float, gen_tps: float,
+                  prompt_by: dict[int, float] | None = None,
+                  gen_by: dict[int, float] | None = None) -> None:
+        self.points[layers] = (dict(prompt_by or {0: prompt_tps}), dict(gen_by or {0: gen_tps}))
         self._redraw()
         self.status.setText(f"Run {len(self.points)}: {layers} layers → prompt {prompt_tps:.0f} "
-                            f"tok/s, generation {gen_tps:.1f} tok/s")
+                            f"tok/s, generation {gen_tps:.1f} tok/s (each at its best thread "
+                            f"count)")
 
     def finish(self, result: dict[str, Any]) -> None:
         self.stop_button.setEnabled(False)
@@ -74,23 +94,34 @@ class TuneDialog(QDialog):
             return
         self.result = result
         for p in result["points"]:
-            self.points[p["layers"]] = (p["prompt_tps"], p["gen_tps"])
+            self.points[p["layers"]] = (
+                {int(t): v for t, v in (p.get("prompt_tps_by_threads") or {}).items()}
+                or {0: p["prompt_tps"]},
+                {int(t): v for t, v in (p.get("gen_tps_by_threads") or {}).items()}
+                or {0: p["gen_tps"]})
         self._redraw()
-        for plot, best, cliff in ((self.gen_plot, result["best_gen_layers"], result["cliff_gen_layers"]),
-                                  (self.prompt_plot, result["best_prompt_layers"],
-                                   result["cliff_prompt_layers"])):
-            self._mark(plot, best, "#43a047", f"best {best}")
+        for plot, phase in ((self.gen_plot, "gen"), (self.prompt_plot, "prompt")):
+            best, cliff = result[f"best_{phase}_layers"], result[f"cliff_{phase}_layers"]
+            threads = result.get(f"best_{phase}_threads")
+            self._mark(plot, best, BEST, f"best {best}" + (f" · {threads} thr" if threads else ""))
             if cliff is not None:
-                self._mark(plot, cliff, "#8e24aa", f"cliff {cliff}")
-            self._mark(plot, result["max_layers"], "#757575", "budget", Qt.PenStyle.DashLine)
+                self._mark(plot, cliff, CLIFF, f"cliff {cliff}")
+            self._mark(plot, result["max_layers"], BUDGET, "budget", Qt.PenStyle.DashLine)
         n_all = result["max_layers"] + 1
         self.status.setText(
             f"Done: {result['n_runs']} runs instead of {n_all} (every count from 0 to "
-            f"{result['max_layers']}, the most that fit the budget).")
+            f"{result['max_layers']}, the most that fit the budget), each at thread counts "
+            f"{', '.join(str(t) for t in result.get('threads_searched') or [])}.")
+        def threads(n: Any) -> str:
+            return f"{n} thread{'' if n == 1 else 's'}"
+
+        gt, pt = result.get("best_gen_threads"), result.get("best_prompt_threads")
         self.summary.setText(
-            f"Best generation: {result['best_gen_layers']} layers ({result['best_gen_tps']} tok/s); "
-            f"best prompt: {result['best_prompt_layers']} layers ({result['best_prompt_tps']} tok/s)")
-        self.apply_button.setText(f"Use {result['best_gen_layers']} layers")
+            f"Generation: {result['best_gen_layers']} layers, {threads(gt)} "
+            f"({result['best_gen_tps']} tok/s) · prompt: {result['best_prompt_layers']} layers, "
+            f"{threads(pt)} ({result['best_prompt_tps']} tok/s)"
+            + ("" if result["best_gen_layers"] == result["best_prompt_layers"] else
+               " · a long prompt moves to its layers when the move pays"))
         self.apply_button.setEnabled(True)
 
     def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str,
@@ -106,5 +137,5 @@ class TuneDialog(QDialog):
 
     def _on_apply(self) -> None:
         assert self.result is not None
-        self.apply_layers.emit(int(self.result["best_gen_layers"]))
+        self.apply_result.emit(self.result)
         self.accept()

@@ -440,10 +440,11 @@ class MainWindow(QMainWindow):
             return
         cfg, rpc = session_config(self.store, str(last.model_path), str(last.mmproj_path or ""),
                                   rpc=self._rpc)
-        cfg = replace(cfg, gpu_layers=None)  # measure every count the budget allows
+        # measure every layer count the budget allows, at every thread count of the grid
+        cfg = replace(cfg, gpu_layers=None, n_threads=None, n_threads_batch=None, phases=None)
         self.tune_dialog = TuneDialog(self)
         self.tune_dialog.stop.connect(self.worker.cancel)
-        self.tune_dialog.apply_layers.connect(self._apply_gpu_layers)
+        self.tune_dialog.apply_result.connect(self._apply_tuning)
         self.tune_dialog.finished.connect(self.worker.cancel)  # closing it stops the runs
         self.chat.set_loading()
         self.request_tune.emit(cfg, rpc)
@@ -459,17 +460,27 @@ class MainWindow(QMainWindow):
                                           int(self._settings()["ctx"]), self)
         self.whatif_dialog.show()
 
-    @Slot(int)
-    def _apply_gpu_layers(self, n: int) -> None:
-        self.store.set_setting("gpu_layers", n)
+    @Slot(object)
+    def _apply_tuning(self, result: dict[str, Any]) -> None:
+        """Tune's "Use these": each phase's layers and threads, and the measured prompt speeds
+        that price a move, into Settings; the model loads again with them."""
+        from app.settings import phase_settings
+
+        chosen = phase_settings(result)
+        for key, value in chosen.items():
+            self.store.set_setting(key, value)
         cfg = self.chat.last_cfg
         if cfg is not None:
             self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
-            self.statusBar().showMessage(f"Using {n} accelerator layers (Settings to change)", 15000)
+        self.statusBar().showMessage(
+            f"Generation: {chosen['gpu_layers']} layers, {chosen['threads'] or 'auto'} threads · "
+            f"prompt: {chosen['prompt_layers']} layers, {chosen['threads_batch'] or 'auto'} "
+            f"threads (Settings to change)", 15000)
 
     def _on_tune_point(self, ev: events.TunePoint) -> None:
         if getattr(self, "tune_dialog", None) is not None:
-            self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps)
+            self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps,
+                                       ev.prompt_tps_by_threads, ev.gen_tps_by_threads)
 
     def _on_tune_finished(self, ev: events.TuneFinished) -> None:
         if getattr(self, "tune_dialog", None) is not None:
@@ -555,6 +566,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"{r['device_lost']}: the conversation goes on with the "
                                          "devices that are left", 30000)
         self._take_stream()  # the last pieces, before the reply is shown as saved
+        if r.get("phases") and not r.get("error"):
+            self.statusBar().showMessage(phases_line(r["phases"]), 60000)
         failed = self.chat.finish(r)
         if self.chat.save_error:
             self.statusBar().showMessage(f"Error: {self.chat.save_error}", 60000)
@@ -602,3 +615,13 @@ class MainWindow(QMainWindow):
             self._take_stream()
             self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
         super().closeEvent(event)
+
+
+def phases_line(ph: dict[str, Any]) -> str:
+    """Where and with how many threads each phase of the last turn ran, and why."""
+    def threads(n: int) -> str:
+        return f"{n} thread{'s' if n != 1 else ''}"
+
+    return (f"Prompt: {ph['prompt_layers']} layers, {threads(ph['prompt_threads'])} · "
+            f"generation: {ph['gen_layers']} layers, {threads(ph['gen_threads'])} — "
+            f"{ph['reason']}")

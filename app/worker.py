@@ -167,8 +167,12 @@ class EngineWorker(QObject):
             m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
                          cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
                          on_point=lambda p: self.event.emit(events.TunePoint(
-                             0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps)),
-                         live=cfg.mover != "reload")
+                             0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
+                             prompt_tps_by_threads=p.prompt_tps_by_threads,
+                             gen_tps_by_threads=p.gen_tps_by_threads)),
+                         live=cfg.mover != "reload",
+                         # a thread count set in Settings is kept; else each phase's is searched
+                         threads=(cfg.n_threads,) if cfg.n_threads else None)
             result = autotune(m, budget, headroom).to_dict()
             self.event.emit(events.TuneFinished(0, result=result))
         except Cancelled:

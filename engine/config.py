@@ -3,8 +3,49 @@ Plain data (no I/O): the CLI, the window and the benchmarks build it; the sessio
 read it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PhaseTuning:
+    """Autotune's per-phase choice, with the measurements the per-turn decision needs."""
+    gen_layers: int  # llama.cpp's count (output layer first), as autotune measures
+    prompt_layers: int
+    gen_threads: int
+    prompt_threads: int
+    # prompt tokens/s measured at each placement (at prompt_threads)
+    prompt_tps_at_gen: float
+    prompt_tps_at_prompt: float
+
+    @property
+    def differs(self) -> bool:
+        return self.prompt_layers != self.gen_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PhaseTuning":
+        return cls(int(d["gen_layers"]), int(d["prompt_layers"]), int(d["gen_threads"]),
+                   int(d["prompt_threads"]), float(d["prompt_tps_at_gen"]),
+                   float(d["prompt_tps_at_prompt"]))
+
+    @classmethod
+    def from_autotune(cls, result: dict[str, Any]) -> "PhaseTuning":
+        """From `ebb-engine autotune --json` (or the Tune dialog's result)."""
+        by_layers = {int(p["layers"]): p for p in result["points"]}
+        gen, prompt = int(result["best_gen_layers"]), int(result["best_prompt_layers"])
+        threads = int(result.get("best_prompt_threads") or 0)
+
+        def prompt_tps(layers: int) -> float:
+            p = by_layers[layers]
+            per = {int(t): v for t, v in (p.get("prompt_tps_by_threads") or {}).items()}
+            return float(per.get(threads) or p["prompt_tps"])
+
+        return cls(gen, prompt, int(result.get("best_gen_threads") or 0), threads,
+                   prompt_tps(gen), prompt_tps(prompt))
 
 
 @dataclass(frozen=True)
@@ -31,3 +72,7 @@ class SessionConfig:
     overflow: str = "drop-oldest"
     # bytes of image embeddings kept (least recently used leave first; encoded again if needed)
     image_cache_bytes: int = 1 << 30
+    # autotune's per-phase choice: generation runs at its layers and threads, the prompt with
+    # its threads, and a long enough prompt at its layers (live mover; engine.placement.phases)
+    phases: PhaseTuning | None = None
+    n_threads_batch: int | None = None  # threads for prompt batches (None: n_threads)

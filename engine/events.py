@@ -112,10 +112,13 @@ class MemorySample(Event):
 
 @dataclass(frozen=True)
 class TunePoint(Event):
-    """One autotune run finished: tokens/s at this many accelerator layers."""
+    """One autotune run finished: tokens/s at this many accelerator layers (at each phase's
+    best thread count), and at every thread count measured."""
     layers: int
     prompt_tps: float
     gen_tps: float
+    prompt_tps_by_threads: dict[int, float] = field(default_factory=dict)
+    gen_tps_by_threads: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

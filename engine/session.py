@@ -30,7 +30,7 @@ from engine.gguf.info import (
 )
 from engine.hw import physical_cores
 from engine.ledger import Ledger
-from engine.llama.devices import check_rpc_servers, rpc_bytes_sent
+from engine.llama.devices import check_rpc_servers, rpc_bytes_sent, wait_until_done
 from engine.llama.runtime import GenParams, GenResult, ImageSpan, PromptItem, TextRuntime, check_context
 from engine.placement.live_mover import LiveMover
 from engine.placement.plan import (
@@ -41,12 +41,16 @@ from engine.placement.plan import (
     plan_vision,
     projector_need_bytes,
 )
+from engine.placement.phases import Rebalance, decide_rebalance
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage, load_image
 from engine.vision.projector import TextPiece, TokenizedPrompt
 from engine.vision.swap import ChunkWork, PlanRun
+
+# a per-phase move's cost beyond its bytes: the graphs planned again (~3 ms on loopback RPC)
+MOVE_FIXED_S = 0.005
 
 __all__ = ["HistoryTurn", "Session", "SessionConfig", "TurnResult", "turn_with_recovery"]
 
@@ -85,6 +89,8 @@ class TurnResult:
     mover_note: str = ""  # why this turn's swap did not use the session's mover
     # what the device could not hold in this turn and where it ran instead (also in `reason`)
     device_notes: list[str] = field(default_factory=list)
+    # with a per-phase choice: where and with how many threads each phase ran, and why
+    phases: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         t0 = self.spans[0].start_s if self.spans else 0.0
@@ -98,6 +104,8 @@ class TurnResult:
                              "swap_mover": self.swap_mover, **self.gen}
         if self.device_notes:
             d["device_notes"] = self.device_notes
+        if self.phases:
+            d["phases"] = self.phases
         if self.continued:
             d["continued"] = True
         d.update(n_turns_dropped=self.n_turns_dropped, n_images_dropped=self.n_images_dropped,
@@ -112,6 +120,11 @@ class TurnResult:
 
 class Session:
     def __init__(self, cfg: SessionConfig, emit: Callable[[events.Event], None] | None = None) -> None:
+        if cfg.phases is not None:  # autotune's per-phase choice, unless the user set a value
+            ph = cfg.phases
+            cfg = replace(cfg, gpu_layers=ph.gen_layers if cfg.gpu_layers is None else cfg.gpu_layers,
+                          n_threads=ph.gen_threads or cfg.n_threads,
+                          n_threads_batch=ph.prompt_threads or cfg.n_threads_batch)
         self.cfg = cfg
         self._emit = emit or (lambda ev: None)
         self.info = model_info(read_gguf(cfg.model_path))
@@ -131,6 +144,7 @@ class Session:
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
         self.before_restore: Callable[[int], None] | None = None
+        self.last_phase: Rebalance | None = None  # the last prompt's per-phase decision
         events.pause_point("load")
         self.model = ModelResidency(cfg, self.info, self.n_ctx, self.n_threads, self._emit,
                                     lambda: self._request_id)
@@ -589,6 +603,7 @@ class Session:
                   res: TurnResult, tl: Timeline) -> None:
         self._reply_open = False
         result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl)
+        res.phases = self._phases_used()
         res.text = result.text
         res.gen = result.to_dict()
         del res.gen["text"]
@@ -616,14 +631,92 @@ class Session:
         else:
             items = list(prompt)
         accel = self.placement.accel or CPU
+        tl.plan = None
+        back = self._to_prompt_placement(self.runtime.n_to_evaluate(items), tl)
         events.pause_point("prefill")
         t_start = time.monotonic()
-        result = self.runtime.generate_from(items, gp, on_text, cancel)
-        t_pre = t_start + result.prompt_s
-        tl.plan = None
-        tl.add("prefill", t_start, t_pre, accel)
-        tl.add("decode", t_pre, t_pre + result.gen_s, accel)
+
+        def after_prefill() -> None:  # the prefill's span, then back for generation
+            tl.add("prefill", t_start, time.monotonic(), accel)
+            if back is not None:
+                back()
+
+        result = self.runtime.generate_from(items, gp, on_text, cancel, after_prefill)
+        t_end = time.monotonic()
+        tl.add("decode", t_end - result.gen_s, t_end, accel)
         return result
+
+    # ------------------------------------------------------------ each phase at its best
+
+    def _phases_used(self) -> dict[str, Any]:
+        ph, d = self.cfg.phases, self.last_phase
+        if ph is None or self.runtime is None:
+            return {}
+        gen = self.placement.n_gpu_layers
+        return {"prompt_layers": ph.prompt_layers if d is not None and d.move else gen,
+                "gen_layers": gen, "prompt_threads": self.runtime.n_threads_batch,
+                "gen_threads": self.runtime.n_threads, "moved": bool(d and d.move),
+                "reason": d.reason if d is not None else "the reload mover: one placement"}
+
+    def _phase_layers(self, llama_layers: int) -> set[int]:
+        """The repeating layers the live layout holds on the device for llama.cpp's count
+        (the output layer is the first of the count and stays on the device)."""
+        n = self.info.n_layers
+        return set(range(n - min(max(llama_layers - 1, 0), n), n))
+
+    def phase_decision(self, n_tokens: int) -> Rebalance | None:
+        """Whether this prompt runs at the prompt's placement: None without a per-phase
+        choice or the live mover (the reload mover never moves per turn)."""
+        ph = self.cfg.phases
+        mover = self.model.mover
+        if ph is None or not ph.differs or mover is None or self.accel is None:
+            return None
+        if min(ph.gen_layers, ph.prompt_layers) == 0:  # no device at all: a reload
+            return Rebalance(False, 0.0, 0.0, None, "0 layers means no accelerator: one "
+                             "placement (a reload is never paid per turn)")
+        now = set(mover.on_device())
+        target = self._phase_layers(ph.prompt_layers)
+        copy = target - now if len(target) > len(now) else now - target
+        n_bytes = sum(mover.layer_bytes(i) for i in copy)
+        if len(target) > len(now):
+            room = self.budget_bytes - self.ledger.total(self.accel)
+            if n_bytes > room:
+                return Rebalance(False, 0.0, 0.0, None,
+                                 f"the prompt placement needs {n_bytes / 2**20:.0f} MiB more on "
+                                 f"{self.accel}, the budget has {max(room, 0) / 2**20:.0f} MiB")
+        return decide_rebalance(n_tokens, ph, n_bytes, self.encoder.costs.bus_Bps, MOVE_FIXED_S)
+
+    def _to_prompt_placement(self, n_tokens: int,
+                             tl: Timeline) -> Callable[[], None] | None:
+        """Move to the prompt's placement when it pays (a span `rebalance`); returns the move
+        back, for after the prefill, or None."""
+        decision = self.phase_decision(n_tokens)
+        self.last_phase = decision
+        if decision is None:
+            return None
+        ph = self.cfg.phases
+        assert ph is not None and self.model.mover is not None and self.accel is not None
+        if not decision.move:
+            return None
+        gen_set = set(self.model.mover.on_device())
+        self._rebalance(self._phase_layers(ph.prompt_layers), tl, decision.cost_s / 2,
+                        f"to {ph.prompt_layers} layers for the prompt")
+        return lambda: self._rebalance(gen_set, tl, decision.cost_s / 2,
+                                       f"back to {ph.gen_layers} layers for generation")
+
+    def _rebalance(self, target: set[int], tl: Timeline, predicted_s: float, detail: str) -> None:
+        assert self.model.mover is not None and self.accel is not None
+        now = set(self.model.mover.on_device())
+        promote, evict = sorted(target - now), sorted(now - target, reverse=True)
+        t0 = time.monotonic()
+        copied = self.model.move(promote=promote, evict=evict)
+        assert self.runtime is not None
+        self.runtime.replan()
+        wait_until_done(self.accel)
+        t1 = time.monotonic()
+        tl.add("rebalance", t0, t1, self.accel, copied, detail, predicted_s=predicted_s)
+        if copied:
+            self.encoder.learn("restore", self.accel, t1 - t0, copied, mover="live")
 
 
 def turn_with_recovery(session: Session, text: str, image_paths: Sequence[str | Path] = (),

@@ -128,16 +128,41 @@ def test_autotune_matches_an_exhaustive_sweep_with_half_the_runs(shared_rpc_serv
     assert all(p.accel_bytes <= budget for p in full)
 
 
-def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_projector):
+def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_projector, tmp_path):
+    """Without --threads, every layer count is measured at each thread count of the grid (on
+    two cores: 1 and 2), and each phase gets its best layers and threads; `chat --tuning`
+    runs with them."""
+    from engine.hw import physical_cores
+    from engine.measure.autotune import thread_grid
+
     r = run_cli("autotune", "--rpc", shared_rpc_server.endpoint, "--vram-budget", "185MiB",
-                "--mmproj", str(tiny_projector), "--ctx", "1024", "--threads", "1", "--json",
-                timeout=300)
+                "--mmproj", str(tiny_projector), "--ctx", "1024", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["headroom_bytes"] > 0
-    assert {"best_gen_layers", "best_prompt_layers", "points"} <= set(out)
+    assert {"best_gen_layers", "best_prompt_layers", "best_gen_threads", "best_prompt_threads",
+            "points"} <= set(out)
     assert {p["layers"] for p in out["points"]} >= {0, out["best_gen_layers"], out["best_prompt_layers"]}
-    assert "layers:" in r.stderr  # progress, one line per run
+    grid = thread_grid(physical_cores())
+    assert out["threads_searched"] == grid
+    for p in out["points"]:  # every point with its threads
+        assert sorted(int(t) for t in p["gen_tps_by_threads"]) == grid
+        assert sorted(int(t) for t in p["prompt_tps_by_threads"]) == grid
+        assert p["gen_tps"] == p["gen_tps_by_threads"][str(p["gen_threads"])]
+        assert p["prompt_tps"] == p["prompt_tps_by_threads"][str(p["prompt_threads"])]
+    best_gen = next(p for p in out["points"] if p["layers"] == out["best_gen_layers"])
+    assert out["best_gen_threads"] == best_gen["gen_threads"] in grid
+    assert "layers:" in r.stderr and "threads)" in r.stderr  # progress, one line per run
+    tuning = tmp_path / "tune.json"
+    tuning.write_text(r.stdout)
+    r = run_cli("chat", "--rpc", shared_rpc_server.endpoint, "--vram-budget", "185MiB",
+                "--tuning", str(tuning), "--ctx", "1024", "--prompt", "Hi", "--max-tokens", "4",
+                "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    turn = json.loads(r.stdout.splitlines()[-1])
+    assert turn["n_threads"] == out["best_gen_threads"]
+    assert turn["phases"]["gen_threads"] == out["best_gen_threads"]
+    assert turn["phases"]["prompt_threads"] == out["best_prompt_threads"]
     k = out["best_gen_layers"]
     r = run_cli("chat", "--rpc", shared_rpc_server.endpoint, "--vram-budget", "185MiB",
                 "--gpu-layers", str(k), "--ctx", "1024", "--prompt", "Hi", "--max-tokens", "4",

@@ -15,7 +15,7 @@ from engine.cli.common import (
     flag_parser,
     install_sigint,
 )
-from engine.config import SessionConfig
+from engine.config import PhaseTuning, SessionConfig
 from engine.errors import EbbError
 
 
@@ -38,6 +38,17 @@ def _read_script(path: str) -> list[dict[str, Any]]:
             for t in turns]
 
 
+def _read_tuning(path: str) -> PhaseTuning:
+    """Autotune's JSON (`ebb-engine autotune --json > FILE`) as a per-phase choice."""
+    try:
+        return PhaseTuning.from_autotune(json.loads(Path(path).read_text()))
+    except OSError as exc:
+        raise EbbError(f"cannot read the tuning {path}: {exc.strerror or exc}") from exc
+    except (ValueError, KeyError, TypeError, StopIteration) as exc:
+        raise EbbError(f"{path} is not autotune's JSON ({exc!r})",
+                       "write it with `ebb-engine autotune --json > FILE`") from exc
+
+
 def _session_config(args: argparse.Namespace) -> SessionConfig:
     from engine.gguf.models import existing_file, resolve_model_path
     from engine.units import parse_size
@@ -48,7 +59,11 @@ def _session_config(args: argparse.Namespace) -> SessionConfig:
         raise EbbError(f"--threads must be positive, got {args.threads}")
     if args.gpu_layers is not None and args.gpu_layers < 0:
         raise EbbError(f"--gpu-layers must be 0 or more, got {args.gpu_layers}")
+    if args.threads_batch is not None and args.threads_batch <= 0:
+        raise EbbError(f"--threads-batch must be positive, got {args.threads_batch}")
     return SessionConfig(
+        phases=_read_tuning(args.tuning) if args.tuning else None,
+        n_threads_batch=args.threads_batch,
         model_path=resolve_model_path(args.model),
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
         n_ctx=args.ctx, n_threads=args.threads,
@@ -143,6 +158,11 @@ def register(sub: Any) -> None:
                         "(default: only when the first cannot hold the model)")
     p.add_argument("--gpu-layers", type=int, default=None, metavar="N",
                    help="at most N layers on the accelerator (see autotune; default: all that fit)")
+    p.add_argument("--threads-batch", type=int, default=None, metavar="N",
+                   help="threads for prompt batches (default: --threads)")
+    p.add_argument("--tuning", default=None, metavar="FILE.json",
+                   help="autotune's JSON: generation at its best layers and threads, prompts "
+                        "with theirs, and a long prompt at its best layers (live mover)")
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
     p.add_argument("--image-cache", default="1GiB", metavar="SIZE",

@@ -129,11 +129,14 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     install_sigint(cancel)
 
     def progress(p: Point) -> None:
-        print(f"  {p.layers:3d} layers: prompt {p.prompt_tps:8.1f} tok/s, generation "
-              f"{p.gen_tps:7.2f} tok/s", file=sys.stderr, flush=True)
+        print(f"  {p.layers:3d} layers: prompt {p.prompt_tps:8.1f} tok/s ({p.prompt_threads} "
+              f"threads), generation {p.gen_tps:7.2f} tok/s ({p.gen_threads} threads)",
+              file=sys.stderr, flush=True)
 
+    # --threads fixes the count for both phases; without it each phase's best is searched
     m = Measurer(model, info, accel, check_context(info, args.ctx), args.threads,
-                 flash_attn=not args.no_flash_attn, on_point=progress, cancel=cancel)
+                 flash_attn=not args.no_flash_attn, on_point=progress, cancel=cancel,
+                 threads=(args.threads,) if args.threads else None)
     print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
           + (f", keeping {fmt_bytes(headroom)} for the projector" if headroom else ""),
           file=sys.stderr, flush=True)
@@ -142,11 +145,14 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(f"{out['n_runs']} runs over 0..{out['max_layers']} layers (the most that fit)")
-    print(f"best generation: {out['best_gen_layers']} layers, {out['best_gen_tps']} tok/s"
+    print(f"best generation: {out['best_gen_layers']} layers, {out['best_gen_threads']} "
+          f"threads, {out['best_gen_tps']} tok/s"
           + (f"; speed collapses at {out['cliff_gen_layers']}" if out["cliff_gen_layers"] else ""))
-    print(f"best prompt:     {out['best_prompt_layers']} layers, {out['best_prompt_tps']} tok/s"
+    print(f"best prompt:     {out['best_prompt_layers']} layers, {out['best_prompt_threads']} "
+          f"threads, {out['best_prompt_tps']} tok/s"
           + (f"; speed collapses at {out['cliff_prompt_layers']}" if out["cliff_prompt_layers"] else ""))
-    print(f"use it: ebb-engine chat --gpu-layers {out['best_gen_layers']} ...")
+    print("use both: ebb-engine autotune --json ... > tune.json; ebb-engine chat --tuning "
+          "tune.json ...")
     return 0
 
 

@@ -11,6 +11,7 @@ import ctypes
 import os
 import re
 import sys
+import time
 from typing import Callable
 
 from engine.llama import ggml
@@ -29,14 +30,18 @@ def lost_endpoints() -> list[str]:
         return check_rpc_servers(timeout_s=0.2)
 
     probes: tuple[Callable[[], list[str]], ...] = (ours, refused_endpoints)
-    for probe in probes:
-        try:
-            lost = probe()
-        except Exception:  # noqa: BLE001 - we are already failing; say what we can
-            continue
-        if lost:
-            return lost
-    return []
+    deadline = time.monotonic() + 2.0  # a killed server's port may close a moment later
+    while True:
+        for probe in probes:
+            try:
+                lost = probe()
+            except Exception:  # noqa: BLE001 - we are already failing; say what we can
+                continue
+            if lost:
+                return lost
+        if time.monotonic() > deadline:
+            return []
+        time.sleep(0.1)
 
 
 def describe(message: str, lost: list[str]) -> str:

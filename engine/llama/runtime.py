@@ -54,6 +54,7 @@ class LoadParams:
     model_path: Path
     n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's training context)
     n_threads: int | None = None  # None: physical cores
+    n_threads_batch: int | None = None  # threads for prompt batches; None: n_threads
     n_gpu_layers: int = 0  # llama.cpp's count: the output layer first, then the last layers
     devices: tuple[str, ...] | None = ()  # accelerators to use (none: CPU only); None: all
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, in order
@@ -224,6 +225,7 @@ class TextRuntime:
         self.info = info or model_info(read_gguf(params.model_path))
         self.n_ctx = check_context(self.info, params.n_ctx)
         self.n_threads = params.n_threads or physical_cores()
+        self.n_threads_batch = params.n_threads_batch or self.n_threads
         self._stack = contextlib.ExitStack()
         self._cached: list[Any] = []  # one key per KV cell: token id or (image key, i)
         self._cell_pos: list[int] = []  # each cell's position (an image's cells: its first)
@@ -261,7 +263,7 @@ class TextRuntime:
         cparams.n_batch = self.params.n_batch
         cparams.n_ubatch = self.params.n_batch
         cparams.n_threads = self.n_threads
-        cparams.n_threads_batch = self.n_threads
+        cparams.n_threads_batch = self.n_threads_batch
         if self.params.flash_attn is not None:
             cparams.flash_attn_type = 1 if self.params.flash_attn else 0
         if cb_eval is not None:
@@ -271,6 +273,11 @@ class TextRuntime:
             raise EbbError(f"llama.cpp could not create a context of {n_ctx} tokens: "
                            f"{llama_log.last_error('out of memory?')}", "try a smaller --ctx")
         return ctx
+
+    def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
+        """Threads for single tokens and for batches, from the next decode on (no reload)."""
+        llama().llama_set_n_threads(self.ctx, n_threads, n_threads_batch)
+        self.n_threads, self.n_threads_batch = n_threads, n_threads_batch
 
     def decode_once_with(self, cb_eval: Any) -> None:
         """Decode one token in a throwaway context that calls `cb_eval` for every node."""
@@ -422,6 +429,17 @@ class TextRuntime:
             else:
                 keys.append(it)
         return keys
+
+    def n_to_evaluate(self, items: Sequence[PromptItem]) -> int:
+        """Positions a prefill of `items` would evaluate past the cached prefix (a K-shift may
+        save more): what a per-phase decision weighs."""
+        keys = self._keys(items)
+        n_keep = 0
+        for a, b in zip(self._cached, keys):
+            if a != b:
+                break
+            n_keep += 1
+        return len(keys) - min(n_keep, len(keys) - 1)
 
     def prefill(self, items: Sequence[PromptItem]) -> int:
         """Evaluate items, reusing the longest prefix already in the KV cache. Returns the
@@ -586,7 +604,10 @@ class TextRuntime:
 
     def generate_from(self, items: Sequence[PromptItem], gp: GenParams,
                       on_text: Callable[[str], None] | None = None,
-                      cancel: threading.Event | None = None) -> GenResult:
+                      cancel: threading.Event | None = None,
+                      after_prefill: Callable[[], None] | None = None) -> GenResult:
+        """Prefill `items` and generate. `after_prefill` runs between the two (outside both
+        times): a session moves layers to the generation placement there."""
         n_prompt = len(self._keys(items))
         if n_prompt >= self.n_ctx:
             raise EbbError(f"the conversation is {n_prompt} tokens, the context holds "
@@ -594,6 +615,8 @@ class TextRuntime:
         t0 = time.perf_counter()
         n_eval = self.prefill(items)
         prompt_s = time.perf_counter() - t0
+        if after_prefill is not None:
+            after_prefill()
         t1 = time.perf_counter()
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel)
         return GenResult(text=text, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen,

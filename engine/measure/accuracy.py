@@ -56,7 +56,8 @@ def bench_calibrate(model_path: Path, mmproj_path: Path, rpc: tuple[str, ...], b
 
     text = predict(text_budget)
     k = int(text["n_gpu_layers"])
-    m = Measurer(model_path, ins.model, accel, n_ctx, n_threads, live=True)
+    m = Measurer(model_path, ins.model, accel, n_ctx, n_threads, live=True,
+                 threads=(n_threads,) if n_threads else None)
     runs = [m.measure(k), m.measure(k)]
     say(f"text at {k} layers: measured")
     vision = predict(budget)

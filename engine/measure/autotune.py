@@ -25,14 +25,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from engine.errors import EbbError
 from engine.gguf.info import ModelInfo
+from engine.hw import physical_cores
 from engine.placement.plan import DoesNotFit, plan_placement
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
@@ -43,16 +44,25 @@ INV_PHI = (math.sqrt(5) - 1) / 2
 @dataclass(frozen=True)
 class Point:
     layers: int
-    prompt_tps: float
-    gen_tps: float
+    prompt_tps: float  # at the best thread count for prompts
+    gen_tps: float  # at the best thread count for generation
     load_s: float
     accel_bytes: int
+    prompt_threads: int = 0
+    gen_threads: int = 0
+    # every thread count measured at this layer count: tokens/s per phase
+    prompt_tps_by_threads: dict[int, float] = field(default_factory=dict)
+    gen_tps_by_threads: dict[int, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, float | int]:
-        d = asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = asdict(self)
         d["prompt_tps"] = round(self.prompt_tps, 1)
         d["gen_tps"] = round(self.gen_tps, 2)
         d["load_s"] = round(self.load_s, 3)
+        d["prompt_tps_by_threads"] = {str(t): round(v, 1) for t, v
+                                      in sorted(self.prompt_tps_by_threads.items())}
+        d["gen_tps_by_threads"] = {str(t): round(v, 2) for t, v
+                                   in sorted(self.gen_tps_by_threads.items())}
         return d
 
 
@@ -71,7 +81,7 @@ class TuneResult:
     def point(self, layers: int) -> Point:
         return next(p for p in self.points if p.layers == layers)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device, "vram_budget_bytes": self.budget_bytes,
             "headroom_bytes": self.headroom_bytes, "max_layers": self.max_layers,
@@ -79,6 +89,9 @@ class TuneResult:
             "best_prompt_layers": self.best_prompt_layers,
             "best_gen_tps": round(self.point(self.best_gen_layers).gen_tps, 2),
             "best_prompt_tps": round(self.point(self.best_prompt_layers).prompt_tps, 1),
+            "best_gen_threads": self.point(self.best_gen_layers).gen_threads,
+            "best_prompt_threads": self.point(self.best_prompt_layers).prompt_threads,
+            "threads_searched": sorted({t for p in self.points for t in p.gen_tps_by_threads}),
             "cliff_gen_layers": self.cliff_gen_layers,
             "cliff_prompt_layers": self.cliff_prompt_layers,
             "n_runs": len(self.points),
@@ -98,8 +111,12 @@ class Measurer:
                  n_threads: int | None, flash_attn: bool = True, n_batch: int = 512,
                  prompt_tokens: int = 256, gen_tokens: int = 48,
                  on_point: Callable[[Point], None] | None = None,
-                 cancel: threading.Event | None = None, live: bool = True) -> None:
+                 cancel: threading.Event | None = None, live: bool = True,
+                 threads: Sequence[int] | None = None) -> None:
         self.model_path, self.info, self.accel = model_path, info, accel
+        # thread counts to search (prompt and generation each pick theirs); None: a coarse
+        # grid over the physical cores and a local search around its best
+        self.threads = tuple(threads) if threads else None
         self.n_ctx, self.n_threads, self.flash_attn, self.n_batch = n_ctx, n_threads, flash_attn, n_batch
         self.prompt_tokens, self.gen_tokens = prompt_tokens, gen_tokens
         self.on_point, self.cancel = on_point, cancel
@@ -138,27 +155,69 @@ class Measurer:
                 tokens += rt.tokenize(PROMPT_TEXT, add_special=not tokens)
             tokens = tokens[:min(self.prompt_tokens, self.n_ctx - self.gen_tokens - 16)]
             rt.prefill(tokens[:8])  # warm-up: first-use costs stay out of the timings
-            prompt_s = math.inf
-            for _ in range(2):  # the faster of two: a busy box only ever adds time
-                rt.reset()
-                t1 = time.perf_counter()
-                rt.prefill(tokens)  # waits for the device
-                prompt_s = min(prompt_s, time.perf_counter() - t1)
-            def token() -> float:  # greedy, as a reply is generated; waits for the logits
-                t = time.perf_counter()
-                rt.decode_greedy()
-                return time.perf_counter() - t
+            runs: dict[int, tuple[float, float]] = {}
 
-            for _ in range(4):  # right after a big batch the first tokens run slow on a busy box
-                token()
-            bursts = []
-            for _ in range(3):
-                bursts.append(float(np.percentile([token() for _ in range(self.gen_tokens // 3)], 20)))
-                time.sleep(0.02)
+            def at(t: int) -> tuple[float, float]:  # one thread count: no reload
+                if t not in runs:
+                    runs[t] = self._time_phases(rt, tokens, t)
+                return runs[t]
+
+            grid = self.threads or thread_grid(self.n_threads or physical_cores())
+            for t in grid:
+                at(t)
+            if self.threads is None:  # between the grid's neighbours of each phase's best
+                for phase in (0, 1):
+                    best = max(grid, key=lambda t: at(t)[phase])
+                    i = grid.index(best)
+                    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+                    if hi - lo > 2:
+                        golden_max(lambda t: at(t)[phase], lo, hi)
+        prompt_by = {t: v[0] for t, v in runs.items()}
+        gen_by = {t: v[1] for t, v in runs.items()}
+        pt, gt = fewest_within_noise(prompt_by), fewest_within_noise(gen_by)
+        return Point(layers, prompt_by[pt], gen_by[gt], load_s, accel_bytes, pt, gt,
+                     prompt_by, gen_by)
+
+    def _time_phases(self, rt: Any, tokens: list[int], t: int) -> tuple[float, float]:
+        """(prompt tokens/s, generation tokens/s) with `t` threads."""
+        rt.set_threads(t, t)
+        prompt_s = math.inf
+        for _ in range(2):  # the faster of two: a busy box only ever adds time
+            rt.reset()
+            t1 = time.perf_counter()
+            rt.prefill(tokens)  # waits for the device
+            prompt_s = min(prompt_s, time.perf_counter() - t1)
+
+        def token() -> float:  # greedy, as a reply is generated; waits for the logits
+            t2 = time.perf_counter()
+            rt.decode_greedy()
+            return time.perf_counter() - t2
+
+        for _ in range(4):  # right after a big batch the first tokens run slow on a busy box
+            token()
+        bursts = []
+        for _ in range(3):
+            bursts.append(float(np.percentile([token() for _ in range(self.gen_tokens // 3)], 20)))
+            time.sleep(0.02)
         # waits on a busy machine (a sleeping thread woken late, another process) only ever add
         # time: the fastest burst's fast end is the device's own speed
-        return Point(layers, len(tokens) / prompt_s, 1.0 / min(bursts), load_s,
-                     accel_bytes)
+        return len(tokens) / prompt_s, 1.0 / min(bursts)
+
+
+def thread_grid(cores: int) -> list[int]:
+    """1, 2, 4, … up to the physical cores, and the cores themselves."""
+    grid, t = [], 1
+    while t < cores:
+        grid.append(t)
+        t *= 2
+    return grid + [cores]
+
+
+def fewest_within_noise(tps_by_threads: dict[int, float], tie: float = 0.03) -> int:
+    """The fewest threads whose speed is within measurement noise of the best (fewer threads
+    leave cores to the rest of the machine)."""
+    best = max(tps_by_threads.values())
+    return min(t for t, v in tps_by_threads.items() if v * (1 + tie) >= best)
 
 
 TIE = 0.03  # two runs this close are level: measurement noise

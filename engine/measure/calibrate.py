@@ -45,6 +45,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
         raise EbbError(f"the budget holds only {top} layers on {accel}: too few to calibrate",
                        "raise --vram-budget")
     m = Measurer(model_path, info, accel, n_ctx, n_threads, flash_attn, live=True,
+                 threads=(n_threads,) if n_threads else None,
                  on_point=lambda p: say(f"text: {p.layers} layers → prompt {p.prompt_tps:.0f} "
                                         f"tok/s, generation {p.gen_tps:.1f} tok/s"))
     runs = []

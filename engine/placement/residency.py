@@ -273,6 +273,7 @@ class ModelResidency:
         spread gives llama.cpp the devices and their layer counts."""
         cfg = self.cfg
         common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
+                                      n_threads_batch=cfg.n_threads_batch,
                                       flash_attn=cfg.flash_attn, n_batch=cfg.n_batch)
         if self.spread is not None and placement is self.spread.placement:
             return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers,

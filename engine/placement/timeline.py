@@ -34,9 +34,9 @@ class Timeline:
             self.add(name, t0, time.monotonic(), device, n_bytes, detail)
 
     def add(self, name: str, start_s: float, end_s: float, device: str, n_bytes: int = 0,
-            detail: str = "") -> None:
-        pred = None
-        if self.plan is not None:
+            detail: str = "", predicted_s: float | None = None) -> None:
+        pred = predicted_s
+        if pred is None and self.plan is not None:
             pred = next((s.predicted_s for s in self.plan.steps if s.name == name), None)
         span = events.Span(self.request_id, name=name, start_s=start_s, end_s=end_s,
                            device=device, bytes=n_bytes, predicted_s=pred, detail=detail)

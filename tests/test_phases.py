@@ -1,0 +1,160 @@
+"""Each phase at its best (#15): threads and layers tuned per phase, and a turn whose prompt is
+long enough prefilled at the prompt's placement and generated at generation's."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import PhaseTuning, SessionConfig
+from engine.llama.runtime import GenParams
+from engine.placement.phases import decide_rebalance
+from engine.session import Session
+from tests.conftest import N_THREADS
+
+GP = GenParams(max_tokens=24, temperature=0)
+# measured on some machine: prompts run 4x faster with 20 layers on the device than with 5
+TUNING = PhaseTuning(gen_layers=5, prompt_layers=20, gen_threads=1, prompt_threads=2,
+                     prompt_tps_at_gen=100.0, prompt_tps_at_prompt=400.0)
+
+
+# ------------------------------------------------------------ the decision (pure)
+
+def test_the_move_pays_for_a_long_prompt_and_not_for_a_short_one():
+    # 60 MiB at 1 GB/s plus two replans of 5 ms: ~73 ms; each token saves 7.5 ms
+    cost = 60 * 2**20 / 1e9 + 2 * 0.005
+    short = decide_rebalance(8, TUNING, 60 * 2**20, 1e9, 0.005)
+    long = decide_rebalance(400, TUNING, 60 * 2**20, 1e9, 0.005)
+    assert not short.move and long.move
+    assert short.break_even_tokens == long.break_even_tokens == pytest.approx(cost / 0.0075, abs=1)
+    assert f"pays from {long.break_even_tokens}" in long.reason
+    assert f"pays from {short.break_even_tokens} tokens" in short.reason
+    assert long.saved_s == pytest.approx(400 * 0.0075) and long.cost_s == pytest.approx(cost)
+    # right at the break-even the move pays; one token short it does not
+    n = long.break_even_tokens
+    assert decide_rebalance(n, TUNING, 60 * 2**20, 1e9, 0.005).move
+    assert not decide_rebalance(n - 1, TUNING, 60 * 2**20, 1e9, 0.005).move
+
+
+def test_no_move_when_one_placement_is_best_or_the_prompt_placement_is_not_faster():
+    same = PhaseTuning(12, 12, 2, 2, 300.0, 300.0)
+    assert not decide_rebalance(10_000, same, 0, 1e9, 0.005).move
+    slower = PhaseTuning(5, 20, 1, 2, 400.0, 100.0)
+    r = decide_rebalance(10_000, slower, 60 * 2**20, 1e9, 0.005)
+    assert not r.move and r.break_even_tokens is None and "not faster" in r.reason
+    # a slow link: the same prompt no longer pays
+    assert decide_rebalance(400, TUNING, 60 * 2**20, 1e9, 0.005).move
+    assert not decide_rebalance(400, TUNING, 60 * 2**20, 20e6, 0.005).move
+
+
+def test_a_tuning_reads_autotunes_json():
+    result = {"best_gen_layers": 5, "best_prompt_layers": 20, "best_gen_threads": 1,
+              "best_prompt_threads": 2,
+              "points": [{"layers": 5, "prompt_tps": 150.0, "gen_tps": 30.0,
+                          "prompt_tps_by_threads": {"1": 60.0, "2": 100.0}},
+                         {"layers": 20, "prompt_tps": 400.0, "gen_tps": 20.0,
+                          "prompt_tps_by_threads": {"1": 250.0, "2": 400.0}}]}
+    t = PhaseTuning.from_autotune(result)
+    assert t == TUNING
+    assert PhaseTuning.from_dict(t.to_dict()) == t
+
+
+# ------------------------------------------------------------ on the RPC device
+
+LONG_PROMPT = " ".join(f"Item {i}: the keeper lit the lamp and watched the sea." for i in range(40))
+
+
+# on the device: a small gain per token (0.2 ms), so a short prompt does not pay the move
+# (break-even over 50 tokens at any link speed) and a 600-token one does on loopback
+SMALL_GAIN = PhaseTuning(gen_layers=5, prompt_layers=20, gen_threads=1, prompt_threads=2,
+                         prompt_tps_at_gen=100.0, prompt_tps_at_prompt=102.0)
+
+
+def _turns(model_path, endpoint, phases):
+    cfg = SessionConfig(model_path, None, n_ctx=2048, n_threads=N_THREADS, mover="live",
+                        vram_budget_bytes=300 * 2**20, rpc=(endpoint,), phases=phases,
+                        gpu_layers=None if phases else TUNING.gen_layers,
+                        n_threads_batch=None if phases else TUNING.prompt_threads)
+    with Session(cfg) as s:
+        if phases is None:
+            s.cfg = cfg  # no per-phase choice: one placement, the same threads
+        out = []
+        for text in ("Hi.", LONG_PROMPT + " Summarise the items in one sentence."):
+            r = s.turn(text, gp=GP)
+            assert r.error is None, r.error
+            out.append(r)
+        on_device = sorted(s.model.mover.on_device()) if s.model.mover else []
+        return out, on_device, s.ledger.total(s.accel)
+
+
+def test_a_long_prompt_runs_at_the_prompt_placement_and_replies_as_one_placement(model_path,
+                                                                                shared_rpc_server):
+    from engine.llama.devices import connect_rpc
+
+    connect_rpc(shared_rpc_server.endpoint)
+    one, one_layers, one_ledger = _turns(model_path, shared_rpc_server.endpoint, None)
+    two, two_layers, two_ledger = _turns(model_path, shared_rpc_server.endpoint, SMALL_GAIN)
+    short, long = two
+    assert not short.phases["moved"] and "pays from" in short.phases["reason"]
+    assert long.phases["moved"], long.phases
+    assert long.phases["prompt_layers"] == 20 and long.phases["gen_layers"] == 5
+    assert long.phases["gen_threads"] == 1 and long.phases["prompt_threads"] == 2
+    names = [sp.name for sp in long.spans]
+    assert names.count("rebalance") == 2
+    assert names.index("rebalance") < names.index("prefill") < len(names) - 1 - names[::-1].index("rebalance") < names.index("decode")
+    moves = [sp for sp in long.spans if sp.name == "rebalance"]
+    assert moves[0].bytes > 0 and all(sp.predicted_s for sp in moves)
+    assert "rebalance" not in [sp.name for sp in short.spans]
+    # the same replies, token for token; back at generation's placement, the ledger as before
+    assert [r.text for r in two] == [r.text for r in one]
+    assert two_layers == one_layers and two_ledger == one_ledger
+
+
+# ------------------------------------------------------------ in the window
+
+RESULT = {"device": "RPC0", "vram_budget_bytes": 185 * 2**20, "headroom_bytes": 0,
+          "max_layers": 20, "best_gen_layers": 5, "best_prompt_layers": 20,
+          "best_gen_tps": 30.0, "best_prompt_tps": 400.0, "best_gen_threads": 1,
+          "best_prompt_threads": 2, "threads_searched": [1, 2], "cliff_gen_layers": None,
+          "cliff_prompt_layers": None, "n_runs": 2,
+          "points": [{"layers": 5, "prompt_tps": 100.0, "gen_tps": 30.0, "prompt_threads": 2,
+                      "gen_threads": 1, "prompt_tps_by_threads": {"1": 60.0, "2": 100.0},
+                      "gen_tps_by_threads": {"1": 30.0, "2": 29.5}},
+                     {"layers": 20, "prompt_tps": 400.0, "gen_tps": 20.0, "prompt_threads": 2,
+                      "gen_threads": 1, "prompt_tps_by_threads": {"1": 250.0, "2": 400.0},
+                      "gen_tps_by_threads": {"1": 20.0, "2": 19.0}}]}
+
+
+def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
+    from app.settings import load_settings, phase_settings, phase_tuning, session_config
+    from app.store import Store
+
+    store = Store(tmp_path / "data")
+    for k, v in phase_settings(RESULT).items():
+        store.set_setting(k, v)
+    s = load_settings(store)
+    assert (s["gpu_layers"], s["prompt_layers"], s["threads"], s["threads_batch"]) == (5, 20, 1, 2)
+    assert phase_tuning(s) == TUNING  # the prompt speeds measured at the prompt's threads
+    cfg, _ = session_config(store, "default", "")
+    assert cfg.phases == TUNING and cfg.n_threads == 1 and cfg.n_threads_batch == 2
+    # a user override to a count Tune never measured: one placement (nothing prices a move)
+    store.set_setting("prompt_layers", 12)
+    assert session_config(store, "default", "")[0].phases is None
+    store.close()
+
+
+def test_the_tune_dialog_draws_a_curve_per_thread_count_and_uses_both_phases(qtbot):
+    from app.tune import TuneDialog
+
+    d = TuneDialog()
+    qtbot.addWidget(d)
+    for p in RESULT["points"]:
+        d.add_point(p["layers"], p["prompt_tps"], p["gen_tps"],
+                    {int(t): v for t, v in p["prompt_tps_by_threads"].items()},
+                    {int(t): v for t, v in p["gen_tps_by_threads"].items()})
+    d.finish(RESULT)
+    assert sorted(d.curves) == [("gen", 1), ("gen", 2), ("prompt", 1), ("prompt", 2)]
+    xs, ys = d.curves[("prompt", 2)].getData()
+    assert list(xs) == [5, 20] and list(ys) == [100.0, 400.0]
+    assert "20 layers, 2 threads" in d.summary.text() and "5 layers, 1 thread " in d.summary.text()
+    with qtbot.waitSignal(d.apply_result) as got:
+        d.apply_button.click()
+    assert got.args[0] is RESULT
