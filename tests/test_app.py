@@ -233,6 +233,7 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     assert "in RAM (no accelerator)" in w.model_label.text()
 
 
+@pytest.mark.slow  # every layer count at two thread counts: `make test-slow` (CI runs it)
 def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_server, tmp_path):
     w = _window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
     before = w.model_label.text()
@@ -242,7 +243,14 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     assert dlg.result is not None, dlg.status.text()
     r = dlg.result
     assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
-    assert dlg.gen_curve.getData()[0] is not None and len(dlg.gen_curve.getData()[0]) == r["n_runs"]
+    from engine.hw import physical_cores
+    from engine.measure.autotune import thread_grid
+
+    # Tune searches threads whatever Settings say
+    assert r["threads_searched"] == thread_grid(physical_cores())
+    for t in r["threads_searched"]:
+        assert len(dlg.curves[("gen", t)].getData()[0]) == r["n_runs"]
+        assert len(dlg.curves[("prompt", t)].getData()[0]) == r["n_runs"]
     wait_for(lambda: w.chat.loaded)  # the session is back after tuning
     dlg.resize(720, 520)
     dlg.grab().save(str(tmp_path / "tune.png"))
@@ -250,6 +258,9 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
           f"{r['best_prompt_layers']}; screenshot {tmp_path / 'tune.png'}")
     dlg.apply_button.click()
     assert store.setting("gpu_layers", -1) == r["best_gen_layers"]
+    assert store.setting("prompt_layers", -1) == r["best_prompt_layers"]
+    assert store.setting("threads", 0) == r["best_gen_threads"]
+    assert store.setting("threads_batch", 0) == r["best_prompt_threads"]
     wait_for(lambda: w.chat.loaded and w.model_label.text() != before or
              w.chat.last_cfg.gpu_layers == r["best_gen_layers"])
     wait_for(lambda: w.chat.loaded)
