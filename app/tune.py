@@ -11,8 +11,8 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
 BEST, CLIFF, BUDGET = "#43a047", "#8e24aa", "#757575"
-# one colour per thread count (cycled), light to dark as threads grow
-THREAD_COLOURS = ["#90caf9", "#1e88e5", "#0d47a1", "#ffb74d", "#e53935", "#6d4c41"]
+# one colour per thread count (cycled)
+THREAD_COLOURS = ["#42a5f5", "#ff7043", "#66bb6a", "#ab47bc", "#ffca28", "#8d6e63"]
 
 
 class TuneDialog(QDialog):

@@ -157,4 +157,9 @@ class WhatIfDialog(QDialog):
             lines.append("Vision per image: " + ", ".join(
                 f"{k} {v:.2f}s" if v is not None else f"{k} does not fit"
                 for k, v in out["vision_predicted_s"].items()) + f"; auto picks {out['vision_auto']}.")
+        if out.get("phases"):
+            from engine.placement.whatif import phases_line
+
+            line = phases_line(out["phases"])
+            lines.append(line[0].upper() + line[1:] + ".")
         self.summary.setText("\n".join(lines))

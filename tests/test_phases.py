@@ -57,6 +57,39 @@ def test_a_tuning_reads_autotunes_json():
     assert PhaseTuning.from_dict(t.to_dict()) == t
 
 
+def test_plan_prices_a_per_phase_split_for_an_8b_model_on_an_8gib_card(tmp_path):
+    """A device that is fast on batches and slower than RAM on single tokens (a weak iGPU or a
+    remote box, say):
+    generation is best with the layers in RAM, prompts with all that fit; a 4k-token prompt
+    pays for moving GiBs of layers over a PCIe 4 bus, a short one does not, and the numbers say so."""
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.model_gen import write_sparse_model
+    from engine.placement.calibration import DeviceCal
+    from engine.placement.whatif import phases_line, what_if
+
+    model = model_info(read_gguf(write_sparse_model(tmp_path / "llama-8b.gguf", "llama-8b")))
+    cpu = DeviceCal("CPU", gen_s_per_byte=1 / 40e9, prompt_s_per_byte=1 / 40e9 / 64)
+    # a token reads the device's weights at half RAM's speed; batches run 100x faster than RAM
+    acc = DeviceCal("GPU", gen_s_per_byte=1 / 20e9, prompt_s_per_byte=1 / 40e9 / 6400,
+                    split_gen_s=0.03, split_prompt_s=0.001, bus_Bps=24e9)
+    long = what_if(model, None, 8 * 2**30, 24e9, 40e9, 300e9, 4096, 8, cpu, acc,
+                   n_prompt=4096).phases
+    short = what_if(model, None, 8 * 2**30, 24e9, 40e9, 300e9, 4096, 8, cpu, acc,
+                    n_prompt=16).phases
+    assert long is not None and short is not None
+    assert long["gen_layers"] <= 1 and long["prompt_layers"] > 20  # 0 and 1: the output only
+    assert long["move_bytes"] > 2 * 2**30
+    assert long["move_s"] == pytest.approx(long["move_bytes"] / 24e9 + 0.01, rel=1e-3)
+    assert long["pays"] and not short["pays"]
+    assert long["break_even_tokens"] == short["break_even_tokens"]
+    assert 16 < long["break_even_tokens"] < 4096
+    assert "pays for it" in phases_line(long) and "does not pay" in phases_line(short)
+    # the default costs (a GPU faster at both): one placement
+    same = what_if(model, None, 8 * 2**30, 24e9, 40e9, 300e9, 4096, 8, n_prompt=4096).phases
+    assert same is not None and not same["pays"]
+    assert same["gen_layers"] == same["prompt_layers"] and "one placement" in phases_line(same)
+
+
 # ------------------------------------------------------------ on the RPC device
 
 LONG_PROMPT = " ".join(f"Item {i}: the keeper lit the lamp and watched the sea." for i in range(40))

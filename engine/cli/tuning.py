@@ -60,6 +60,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  vision {name}: " + (f"{secs:.2f}s per image" if secs is not None else "does not fit"))
     if out["vision_auto"]:
         print(f"  auto would pick: {out['vision_auto']}")
+    if out["phases"]:
+        from engine.placement.whatif import phases_line
+
+        print("  " + phases_line(out["phases"]))
     if out["oversize"]:
         o = out["oversize"]
         print(f"  larger than the accelerator: prompt → {o['choice']['prompt']}, generation → "

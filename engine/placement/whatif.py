@@ -19,14 +19,21 @@ from engine.placement.calibration import (
     split_bytes,
     vision_costs,
 )
+from engine.config import PhaseTuning
+from engine.placement.phases import decide_rebalance
 from engine.placement.plan import (
     Costs,
     DoesNotFit,
     Placement,
     VisionPlan,
+    placement_for,
     plan_placement,
     plan_vision,
 )
+
+# a per-phase move's cost beyond its bytes: the graphs planned again twice (measured ~3 ms each
+# on loopback RPC; a GPU's is of the same order)
+MOVE_FIXED_S = 0.005
 
 BUS_GBPS = {"pcie3": 12.0, "pcie4": 24.0, "pcie5": 48.0}  # host→device, pinned, GB/s
 
@@ -54,6 +61,7 @@ class WhatIf:
     prompt_tokens_per_s: float | None = None
     calibrated: dict[str, bool] | None = None
     oversize: dict[str, Any] | None = None
+    phases: dict[str, Any] | None = None  # each phase at its best: see price_phases
 
     def to_dict(self) -> dict[str, Any]:
         p = self.placement
@@ -70,6 +78,7 @@ class WhatIf:
             "vision_steps": [s.__dict__ for s in self.vision_plan.steps] if self.vision_plan else [],
             "calibrated": self.calibrated or {"cpu": False, "accelerator": False},
             "oversize": self.oversize,
+            "phases": self.phases,
         }
 
 
@@ -170,5 +179,55 @@ def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_B
         if isinstance(result, VisionPlan):
             vplan = result
             vision = dict(result.predicted_s)
+    phases = (price_phases(model, placement, cpu, acc, acc.bus_Bps or bus_Bps, n_ctx,
+                           min(n_prompt, n_ctx)) if placement.live else None)
     return WhatIf(placement, ram_w, pred["gen_tokens_per_s"], vision, vplan, prompt_tps,
-                  {"cpu": cpu_cal is not None, "accelerator": accel_cal is not None}, oversize)
+                  {"cpu": cpu_cal is not None, "accelerator": accel_cal is not None}, oversize,
+                  phases)
+
+
+def price_phases(model: ModelInfo, fits: Placement, cpu: DeviceCal, acc: DeviceCal,
+                 bus_Bps: float, n_ctx: int, n_prompt: int) -> dict[str, Any]:
+    """Each phase's best layer count among those that fit (0 .. the live placement's), as the
+    cost model predicts them, and whether a prompt of `n_prompt` tokens pays for moving to the
+    prompt's best and back (the live mover's move: one copy of the layers that differ over the
+    bus, and two re-plans)."""
+    assert fits.accel is not None
+    by_k = {}
+    for k in range(fits.n_gpu_layers + 1):
+        p = placement_for(model, fits.accel, k, n_ctx, 512, True, live=True)
+        by_k[k] = predict_text(model, p, cpu, acc)
+    gen_k = max(by_k, key=lambda k: (by_k[k]["gen_tokens_per_s"], k))
+    prompt_k = max(by_k, key=lambda k: (by_k[k]["prompt_tokens_per_s"], k))
+    lo, hi = sorted((gen_k, prompt_k))
+    moved = [i for i in range(model.n_layers)
+             if model.n_layers - max(hi - 1, 0) <= i < model.n_layers - max(lo - 1, 0)]
+    move_bytes = sum(model.layer_bytes[i] for i in moved)
+    t = PhaseTuning(gen_k, prompt_k, 0, 0, by_k[gen_k]["prompt_tokens_per_s"],
+                    by_k[prompt_k]["prompt_tokens_per_s"])
+    # in the live layout 0 still keeps the output layer and the KV cache on the device: the
+    # repeating layers move, whatever the two counts
+    decision = decide_rebalance(n_prompt, t, move_bytes, bus_Bps, MOVE_FIXED_S)
+    return {"gen_layers": gen_k, "prompt_layers": prompt_k,
+            "gen_tokens_per_s": round(by_k[gen_k]["gen_tokens_per_s"], 1),
+            "prompt_tokens_per_s": round(by_k[prompt_k]["prompt_tokens_per_s"], 1),
+            "prompt_tokens_per_s_at_gen_layers": round(t.prompt_tps_at_gen, 1),
+            "move_bytes": move_bytes, "move_s": round(decision.cost_s, 4),
+            "n_prompt": n_prompt, "pays": decision.move,
+            "break_even_tokens": decision.break_even_tokens, "reason": decision.reason}
+
+
+def phases_line(ph: dict[str, Any]) -> str:
+    """One line for `plan` and What if…: each phase's best, and whether the move pays."""
+    if ph["gen_layers"] == ph["prompt_layers"]:
+        return f"each phase: one placement ({ph['gen_layers']} layers) is best for both"
+    head = (f"each phase: generation best at {ph['gen_layers']} layers "
+            f"(~{ph['gen_tokens_per_s']} tok/s), prompt at {ph['prompt_layers']} "
+            f"(~{ph['prompt_tokens_per_s']} tok/s against ~{ph['prompt_tokens_per_s_at_gen_layers']}"
+            f" at {ph['gen_layers']}); moving {ph['move_bytes'] / 2**20:.0f} MiB costs "
+            f"~{ph['move_s'] * 1e3:.0f} ms")
+    if ph["break_even_tokens"] is None:
+        return head + ": it never pays"
+    return (head + f": a {ph['n_prompt']}-token prompt "
+            + ("pays for it" if ph["pays"] else "does not pay for it")
+            + f" (pays from {ph['break_even_tokens']} tokens)")
