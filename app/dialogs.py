@@ -48,6 +48,12 @@ class SettingsDialog(QDialog):
                     "from Tune's measurements)")
         self.threads_batch = QSpinBox(minimum=0, maximum=256, value=int(v["threads_batch"]),
                                       specialValueText="as for generation")
+        self.image_layers = QSpinBox(
+            minimum=-1, maximum=1000, value=int(v["image_layers"]),
+            specialValueText="as for text prompts",
+            toolTip="A prompt with images (a larger batch) runs with this many layers on the "
+                    "accelerator: Tune measures where its speed falls off")
+        self.image_speeds = dict(v.get("image_speeds") or {})
         self.prompt_speeds = dict(v.get("prompt_speeds") or {})
         self.phase_info = QLabel(self._phase_text())
         self.phase_info.setWordWrap(True)
@@ -80,6 +86,7 @@ class SettingsDialog(QDialog):
         form.addRow("Threads (prompt)", self.threads_batch)
         form.addRow("Accelerator layers (generation)", self.gpu_layers)
         form.addRow("Accelerator layers (prompt)", self.prompt_layers)
+        form.addRow("Accelerator layers (prompt with images)", self.image_layers)
         form.addRow("", self.phase_info)
         form.addRow("Several devices", self.spread)
         form.addRow("Context length", self.ctx)
@@ -103,6 +110,7 @@ class SettingsDialog(QDialog):
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
                 "prompt_layers": self.prompt_layers.value(),
                 "threads_batch": self.threads_batch.value(), "prompt_speeds": self.prompt_speeds,
+                "image_layers": self.image_layers.value(), "image_speeds": self.image_speeds,
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
                 "image_cache": self.image_cache.text().strip(),
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}

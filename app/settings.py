@@ -23,7 +23,10 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             # each phase at its best (Model → Tune…): the prompt's layers (-1: as
                             # generation's) and threads (0: as generation's), and the prompt
                             # speeds autotune measured per layer count, which price a move
-                            "prompt_layers": -1, "threads_batch": 0, "prompt_speeds": {}}
+                            "prompt_layers": -1, "threads_batch": 0, "prompt_speeds": {},
+                            # the same for a prompt with images (a batch of the projector's
+                            # image tokens): -1 as for text prompts
+                            "image_layers": -1, "image_speeds": {}}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -58,26 +61,38 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
 def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:
     """The per-phase choice from the settings: only when the two phases' layer counts differ
     and autotune measured prompts at both (a move is priced from those measurements)."""
-    gen, prompt = int(s["gpu_layers"]), int(s["prompt_layers"])
+    gen, prompt, image = int(s["gpu_layers"]), int(s["prompt_layers"]), int(s["image_layers"])
     speeds = {int(k): float(v) for k, v in (s.get("prompt_speeds") or {}).items()}
-    if gen < 0 or prompt < 0 or gen == prompt or gen not in speeds or prompt not in speeds:
+    images = {int(k): float(v) for k, v in (s.get("image_speeds") or {}).items()}
+    if image < 0 or gen not in images or image not in images:
+        image = -1
+    text = prompt >= 0 and gen != prompt and gen in speeds and prompt in speeds
+    if gen < 0 or not (text or (image >= 0 and image != gen)):
         return None
-    return PhaseTuning(gen, prompt, int(s["threads"]), int(s["threads_batch"]), speeds[gen],
-                       speeds[prompt])
+    if not text:  # images alone move: text prompts stay at generation's placement
+        prompt = gen
+    return PhaseTuning(gen, prompt, int(s["threads"]), int(s["threads_batch"]),
+                       speeds.get(gen, 1.0), speeds.get(prompt, 1.0), image,
+                       images.get(gen, 0.0), images.get(image, 0.0))
 
 
 def phase_settings(result: dict[str, Any]) -> dict[str, Any]:
     """The settings that use autotune's result: each phase's layers and threads, and the prompt
     speeds it measured (at the prompt's best thread count) for pricing a move."""
     threads = int(result.get("best_prompt_threads") or 0)
-    speeds = {}
+    speeds, images = {}, {}
     for p in result["points"]:
         per = p.get("prompt_tps_by_threads") or {}
         speeds[str(p["layers"])] = float(per.get(str(threads)) or p["prompt_tps"])
+        if p.get("image_tps"):
+            per = p.get("image_tps_by_threads") or {}
+            images[str(p["layers"])] = float(per.get(str(threads)) or p["image_tps"])
+    image = result.get("best_image_layers")
     return {"gpu_layers": int(result["best_gen_layers"]),
             "prompt_layers": int(result["best_prompt_layers"]),
             "threads": int(result.get("best_gen_threads") or 0), "threads_batch": threads,
-            "prompt_speeds": speeds}
+            "prompt_speeds": speeds, "image_layers": int(image) if image is not None else -1,
+            "image_speeds": images}
 
 
 def resolve_paths(cfg: SessionConfig) -> SessionConfig:

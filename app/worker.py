@@ -161,8 +161,9 @@ class EngineWorker(QObject):
                 raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
                                "or use a GPU")
             info = model_info(read_gguf(cfg.model_path))
-            headroom = (projector_need_bytes(projector_info(read_gguf(cfg.mmproj_path)), cfg.flash_attn)
-                        if cfg.mmproj_path and cfg.vision == "resident" else 0)
+            proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
+            headroom = (projector_need_bytes(proj, cfg.flash_attn)
+                        if proj is not None and cfg.vision == "resident" else 0)
             budget = cfg.vram_budget_bytes or default_budget(accel)
             m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
                          cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
@@ -172,7 +173,8 @@ class EngineWorker(QObject):
                              gen_tps_by_threads=p.gen_tps_by_threads)),
                          live=cfg.mover != "reload",
                          # a thread count set in Settings is kept; else each phase's is searched
-                         threads=(cfg.n_threads,) if cfg.n_threads else None)
+                         threads=(cfg.n_threads,) if cfg.n_threads else None,
+                         image_tokens=proj.image_tokens if proj is not None else 0)
             result = autotune(m, budget, headroom).to_dict()
             self.event.emit(events.TuneFinished(0, result=result))
         except Cancelled:

@@ -18,10 +18,24 @@ class PhaseTuning:
     # prompt tokens/s measured at each placement (at prompt_threads)
     prompt_tps_at_gen: float
     prompt_tps_at_prompt: float
+    # a prompt of the projector's image tokens in one batch (its compute buffer is larger, and
+    # the speed may fall off a cliff at fewer layers): its best placement and the speeds there
+    # and at generation's; -1 / 0: not measured
+    image_layers: int = -1
+    image_tps_at_gen: float = 0.0
+    image_tps_at_image: float = 0.0
 
     @property
     def differs(self) -> bool:
         return self.prompt_layers != self.gen_layers
+
+    def for_images(self) -> "PhaseTuning":
+        """The choice for a prompt with images: the image batch's best layers and speeds in
+        place of the text prompt's (itself when images were not measured)."""
+        if self.image_layers < 0 or not self.image_tps_at_gen:
+            return self
+        return PhaseTuning(self.gen_layers, self.image_layers, self.gen_threads,
+                           self.prompt_threads, self.image_tps_at_gen, self.image_tps_at_image)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -30,7 +44,8 @@ class PhaseTuning:
     def from_dict(cls, d: dict[str, Any]) -> "PhaseTuning":
         return cls(int(d["gen_layers"]), int(d["prompt_layers"]), int(d["gen_threads"]),
                    int(d["prompt_threads"]), float(d["prompt_tps_at_gen"]),
-                   float(d["prompt_tps_at_prompt"]))
+                   float(d["prompt_tps_at_prompt"]), int(d.get("image_layers", -1)),
+                   float(d.get("image_tps_at_gen", 0.0)), float(d.get("image_tps_at_image", 0.0)))
 
     @classmethod
     def from_autotune(cls, result: dict[str, Any]) -> "PhaseTuning":
@@ -39,13 +54,16 @@ class PhaseTuning:
         gen, prompt = int(result["best_gen_layers"]), int(result["best_prompt_layers"])
         threads = int(result.get("best_prompt_threads") or 0)
 
-        def prompt_tps(layers: int) -> float:
+        def prompt_tps(layers: int, kind: str = "prompt") -> float:
             p = by_layers[layers]
-            per = {int(t): v for t, v in (p.get("prompt_tps_by_threads") or {}).items()}
-            return float(per.get(threads) or p["prompt_tps"])
+            per = {int(t): v for t, v in (p.get(f"{kind}_tps_by_threads") or {}).items()}
+            return float(per.get(threads) or p.get(f"{kind}_tps") or 0.0)
 
+        image = result.get("best_image_layers")
+        images = (int(image), prompt_tps(gen, "image"), prompt_tps(int(image), "image")) \
+            if image is not None else (-1, 0.0, 0.0)
         return cls(gen, prompt, int(result.get("best_gen_threads") or 0), threads,
-                   prompt_tps(gen), prompt_tps(prompt))
+                   prompt_tps(gen), prompt_tps(prompt), *images)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import events
-from engine.config import SessionConfig
+from engine.config import PhaseTuning, SessionConfig
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
@@ -145,6 +145,7 @@ class Session:
         # before those layers come back (outside every span): bench swap times the link there
         self.before_restore: Callable[[int], None] | None = None
         self.last_phase: Rebalance | None = None  # the last prompt's per-phase decision
+        self._phase_target: PhaseTuning | None = None  # the choice it weighed (text or images)
         events.pause_point("load")
         self.model = ModelResidency(cfg, self.info, self.n_ctx, self.n_threads, self._emit,
                                     lambda: self._request_id)
@@ -632,7 +633,7 @@ class Session:
             items = list(prompt)
         accel = self.placement.accel or CPU
         tl.plan = None
-        back = self._to_prompt_placement(self.runtime.n_to_evaluate(items), tl)
+        back = self._to_prompt_placement(*self.runtime.n_to_evaluate(items), tl)
         events.pause_point("prefill")
         t_start = time.monotonic()
 
@@ -649,7 +650,7 @@ class Session:
     # ------------------------------------------------------------ each phase at its best
 
     def _phases_used(self) -> dict[str, Any]:
-        ph, d = self.cfg.phases, self.last_phase
+        ph, d = self._phase_target or self.cfg.phases, self.last_phase
         if ph is None or self.runtime is None:
             return {}
         gen = self.placement.n_gpu_layers
@@ -664,10 +665,15 @@ class Session:
         n = self.info.n_layers
         return set(range(n - min(max(llama_layers - 1, 0), n), n))
 
-    def phase_decision(self, n_tokens: int) -> Rebalance | None:
-        """Whether this prompt runs at the prompt's placement: None without a per-phase
-        choice or the live mover (the reload mover never moves per turn)."""
+    def phase_decision(self, n_tokens: int, n_image_tokens: int = 0) -> Rebalance | None:
+        """Whether this prompt runs at the prompt's placement (with images to evaluate: the
+        image batch's, which keeps it off a cliff that a larger batch meets sooner): None
+        without a per-phase choice or the live mover (the reload mover never moves per
+        turn)."""
         ph = self.cfg.phases
+        if ph is not None and n_image_tokens:
+            ph = ph.for_images()
+        self._phase_target = ph
         mover = self.model.mover
         if ph is None or not ph.differs or mover is None or self.accel is None:
             return None
@@ -686,15 +692,15 @@ class Session:
                                  f"{self.accel}, the budget has {max(room, 0) / 2**20:.0f} MiB")
         return decide_rebalance(n_tokens, ph, n_bytes, self.encoder.costs.bus_Bps, MOVE_FIXED_S)
 
-    def _to_prompt_placement(self, n_tokens: int,
+    def _to_prompt_placement(self, n_tokens: int, n_image_tokens: int,
                              tl: Timeline) -> Callable[[], None] | None:
         """Move to the prompt's placement when it pays (a span `rebalance`); returns the move
         back, for after the prefill, or None."""
-        decision = self.phase_decision(n_tokens)
+        decision = self.phase_decision(n_tokens, n_image_tokens)
         self.last_phase = decision
         if decision is None:
             return None
-        ph = self.cfg.phases
+        ph = self._phase_target
         assert ph is not None and self.model.mover is not None and self.accel is not None
         if not decision.move:
             return None

@@ -55,6 +55,14 @@ def test_a_tuning_reads_autotunes_json():
     t = PhaseTuning.from_autotune(result)
     assert t == TUNING
     assert PhaseTuning.from_dict(t.to_dict()) == t
+    # with the projector's image batch measured too
+    result["best_image_layers"] = 20
+    result["points"][0]["image_tps_by_threads"] = {"1": 10.0, "2": 20.0}
+    result["points"][1]["image_tps_by_threads"] = {"1": 80.0, "2": 90.0}
+    t = PhaseTuning.from_autotune(result)
+    assert (t.image_layers, t.image_tps_at_gen, t.image_tps_at_image) == (20, 20.0, 90.0)
+    assert t.for_images() == PhaseTuning(5, 20, 1, 2, 20.0, 90.0)
+    assert PhaseTuning.from_dict(t.to_dict()) == t
 
 
 def test_plan_prices_a_per_phase_split_for_an_8b_model_on_an_8gib_card(tmp_path):
@@ -191,3 +199,33 @@ def test_the_tune_dialog_draws_a_curve_per_thread_count_and_uses_both_phases(qtb
     with qtbot.waitSignal(d.apply_result) as got:
         d.apply_button.click()
     assert got.args[0] is RESULT
+
+
+def test_a_prompt_with_an_image_moves_to_the_image_batchs_placement(model_path, tiny_projector,
+                                                                   pictures, shared_rpc_server):
+    """Text prompts stay where generation is; the image's batch, measured slower there (past
+    its cliff), moves to the image's best layers and back; the replies equal one placement's."""
+    from engine.llama.devices import connect_rpc
+
+    connect_rpc(shared_rpc_server.endpoint)
+    images_only = PhaseTuning(gen_layers=5, prompt_layers=5, gen_threads=0, prompt_threads=0,
+                              prompt_tps_at_gen=100.0, prompt_tps_at_prompt=100.0,
+                              image_layers=20, image_tps_at_gen=20.0, image_tps_at_image=100.0)
+    assert images_only.for_images().prompt_layers == 20 and not images_only.differs
+
+    def run(phases):
+        cfg = SessionConfig(model_path, tiny_projector, n_ctx=2048, n_threads=N_THREADS,
+                            mover="live", vision="cpu", vram_budget_bytes=300 * 2**20,
+                            rpc=(shared_rpc_server.endpoint,), phases=phases, gpu_layers=5)
+        with Session(cfg) as s:
+            a = s.turn("Hi.", gp=GP)
+            b = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
+            assert a.error is None and b.error is None, (a.error, b.error)
+            return a, b
+
+    a1, b1 = run(None)
+    a2, b2 = run(images_only)
+    assert "rebalance" not in [sp.name for sp in a2.spans]
+    assert b2.phases["moved"] and b2.phases["prompt_layers"] == 20, b2.phases
+    assert [sp.name for sp in b2.spans].count("rebalance") == 2
+    assert (a2.text, b2.text) == (a1.text, b1.text)

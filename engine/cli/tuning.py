@@ -120,11 +120,12 @@ def cmd_autotune(args: argparse.Namespace) -> int:
 
     model = resolve_model_path(args.model)
     info = model_info(read_gguf(model))
-    headroom = 0
+    headroom = image_tokens = 0
     if args.mmproj:
         proj = projector_info(read_gguf(existing_file(args.mmproj, "projector")))
         check_projector_matches(info, proj)
         headroom = projector_need_bytes(proj, not args.no_flash_attn)
+        image_tokens = proj.image_tokens
     accel = pick_accelerator(tuple(args.rpc))
     if accel is None:
         raise EbbError("there is no accelerator to tune for", "use a GPU or pass --rpc HOST:PORT")
@@ -140,7 +141,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     # --threads fixes the count for both phases; without it each phase's best is searched
     m = Measurer(model, info, accel, check_context(info, args.ctx), args.threads,
                  flash_attn=not args.no_flash_attn, on_point=progress, cancel=cancel,
-                 threads=(args.threads,) if args.threads else None)
+                 threads=(args.threads,) if args.threads else None, image_tokens=image_tokens)
     print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
           + (f", keeping {fmt_bytes(headroom)} for the projector" if headroom else ""),
           file=sys.stderr, flush=True)
@@ -155,6 +156,11 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     print(f"best prompt:     {out['best_prompt_layers']} layers, {out['best_prompt_threads']} "
           f"threads, {out['best_prompt_tps']} tok/s"
           + (f"; speed collapses at {out['cliff_prompt_layers']}" if out["cliff_prompt_layers"] else ""))
+    if out.get("best_image_layers") is not None:
+        print(f"best image:     {out['best_image_layers']} layers, {out['best_image_tps']} tok/s "
+              f"({out['image_tokens']} image tokens in one prompt)"
+              + (f"; speed collapses at {out['cliff_image_layers']}"
+                 if out["cliff_image_layers"] else ""))
     print("use both: ebb-engine autotune --json ... > tune.json; ebb-engine chat --tuning "
           "tune.json ...")
     return 0

@@ -430,16 +430,17 @@ class TextRuntime:
                 keys.append(it)
         return keys
 
-    def n_to_evaluate(self, items: Sequence[PromptItem]) -> int:
-        """Positions a prefill of `items` would evaluate past the cached prefix (a K-shift may
-        save more): what a per-phase decision weighs."""
+    def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
+        """(positions, of them image positions) a prefill of `items` would evaluate past the
+        cached prefix (a K-shift may save more): what a per-phase decision weighs."""
         keys = self._keys(items)
         n_keep = 0
         for a, b in zip(self._cached, keys):
             if a != b:
                 break
             n_keep += 1
-        return len(keys) - min(n_keep, len(keys) - 1)
+        rest = keys[min(n_keep, len(keys) - 1):]
+        return len(rest), sum(1 for k in rest if isinstance(k, tuple))
 
     def prefill(self, items: Sequence[PromptItem]) -> int:
         """Evaluate items, reusing the longest prefix already in the KV cache. Returns the

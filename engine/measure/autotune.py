@@ -53,6 +53,9 @@ class Point:
     # every thread count measured at this layer count: tokens/s per phase
     prompt_tps_by_threads: dict[int, float] = field(default_factory=dict)
     gen_tps_by_threads: dict[int, float] = field(default_factory=dict)
+    # a prompt as long as the projector's image tokens (0: not measured), at prompt_threads
+    image_tps: float = 0.0
+    image_tps_by_threads: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = asdict(self)
@@ -63,6 +66,12 @@ class Point:
                                       in sorted(self.prompt_tps_by_threads.items())}
         d["gen_tps_by_threads"] = {str(t): round(v, 2) for t, v
                                    in sorted(self.gen_tps_by_threads.items())}
+        if self.image_tps:
+            d["image_tps"] = round(self.image_tps, 1)
+            d["image_tps_by_threads"] = {str(t): round(v, 1) for t, v
+                                         in sorted(self.image_tps_by_threads.items())}
+        else:
+            del d["image_tps"], d["image_tps_by_threads"]
         return d
 
 
@@ -77,6 +86,9 @@ class TuneResult:
     points: tuple[Point, ...]
     cliff_gen_layers: int | None
     cliff_prompt_layers: int | None
+    image_tokens: int = 0  # the image batch measured (0: none)
+    best_image_layers: int | None = None
+    cliff_image_layers: int | None = None
 
     def point(self, layers: int) -> Point:
         return next(p for p in self.points if p.layers == layers)
@@ -95,6 +107,10 @@ class TuneResult:
             "cliff_gen_layers": self.cliff_gen_layers,
             "cliff_prompt_layers": self.cliff_prompt_layers,
             "n_runs": len(self.points),
+            **({"image_tokens": self.image_tokens, "best_image_layers": self.best_image_layers,
+                "best_image_tps": round(self.point(self.best_image_layers).image_tps, 1),
+                "cliff_image_layers": self.cliff_image_layers}
+               if self.best_image_layers is not None else {}),
             "points": [p.to_dict() for p in sorted(self.points, key=lambda p: p.layers)],
         }
 
@@ -112,11 +128,14 @@ class Measurer:
                  prompt_tokens: int = 256, gen_tokens: int = 48,
                  on_point: Callable[[Point], None] | None = None,
                  cancel: threading.Event | None = None, live: bool = True,
-                 threads: Sequence[int] | None = None) -> None:
+                 threads: Sequence[int] | None = None, image_tokens: int = 0) -> None:
         self.model_path, self.info, self.accel = model_path, info, accel
         # thread counts to search (prompt and generation each pick theirs); None: a coarse
         # grid over the physical cores and a local search around its best
         self.threads = tuple(threads) if threads else None
+        # also time a prompt as long as an image's tokens (a larger batch, a larger compute
+        # buffer: its sweet spot and cliff may sit elsewhere); 0: text only
+        self.image_tokens = image_tokens
         self.n_ctx, self.n_threads, self.flash_attn, self.n_batch = n_ctx, n_threads, flash_attn, n_batch
         self.prompt_tokens, self.gen_tokens = prompt_tokens, gen_tokens
         self.on_point, self.cancel = on_point, cancel
@@ -155,9 +174,9 @@ class Measurer:
                 tokens += rt.tokenize(PROMPT_TEXT, add_special=not tokens)
             tokens = tokens[:min(self.prompt_tokens, self.n_ctx - self.gen_tokens - 16)]
             rt.prefill(tokens[:8])  # warm-up: first-use costs stay out of the timings
-            runs: dict[int, tuple[float, float]] = {}
+            runs: dict[int, tuple[float, float, float]] = {}
 
-            def at(t: int) -> tuple[float, float]:  # one thread count: no reload
+            def at(t: int) -> tuple[float, float, float]:  # one thread count: no reload
                 if t not in runs:
                     runs[t] = self._time_phases(rt, tokens, t)
                 return runs[t]
@@ -174,19 +193,32 @@ class Measurer:
                         golden_max(lambda t: at(t)[phase], lo, hi)
         prompt_by = {t: v[0] for t, v in runs.items()}
         gen_by = {t: v[1] for t, v in runs.items()}
+        image_by = {t: v[2] for t, v in runs.items() if v[2]}
         pt, gt = fewest_within_noise(prompt_by), fewest_within_noise(gen_by)
         return Point(layers, prompt_by[pt], gen_by[gt], load_s, accel_bytes, pt, gt,
-                     prompt_by, gen_by)
+                     prompt_by, gen_by, image_by.get(pt, 0.0), image_by)
 
-    def _time_phases(self, rt: Any, tokens: list[int], t: int) -> tuple[float, float]:
-        """(prompt tokens/s, generation tokens/s) with `t` threads."""
+    def _time_phases(self, rt: Any, tokens: list[int], t: int) -> tuple[float, float, float]:
+        """(prompt, generation, image-sized prompt) tokens/s with `t` threads; the last is 0
+        without image tokens to time."""
         rt.set_threads(t, t)
-        prompt_s = math.inf
-        for _ in range(2):  # the faster of two: a busy box only ever adds time
-            rt.reset()
-            t1 = time.perf_counter()
-            rt.prefill(tokens)  # waits for the device
-            prompt_s = min(prompt_s, time.perf_counter() - t1)
+
+        def prefill_tps(toks: list[int]) -> float:
+            best = math.inf
+            for _ in range(2):  # the faster of two: a busy box only ever adds time
+                rt.reset()
+                t1 = time.perf_counter()
+                rt.prefill(toks)  # waits for the device
+                best = min(best, time.perf_counter() - t1)
+            return len(toks) / best
+
+        image_tps = 0.0
+        if self.image_tokens:
+            room = self.n_ctx - 16
+            reps = self.image_tokens // max(len(tokens), 1) + 1
+            image = (tokens * reps)[:min(self.image_tokens, room)]
+            image_tps = prefill_tps(image)
+        prompt_tps = prefill_tps(tokens)  # last: generation goes on from this prompt
 
         def token() -> float:  # greedy, as a reply is generated; waits for the logits
             t2 = time.perf_counter()
@@ -201,7 +233,7 @@ class Measurer:
             time.sleep(0.02)
         # waits on a busy machine (a sleeping thread woken late, another process) only ever add
         # time: the fastest burst's fast end is the device's own speed
-        return len(tokens) / prompt_s, 1.0 / min(bursts)
+        return prompt_tps, 1.0 / min(bursts), image_tps
 
 
 def thread_grid(cores: int) -> list[int]:
@@ -295,8 +327,13 @@ def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
     pts = list(measure.points.values())
     best_gen = max(pts, key=lambda p: p.gen_tps).layers
     best_prompt = max(pts, key=lambda p: p.prompt_tps).layers
+    best_image = cliff_image = None
+    if measure.image_tokens:
+        best_image = max(pts, key=lambda p: p.image_tps).layers
+        cliff_image = find_cliff(pts, lambda p: p.image_tps)
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
-                      find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps))
+                      find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps),
+                      measure.image_tokens, best_image, cliff_image)
 
 
 def sweep(measure: Measurer, top: int) -> list[Point]:
