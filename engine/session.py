@@ -637,12 +637,18 @@ class Session:
         events.pause_point("prefill")
         t_start = time.monotonic()
 
+        pending = [back] if back is not None else []
+
         def after_prefill() -> None:  # the prefill's span, then back for generation
             tl.add("prefill", t_start, time.monotonic(), accel)
-            if back is not None:
-                back()
+            while pending:
+                pending.pop()()
 
-        result = self.runtime.generate_from(items, gp, on_text, cancel, after_prefill)
+        try:
+            result = self.runtime.generate_from(items, gp, on_text, cancel, after_prefill)
+        finally:
+            while pending:  # the prefill failed: back to generation's placement all the same
+                pending.pop()()
         t_end = time.monotonic()
         tl.add("decode", t_end - result.gen_s, t_end, accel)
         return result

@@ -430,16 +430,20 @@ class TextRuntime:
                 keys.append(it)
         return keys
 
-    def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
-        """(positions, of them image positions) a prefill of `items` would evaluate past the
-        cached prefix (a K-shift may save more): what a per-phase decision weighs."""
-        keys = self._keys(items)
+    def _cached_prefix(self, keys: list[Any]) -> int:
+        """How many of `keys` the KV cache already holds, from the start."""
         n_keep = 0
         for a, b in zip(self._cached, keys):
             if a != b:
                 break
             n_keep += 1
-        rest = keys[min(n_keep, len(keys) - 1):]
+        return n_keep
+
+    def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
+        """(positions, of them image positions) a prefill of `items` would evaluate past the
+        cached prefix (a K-shift may save more): what a per-phase decision weighs."""
+        keys = self._keys(items)
+        rest = keys[min(self._cached_prefix(keys), len(keys) - 1):]
         return len(rest), sum(1 for k in rest if isinstance(k, tuple))
 
     def prefill(self, items: Sequence[PromptItem]) -> int:
@@ -447,11 +451,7 @@ class TextRuntime:
         number of positions evaluated."""
         L = llama()
         keys = self._keys(items)
-        n_keep = 0
-        for a, b in zip(self._cached, keys):
-            if a != b:
-                break
-            n_keep += 1
+        n_keep = self._cached_prefix(keys)
         self.last_shift = (0, 0)
         n_keep = self._shift_to(keys, n_keep)
         n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
