@@ -159,6 +159,32 @@ def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
     raise EbbError("the stand-in RPC server did not start")
 
 
+def cmd_bench_phases(args: argparse.Namespace) -> int:
+    from engine.cli.chat import _read_tuning
+    from engine.config import SessionConfig
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.phases_bench import bench_phases
+    from engine.units import parse_size
+
+    cfg = SessionConfig(model_path=resolve_model_path(args.model), n_ctx=args.ctx,
+                        n_threads=args.threads, rpc=tuple(args.rpc),
+                        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None)
+    out = bench_phases(cfg, _read_tuning(args.tuning), args.repeats)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    t, one, both = out["tuning"], out["one_placement"], out["per_phase"]
+    print(f"one placement: {t['gen_layers']} layers, {args.threads or 'default'} threads; "
+          f"per phase: prompt {t['prompt_layers']} layers, {t['prompt_threads']} threads, "
+          f"generation {t['gen_layers']} layers, {t['gen_threads']} threads")
+    print(f"prompt      {one['prompt_tps']:8.1f} → {both['prompt_tps']:8.1f} tok/s   "
+          f"{out['prompt_ratio']}x")
+    print(f"generation  {one['gen_tps']:8.1f} → {both['gen_tps']:8.1f} tok/s   {out['gen_ratio']}x")
+    print(f"whole turn  {out['turn_time_ratio']}x faster (moves {out['rebalance_s'] * 1e3:.1f} ms); "
+          f"{out['phases'].get('reason', '')}; replies equal: {out['replies_equal']}")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -180,6 +206,15 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--recalibrate", action="store_true", help="calibrate again first")
     p.set_defaults(func=cmd_bench_calibrate)
+
+    p = bench.add_parser("phases", help="each phase at its best against one placement (ratios)",
+                         parents=[flag_parser("rpc", "model", "threads", "json")])
+    p.add_argument("--tuning", required=True, metavar="FILE.json",
+                   help="autotune's JSON (`ebb-engine autotune --json > FILE`)")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE")
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=2)
+    p.set_defaults(func=cmd_bench_phases)
 
     p = bench.add_parser("soak", help="a long session with images and swaps: memory, descriptors "
                                       "and the ledger before and after",
