@@ -81,6 +81,7 @@ with Session(SessionConfig(**{**cfg.__dict__, "vram_budget_bytes": budget})) as 
 """
 
 
+@pytest.mark.slow  # a soak (the fault suite's short soak runs in make test): make test-slow
 def test_fifty_swap_cycles_leak_nothing(rpc_server, base_projector, pictures):
     proc = subprocess.Popen([sys.executable, "-c", CYCLES, rpc_server.endpoint, str(base_projector),
                              str(pictures["a.png"]), "50"], stdin=subprocess.PIPE,
@@ -228,6 +229,7 @@ def _budget_only_the_reload_mover_meets(model_path, projector):
     return budget
 
 
+@pytest.mark.slow  # a long run (make test's budget): make test-slow, which CI runs
 def test_a_swap_the_live_mover_cannot_make_room_for_takes_the_reload_mover(
         rpc_server, base_projector, pictures, model_path):
     budget = _budget_only_the_reload_mover_meets(model_path, base_projector)

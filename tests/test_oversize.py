@@ -21,7 +21,8 @@ def _chat(tmp_path, *extra):
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("mover", ["live", "reload"])
+# the live mover's run is the longest of the suite: make test-slow (CI runs it)
+@pytest.mark.parametrize("mover", [pytest.param("live", marks=pytest.mark.slow), "reload"])
 def test_oversize_split_holds_the_budget_and_matches_cpu(tmp_path, rpc_server, mover):
     budget = 160 * MiB  # SmolLM2 with its KV cache and compute buffer needs ~250 MiB there
     cpu = _chat(tmp_path)

@@ -30,7 +30,8 @@ def _load(endpoint, model, *extra):
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("mover", ["reload", "live"])
+# the reload mover's run: make test-slow (CI runs it); the live mover's stays in make test
+@pytest.mark.parametrize("mover", [pytest.param("reload", marks=pytest.mark.slow), "live"])
 def test_warm_cache_sends_hashes_instead_of_weights(tmp_path, wide_model, mover):
     """Both movers use the server's cache: the live mover sends each tensor over ggml's hash
     threshold in one copy of its own bytes. A cold load sends what is placed, once."""
