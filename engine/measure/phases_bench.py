@@ -15,14 +15,17 @@ from engine.config import PhaseTuning, SessionConfig
 from engine.llama.runtime import GenParams
 from engine.session import Session
 
-LONG = " ".join(f"Note {i}: the keeper wrote the wind, the tide and the lamp's hours."
-                for i in range(60)) + " Summarise the notes in two sentences."
+def long_prompt(n_ctx: int) -> str:
+    """About half the context of notes (~19 tokens each), and a request to summarise them."""
+    n = max(4, (n_ctx // 2) // 20)
+    return " ".join(f"Note {i}: the keeper wrote the wind, the tide and the lamp's hours."
+                    for i in range(n)) + " Summarise the notes in two sentences."
 
 
 def _run(cfg: SessionConfig, gen_tokens: int) -> dict[str, Any]:
     gp = GenParams(max_tokens=gen_tokens, temperature=0)
     with Session(cfg) as s:
-        r = s.turn(LONG, gp=gp)
+        r = s.turn(long_prompt(s.n_ctx), gp=gp)
         if r.error:
             raise RuntimeError(r.error)
         g = r.gen
