@@ -1,8 +1,11 @@
 """What Ebb survives, in one place: a conversation that outgrows the context (drop-oldest with
-the KV cache shifted, or a clear refusal), a message larger than the whole context. Real SmolLM2
-through real llama.cpp, the real session; images through a generated projector on the CPU."""
+the KV cache shifted, or a clear refusal), a message larger than the whole context, a kill at
+any moment, a data folder going bad, Stop anywhere, a device that runs out of memory (a capped
+RPC device), bounded memory over a long session. Real SmolLM2 through real llama.cpp, the real
+session, store, window and RPC device; images through a generated projector."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -671,46 +674,44 @@ class _Hog:
             self.buffer = None
 
 
+@contextlib.contextmanager
+def _promised_a_gib(model_path: Path, device_memory: str):
+    """A text session whose budget says 1 GiB, on a device of `device_memory`."""
+    from engine.llama.devices import connect_rpc
+
+    server = RpcServer("--device-memory", device_memory)
+    try:
+        connect_rpc(server.endpoint)
+        cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS,
+                            vram_budget_bytes=2**30, rpc=(server.endpoint,))
+        with Session(cfg) as s:
+            yield s
+    finally:
+        server.stop()
+
+
 def test_a_device_smaller_than_its_budget_loads_fewer_layers_and_says_so(model_path):
     """The budget promises 1 GiB, the device has 200 MiB: the load fails there, the session loads
     again within what the device reports free, says so, and the conversation goes on; the
     ledger equals what the device holds."""
-    from engine.llama.devices import connect_rpc
-
-    server = RpcServer("--device-memory", "200MiB")
-    try:
-        connect_rpc(server.endpoint)
-        cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS,
-                            vram_budget_bytes=2**30, rpc=(server.endpoint,))
-        with Session(cfg) as s:
-            reason = s.model.placement_reason
-            assert "could not allocate" in reason and "it reports" in reason, reason
-            assert s.memory_note and s.memory_note in reason  # the window shows it as a notice
-            assert 0 < s.model.placement.n_layers_on_accel < 30
-            for text in ("Hello.", "Tell me about the sea."):
-                r = s.turn(text, gp=GP)
-                assert r.error is None and r.gen["n_gen_tokens"] > 0
-            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
-    finally:
-        server.stop()
+    with _promised_a_gib(model_path, "200MiB") as s:
+        reason = s.model.placement_reason
+        assert "could not allocate" in reason and "it reports" in reason, reason
+        assert s.memory_note and s.memory_note in reason  # the window shows it as a notice
+        assert 0 < s.model.placement.n_layers_on_accel < 30
+        for text in ("Hello.", "Tell me about the sea."):
+            r = s.turn(text, gp=GP)
+            assert r.error is None and r.gen["n_gen_tokens"] > 0
+        assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
 
 
 def test_a_device_without_room_for_the_context_runs_on_the_cpu(model_path):
-    from engine.llama.devices import connect_rpc
-
-    server = RpcServer("--device-memory", "4MiB")
-    try:
-        connect_rpc(server.endpoint)
-        cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS,
-                            vram_budget_bytes=2**30, rpc=(server.endpoint,))
-        with Session(cfg) as s:
-            assert "running on the CPU" in s.model.placement_reason, s.model.placement_reason
-            assert s.model.placement.n_gpu_layers == 0
-            r = s.turn("Hello.", gp=GP)
-            assert r.error is None and r.gen["n_gen_tokens"] > 0
-            assert _device_used(s.accel) == 0
-    finally:
-        server.stop()
+    with _promised_a_gib(model_path, "4MiB") as s:
+        assert "running on the CPU" in s.model.placement_reason, s.model.placement_reason
+        assert s.model.placement.n_gpu_layers == 0
+        r = s.turn("Hello.", gp=GP)
+        assert r.error is None and r.gen["n_gen_tokens"] > 0
+        assert _device_used(s.accel) == 0
 
 
 def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_projector,
