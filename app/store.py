@@ -296,6 +296,11 @@ class Store:
                               (conversation_id,)).fetchone()
         return int(row[0])
 
+    def has_messages(self) -> bool:
+        """Whether any conversation holds a message (the first start's welcome shows until
+        one does)."""
+        return self.db.execute("SELECT EXISTS(SELECT 1 FROM messages)").fetchone()[0] == 1
+
     def delete_message(self, message_id: int) -> None:
         with self._writing("the deletion"):
             self.db.execute("DELETE FROM messages WHERE id=?", (message_id,))

@@ -42,7 +42,7 @@ from app.chat_state import ChatState, Pending
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
 from app.panel import MemoryPanel
-from app.settings import DEMO_LABEL, load_settings, session_config
+from app.settings import DEMO, DEMO_LABEL, load_settings, session_config
 from app.store import Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
@@ -78,6 +78,10 @@ class MainWindow(QMainWindow):
         self.telemetry = Telemetry()
         self.gen_params = GenParams(max_tokens=int(self._settings()["max_tokens"]))
         self._rpc = rpc or []  # servers from the command line: kept across reloads
+        self.standin: Any = None  # the stand-in accelerator (app/standin.py), while it runs
+        self._loaded: dict[str, Any] = {}  # the last load's details (About's diagnostics)
+        self.last_error = ""
+        self._has_accel: bool | None = None  # known once a model has loaded
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
@@ -135,6 +139,12 @@ class MainWindow(QMainWindow):
         self.notice.setStyleSheet("background: #fff3cd; color: #5c4400; padding: 6px;")
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.notice.hide()
+        self.welcome = QLabel("", wordWrap=True, openExternalLinks=False)
+        self.welcome.setTextFormat(Qt.TextFormat.RichText)
+        self.welcome.setStyleSheet("background: #eef5fc; color: #1d2b36; padding: 10px; "
+                                   "border: 1px solid #c5dcf0;")
+        self.welcome.linkActivated.connect(self._on_welcome_link)
+        self.welcome.hide()
         self.transcript = Transcript()
         self.transcript.setPlaceholderText("Loading the model…")
         self.transcript.copied.connect(
@@ -164,6 +174,7 @@ class MainWindow(QMainWindow):
         cl = QVBoxLayout(chat)
         cl.addLayout(top)
         cl.addWidget(self.notice)
+        cl.addWidget(self.welcome)
         cl.addWidget(self.transcript, 1)
         cl.addLayout(acts)
         cl.addLayout(row)
@@ -181,6 +192,7 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel_dock)
         self.resizeDocks([self.panel_dock], [int(self.width() * 0.42)], Qt.Orientation.Horizontal)
         self.view_menu.addAction(self.panel_dock.toggleViewAction())
+        self._build_help_menu()
 
         self.progress = QProgressBar(maximumWidth=160, textVisible=False)
         self.progress.setRange(0, 0)
@@ -188,6 +200,27 @@ class MainWindow(QMainWindow):
         self.model_label = QLabel("no model")
         self.statusBar().addPermanentWidget(self.model_label)
         self.statusBar().addPermanentWidget(self.progress)
+
+    def _build_help_menu(self) -> None:
+        help_menu = self.menuBar().addMenu("&Help")
+        self.about_action = QAction("About Ebb", self, triggered=self._on_about)
+        help_menu.addAction(self.about_action)
+
+    @Slot()
+    def _on_about(self) -> None:
+        from app.about import AboutDialog, about_facts, diagnostics_text
+
+        from app.store import DB_NAME
+
+        where = str(self.store.folder / DB_NAME)
+        facts = about_facts(where + (" (not writable: kept in memory)" if self.store.in_memory
+                                     else ""))
+        if self.standin is not None:
+            facts.append(("Stand-in accelerator", self.standin.label))
+        text = diagnostics_text(facts, self._loaded.get("devices") or [], self._loaded,
+                                self.last_error)
+        self.about_dialog = AboutDialog(facts, text, self)
+        self.about_dialog.show()
 
     def _build_menu(self) -> None:
         file = self.menuBar().addMenu("&File")
@@ -202,6 +235,11 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
+        self.standin_action = QAction("Start a stand-in accelerator…", self,
+                                      triggered=self._on_standin)
+        self.standin_action.setStatusTip("Serve part of this machine's RAM as a device of a "
+                                         "size you pick (loopback only), to watch the swap")
+        model.addAction(self.standin_action)
         self.whatif_action = QAction("What if…", self, triggered=self._on_what_if)
         self.whatif_action.setStatusTip("Predict a model on an accelerator you may not own")
         model.addAction(self.whatif_action)
@@ -296,7 +334,94 @@ class MainWindow(QMainWindow):
         """The open conversation, drawn afresh (opened, switched to, or a request failed)."""
         msgs = self.chat.messages()
         self.transcript.show_messages(msgs, self.chat.memory_from(msgs))
+        self._update_welcome()
         self._update_actions()
+
+    def _update_welcome(self) -> None:
+        """The first start's welcome: while no conversation has a message."""
+        from app.dialogs import find_models, model_folders
+        from app.welcome import welcome_html
+
+        if self.chat.busy or self.store.has_messages():
+            self.welcome.hide()
+            return
+        if not hasattr(self, "_looked"):  # once: a walk of the model folders
+            folders = model_folders(self._settings()["model_folders"])
+            self._looked = (folders, len(find_models(folders, limit=50)))
+        folders, n = self._looked
+        self.welcome.setText(welcome_html(folders, n, self._has_accel,
+                                          self.standin.label if self.standin else ""))
+        self.welcome.show()
+
+    @Slot(str)
+    def _on_welcome_link(self, link: str) -> None:
+        from app.welcome import OPEN_LINK, STANDIN_LINK
+
+        if link == STANDIN_LINK:
+            self._on_standin()
+        elif link == OPEN_LINK:
+            self._on_open_model()
+
+    # ------------------------------------------------------------ the stand-in accelerator
+
+    @Slot()
+    def _on_standin(self, size: str | None = None) -> None:
+        """Start the stand-in accelerator (a child `rpc-serve --device-memory`), then load the
+        model again with it and the demo projector if none was chosen."""
+        from PySide6.QtWidgets import QInputDialog
+
+        from app.standin import DEFAULT_BYTES, StandIn
+        from engine.units import fmt_bytes, parse_size
+
+        if self.standin is not None:
+            self.statusBar().showMessage(f"The {self.standin.label} is already running", 8000)
+            return
+        if size is None:
+            size, ok = QInputDialog.getText(
+                self, "Stand-in accelerator",
+                "Memory of the stand-in device (from this machine's RAM). The default holds "
+                "the demo model but not the model and its projector together, so the projector "
+                "borrows the layers' room:", text=fmt_bytes(DEFAULT_BYTES).replace(" ", ""))
+            if not ok:
+                return
+        try:
+            n_bytes = parse_size(size.strip())
+            log_dir = None if self.store.in_memory else self.store.folder  # its log beside ours
+            self.standin = StandIn(n_bytes, log_dir=log_dir)
+        except (EbbError, OSError) as exc:
+            self.statusBar().showMessage(f"Could not start the stand-in accelerator: {exc}", 30000)
+            return
+        self.standin_action.setEnabled(False)
+        self.statusBar().showMessage(f"Starting the {self.standin.label}…")
+        self._standin_poll = QTimer(self, interval=200)
+        self._standin_poll.timeout.connect(self._poll_standin)
+        self._standin_poll.start()
+
+    def _poll_standin(self) -> None:
+        try:
+            if not self.standin.ready():
+                return
+        except EbbError as exc:
+            self._standin_poll.stop()
+            self.standin = None
+            self.standin_action.setEnabled(True)
+            self.statusBar().showMessage(f"Could not start the stand-in accelerator: {exc}", 30000)
+            return
+        self._standin_poll.stop()
+        self._rpc = [self.standin.endpoint] + [r for r in self._rpc if r != self.standin.endpoint]
+        cfg = self.chat.last_cfg
+        model = str(cfg.model_path) if cfg is not None else "default"
+        mmproj = str(cfg.mmproj_path) if cfg is not None and cfg.mmproj_path else DEMO
+        self.statusBar().showMessage(f"The {self.standin.label} is ready: loading the model "
+                                     "onto it", 15000)
+        self._load(model, mmproj)
+        self._update_welcome()
+
+    def _accel_name(self, d: dict[str, Any]) -> str:
+        """The accelerator as the user knows it: the stand-in is named so wherever it shows."""
+        if self.standin is not None and d.get("accelerator_endpoint") == self.standin.endpoint:
+            return f"{d['accelerator']}, the {self.standin.label}"
+        return str(d.get("accelerator"))
 
     def _update_actions(self) -> None:
         last = self.chat.last_message()
@@ -356,6 +481,7 @@ class MainWindow(QMainWindow):
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:
         request_id = self.chat.begin(pending)
+        self.welcome.hide()
         self.worker.stream.take()  # nothing left over from an earlier request
         self.transcript.begin_reply(pending.continues)
         if pending.continues is not None:
@@ -493,6 +619,13 @@ class MainWindow(QMainWindow):
         except EbbError as exc:  # a bad setting (a budget that is not a size): keep what is loaded
             self.statusBar().showMessage(f"Error: {exc}")
             return
+        if self.standin is not None and cfg.vision == "auto":
+            # the stand-in is there to show the swap: on loopback, auto may judge the CPU as
+            # fast (it is the same CPU); a vision strategy set in Settings is kept
+            cfg = replace(cfg, vision="swap")
+        if self.standin is not None and cfg.vram_budget_bytes is None:
+            # nothing else uses its memory: the margin a shared GPU needs would take most of it
+            cfg = replace(cfg, vram_budget_bytes=int(self.standin.memory_bytes * STANDIN_SHARE))
         self.chat.set_loading(cfg)
         self.request_load.emit(cfg, rpc)
         self._send_history()
@@ -513,6 +646,7 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
         d = ev.details
+        self._loaded = d
         self.progress.hide()
         self.chat.set_loaded()
         self.setWindowTitle(f"Ebb — {ev.model_name}")
@@ -522,12 +656,14 @@ class MainWindow(QMainWindow):
                      f"layers · {d.get('mover')} mover")
         elif d.get("accelerator"):
             mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
-            where = (f"{d.get('n_layers_on_accel', 0)}/{ev.n_layers} layers on {d['accelerator']} · "
-                     f"{mover}")
+            where = (f"{d.get('n_layers_on_accel', 0)}/{ev.n_layers} layers on "
+                     f"{self._accel_name(d)} · {mover}")
         else:
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
         self.model_label.setToolTip(d.get("placement_reason") or "")
+        self._has_accel = bool(d.get("accelerator"))
+        self._update_welcome()
         if d.get("memory_note"):
             self.show_notice(d["memory_note"] + ".")
         sent = d.get("rpc_bytes_sent") or 0
@@ -584,6 +720,7 @@ class MainWindow(QMainWindow):
         """A message the engine could not answer: out of the engine's history, back in the
         composer (nothing the user wrote is lost), with the reason. A Continue that failed
         leaves the reply as it was."""
+        self.last_error = error
         if pending.continues is not None:
             self.transcript.end_reply(pending.continues)
             self.statusBar().showMessage(f"Could not continue: {error}", 30000)
@@ -594,6 +731,7 @@ class MainWindow(QMainWindow):
         self._show_conversation()
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:
+        self.last_error = ev.message
         self.progress.hide()
         failed = self.chat.fail()
         if failed is not None:
@@ -614,7 +752,17 @@ class MainWindow(QMainWindow):
         if self.chat.busy:  # closed during a reply: it is kept as far as it got, as stopped
             self._take_stream()
             self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
+        if self.standin is not None:  # the stand-in accelerator ends with the window
+            from engine.llama.devices import forget_server
+
+            self.standin.stop()  # after the session let go of its memory (shutdown above)
+            forget_server(self.standin.endpoint)
+            self.standin = None
         super().closeEvent(event)
+
+
+# of the stand-in accelerator's memory, what the session may use (its own cap is exact)
+STANDIN_SHARE = 0.95
 
 
 def phases_line(ph: dict[str, Any]) -> str:

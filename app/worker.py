@@ -76,6 +76,8 @@ class EngineWorker(QObject):
         self._announce(s)
 
     def _announce(self, s: Session) -> None:
+        from engine.llama.devices import list_devices
+
         proj = s.proj_info
         assert s.runtime is not None
         self.event.emit(events.ModelLoaded(
@@ -88,7 +90,9 @@ class EngineWorker(QObject):
                      "projector_synthetic": bool(proj and proj.synthetic),
                      "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent,
                      "layers_by_device": s.placement.layers_by_device,
-                     "placement_reason": s.placement_reason, "memory_note": s.memory_note}))
+                     "placement_reason": s.placement_reason, "memory_note": s.memory_note,
+                     "accelerator_endpoint": s.model.accel_endpoint,
+                     "devices": [d.to_dict() for d in list_devices()]}))
 
     @Slot(object)
     def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:

@@ -139,6 +139,12 @@ def _connection_alive(sock: socket.socket) -> bool:
         return False
 
 
+def forget_server(endpoint: str) -> None:
+    """A server this process stopped itself (the window's stand-in accelerator): its devices
+    are never asked anything again (ggml-rpc aborts when it cannot connect)."""
+    _dead_endpoints.add(endpoint)
+
+
 def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
     """Endpoints of registered RPC servers that went away (each reported once).
 

@@ -1,0 +1,83 @@
+"""The first start (#16): a welcome in the chat area, a stand-in accelerator for a machine
+without one (a real child `rpc-serve --device-memory`, stopped with the window), and Help →
+About with its diagnostics. The real window, the real engine."""
+from __future__ import annotations
+
+from PySide6.QtGui import QGuiApplication
+
+from app.settings import session_config
+from app.store import Store
+from app.window import MainWindow
+from engine.llama.runtime import GenParams
+from tests.test_app import _open_windows, wait_for
+
+
+def _fresh_window(qtbot, tmp_path):
+    store = Store(tmp_path / "data")
+    store.set_setting("ctx", 1024)
+    store.set_setting("threads", 2)
+    cfg, rpc = session_config(store, "default", "")
+    w = MainWindow(store, cfg, rpc)
+    _open_windows.append(w)
+    qtbot.addWidget(w)
+    w.show()
+    w.gen_params = GenParams(temperature=0, max_tokens=16)
+    wait_for(lambda: w.chat.loaded)
+    return w, store
+
+
+def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_path, pictures):
+    w, store = _fresh_window(qtbot, tmp_path)
+    text = w.welcome.text()
+    assert w.welcome.isVisible() and "Welcome to Ebb" in text
+    assert "synthetic" in text and "Open model" in text and "looked in" in text
+    assert "No accelerator here" in text and "standin:start" in text
+    w._on_standin("300MiB")
+    standin = w.standin
+    assert standin is not None, w.statusBar().currentMessage()
+    assert standin.endpoint.startswith("127.0.0.1:")
+    wait_for(lambda: "stand-in accelerator" in w.model_label.text() and w.chat.loaded,
+             timeout=180_000)
+    assert "300.00 MiB" in w.model_label.text()
+    assert "is running" in w.welcome.text()  # the welcome says so, with its name
+    assert w.chat.last_cfg.mmproj_path is not None  # the demo projector, to show the swap
+    assert w.composer.add_image(pictures["a.png"])
+    w.composer.edit.setPlainText("What colour is this picture?")
+    w.send_message()
+    assert not w.welcome.isVisible()
+    wait_for(lambda: not w.chat.busy, timeout=180_000)
+    msgs = store.messages(w.conv_id)
+    assert msgs, (w.statusBar().currentMessage(), w.last_error, w.conv_id)
+    reply = msgs[-1]
+    assert reply.role == "assistant" and reply.stats.get("strategy") == "swap", reply.stats
+    assert reply.stats.get("swap_s", 0) > 0
+    w.close()
+    assert standin.proc.poll() is not None  # the stand-in ended with the window
+    assert w.standin is None
+
+
+def test_about_shows_versions_and_paths_and_copies_diagnostics(qtbot, tmp_path):
+    import llama_cpp
+
+    w, store = _fresh_window(qtbot, tmp_path)
+    w.last_error = "an example error"
+    w.about_action.trigger()
+    dlg = w.about_dialog
+    shown = dict(dlg_facts for dlg_facts in _facts(dlg))
+    assert llama_cpp.__version__ in shown["llama.cpp"] and "CPU" in shown["llama.cpp"]
+    assert "Qt" in shown and "Python" in shown
+    assert str(tmp_path / "data") in shown["Conversations"]
+    dlg.copy_button.click()
+    copied = QGuiApplication.clipboard().text()
+    assert copied.startswith("Ebb diagnostics") and "Devices at the last load:" in copied
+    assert "  CPU (cpu)" in copied and "Last error: an example error" in copied
+
+
+def _facts(dlg):
+    """(label, value) rows as the dialog shows them."""
+    import re
+
+    from PySide6.QtWidgets import QLabel
+
+    html = next(lab.text() for lab in dlg.findChildren(QLabel) if "<table>" in lab.text())
+    return re.findall(r"<tr><td[^>]*><b>(.*?)</b></td><td>(.*?)</td></tr>", html)
