@@ -235,8 +235,8 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
-        self.standin_action = QAction("Start a stand-in accelerator…", self,
-                                      triggered=self._on_standin)
+        self.standin_action = QAction("Start a stand-in accelerator…", self)
+        self.standin_action.triggered.connect(lambda _checked=False: self.start_standin())
         self.standin_action.setStatusTip("Serve part of this machine's RAM as a device of a "
                                          "size you pick (loopback only), to watch the swap")
         model.addAction(self.standin_action)
@@ -358,14 +358,13 @@ class MainWindow(QMainWindow):
         from app.welcome import OPEN_LINK, STANDIN_LINK
 
         if link == STANDIN_LINK:
-            self._on_standin()
+            self.start_standin()
         elif link == OPEN_LINK:
             self._on_open_model()
 
     # ------------------------------------------------------------ the stand-in accelerator
 
-    @Slot()
-    def _on_standin(self, size: str | None = None) -> None:
+    def start_standin(self, size: str | None = None) -> None:
         """Start the stand-in accelerator (a child `rpc-serve --device-memory`), then load the
         model again with it and the demo projector if none was chosen."""
         from PySide6.QtWidgets import QInputDialog

@@ -32,7 +32,7 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert w.welcome.isVisible() and "Welcome to Ebb" in text
     assert "synthetic" in text and "Open model" in text and "looked in" in text
     assert "No accelerator here" in text and "standin:start" in text
-    w._on_standin("300MiB")
+    w.start_standin("300MiB")
     standin = w.standin
     assert standin is not None, w.statusBar().currentMessage()
     assert standin.endpoint.startswith("127.0.0.1:")
@@ -81,3 +81,21 @@ def _facts(dlg):
 
     html = next(lab.text() for lab in dlg.findChildren(QLabel) if "<table>" in lab.text())
     return re.findall(r"<tr><td[^>]*><b>(.*?)</b></td><td>(.*?)</td></tr>", html)
+
+
+def test_the_menu_and_the_welcome_link_ask_for_the_size_and_cancel_starts_nothing(
+        qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QInputDialog
+
+    from app.welcome import STANDIN_LINK
+
+    asked = []
+    monkeypatch.setattr(QInputDialog, "getText",
+                        staticmethod(lambda *a, **k: (asked.append(k["text"]), ("", False))[1]))
+    store = Store(tmp_path / "data")
+    w = MainWindow(store, None, [])
+    _open_windows.append(w)
+    qtbot.addWidget(w)
+    w.standin_action.trigger()
+    w.welcome.linkActivated.emit(STANDIN_LINK)
+    assert asked == ["300.00MiB", "300.00MiB"] and w.standin is None
