@@ -52,6 +52,7 @@ class Curves:
     def __init__(self, info, gen, prompt):
         self.info, self.accel, self.n_ctx, self.n_batch = info, "RPC0", 1024, 512
         self.flash_attn, self.live, self.points = True, False, {}
+        self.image_tokens = 0  # text only
         self.gen, self.prompt = gen, prompt
 
     def __call__(self, k):
