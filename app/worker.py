@@ -92,7 +92,8 @@ class EngineWorker(QObject):
                      "layers_by_device": s.placement.layers_by_device,
                      "placement_reason": s.placement_reason, "memory_note": s.memory_note,
                      "accelerator_endpoint": s.model.accel_endpoint,
-                     "devices": [d.to_dict() for d in list_devices()]}))
+                     # this session's servers only: one registered earlier may be gone
+                     "devices": [d.to_dict() for d in list_devices(s.cfg.rpc)]}))
 
     @Slot(object)
     def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:

@@ -8,7 +8,7 @@ import atexit
 import socket
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from engine.errors import EbbError
 from engine.llama import ggml
@@ -57,9 +57,12 @@ def _info(dev: int, remote: bool) -> DeviceInfo:
                       total_bytes=total or None, remote=remote, handle=dev)
 
 
-def list_devices() -> list[DeviceInfo]:
-    """Every device llama.cpp sees (with its memory), less those of lost RPC servers."""
-    return [_info(dev, remote) for dev, remote in _usable_handles()]
+def list_devices(endpoints: Sequence[str] | None = None) -> list[DeviceInfo]:
+    """Every device llama.cpp sees (with its memory), less those of lost RPC servers.
+    `endpoints`: of the remote devices, only those of these servers are asked (a server
+    registered earlier may have gone since, and ggml-rpc aborts on a failed connection)."""
+    return [_info(dev, remote) for dev, remote in _usable_handles()
+            if not remote or endpoints is None or ggml.device_description(dev) in endpoints]
 
 
 def accelerators() -> list[DeviceInfo]:
