@@ -110,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     app.setApplicationName("Ebb")
     app.setStyle("Fusion")  # follows the system's light or dark scheme
     app.setWindowIcon(QIcon(str(resource_path("ebb.svg"))))
+    # Python's cyclic collector runs in whichever thread allocates when its threshold is met:
+    # on the engine's thread it could free a closed dialog's widgets off the GUI thread (Qt
+    # deadlocks or crashes). pyqtgraph's GarbageCollector turns automatic collection off and
+    # collects on a GUI-thread timer instead.
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
+    gc_on_gui_thread = GarbageCollector(interval=1.0)  # noqa: F841 - alive as long as the app
     store = Store(data_dir())
     model = args.model or store.setting("model") or DEFAULT_NAME
     if args.mmproj is not None:

@@ -150,3 +150,19 @@ def shared_rpc_server():
     server = RpcServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def close_windows():
+    """Close every window a test opened, pass or fail, then collect what they leave on this
+    (the GUI) thread. pytest-qt keeps only weak references: a window collected while its engine
+    thread runs would abort the process, and one left to the cyclic collector could be freed on
+    another test's engine thread, destroying Qt widgets off the GUI thread (a deadlock seen in
+    CI)."""
+    import gc
+
+    yield
+    test_app = sys.modules.get("tests.test_app")
+    if test_app is not None:
+        test_app.close_open_windows()
+        gc.collect()

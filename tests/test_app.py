@@ -33,11 +33,8 @@ def wait_for(condition, timeout=120_000):
 _open_windows: list[MainWindow] = []
 
 
-@pytest.fixture(autouse=True)
-def close_windows():
-    """Close every window a test opened, pass or fail (pytest-qt only keeps weak references;
-    a window collected while its engine thread runs would abort the process)."""
-    yield
+def close_open_windows() -> None:
+    """Close every window a test opened (conftest's autouse fixture calls it, pass or fail)."""
     while _open_windows:
         w = _open_windows.pop()
         if w.isVisible() or not w._thread.isFinished():
