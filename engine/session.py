@@ -30,7 +30,7 @@ from engine.gguf.info import (
 )
 from engine.hw import physical_cores
 from engine.ledger import Ledger
-from engine.llama.devices import check_rpc_servers, rpc_bytes_sent, wait_until_done
+from engine.llama.devices import check_rpc_servers, rpc_bytes_sent
 from engine.llama.runtime import GenParams, GenResult, ImageSpan, PromptItem, TextRuntime, check_context
 from engine.placement.live_mover import LiveMover
 from engine.placement.plan import (
@@ -41,16 +41,13 @@ from engine.placement.plan import (
     plan_vision,
     projector_need_bytes,
 )
-from engine.placement.phases import Rebalance, decide_rebalance
+from engine.placement.phases import MOVE_FIXED_S, Rebalance, decide_rebalance
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage, load_image
 from engine.vision.projector import TextPiece, TokenizedPrompt
 from engine.vision.swap import ChunkWork, PlanRun
-
-# a per-phase move's cost beyond its bytes: the graphs planned again (~3 ms on loopback RPC)
-MOVE_FIXED_S = 0.005
 
 __all__ = ["HistoryTurn", "Session", "SessionConfig", "TurnResult", "turn_with_recovery"]
 
@@ -717,14 +714,9 @@ class Session:
                                        f"back to {ph.gen_layers} layers for generation")
 
     def _rebalance(self, target: set[int], tl: Timeline, predicted_s: float, detail: str) -> None:
-        assert self.model.mover is not None and self.accel is not None
-        now = set(self.model.mover.on_device())
-        promote, evict = sorted(target - now), sorted(now - target, reverse=True)
+        assert self.accel is not None
         t0 = time.monotonic()
-        copied = self.model.move(promote=promote, evict=evict)
-        assert self.runtime is not None
-        self.runtime.replan()
-        wait_until_done(self.accel)
+        copied = self.model.move_to(target)
         t1 = time.monotonic()
         tl.add("rebalance", t0, t1, self.accel, copied, detail, predicted_s=predicted_s)
         if copied:

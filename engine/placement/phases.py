@@ -16,6 +16,10 @@ from typing import Any
 
 from engine.config import PhaseTuning
 
+# a move's cost beyond its bytes, per move: the graphs planned again (~3 ms on loopback RPC; a
+# GPU's is of the same order)
+MOVE_FIXED_S = 0.005
+
 
 @dataclass(frozen=True)
 class Rebalance:

@@ -381,6 +381,17 @@ class ModelResidency:
             self.runtime.replan()
             wait_until_done(self.accel)
 
+    def move_to(self, layers: set[int]) -> int:
+        """Live mover: exactly `layers` on the device (each phase at its placement), the graph
+        planned again, until the device is done. Returns the bytes copied."""
+        assert self.mover is not None and self.runtime is not None and self.accel is not None
+        now = set(self.mover.on_device())
+        try:
+            return self.move(promote=sorted(layers - now), evict=sorted(now - layers, reverse=True))
+        finally:
+            self.runtime.replan()
+            wait_until_done(self.accel)
+
     def evict_all(self) -> None:
         """Reload mover: free the model, its KV cache and compute buffers from every device."""
         self.close_runtime()

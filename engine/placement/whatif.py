@@ -20,7 +20,7 @@ from engine.placement.calibration import (
     vision_costs,
 )
 from engine.config import PhaseTuning
-from engine.placement.phases import decide_rebalance
+from engine.placement.phases import MOVE_FIXED_S, decide_rebalance
 from engine.placement.plan import (
     Costs,
     DoesNotFit,
@@ -30,10 +30,6 @@ from engine.placement.plan import (
     plan_placement,
     plan_vision,
 )
-
-# a per-phase move's cost beyond its bytes: the graphs planned again twice (measured ~3 ms each
-# on loopback RPC; a GPU's is of the same order)
-MOVE_FIXED_S = 0.005
 
 BUS_GBPS = {"pcie3": 12.0, "pcie4": 24.0, "pcie5": 48.0}  # host→device, pinned, GB/s
 
