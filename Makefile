@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 ARGS ?=
 
-.PHONY: setup run test test-slow clean
+.PHONY: setup run test test-slow dist test-dist clean
 
 setup:
 	@$(PYTHON) packaging/bootstrap.py
@@ -12,12 +12,22 @@ run: setup
 	$(VENV)/bin/ebb $(ARGS)
 
 test: setup
-	$(VENV)/bin/python -m pytest -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow and not dist" $(ARGS)
 
 # the long measurements (exhaustive autotune sweep, calibration, swap benchmark, a slow link):
 # CI runs them after `make test`
 test-slow: setup
-	$(VENV)/bin/python -m pytest -m slow $(ARGS)
+	$(VENV)/bin/python -m pytest -m "slow and not dist" $(ARGS)
+
+# the desktop bundle: dist/Ebb/ (launchers Ebb and ebb-engine) and dist/Ebb-<version>-*.tar.gz,
+# with a portable llama.cpp build (cached beside the developer build). See packaging/dist.py.
+dist:
+	@$(PYTHON) packaging/dist.py
+
+# builds the bundle, unpacks the tarball elsewhere and runs it like a user (CI runs it too)
+test-dist: setup dist
+	@$(PYTHON) packaging/dist.py --test-tools
+	$(VENV)/bin/python -m pytest -m dist -s $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-dist build dist *.egg-info

@@ -29,7 +29,9 @@ def about_facts(store_path: str) -> list[tuple[str, str]]:
     return [("Ebb", ebb_version()),
             ("llama.cpp", f"llama-cpp-python {rt['llama_cpp_python']}; backends "
                           f"{', '.join(rt['backends'])}"),
+            ("CPU backend", rt["cpu_backend"]),
             ("CPU features", rt["system_info"]),
+            ("Installed as", "desktop bundle" if getattr(sys, "frozen", False) else sys.prefix),
             ("Qt", f"{qVersion()} (PySide6 {pyside_version})"),
             ("Python", f"{platform.python_version()} ({sys.executable})"),
             ("System", platform.platform()),

@@ -31,7 +31,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT")
     ap.add_argument("--ctx", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
-    return ap.parse_args(argv)
+    ap.add_argument("paths", nargs="*", metavar="FILE",
+                    help="a .gguf model or vision projector to open, or pictures to attach "
+                         "(what the desktop passes when a file is opened with Ebb)")
+    args = ap.parse_args(argv)
+    args.images = []
+    for name in args.paths:  # a model, a projector or a picture, told apart by what it is
+        if name.lower().endswith(".gguf"):
+            if _is_projector(Path(name)):
+                args.mmproj = args.mmproj or name
+            else:
+                args.model = args.model or name
+        else:
+            args.images.append(Path(name))
+    return args
+
+
+def _is_projector(path: Path) -> bool:
+    from engine.errors import EbbError
+    from engine.gguf.info import read_gguf
+
+    try:
+        return read_gguf(path).architecture == "clip"
+    except EbbError:  # unreadable: opened as the model, whose load then says what is wrong
+        return False
 
 
 def relaunch(message: str, lost: list[str]) -> None:
@@ -50,7 +73,8 @@ def relaunch(message: str, lost: list[str]) -> None:
     env["EBB_LOST_RPC"] = ",".join(sorted(LOST_RPC | set(lost)))
     env["EBB_NOTICE"] = (note + ". Ebb restarted without it; your conversations are kept (a reply "
                          "that was being written, as far as it got). Settings still list the server.")
-    os.execve(sys.executable, [sys.executable, "-m", "app", *sys.argv[1:]], env)
+    frozen = getattr(sys, "frozen", False)
+    os.execve(sys.executable, [sys.executable, *([] if frozen else ["-m", "app"]), *sys.argv[1:]], env)
 
 
 def _test_hooks(window: Any, app: Any) -> None:
@@ -133,10 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     fatal.install(relaunch)
     if os.environ.get("EBB_NOTICE"):
         window.show_notice(os.environ["EBB_NOTICE"])
+    for image in args.images:  # a picture opened with Ebb waits in the composer
+        window.composer.add_image(image)
     _test_hooks(window, app)
     if os.environ.get("EBB_QUIT_WHEN_SHOWN") == "1":  # for the start-up time test
-        print(f"shown {time.monotonic() - STARTED:.3f}", flush=True)
-        QTimer.singleShot(0, app.quit)
+
+        def shown() -> None:  # runs once the event loop has mapped and painted the window
+            print(f"shown {time.monotonic() - STARTED:.3f} {window.isVisible()}", flush=True)
+            app.quit()
+
+        QTimer.singleShot(0, shown)
     code = app.exec()
     if window.isVisible():
         window.close()  # stops the engine thread even when the loop ended some other way

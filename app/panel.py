@@ -51,9 +51,10 @@ def place_color(where: str) -> QColor:
 class ResidencyMap(QWidget):
     """One cell per layer plus embeddings/output, projector, KV cache and compute buffers."""
 
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Telemetry, names: dict[str, str] | None = None) -> None:
         super().__init__()
         self.telemetry = telemetry
+        self.names = names if names is not None else {}  # device -> what the user calls it
         self.setMinimumHeight(64)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
@@ -70,12 +71,14 @@ class ResidencyMap(QWidget):
                 p.setPen(QPen(QColor("#ffffff")))
                 p.drawText(r, Qt.AlignmentFlag.AlignCenter, label if w > 18 else label[:1])
         x = 6.0
-        for name, where in (("accelerator", "GPU"), ("RAM", "CPU"), ("remote", "RPC"), ("moving", "moving")):
+        remote = next((n for d, n in self.names.items() if d.startswith("RPC")), "remote")
+        for name, where in (("accelerator", "GPU"), ("RAM", "CPU"), (remote, "RPC"), ("moving", "moving")):
             p.fillRect(QRectF(x, 46, 10, 10), place_color(where))
             p.setPen(QPen(self.palette().text().color()))
             p.drawText(QPointF(x + 14, 56), name)
             x += 24 + p.fontMetrics().horizontalAdvance(name)
-        p.drawText(QPointF(x + 8, 56), f"projector: {self.telemetry.projector_device or 'none'}")
+        proj = self.telemetry.projector_device
+        p.drawText(QPointF(x + 8, 56), f"projector: {self.names.get(proj, proj) if proj else 'none'}")
         p.end()
 
 
@@ -94,8 +97,10 @@ class MemoryPanel(QWidget):
         self._curves: dict[str, pg.PlotDataItem] = {}
         self._bars: list[pg.BarGraphItem] = []
         self._t0 = time.monotonic()
-        self.residency = ResidencyMap(telemetry)
-        self.memory_plot = pg.PlotWidget(title="Memory per device: ledger by kind, device reading as a line")
+        self.device_names: dict[str, str] = {}  # e.g. RPC0 -> "stand-in RPC0" (set_device_names)
+        self.residency = ResidencyMap(telemetry, self.device_names)
+        self._title = "Memory per device: ledger by kind, device reading as a line"
+        self.memory_plot = pg.PlotWidget(title=self._title)
         self.memory_plot.setLabel("left", "MiB")
         self.memory_plot.setLabel("bottom", "s")
         legend = self.memory_plot.addLegend(offset=(-4, 4), colCount=2, labelTextSize="7pt")
@@ -129,6 +134,21 @@ class MemoryPanel(QWidget):
     def t0(self) -> float:
         return self._t0
 
+    def set_device_names(self, names: dict[str, str]) -> None:
+        """What the user calls a device where the panel names it (legend, curves, steps): the
+        stand-in accelerator is named as one, not as the RPC device it is."""
+        if names == self.device_names:
+            return
+        self.device_names.clear()
+        self.device_names.update(names)
+        for curve in self._curves.values():
+            self.memory_plot.removeItem(curve)
+        self._curves.clear()
+        self._drawn_version = -1
+
+    def _name(self, device: str) -> str:
+        return self.device_names.get(device, device)
+
     def set_telemetry(self, telemetry: Telemetry) -> None:
         """Show another model (the What if… dialog's next prediction)."""
         self.telemetry = telemetry
@@ -154,6 +174,12 @@ class MemoryPanel(QWidget):
         devices = [d for d, series in self.telemetry.memory.items() if series and d != "CPU"]
         if not devices and self.telemetry.memory.get("CPU"):
             devices = ["CPU"]  # no accelerator: show what sits in RAM
+        if devices and not self.predicted_only:
+            title = (f"Memory on {', '.join(self._name(d) for d in devices)}: ledger by kind, "
+                     "device reading as a line")
+            if title != self._title:
+                self._title = title
+                self.memory_plot.setTitle(title)
         for dev in devices:
             series = list(self.telemetry.memory[dev])
             if not self.predicted_only:
@@ -161,7 +187,7 @@ class MemoryPanel(QWidget):
             xs = np.fromiter((t - self._t0 for t, _, _ in series), float, len(series))
             if len(devices) > 1:  # several devices: one line each (stacks would hide each other)
                 total = np.fromiter((sum(s.values()) for _, s, _ in series), float, len(series)) / 2**20
-                line = self._curve(f"{dev} total", place_color(dev), fill=False)
+                line = self._curve(f"{self._name(dev)} total", place_color(dev), fill=False)
                 line.setData(xs, total)
                 continue
             cumulative = np.zeros(len(series))
@@ -173,13 +199,13 @@ class MemoryPanel(QWidget):
                     stacks.append((kind, cumulative))
             order = list(KIND_COLORS)
             for kind, ys in stacks:  # each fill reaches down to 0: lower kinds drawn on top
-                label = kind if len(devices) == 1 else f"{dev} {kind}"
+                label = kind if len(devices) == 1 else f"{self._name(dev)} {kind}"
                 curve = self._curve(label, QColor(KIND_COLORS[kind]), fill=True)
                 curve.setZValue(len(order) - order.index(kind))
                 curve.setData(xs, ys)
             reported = [(t - self._t0, r / 2**20) for t, _, r in series if r is not None]
             if reported:
-                line = self._curve(f"{dev} reading", self.palette().text().color(), fill=False)
+                line = self._curve(f"{self._name(dev)} reading", self.palette().text().color(), fill=False)
                 line.setZValue(len(KIND_COLORS) + 1)
                 line.setData([x for x, _ in reported], [y for _, y in reported])
 
@@ -230,7 +256,7 @@ class MemoryPanel(QWidget):
         sp = self.span_at(p.x(), p.y())
         if sp is not None:
             pred = f", predicted {sp.predicted_s * 1000:.1f} ms" if sp.predicted_s is not None else ""
-            self.span_info.setText(f"{sp.name} on {sp.device}: {(sp.end_s - sp.start_s) * 1000:.1f} ms"
+            self.span_info.setText(f"{sp.name} on {self._name(sp.device)}: {(sp.end_s - sp.start_s) * 1000:.1f} ms"
                                    f"{pred}, {sp.bytes / 2**20:.1f} MiB {sp.detail}")
 
     @Slot()

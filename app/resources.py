@@ -6,5 +6,12 @@ from pathlib import Path
 
 
 def resource_path(name: str) -> Path:
-    base = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parent.parent))
-    return base / "resources" / name
+    """In a bundle: _internal/resources; in a checkout: resources/ at the top; installed by
+    pip (`pip install .`, a wheel): <prefix>/share/ebb/resources, where the wheel puts them."""
+    meipass = getattr(sys, "_MEIPASS", None)
+    if meipass is not None:
+        return Path(meipass) / "resources" / name
+    checkout = Path(__file__).resolve().parent.parent / "resources" / name
+    if checkout.exists():
+        return checkout
+    return Path(sys.prefix) / "share" / "ebb" / "resources" / name

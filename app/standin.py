@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from engine.errors import EbbError
+from engine.paths import engine_argv
 from engine.units import fmt_bytes
 
 # larger than the demo model's live layout alone at its default context, smaller than the model
@@ -36,9 +36,7 @@ class StandIn:
         self._log_path = (log_dir / "stand-in.log") if log_dir is not None else None
         log = open(self._log_path, "w") if self._log_path is not None else subprocess.DEVNULL
         self._started = time.monotonic()
-        cmd = ([sys.executable, "rpc-serve"] if getattr(sys, "frozen", False)
-               else [sys.executable, "-m", "engine", "rpc-serve"])
-        self.proc = subprocess.Popen([*cmd, "--host", HOST, "--port", str(self.port),
+        self.proc = subprocess.Popen([*engine_argv(), "rpc-serve", "--host", HOST, "--port", str(self.port),
                                       "--device-memory", str(memory_bytes)],
                                      stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)

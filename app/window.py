@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QMetaObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -20,6 +20,7 @@ from PySide6.QtGui import (
     QKeySequence,
 )
 from PySide6.QtWidgets import (
+    QApplication,
     QCheckBox,
     QDockWidget,
     QFileDialog,
@@ -662,6 +663,10 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
         self.model_label.setToolTip(d.get("placement_reason") or "")
         self._has_accel = bool(d.get("accelerator"))
+        standin = (self.standin is not None and bool(d.get("accelerator"))
+                   and d.get("accelerator_endpoint") == self.standin.endpoint)
+        self.panel.set_device_names({str(d["accelerator"]): f"stand-in {d['accelerator']}"}
+                                    if standin else {})
         self._update_welcome()
         if d.get("memory_note"):
             self.show_notice(d["memory_note"] + ".")
@@ -744,6 +749,10 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.worker.cancel()
+        # A load in progress is not cut short (llama.cpp finishes it first): the window goes
+        # at once rather than standing frozen until then; the process ends after it.
+        self.hide()
+        QApplication.processEvents(QEventLoop.ProcessEventsFlag.ExcludeUserInputEvents)
         # Runs on the worker thread after the (now cancelled) current job: it frees llama.cpp.
         QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()

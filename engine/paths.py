@@ -23,3 +23,14 @@ def data_dir() -> Path:
 
 def models_dir() -> Path:
     return cache_dir() / "models"
+
+
+def engine_argv() -> list[str]:
+    """The command that runs `ebb-engine` as a child process: the bundle's own launcher when
+    frozen (PyInstaller; `sys.executable` is then the launcher that is running, perhaps the
+    window's), else this Python with `-m engine`."""
+    import sys
+
+    if getattr(sys, "frozen", False):
+        return [str(Path(sys.executable).with_name("ebb-engine"))]
+    return [sys.executable, "-m", "engine"]

@@ -91,11 +91,31 @@ def _nvidia_driver_present() -> bool:
     return "libcuda.so.1" in out
 
 
-def detect_backend() -> tuple[str, list[str], str]:
+# A bundle's llama.cpp runs on any x86-64 CPU of the last decade: no -march=native; ggml's CPU
+# backend is built once per instruction-set level as loadable modules and the best one for the
+# running CPU is picked at start (ggml_backend_load_all_from_path, engine/llama/ggml.py). The
+# modules are installed beside the other libraries (CMAKE_INSTALL_BINDIR), where the engine
+# looks for them.
+PORTABLE_ARGS = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
+                 "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
+
+
+def detect_portable_backend() -> tuple[str, list[str], str]:
+    """The bundle's build: the machine's backend (CUDA or CPU) with RPC, without native-only code.
+
+    Cached under its own key ("...-portable"), beside the developer build, which keeps its
+    native speed."""
+    key, args, why = detect_backend(user_settings=False)
+    if key == "metal-rpc":
+        return "metal-rpc-portable", [*args, "-DGGML_NATIVE=OFF"], why
+    return f"{key}-portable", [*args, *PORTABLE_ARGS], why
+
+
+def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
     """Return (cache key, cmake args, why). User CMAKE_ARGS / GGML_* env vars win."""
-    user_args = os.environ.get("CMAKE_ARGS", "").split()
+    user_args = os.environ.get("CMAKE_ARGS", "").split() if user_settings else []
     user_args += [f"-D{k}={v}" for k, v in sorted(os.environ.items())
-                  if k.startswith("GGML_") and k != "GGML_NTHREADS"]
+                  if user_settings and k.startswith("GGML_") and k != "GGML_NTHREADS"]
     if user_args:
         if not any("GGML_RPC" in a for a in user_args):
             user_args.append("-DGGML_RPC=on")
@@ -150,7 +170,7 @@ def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
     env = dict(os.environ, CMAKE_ARGS=" ".join(cmake_args))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     tmp_out = Path(tempfile.mkdtemp(prefix="ebb-wheel-"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "--no-binary", "llama-cpp-python",
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "--no-binary", "llama-cpp-python",
            "-w", str(tmp_out), f"llama-cpp-python=={LLAMA_CPP_VERSION}"]
     say(f"building llama-cpp-python {LLAMA_CPP_VERSION} ({backend}: {' '.join(cmake_args)}); "
         f"this takes several minutes once, log: {log_path}")

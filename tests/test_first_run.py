@@ -51,6 +51,12 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     reply = msgs[-1]
     assert reply.role == "assistant" and reply.stats.get("strategy") == "swap", reply.stats
     assert reply.stats.get("swap_s", 0) > 0
+    # the memory panel names the stand-in as one: its plot, its legend and its steps
+    (dev, name), = w.panel.device_names.items()
+    assert dev.startswith("RPC") and name == f"stand-in {dev}"
+    w.panel.show()
+    w.panel._on_tick()
+    assert f"Memory on stand-in {dev}" in w.panel.memory_plot.plotItem.titleLabel.text
     w.close()
     assert standin.proc.poll() is not None  # the stand-in ended with the window
     assert w.standin is None
@@ -99,3 +105,20 @@ def test_the_menu_and_the_welcome_link_ask_for_the_size_and_cancel_starts_nothin
     w.standin_action.trigger()
     w.welcome.linkActivated.emit(STANDIN_LINK)
     assert asked == ["300.00MiB", "300.00MiB"] and w.standin is None
+
+
+def test_files_opened_with_ebb_are_told_apart(model_path, tiny_projector, pictures, tmp_path):
+    """What the desktop entry's `%F` passes: a model, a projector (told apart by what the file
+    holds, not its name) and pictures, which wait in the composer."""
+    from app.main import parse_args
+
+    renamed = tmp_path / "model-looking-name.gguf"
+    renamed.write_bytes(tiny_projector.read_bytes())
+    args = parse_args([str(pictures["a.png"]), str(renamed), str(model_path)])
+    assert args.model == str(model_path) and args.mmproj == str(renamed)
+    assert args.images == [pictures["a.png"]]
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    args = parse_args([str(broken)])  # opened as the model: its load then says what is wrong
+    assert args.model == str(broken) and args.mmproj is None
+    assert parse_args([]).images == [] and parse_args([]).model is None

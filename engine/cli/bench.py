@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.cli.common import flag_parser
 from engine.errors import EbbError
+from engine.paths import engine_argv
 from engine.units import fmt_bytes
 
 
@@ -141,13 +142,12 @@ def _soak_pictures(folder: Path, n: int) -> list[Path]:
 def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
     import socket
     import subprocess
-    import sys
     import time
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "rpc-serve", "--port", str(port),
+    proc = subprocess.Popen([*engine_argv(), "rpc-serve", "--port", str(port),
                              "--threads", str(threads or 2)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):

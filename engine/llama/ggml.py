@@ -48,8 +48,10 @@ def lib() -> GgmlLibs:
     mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
     base = ctypes.CDLL(str(d / "libggml-base.so.0"), mode=mode)
     core = ctypes.CDLL(str(d / "libggml.so.0"), mode=mode)
-    rpc_path = d / "libggml-rpc.so.0"
-    rpc = ctypes.CDLL(str(rpc_path), mode=mode) if rpc_path.exists() else None
+    # a normal build links RPC in (libggml-rpc.so.0); a portable one loads it as a module
+    # (libggml-rpc.so, already opened by ggml_backend_load_all_from_path: the same instance)
+    rpc_path = next((p for p in (d / "libggml-rpc.so.0", d / "libggml-rpc.so") if p.exists()), None)
+    rpc = ctypes.CDLL(str(rpc_path), mode=mode) if rpc_path is not None else None
     _sig(core, "ggml_backend_dev_count", c_size_t)
     _sig(core, "ggml_backend_dev_get", c_void_p, c_size_t)
     _sig(core, "ggml_backend_register", None, c_void_p)

@@ -2,6 +2,9 @@
 Every module that calls llama.cpp gets it from `llama()`. Engine thread (any thread may import)."""
 from __future__ import annotations
 
+import ctypes
+import os
+from pathlib import Path
 from typing import Any
 
 from engine.llama import log as llama_log
@@ -17,5 +20,27 @@ def llama() -> Any:
     if not _backend_ready:
         llama_log.install()
         llama_cpp.llama_backend_init()
+        load_backend_modules(Path(llama_cpp.__file__).parent / "lib")
         _backend_ready = True
     return llama_cpp
+
+
+def load_backend_modules(lib_dir: Path) -> list[str]:
+    """A portable build (the desktop bundle's: GGML_BACKEND_DL) ships ggml's backends as
+    modules, the CPU backend once per instruction-set level (libggml-cpu-haswell.so, ...).
+    Nothing is registered until they are loaded: ggml picks the best CPU variant for this
+    machine and loads RPC and any GPU backend. Returns the modules found (none for a normal
+    build, whose backends are linked in)."""
+    modules = sorted(p.name for p in lib_dir.glob("libggml-*.so") if _is_backend_module(p.name))
+    if not any(m.startswith("libggml-cpu-") for m in modules):
+        return []
+    mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
+    core = ctypes.CDLL(str(lib_dir / "libggml.so.0"), mode=mode)
+    core.ggml_backend_load_all_from_path.restype = None
+    core.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    core.ggml_backend_load_all_from_path(str(lib_dir).encode())
+    return modules
+
+
+def _is_backend_module(name: str) -> bool:
+    return name not in ("libggml-base.so",) and name.startswith("libggml-")
