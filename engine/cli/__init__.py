@@ -12,7 +12,7 @@ from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, exit_on_interru
 
 exit_on_interrupt()  # Ctrl-C from the first import on: one line, exit 130, no traceback
 
-from engine.cli import bench, chat, devices, files, tuning  # noqa: E402
+from engine.cli import bench, chat, devices, files, serve, tuning  # noqa: E402
 from engine.errors import EbbError  # noqa: E402
 
 __all__ = ["build_parser", "main"]
@@ -21,7 +21,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ebb-engine", description="Ebb's engine, headless.")
     sub = ap.add_subparsers(dest="command", required=True)
-    for group in (chat, files, devices, tuning, bench):
+    for group in (chat, serve, files, devices, tuning, bench):
         group.register(sub)
     return ap
 

@@ -49,7 +49,7 @@ def _read_tuning(path: str) -> PhaseTuning:
                        "write it with `ebb-engine autotune --json > FILE`") from exc
 
 
-def _session_config(args: argparse.Namespace) -> SessionConfig:
+def session_config(args: argparse.Namespace) -> SessionConfig:
     from engine.gguf.models import existing_file, resolve_model_path
     from engine.units import parse_size
 
@@ -83,7 +83,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         turns = _read_script(args.script)
     else:
         turns = [{"text": args.prompt, "images": args.image}]
-    cfg = _session_config(args)
+    cfg = session_config(args)
     cancel = threading.Event()
     gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
     on_text: Callable[[str], None] | None = None
@@ -143,13 +143,8 @@ def _print_turn(out: dict[str, Any], as_json: bool) -> None:
           f"stop: {out['stop_reason']}]", file=sys.stderr, flush=True)
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser("chat", help="chat with a model from the terminal",
-                       parents=[flag_parser("rpc", "model", "mmproj", "threads", "vram-budget",
-                                            "no-flash-attn")])
-    p.add_argument("--prompt", default=None)
-    p.add_argument("--image", action="append", default=[], help="image file (repeatable)")
-    p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
+def add_session_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that shape the session (model placement, vision, context): chat and serve."""
     p.add_argument("--vision", choices=["auto", "resident", "swap", "cpu"], default="auto")
     p.add_argument("--mover", choices=["auto", "live", "reload"], default="auto",
                    help="how a swap moves the model: live layers (after a self-test) or reload")
@@ -163,7 +158,6 @@ def register(sub: Any) -> None:
     p.add_argument("--tuning", default=None, metavar="FILE.json",
                    help="autotune's JSON: generation at its best layers and threads, prompts "
                         "with theirs, and a long prompt at its best layers (live mover)")
-    p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--system", default=None)
     p.add_argument("--image-cache", default="1GiB", metavar="SIZE",
                    help="most image embeddings kept in RAM (least recently used leave first and "
@@ -171,11 +165,24 @@ def register(sub: Any) -> None:
     p.add_argument("--overflow", choices=["drop-oldest", "stop"], default="drop-oldest",
                    help="when a turn does not fit the context: let the oldest turns go (images "
                         "of older turns first; default) or refuse the turn")
+    p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")
+
+
+SESSION_FLAGS = ("rpc", "model", "mmproj", "threads", "vram-budget", "no-flash-attn")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("chat", help="chat with a model from the terminal",
+                       parents=[flag_parser(*SESSION_FLAGS)])
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
+    add_session_flags(p)
+    p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
     p.add_argument("--max-tokens", type=int, default=0,
                    help="cap on each reply's tokens (default 0: until the model stops or the "
                         "context is full)")
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ctx", type=int, default=None, help="context length (default: min(4096, model's))")
     p.add_argument("--json", action="store_true", help="print one JSON object per turn")
     p.set_defaults(func=cmd_chat)

@@ -1,0 +1,73 @@
+"""`ebb-engine serve`: an OpenAI-compatible endpoint on this machine (engine/server)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.cli.chat import SESSION_FLAGS, add_session_flags, session_config
+from engine.cli.common import flag_parser
+from engine.errors import EbbError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.server.http import is_loopback, serve
+    from engine.server.worker import Job, ServeWorker
+    from engine.units import parse_size
+
+    if not 0 < args.port < 65536:
+        raise EbbError(f"--port must be 1–65535, got {args.port}")
+    if args.queue < 1:
+        raise EbbError(f"--queue must be at least 1, got {args.queue}")
+    api_key = args.api_key or os.environ.get("EBB_API_KEY") or None
+    if not is_loopback(args.host):
+        print(f"ebb-engine: warning: serving on {args.host}, not only this machine: anyone who "
+              f"can reach port {args.port} can use the model"
+              + ("" if api_key else " (no --api-key set)"), file=sys.stderr, flush=True)
+    cfg = session_config(args)
+    image_dir = Path(tempfile.mkdtemp(prefix="ebb-serve-images-"))
+
+    def log_turn(job: Job, r: dict[str, Any]) -> None:
+        st = r["stats"]
+        line = {"client": job.client, "n_images": st.get("n_images", 0),
+                "strategy": st.get("strategy"), "prompt_tokens": r["usage"]["prompt_tokens"],
+                "completion_tokens": r["usage"]["completion_tokens"],
+                "finish_reason": r["finish_reason"], "client_gone": r["client_gone"],
+                "gen_tokens_per_s": st.get("gen_tokens_per_s")}
+        print(f"ebb-engine serve: {json.dumps(line)}", file=sys.stderr, flush=True)
+
+    worker = ServeWorker(cfg, image_dir, max_queue=args.queue, on_turn=log_turn)
+
+    def announce(server: Any) -> None:
+        print(f"ebb-engine: serving {cfg.model_path.name} at http://{args.host}:{args.port}/v1 "
+              f"(OpenAI-compatible; the model loads now)", file=sys.stderr, flush=True)
+
+    try:
+        serve(worker, args.host, args.port, api_key=api_key,
+              max_body=parse_size(args.max_body), ready=announce)
+    finally:
+        worker.close()
+        for f in image_dir.glob("*"):
+            f.unlink(missing_ok=True)
+        image_dir.rmdir()
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP endpoint (/v1/chat/completions)",
+                       parents=[flag_parser(*SESSION_FLAGS)])
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default loopback; any other address warns)")
+    p.add_argument("--port", type=int, default=8089)
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every request (or EBB_API_KEY)")
+    p.add_argument("--queue", type=int, default=8,
+                   help="requests that may wait while one is answered (more: 503, Retry-After)")
+    p.add_argument("--max-body", default="32MiB", metavar="SIZE",
+                   help="largest request body (pictures as base64 count 4/3; more: 413)")
+    add_session_flags(p)
+    p.set_defaults(func=cmd_serve, max_tokens=0)

@@ -1,0 +1,182 @@
+"""The HTTP side of `ebb-engine serve`: OpenAI's /v1 routes on Starlette, served by uvicorn.
+
+Starlette and uvicorn (both from the encode project, widely used, ASGI) rather than a server
+written here: HTTP/1.1 parsing, keep-alive, streaming with back-pressure and the client's
+disconnect are theirs. FastAPI was not needed: the request checks live in `api.py`, where they
+are tested without HTTP. Requests are answered by `ServeWorker` (one model, one worker);
+replies stream back from its thread through an asyncio queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any, AsyncIterator
+
+from engine.server.api import ApiError, chunk, completion, new_id, parse_chat_request
+from engine.server.worker import Job, ServeWorker
+
+DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
+KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so sees a client leave)
+
+
+def build_app(worker: ServeWorker, api_key: str | None = None,
+              max_body: int = DEFAULT_MAX_BODY) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def error(exc: ApiError) -> Response:
+        headers = {"Retry-After": "2"} if exc.status == 503 else None
+        if exc.status == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    def check_key(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), api_key.encode()):
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body:
+            raise ApiError(413, f"the request body is {int(length)} bytes; the most is {max_body}")
+        body = bytearray()
+        try:
+            async for part in request.stream():
+                body += part
+                if len(body) > max_body:
+                    raise ApiError(413, f"the request body is over {max_body} bytes")
+        except ClientDisconnect:
+            raise ApiError(400, "the client went away while sending") from None
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+    async def models(request: Request) -> Response:
+        try:
+            check_key(request)
+        except ApiError as exc:
+            return error(exc)
+        created = int(worker.cfg.model_path.stat().st_mtime) if worker.cfg.model_path.exists() else 0
+        return JSONResponse({"object": "list", "data": [
+            {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb"}]})
+
+    async def chat(request: Request) -> Response:
+        try:
+            check_key(request)
+            req = parse_chat_request(await read_json(request))
+        except ApiError as exc:
+            return error(exc)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        client = req.user or (f"{request.client.host}:{request.client.port}"
+                              if request.client else "client")
+        def on_event(ev: tuple[Any, ...]) -> None:  # the worker's thread: into this loop
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        job = Job(req, client, on_event)
+        try:
+            worker.submit(job)
+        except ApiError as exc:
+            return error(exc)
+        cid, model = new_id(), worker.model_id
+        if req.stream:
+            return StreamingResponse(_stream(job, events, cid, model),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        while True:
+            try:
+                ev = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel.set()  # nobody to answer: stop between tokens
+                    return Response(status_code=499)
+                continue
+            if ev[0] == "done":
+                r = ev[1]
+                return JSONResponse(completion(cid, model, r["text"], r["finish_reason"],
+                                               r["usage"]))
+            if ev[0] == "error":
+                return error(ev[1])
+
+    async def _stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
+                      model: str) -> AsyncIterator[str]:
+        def sse(obj: dict[str, Any]) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        finished = False
+        try:
+            yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), timeout=KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield ": waiting\n\n"  # a write: a client that left is noticed here
+                    continue
+                if ev[0] == "text":
+                    yield sse(chunk(cid, model, {"content": ev[1]}))
+                elif ev[0] == "done":
+                    r = ev[1]
+                    yield sse(chunk(cid, model, {}, r["finish_reason"], r["usage"]))
+                    if job.request.include_usage:
+                        yield sse(chunk(cid, model, {}, use=r["usage"], choices=False))
+                    break
+                elif ev[0] == "error":
+                    yield sse(ev[1].body())
+                    break
+            yield "data: [DONE]\n\n"
+            finished = True
+        finally:
+            if not finished:  # the client left mid-stream: the worker stops between tokens
+                job.cancel.set()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(ApiError(404, f"no route {request.method} {request.url.path}: Ebb serves "
+                                   "GET /v1/models and POST /v1/chat/completions"))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok" if worker.ready.is_set() and not worker.load_error
+                             else ("error" if worker.load_error else "loading"),
+                             "model": worker.model_id, "waiting": worker.waiting(),
+                             "served": worker.served, "time": time.time()})
+
+    routes = [Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/health", health, methods=["GET"])]
+    app = Starlette(routes=routes)
+    app.add_exception_handler(404, not_found)
+    app.add_exception_handler(405, lambda req, exc: error(ApiError(
+        405, f"{req.method} is not allowed on {req.url.path}")))
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(worker: ServeWorker, host: str, port: int, api_key: str | None = None,
+          max_body: int = DEFAULT_MAX_BODY, ready: Any = None) -> None:
+    """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
+    import uvicorn
+
+    config = uvicorn.Config(build_app(worker, api_key, max_body), host=host, port=port,
+                            log_level="warning", timeout_graceful_shutdown=5, access_log=False)
+    server = uvicorn.Server(config)
+    if ready is not None:
+        ready(server)
+    server.run()

@@ -1,0 +1,85 @@
+"""The server's request checks and stop sequences (engine/server/api.py): pure logic."""
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from engine.server.api import ApiError, StopWatcher, image_from_url, parse_chat_request
+
+
+def user(content):
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
+    pic = tmp_path / "p.png"
+    pic.write_bytes(b"png")
+    req = parse_chat_request({
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "developer", "content": "Use English."},
+                     {"role": "user", "content": "Hi"},
+                     {"role": "assistant", "content": None},
+                     {"role": "user", "content": [
+                         {"type": "text", "text": "What is"},
+                         {"type": "image_url", "image_url": {"url": f"file://{pic}"}},
+                         {"type": "text", "text": "this?"},
+                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                             + base64.b64encode(b"abc").decode()}}]}],
+        "temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "END", "seed": 3,
+        "stream": True, "stream_options": {"include_usage": True}, "user": "ed"})
+    assert req.system == "Be brief.\n\nUse English."
+    assert [(t.role, t.text) for t in req.history] == [("user", "Hi"), ("assistant", "")]
+    assert req.last.text == "What is\nthis?"
+    assert req.last.images[0].path == pic and req.last.images[1].data == b"abc"
+    assert (req.temperature, req.top_p, req.max_tokens, req.stop, req.seed) == (0.0, 0.5, 7, ("END",), 3)
+    assert req.stream and req.include_usage and req.user == "ed"
+    assert parse_chat_request({**user("x"), "max_completion_tokens": 9}).max_tokens == 9
+    assert parse_chat_request(user("x")).max_tokens == 0  # no cap
+
+
+@pytest.mark.parametrize("body, param, says", [
+    ({}, "messages", "non-empty list"),
+    (user("x") | {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "unsupported role"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+     "messages", "last message"),
+    (user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]),
+     "messages[0].content[0].image_url", "does not fetch"),
+    (user([{"type": "image_url", "image_url": {"url": "data:image/png,raw"}}]),
+     "messages[0].content[0].image_url", "base64"),
+    (user([{"type": "image_url", "image_url": {"url": "ftp://x"}}]),
+     "messages[0].content[0].image_url", "scheme"),
+    (user([{"type": "image_url", "image_url": {"url": "file://otherhost/x.png"}}]),
+     "messages[0].content[0].image_url", "local file"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": "x"}]},
+                   {"role": "user", "content": "x"}]}, "messages[0].content[0]", "user messages only"),
+    (user("x") | {"top_p": 2}, "top_p", "between"),
+    (user("x") | {"max_tokens": 0}, "max_tokens", "at least 1"),
+    (user("x") | {"stream_options": []}, "stream_options", "object"),
+])
+def test_what_is_wrong_and_where(body, param, says):
+    with pytest.raises(ApiError) as err:
+        parse_chat_request(body)
+    assert err.value.status == 400 and err.value.param == param and says in err.value.message
+    shape = err.value.body()["error"]
+    assert shape["type"] == "invalid_request_error" and shape["param"] == param
+
+
+def test_a_file_url_may_be_percent_encoded(tmp_path):
+    pic = tmp_path / "a picture.png"
+    pic.write_bytes(b"x")
+    assert image_from_url(f"file://{str(pic).replace(' ', '%20')}", "p").path == pic
+
+
+@pytest.mark.parametrize("pieces, stops, shown, hit", [
+    (["Hello", " world"], (), "Hello world", False),
+    (["Hel", "lo E", "ND more"], ("END",), "Hello ", True),
+    (["ab", "c"], ("abcd",), "abc", False),  # held back, then given at the end: no stop
+    (["x<", "|", "im_end|>y"], ("<|im_end|>",), "x", True),
+    (["one two"], ("two", "one"), "", True),  # the first in the text wins
+    (["aXb", "Yc"], ("XbY", "Yc"), "a", True),
+])
+def test_stop_sequences_cut_the_reply_where_the_first_begins(pieces, stops, shown, hit):
+    w = StopWatcher(stops)
+    out = "".join(w.feed(p) for p in pieces) + w.flush()
+    assert out == shown and w.hit == hit
