@@ -78,6 +78,14 @@ class SettingsDialog(QDialog):
         self.vision.addItems(["auto", "resident", "swap", "cpu"])
         self.vision.setCurrentText(v["vision"])
         self.rpc = QLineEdit(", ".join(v["rpc"]), placeholderText="HOST:PORT, … (trusted networks only)")
+        self.server = QCheckBox("serve an OpenAI-compatible API (/v1/chat/completions) from "
+                                "this window's model", checked=bool(v["server"]))
+        self.server_host = QLineEdit(v["server_host"], placeholderText="127.0.0.1",
+                                     toolTip="Loopback (127.0.0.1) answers this machine only; "
+                                             "any other address lets other machines in")
+        self.server_port = QSpinBox(minimum=1, maximum=65535, value=int(v["server_port"]))
+        self.server_key = QLineEdit(v["server_api_key"], placeholderText="none: any local program may ask",
+                                    echoMode=QLineEdit.EchoMode.Password)
         self.error = QLabel("")
         self.error.setStyleSheet("color: #c62828;")
         form = QFormLayout(self)
@@ -97,6 +105,10 @@ class SettingsDialog(QDialog):
         form.addRow("Flash attention", self.flash)
         form.addRow("Vision strategy", self.vision)
         form.addRow("RPC servers", self.rpc)
+        form.addRow("Local server", self.server)
+        form.addRow("  address", self.server_host)
+        form.addRow("  port", self.server_port)
+        form.addRow("  API key", self.server_key)
         form.addRow(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self._on_ok)
@@ -113,7 +125,11 @@ class SettingsDialog(QDialog):
                 "image_layers": self.image_layers.value(), "image_speeds": self.image_speeds,
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
                 "image_cache": self.image_cache.text().strip(),
-                "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()]}
+                "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()],
+                "server": self.server.isChecked(),
+                "server_host": self.server_host.text().strip() or "127.0.0.1",
+                "server_port": self.server_port.value(),
+                "server_api_key": self.server_key.text().strip()}
 
     def _phase_text(self) -> str:
         """What the two layer counts do, from Tune's measured prompt speeds."""

@@ -256,7 +256,8 @@ class MemoryPanel(QWidget):
         sp = self.span_at(p.x(), p.y())
         if sp is not None:
             pred = f", predicted {sp.predicted_s * 1000:.1f} ms" if sp.predicted_s is not None else ""
-            self.span_info.setText(f"{sp.name} on {self._name(sp.device)}: {(sp.end_s - sp.start_s) * 1000:.1f} ms"
+            who = self.telemetry.labels.get(sp.request_id)
+            self.span_info.setText(f"{sp.name}{f' for {who}' if who else ''} on {self._name(sp.device)}: {(sp.end_s - sp.start_s) * 1000:.1f} ms"
                                    f"{pred}, {sp.bytes / 2**20:.1f} MiB {sp.detail}")
 
     @Slot()

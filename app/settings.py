@@ -26,7 +26,10 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "prompt_layers": -1, "threads_batch": 0, "prompt_speeds": {},
                             # the same for a prompt with images (a batch of the projector's
                             # image tokens): -1 as for text prompts
-                            "image_layers": -1, "image_speeds": {}}
+                            "image_layers": -1, "image_speeds": {},
+                            # Settings → Local server: the OpenAI-compatible endpoint
+                            "server": False, "server_host": "127.0.0.1", "server_port": 8089,
+                            "server_api_key": ""}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QMenu,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -86,7 +87,7 @@ class MainWindow(QMainWindow):
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
-            events.TurnFinished: self._on_turn_finished,
+            events.TurnFinished: self._on_turn_finished, events.ServerTurn: self._on_server_turn,
             events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
             events.TuneFinished: self._on_tune_finished}
         self._build_ui()
@@ -129,13 +130,15 @@ class MainWindow(QMainWindow):
         self.vision_switch.toggled.connect(self._on_vision_toggled)
         self.vision_switch.setEnabled(False)
         self.projector_label = QLabel("")
-        self.demo_label = QLabel("")
+        # wraps rather than widening the chat area (it pushed the memory panel off the screen)
+        self.demo_label = QLabel("", wordWrap=True)
         self.demo_label.setStyleSheet("color: #b26a00;")
+        self.demo_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.demo_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         top = QHBoxLayout()
         top.addWidget(self.vision_switch)
         top.addWidget(self.projector_label)
-        top.addStretch(1)
-        top.addWidget(self.demo_label)
+        top.addWidget(self.demo_label, 1)
         self.notice = QLabel("", wordWrap=True)  # what happened before a restart, until closed
         self.notice.setStyleSheet("background: #fff3cd; color: #5c4400; padding: 6px;")
         self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -199,7 +202,14 @@ class MainWindow(QMainWindow):
         self.progress.setRange(0, 0)
         self.progress.hide()
         self.model_label = QLabel("no model")
-        self.statusBar().addPermanentWidget(self.model_label)
+        self.server_status = QLabel("")  # the local server's address, while it serves
+        self.server_status.hide()
+        # a long line (a stand-in's name, several devices) is cut at the window's edge rather
+        # than widening the window past the screen (it squeezed the memory panel off it)
+        self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.model_label.setMinimumWidth(200)
+        self.statusBar().addPermanentWidget(self.server_status)
+        self.statusBar().addPermanentWidget(self.model_label, 1)
         self.statusBar().addPermanentWidget(self.progress)
 
     def _build_help_menu(self) -> None:
@@ -264,6 +274,49 @@ class MainWindow(QMainWindow):
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
+        from app.serving import WindowBackend
+
+        self.server: Any = None  # engine.server.http.ServerThread, while serving
+        self.server_backend = WindowBackend(self.worker)
+        self.worker.server_backend = self.server_backend
+        self._apply_server()
+
+    def _apply_server(self) -> None:
+        """Start, restart or stop the local server as Settings say."""
+        from engine.server.http import ServerThread, is_loopback
+
+        s = self._settings()
+        want = (s["server_host"], int(s["server_port"]), s["server_api_key"]) if s["server"] else None
+        have = getattr(self, "_server_wanted", None)
+        if want == have and (want is None or self.server is not None):
+            return
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self._server_wanted = want
+        if want is None:
+            self.server_status.hide()
+            return
+        host, port, key = want
+        try:
+            self.server = ServerThread(self.server_backend, host, port, api_key=key or None)
+        except EbbError as exc:
+            self.server_status.hide()
+            self.show_notice(f"The local server did not start: {exc}")
+            return
+        self._update_server_status()
+        self.server_status.show()
+        if not is_loopback(host):
+            self.show_notice(f"The local server listens on {host}: other machines that reach port "
+                             f"{port} can use the model" + ("" if key else ", and no API key is set"))
+
+    def _update_server_status(self) -> None:
+        from app.serving import server_label
+
+        if self.server is not None:
+            self.server_status.setText(server_label(self.server.url, self.server.host,
+                                                    self.server_backend.served,
+                                                    self.server_backend.waiting()))
 
     def show_notice(self, text: str) -> None:
         """A line above the chat until the next start (what went wrong with the data folder,
@@ -543,6 +596,7 @@ class MainWindow(QMainWindow):
                 self.statusBar().showMessage(f"Error: {exc}", 30000)
                 return
             self.gen_params = replace(self.gen_params, max_tokens=int(self._settings()["max_tokens"]))
+            self._apply_server()
             cfg = self.chat.last_cfg
             if cfg is not None and not self.chat.busy:
                 self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
@@ -644,7 +698,15 @@ class MainWindow(QMainWindow):
         self.chat.set_loading()
         self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…")
 
+    def _on_server_turn(self, ev: events.ServerTurn) -> None:
+        self._update_server_status()
+        images = f", {ev.n_images} image{'s' if ev.n_images != 1 else ''} ({ev.strategy})" if ev.n_images else ""
+        gone = " — the client left" if ev.client_gone else ""
+        self.statusBar().showMessage(f"Local server answered {ev.client}: {ev.n_gen_tokens} tokens"
+                                     f"{images}{gone}", 8000)
+
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
+        self.server_backend.set_model(ev.model_path)
         d = ev.details
         self._loaded = d
         self.progress.hide()
@@ -748,6 +810,10 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ shutdown
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.server is not None:  # no new requests; those waiting are told
+            self.server.stop()
+            self.server = None
+        self.server_backend.close()
         self.worker.cancel()
         # A load in progress is not cut short (llama.cpp finishes it first): the window goes
         # at once rather than standing frozen until then; the process ends after it.

@@ -48,6 +48,47 @@ class EngineWorker(QObject):
         self._session: Session | None = None
         self._cancel = threading.Event()
         self.stream = TextStream()
+        self.server_backend: Any = None  # app/serving.py's WindowBackend, while serving
+
+    @Slot()
+    def serve_next(self) -> None:
+        """The local server's oldest waiting request (app/serving.py), on the window's session;
+        the window's conversation is put back afterwards."""
+        from engine.server.api import ApiError
+        from engine.server.worker import answer_job, run_job
+
+        backend = self.server_backend
+        job = backend.jobs.take(block=False) if backend is not None else None
+        if job is None:  # its client left while it waited
+            return
+        if self._session is None:
+            job.on_event(("error", ApiError(503, "no model is loaded in the window")))
+            return
+        session = self._session
+        saved = session.save_conversation()
+
+        def answer(j: Any) -> dict[str, Any]:
+            self._session, result = answer_job(session, j, saved[4].system)
+            return result
+
+        try:
+            result = run_job(job, answer)
+        finally:
+            if self._session is session:
+                session.restore_conversation(saved)
+            else:  # a remote device went away during it: the window's conversation moves on
+                self._session.history = saved[0]
+                self._announce(self._session)
+        if result is None:
+            return
+        backend.served += 1
+        st = result["stats"]
+        self.event.emit(events.ServerTurn(
+            result["request_id"], client=job.client,
+            n_prompt_tokens=result["usage"]["prompt_tokens"],
+            n_gen_tokens=result["usage"]["completion_tokens"],
+            finish_reason=result["finish_reason"], n_images=int(st.get("n_images", 0)),
+            strategy=str(st.get("strategy", "")), client_gone=bool(result["client_gone"])))
 
     def cancel(self) -> None:
         """Any thread: ask the running generation to stop at the next token."""

@@ -55,6 +55,19 @@ class TurnFinished(Event):
 
 
 @dataclass(frozen=True)
+class ServerTurn(Event):
+    """The window's local server answered an HTTP client (request_id: the session's turn, as
+    its spans carry it)."""
+    client: str
+    n_prompt_tokens: int
+    n_gen_tokens: int
+    finish_reason: str
+    n_images: int = 0
+    strategy: str = ""
+    client_gone: bool = False
+
+
+@dataclass(frozen=True)
 class EngineFailed(Event):
     message: str
 

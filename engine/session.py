@@ -552,6 +552,14 @@ class Session:
         self._last_stop = ""
         self.forgotten = 0
 
+    def save_conversation(self) -> tuple[Any, ...]:
+        """The conversation and its settings, to put back after answering someone else (the
+        window's local server answers an HTTP client on the window's session)."""
+        return (list(self.history), self._reply_open, self._last_stop, self.forgotten, self.cfg)
+
+    def restore_conversation(self, saved: tuple[Any, ...]) -> None:
+        self.history, self._reply_open, self._last_stop, self.forgotten, self.cfg = saved
+
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
         self.history = list(other.history)

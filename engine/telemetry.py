@@ -27,6 +27,8 @@ class Telemetry:
     memory: dict[str, collections.deque[tuple[float, dict[str, int], int | None]]] = field(
         default_factory=dict)
     version: int = 0  # bumps on every change: the view redraws only when it moved
+    # request_id -> who asked, for turns the local server answered (the window's own: absent)
+    labels: dict[int, str] = field(default_factory=dict)
 
     def on_event(self, ev: events.Event) -> None:
         if isinstance(ev, events.Residency):
@@ -39,6 +41,10 @@ class Telemetry:
                 self._sample(dev, ev.t_s, kinds, None)
         elif isinstance(ev, events.Span):
             self.spans.append(ev)
+        elif isinstance(ev, events.ServerTurn):
+            self.labels[ev.request_id] = ev.client
+            if len(self.labels) > MAX_SPANS:
+                self.labels.pop(next(iter(self.labels)))
         elif isinstance(ev, events.MemorySample):
             self._sample(ev.device, ev.t_s, ev.ledger_kinds or self.ledger.get(ev.device, {}),
                          ev.reported_used_bytes)

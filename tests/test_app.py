@@ -349,3 +349,54 @@ def test_signal_emits_keep_reference_counts(qtbot):
     gc.collect()
     assert dst.n == 2000
     assert sys.getrefcount(True) >= before[0] - 50 and sys.getrefcount(None) >= before[1] - 50
+
+
+def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_chat(qtbot, store):
+    """Settings → Local server: an HTTP client (the official openai client, on another thread)
+    is answered by the window's own engine worker, between the window's turns; the window's
+    conversation carries on as it was, and the panel labels the client's turn."""
+    import threading
+
+    from openai import OpenAI
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    w = _window(qtbot, store, server=True, server_port=port, server_api_key="k")
+    assert w.server_status.isVisible() and f"127.0.0.1:{port}/v1" in w.server_status.text()
+    _send(qtbot, w, "Hello! What is your name?")
+    window_history = list(w.worker._session.history)
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=120)
+    answers: list[str] = []
+
+    def ask() -> None:
+        out = client.chat.completions.create(
+            model="m", temperature=0, max_tokens=6, user="editor",
+            messages=[{"role": "user", "content": "Write a poem about the sea."}])
+        answers.append(out.choices[0].message.content or "")
+
+    t = threading.Thread(target=ask)
+    t.start()
+    _send(qtbot, w, "And how old are you?")  # the window's turn and the client's share the worker
+    wait_for(lambda: not t.is_alive(), timeout=120_000)
+    assert answers and answers[0]
+    assert "1 answered" in w.server_status.text()
+    assert "editor" in w.telemetry.labels.values()  # its spans are labelled in the panel
+    rid = next(r for r, who in w.telemetry.labels.items() if who == "editor")
+    assert w.telemetry.spans_of(rid)
+    # the window's conversation went on from where it was, not from the client's
+    history = w.worker._session.history
+    assert history[:len(window_history)] == window_history and len(history) == len(window_history) + 2
+    assert len(store.messages(w.conv_id)) == 4
+    from openai import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+    # Settings turn it off: nothing listens there any more
+    store.set_setting("server", False)
+    w._apply_server()
+    assert w.server is None and not w.server_status.isVisible()
+    import socket
+
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

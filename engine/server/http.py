@@ -15,13 +15,13 @@ import time
 from typing import Any, AsyncIterator
 
 from engine.server.api import ApiError, chunk, completion, new_id, parse_chat_request
-from engine.server.worker import Job, ServeWorker
+from engine.server.worker import Backend, Job
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
 KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so sees a client leave)
 
 
-def build_app(worker: ServeWorker, api_key: str | None = None,
+def build_app(worker: Backend, api_key: str | None = None,
               max_body: int = DEFAULT_MAX_BODY) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
@@ -65,7 +65,7 @@ def build_app(worker: ServeWorker, api_key: str | None = None,
             check_key(request)
         except ApiError as exc:
             return error(exc)
-        created = int(worker.cfg.model_path.stat().st_mtime) if worker.cfg.model_path.exists() else 0
+        created = int(worker.model_path.stat().st_mtime) if worker.model_path.exists() else 0
         return JSONResponse({"object": "list", "data": [
             {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb"}]})
 
@@ -169,7 +169,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(worker: ServeWorker, host: str, port: int, api_key: str | None = None,
+def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
           max_body: int = DEFAULT_MAX_BODY, ready: Any = None) -> None:
     """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
     import uvicorn
@@ -180,3 +180,50 @@ def serve(worker: ServeWorker, host: str, port: int, api_key: str | None = None,
     if ready is not None:
         ready(server)
     server.run()
+
+
+class ServerThread:
+    """The HTTP server on a background thread (the window's Local server). The socket is bound
+    here, so a port in use is a clear EbbError at once rather than a log line later."""
+
+    def __init__(self, worker: Backend, host: str, port: int, api_key: str | None = None,
+                 max_body: int = DEFAULT_MAX_BODY) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        from engine.errors import EbbError
+
+        self.host, self.port = host, port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as exc:
+            self._sock.close()
+            raise EbbError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                           "pick another port in Settings → Local server") from None
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(build_app(worker, api_key, max_body), log_level="warning",
+                                timeout_graceful_shutdown=2, access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="ebb-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except SystemExit:  # uvicorn exits on a fatal start-up error; the window stays
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -29,35 +29,35 @@ class Job:
     on_event: Callable[[Event], None]
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.monotonic)
+    image_dir: Path = field(default_factory=lambda: Path("."))  # where its data URLs are written
 
 
-class ServeWorker:
-    """Loads the model on its own thread, then answers jobs one at a time, oldest first."""
+class Backend(Protocol):
+    """What the HTTP side needs of whoever answers: `ServeWorker` (ebb-engine serve) or the
+    window's engine worker (app/serving.py)."""
+    model_id: str
+    model_path: Path
+    ready: threading.Event
+    load_error: str | None
+    served: int
 
-    def __init__(self, cfg: SessionConfig, image_dir: Path, max_queue: int = 8,
-                 on_turn: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
-        self.cfg = cfg
-        self.image_dir = image_dir
+    def submit(self, job: Job) -> int: ...
+
+    def waiting(self) -> int: ...
+
+
+class JobQueue:
+    """Jobs waiting in arrival order, at most `max_queue`; a job whose client left gives up
+    its place at once. Any thread."""
+
+    def __init__(self, max_queue: int) -> None:
         self.max_queue = max_queue
-        self.on_turn = on_turn  # after each answered job (a log line, a panel)
-        self._waiting: deque[Job] = deque()  # oldest first; a job whose client left is dropped
+        self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closing = False
-        self.ready = threading.Event()
-        self.load_error: str | None = None
-        self.session: Any = None
-        self.model_id = cfg.model_path.stem
-        self.busy_with: Job | None = None
-        self.served = 0
-        self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
-        self._thread.start()
-
-    # ------------------------------------------------------------ any thread
 
     def submit(self, job: Job) -> int:
-        """Queue a job; its place in the queue (0: next). ApiError(503) when the queue is full."""
-        if self.load_error is not None:
-            raise ApiError(503, f"the model did not load: {self.load_error}")
+        """Its place (0: next). ApiError(503) when full or closing."""
         with self._cond:
             if self._closing:
                 raise ApiError(503, "the server is shutting down")
@@ -70,35 +70,144 @@ class ServeWorker:
             return len(self._waiting) - 1
 
     def _drop_gone(self) -> None:
-        """Under the lock: a waiting job whose client left gives up its place at once."""
         if any(j.cancel.is_set() for j in self._waiting):
             self._waiting = deque(j for j in self._waiting if not j.cancel.is_set())
 
-    def waiting(self) -> int:
+    def __len__(self) -> int:
         with self._cond:
             self._drop_gone()
             return len(self._waiting)
 
-    def close(self, timeout: float = 30.0) -> None:
-        with self._cond:
-            self._closing = True
-            left, self._waiting = list(self._waiting), deque()
-            self._cond.notify()
-        for job in left:  # the waiting jobs are told; the thread ends after the current one
-            job.on_event(("error", ApiError(503, "the server is shutting down")))
-        if self.busy_with is not None:
-            self.busy_with.cancel.set()
-        self._thread.join(timeout)
-
-    def _next(self) -> Job | None:
+    def take(self, block: bool = True) -> Job | None:
+        """The oldest live job; None when closed (or, not blocking, when none waits)."""
         with self._cond:
             while True:
                 self._drop_gone()
                 if self._waiting:
                     return self._waiting.popleft()
-                if self._closing:
+                if self._closing or not block:
                     return None
                 self._cond.wait()
+
+    def close(self) -> list[Job]:
+        """No more jobs; returns those that were waiting (to be told)."""
+        with self._cond:
+            self._closing = True
+            left, self._waiting = list(self._waiting), deque()
+            self._cond.notify_all()
+        return left
+
+
+def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any, dict[str, Any]]:
+    """Answer one request on `session` (on the thread that owns it). Returns the session to
+    use from now on (another when a remote device went away) and the result. The session's
+    conversation becomes the request's."""
+    from engine.llama.runtime import GenParams
+    from engine.session import turn_with_recovery
+
+    req = job.request
+    session.cfg = replace(session.cfg, system=req.system if req.system is not None else default_system)
+    session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images])
+                         for t in req.history])
+    images = [image_path(job.image_dir, i) for i in req.last.images]
+    defaults = GenParams()
+    gp = GenParams(max_tokens=req.max_tokens,
+                   temperature=defaults.temperature if req.temperature is None else req.temperature,
+                   top_p=defaults.top_p if req.top_p is None else req.top_p,
+                   seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32))
+    watcher = StopWatcher(req.stop)
+    shown: list[str] = []
+
+    def on_text(piece: str) -> None:
+        out = watcher.feed(piece)
+        if out:
+            shown.append(out)
+            job.on_event(("text", out))
+        if watcher.hit:
+            job.cancel.set()  # the stop sequence ends the reply, between tokens
+
+    session, res = turn_with_recovery(session, req.last.text, images, gp, on_text=on_text,
+                                      cancel=job.cancel)
+    tail = watcher.flush()
+    if tail:
+        shown.append(tail)
+        job.on_event(("text", tail))
+    if res.error is not None:
+        raise ApiError(400, res.error)
+    out = res.to_dict()
+    result = {"text": "".join(shown), "request_id": res.request_id,
+              "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
+              "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
+              "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit}
+    return session, result
+
+
+def image_path(image_dir: Path, ref: ImageRef) -> Path:
+    """A request's picture as a file the session can read: data URLs are written once, named
+    by their content (sent again, the encoder's cache knows them)."""
+    if ref.path is not None:
+        return ref.path
+    assert ref.data is not None
+    path = image_dir / f"{ref.key()}.img"
+    if not path.exists():
+        image_dir.mkdir(parents=True, exist_ok=True)
+        part = path.with_suffix(f".{threading.get_ident()}.part")
+        part.write_bytes(ref.data)
+        part.replace(path)
+    return path
+
+
+def run_job(job: Job, answer: Callable[[Job], dict[str, Any]]) -> dict[str, Any] | None:
+    """Answer a job, telling its client the result or what went wrong."""
+    try:
+        result = answer(job)
+    except ApiError as exc:
+        job.on_event(("error", exc))
+        return None
+    except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
+        job.on_event(("error", ApiError(500, f"{type(exc).__name__}: {exc}")))
+        return None
+    job.on_event(("done", result))
+    return result
+
+
+class ServeWorker:
+    """`ebb-engine serve`'s engine: loads the model on its own thread, then answers jobs one
+    at a time, oldest first."""
+
+    def __init__(self, cfg: SessionConfig, image_dir: Path, max_queue: int = 8,
+                 on_turn: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.image_dir = image_dir
+        self.on_turn = on_turn  # after each answered job (a log line)
+        self.jobs = JobQueue(max_queue)
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.session: Any = None
+        self.model_id = cfg.model_path.stem
+        self.model_path = cfg.model_path
+        self.busy_with: Job | None = None
+        self.served = 0
+        self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ any thread
+
+    def submit(self, job: Job) -> int:
+        if self.load_error is not None:
+            raise ApiError(503, f"the model did not load: {self.load_error}")
+        job.image_dir = self.image_dir
+        return self.jobs.submit(job)
+
+    def waiting(self) -> int:
+        return len(self.jobs)
+
+    def close(self, timeout: float = 30.0) -> None:
+        for job in self.jobs.close():  # told; the thread ends after the current job
+            job.on_event(("error", ApiError(503, "the server is shutting down")))
+        if self.busy_with is not None:
+            self.busy_with.cancel.set()
+        self._thread.join(timeout)
 
     # ------------------------------------------------------------ the worker's thread
 
@@ -114,7 +223,7 @@ class ServeWorker:
         finally:
             self.ready.set()
         while True:
-            job = self._next()
+            job = self.jobs.take()
             if job is None:
                 break
             if self.load_error is not None:
@@ -122,69 +231,16 @@ class ServeWorker:
                 continue
             self.busy_with = job
             try:
-                self._answer(job)
-            except ApiError as exc:
-                job.on_event(("error", exc))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
-                job.on_event(("error", ApiError(500, f"{type(exc).__name__}: {exc}")))
+                result = run_job(job, self._answer)
             finally:
                 self.busy_with = None
+            if result is not None:
+                self.served += 1
+                if self.on_turn is not None:
+                    self.on_turn(job, result)
         if self.session is not None:
             self.session.close()
 
-    def _image_path(self, ref: ImageRef) -> Path:
-        if ref.path is not None:
-            return ref.path
-        assert ref.data is not None
-        path = self.image_dir / f"{ref.key()}.img"  # by content: sent again, encoded once
-        if not path.exists():
-            self.image_dir.mkdir(parents=True, exist_ok=True)
-            part = path.with_suffix(f".{threading.get_ident()}.part")
-            part.write_bytes(ref.data)
-            part.replace(path)
-        return path
-
-    def _answer(self, job: Job) -> None:
-        from engine.llama.runtime import GenParams
-        from engine.session import turn_with_recovery
-
-        req = job.request
-        session = self.session
-        session.cfg = replace(session.cfg, system=req.system if req.system is not None
-                              else self.cfg.system)
-        session.set_history([(t.role, t.text, [self._image_path(i) for i in t.images])
-                             for t in req.history])
-        images = [self._image_path(i) for i in req.last.images]
-        defaults = GenParams()
-        gp = GenParams(max_tokens=req.max_tokens,
-                       temperature=defaults.temperature if req.temperature is None else req.temperature,
-                       top_p=defaults.top_p if req.top_p is None else req.top_p,
-                       seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32))
-        watcher = StopWatcher(req.stop)
-        shown: list[str] = []
-
-        def on_text(piece: str) -> None:
-            out = watcher.feed(piece)
-            if out:
-                shown.append(out)
-                job.on_event(("text", out))
-            if watcher.hit:
-                job.cancel.set()  # the stop sequence ends the reply, between tokens
-
-        self.session, res = turn_with_recovery(session, req.last.text, images, gp,
-                                               on_text=on_text, cancel=job.cancel)
-        tail = watcher.flush()
-        if tail:
-            shown.append(tail)
-            job.on_event(("text", tail))
-        if res.error is not None:
-            raise ApiError(400, res.error)
-        out = res.to_dict()
-        self.served += 1
-        result = {"text": "".join(shown),
-                  "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
-                  "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
-                  "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit}
-        if self.on_turn is not None:
-            self.on_turn(job, result)
-        job.on_event(("done", result))
+    def _answer(self, job: Job) -> dict[str, Any]:
+        self.session, result = answer_job(self.session, job, self.cfg.system)
+        return result

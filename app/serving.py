@@ -1,0 +1,68 @@
+"""Settings → Local server: the OpenAI-compatible endpoint (engine/server) answered by the
+window's own engine worker, so HTTP clients and the window's chats share one model and one
+queue, in arrival order, and the memory panel shows their turns labelled by client.
+
+`WindowBackend` is what the HTTP side submits to (any thread). A job waits in its bounded
+queue and the worker is woken with a queued call: the worker's thread takes the oldest job in
+the same event queue as the window's sends, answers it on the window's session, and puts the
+window's conversation back.
+"""
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QMetaObject, Qt
+
+from engine.server.api import ApiError
+from engine.server.worker import Job, JobQueue
+
+DEFAULT_QUEUE = 8
+
+
+class WindowBackend:
+    def __init__(self, worker: Any, max_queue: int = DEFAULT_QUEUE) -> None:
+        self.worker = worker
+        self.jobs = JobQueue(max_queue)
+        self.image_dir = Path(tempfile.mkdtemp(prefix="ebb-window-server-"))
+        self.ready = threading.Event()
+        self.load_error: str | None = None
+        self.model_id = ""
+        self.model_path = Path()
+        self.served = 0
+
+    def set_model(self, path: str) -> None:
+        """The window loaded a model: requests name it from now on."""
+        self.model_path = Path(path)
+        self.model_id = self.model_path.stem
+        self.ready.set()
+
+    def submit(self, job: Job) -> int:
+        if not self.ready.is_set():
+            raise ApiError(503, "the window has not loaded a model yet: try again shortly")
+        job.image_dir = self.image_dir
+        place = self.jobs.submit(job)
+        # wakes the worker's thread; it takes the oldest waiting job, behind the window's sends
+        QMetaObject.invokeMethod(self.worker, "serve_next", Qt.ConnectionType.QueuedConnection)
+        return place
+
+    def waiting(self) -> int:
+        return len(self.jobs)
+
+    def close(self) -> None:
+        for job in self.jobs.close():
+            job.on_event(("error", ApiError(503, "the window is closing")))
+        if self.image_dir.exists():
+            for f in self.image_dir.glob("*"):
+                f.unlink(missing_ok=True)
+            self.image_dir.rmdir()
+
+
+def server_label(url: str, host: str, served: int, waiting: int) -> str:
+    from engine.server.http import is_loopback
+
+    where = "" if is_loopback(host) else " — reachable from other machines"
+    queue = f", {waiting} waiting" if waiting else ""
+    return f"Local server {url}{where} ({served} answered{queue})"
