@@ -71,24 +71,24 @@ class EngineWorker(QObject):
             self._session, result = answer_job(session, j, saved[4].system)
             return result
 
+        def answered(j: Any, result: dict[str, Any]) -> None:  # before the client hears
+            backend.served += 1
+            st = result["stats"]
+            self.event.emit(events.ServerTurn(
+                result["request_id"], client=j.client,
+                n_prompt_tokens=result["usage"]["prompt_tokens"],
+                n_gen_tokens=result["usage"]["completion_tokens"],
+                finish_reason=result["finish_reason"], n_images=int(st.get("n_images", 0)),
+                strategy=str(st.get("strategy", "")), client_gone=bool(result["client_gone"])))
+
         try:
-            result = run_job(job, answer)
+            run_job(job, answer, answered)
         finally:
             if self._session is session:
                 session.restore_conversation(saved)
             else:  # a remote device went away during it: the window's conversation moves on
                 self._session.history = saved[0]
                 self._announce(self._session)
-        if result is None:
-            return
-        backend.served += 1
-        st = result["stats"]
-        self.event.emit(events.ServerTurn(
-            result["request_id"], client=job.client,
-            n_prompt_tokens=result["usage"]["prompt_tokens"],
-            n_gen_tokens=result["usage"]["completion_tokens"],
-            finish_reason=result["finish_reason"], n_images=int(st.get("n_images", 0)),
-            strategy=str(st.get("strategy", "")), client_gone=bool(result["client_gone"])))
 
     def cancel(self) -> None:
         """Any thread: ask the running generation to stop at the next token."""

@@ -193,3 +193,37 @@ def test_pip_installed_entry_points_run(tmp_path):
     module, icon = r.stdout.split()
     assert ".venv-dist" in module and Path(icon).is_file(), r.stdout + r.stderr
     assert "/.venv-dist/share/ebb/resources/" in icon  # from the wheel, not the checkout
+
+
+def test_bundle_serves_the_openai_api(bundle, tmp_path):
+    """`ebb-engine serve` from the bundle: uvicorn's protocol modules, loaded by name at run
+    time, must be in it."""
+    import http.client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(bundle / "ebb-engine"), "serve", "--port", str(port), "--ctx", "1024"],
+                            env=user_env(tmp_path / "home"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, status = time.monotonic() + 120, ""
+        while time.monotonic() < deadline and status != "ok":
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/health")
+                status = json.loads(conn.getresponse().read()).get("status", "")
+                conn.close()
+            except (OSError, ValueError, http.client.HTTPException):
+                time.sleep(0.3)
+        assert status == "ok"
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}),
+            headers={"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())
+        assert answer["choices"][0]["message"]["content"] and answer["usage"]["completion_tokens"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -89,6 +89,14 @@ class Server:
         prefix = "ebb-engine serve: "
         return [json.loads(ln[len(prefix):]) for ln in list(self.log) if ln.startswith(prefix)]
 
+    def turns_when(self, ready, timeout: float = 10.0) -> list[dict]:
+        """The turns once `ready(turns)` holds: the log line is written before the reply is
+        sent, but this process reads the pipe on its own thread."""
+        deadline = time.monotonic() + timeout
+        while not ready(self.turns()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.turns()
+
     def client(self, key: str = KEY):
         from openai import OpenAI
 
@@ -269,7 +277,8 @@ def test_two_clients_at_once_are_answered_in_order(server):
     names = [n for n, _ in events]
     assert names.count("first") == 11 and names.count("second") == 5, events
     assert names.index("second") > names.index("first") + 10  # after the first was done
-    assert [t["client"] for t in server.turns()[-2:]] == ["first", "second"]
+    turns = server.turns_when(lambda ts: ts and ts[-1]["client"] == "second")
+    assert [t["client"] for t in turns[-2:]] == ["first", "second"]
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_worker(server):
@@ -289,7 +298,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_worker(server):
         model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0,
         user="next")
     assert answer.choices[0].message.content
-    turns = server.turns()
+    turns = server.turns_when(lambda ts: ts and ts[-1]["client"] == "next")
     left = next(t for t in turns if t["client"] == "leaver")
     assert left["client_gone"] and left["completion_tokens"] < 400, left
     assert turns[-1]["client"] == "next"
@@ -316,7 +325,8 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path):
                 break
             time.sleep(int(headers["retry-after"]))
         assert status == 200 and answer["choices"][0]["message"]["content"]
-        assert s.turns()[-1]["client_gone"] is False and s.turns()[-2]["client_gone"]
+        turns = s.turns_when(lambda ts: len(ts) >= 2)
+        assert turns[-1]["client_gone"] is False and turns[-2]["client_gone"]
     finally:
         s.stop()
 
@@ -334,7 +344,8 @@ def _vision_equals_cli(strategy: str, model_path: Path, base_projector: Path, pi
             {"role": "user", "content": [{"type": "text", "text": prompt},
                                          {"type": "image_url", "image_url": {"url": data_url(pictures["a.png"])}}]}])
         text = out.choices[0].message.content
-        assert s.turns()[-1]["strategy"] == strategy and s.turns()[-1]["n_images"] == 1
+        turn = s.turns_when(lambda ts: bool(ts))[-1]
+        assert turn["strategy"] == strategy and turn["n_images"] == 1
     finally:
         s.stop()
     try:

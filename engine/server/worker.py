@@ -157,8 +157,10 @@ def image_path(image_dir: Path, ref: ImageRef) -> Path:
     return path
 
 
-def run_job(job: Job, answer: Callable[[Job], dict[str, Any]]) -> dict[str, Any] | None:
-    """Answer a job, telling its client the result or what went wrong."""
+def run_job(job: Job, answer: Callable[[Job], dict[str, Any]],
+            answered: Callable[[Job, dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+    """Answer a job, telling its client the result or what went wrong. `answered` runs
+    before the client hears (its log line is written by the time the reply arrives)."""
     try:
         result = answer(job)
     except ApiError as exc:
@@ -167,6 +169,8 @@ def run_job(job: Job, answer: Callable[[Job], dict[str, Any]]) -> dict[str, Any]
     except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
         job.on_event(("error", ApiError(500, f"{type(exc).__name__}: {exc}")))
         return None
+    if answered is not None:
+        answered(job, result)
     job.on_event(("done", result))
     return result
 
@@ -231,15 +235,16 @@ class ServeWorker:
                 continue
             self.busy_with = job
             try:
-                result = run_job(job, self._answer)
+                run_job(job, self._answer, self._answered)
             finally:
                 self.busy_with = None
-            if result is not None:
-                self.served += 1
-                if self.on_turn is not None:
-                    self.on_turn(job, result)
         if self.session is not None:
             self.session.close()
+
+    def _answered(self, job: Job, result: dict[str, Any]) -> None:
+        self.served += 1
+        if self.on_turn is not None:
+            self.on_turn(job, result)
 
     def _answer(self, job: Job) -> dict[str, Any]:
         self.session, result = answer_job(self.session, job, self.cfg.system)
