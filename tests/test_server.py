@@ -355,12 +355,8 @@ def _vision_equals_cli(strategy: str, model_path: Path, base_projector: Path, pi
         rpc.stop()
 
 
-def test_an_image_swapped_on_the_device_equals_the_cli(model_path, base_projector, pictures):
-    _vision_equals_cli("swap", model_path, base_projector, pictures)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["resident", "cpu"])
-def test_an_image_through_each_other_strategy_equals_the_cli(strategy, model_path, base_projector,
-                                                             pictures):
+@pytest.mark.slow  # a server and a CLI run per strategy, about 75 s each
+@pytest.mark.parametrize("strategy", ["swap", "resident", "cpu"])
+def test_an_image_through_each_strategy_equals_the_cli(strategy, model_path, base_projector,
+                                                       pictures):
     _vision_equals_cli(strategy, model_path, base_projector, pictures)

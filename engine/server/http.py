@@ -14,6 +14,7 @@ import json
 import time
 from typing import Any, AsyncIterator
 
+from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's rule, re-exported
 from engine.server.api import ApiError, chunk, completion, new_id, parse_chat_request
 from engine.server.worker import Backend, Job
 
@@ -156,17 +157,6 @@ def build_app(worker: Backend, api_key: str | None = None,
     app.add_exception_handler(405, lambda req, exc: error(ApiError(
         405, f"{req.method} is not allowed on {req.url.path}")))
     return app
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
