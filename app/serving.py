@@ -32,6 +32,7 @@ class WindowBackend:
         self.model_id = ""
         self.model_path = Path()
         self.served = 0
+        self.busy_with: Job | None = None  # the job the worker is answering (its thread sets it)
 
     def set_model(self, path: str) -> None:
         """The window loaded a model: requests name it from now on."""
@@ -54,6 +55,9 @@ class WindowBackend:
     def close(self) -> None:
         for job in self.jobs.close():
             job.on_event(("error", ApiError(503, "the window is closing")))
+        running = self.busy_with
+        if running is not None:  # stops between tokens, so the window can close
+            running.cancel.set()
         if self.image_dir.exists():
             for f in self.image_dir.glob("*"):
                 f.unlink(missing_ok=True)

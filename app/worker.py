@@ -81,9 +81,11 @@ class EngineWorker(QObject):
                 finish_reason=result["finish_reason"], n_images=int(st.get("n_images", 0)),
                 strategy=str(st.get("strategy", "")), client_gone=bool(result["client_gone"])))
 
+        backend.busy_with = job
         try:
             run_job(job, answer, answered)
         finally:
+            backend.busy_with = None
             if self._session is session:
                 session.restore_conversation(saved)
             else:  # a remote device went away during it: the window's conversation moves on

@@ -153,6 +153,7 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
 
 
+@pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
 def test_history_system_and_stop_sequences(server):
     client = server.client()
     messages = [{"role": "system", "content": "You answer in one word."},
@@ -225,6 +226,8 @@ BAD_BODIES = [
     json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": True}).encode(),
     b"\xff\xfe\x00garbage",
+    b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser recurses
+    b'{"messages": [{"role": "user", "content": "x"}], "seed": ' + b"9" * 5000 + b"}",
 ]
 
 
@@ -251,6 +254,7 @@ def test_fuzzed_bad_requests_get_a_4xx_each_and_no_crash(server):
     assert server.client().models.list().data
 
 
+@pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
 def test_two_clients_at_once_are_answered_in_order(server):
     client = server.client()
     events: list[tuple[str, str]] = []
@@ -304,6 +308,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_worker(server):
     assert turns[-1]["client"] == "next"
 
 
+@pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
 def test_a_full_queue_is_a_503_with_retry_after(model_path):
     s = Server("--queue", "1", api_key=None)
     try:

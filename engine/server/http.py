@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
 import time
 from typing import Any, AsyncIterator
 
@@ -58,7 +59,7 @@ def build_app(worker: Backend, api_key: str | None = None,
             raise ApiError(400, "the client went away while sending") from None
         try:
             return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, too deep, a too-long number
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
 
     async def models(request: Request) -> Response:
@@ -80,10 +81,15 @@ def build_app(worker: Backend, api_key: str | None = None,
         events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         client = req.user or (f"{request.client.host}:{request.client.port}"
                               if request.client else "client")
-        def on_event(ev: tuple[Any, ...]) -> None:  # the worker's thread: into this loop
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+        cancel = threading.Event()
 
-        job = Job(req, client, on_event)
+        def on_event(ev: tuple[Any, ...]) -> None:  # the worker's thread: into this loop
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the server stopped (its loop is closed): nobody to tell
+                cancel.set()
+
+        job = Job(req, client, on_event, cancel=cancel)
         try:
             worker.submit(job)
         except ApiError as exc:
