@@ -64,15 +64,15 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
 
     from engine.llama import devcap
     from engine.llama.rpc_server import serve
+    from engine.paths import engine_argv
     from engine.units import parse_size
 
     limit = parse_size(args.device_memory) if args.device_memory else 0
     if limit and not devcap.active():  # start again with the cap preloaded
         env = devcap.preload_env(limit)
-        argv = ([sys.executable, *sys.argv[1:]] if getattr(sys, "frozen", False)
-                else [sys.executable, "-m", "engine", *sys.argv[1:]])
+        argv = [*engine_argv(), *sys.argv[1:]]  # this same command, from the bundle or not
         sys.stdout.flush()
-        os.execve(sys.executable, argv, env)
+        os.execve(argv[0], argv, env)
     serve(args.host, args.port, args.cache, args.threads, args.warm_from, limit)
     return 0
 
