@@ -117,6 +117,26 @@ def _test_hooks(window: Any, app: Any) -> None:
     window.worker.event.connect(hook.on_event)
 
 
+def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
+    """The window, loading `cfg` unless the last start died in llama.cpp's native code: then it
+    says so and offers safe mode instead (app/safe_mode.py)."""
+    from app import safe_mode
+    from app.window import MainWindow
+    from engine.llama import native
+
+    native.enable_crash_log()  # a fatal signal is written down for the next start
+    crash = native.last_crash()
+    if store.setting(safe_mode.SAFE_MODE_SETTING):
+        native.set_safe_mode(True)
+    window = MainWindow(store, None if crash else cfg, rpc)
+    if crash is not None:
+        print(f"ebb: {crash.describe()}", file=sys.stderr, flush=True)
+        window.add_banner(safe_mode.crash_banner(crash, store, lambda: window.start_load(cfg, rpc)))
+    elif native.safe_mode():
+        window.add_banner(safe_mode.safe_mode_banner(store))
+    return window
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from PySide6.QtCore import QTimer
@@ -126,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     from app.resources import resource_path
     from app.settings import DEMO, session_config
     from app.store import Store
-    from app.window import MainWindow
     from engine.gguf.models import DEFAULT_NAME
     from engine.paths import data_dir
 
@@ -150,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         mmproj = DEMO if model == DEFAULT_NAME else ""
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
-    window = MainWindow(store, cfg, rpc)
+    window = open_window(store, cfg, rpc)
     window.show()
     from engine.llama import fatal
 

@@ -176,6 +176,7 @@ class MainWindow(QMainWindow):
         row.addLayout(buttons)
         chat = QWidget()
         cl = QVBoxLayout(chat)
+        self._chat_layout = cl
         cl.addLayout(top)
         cl.addWidget(self.notice)
         cl.addWidget(self.welcome)
@@ -317,6 +318,10 @@ class MainWindow(QMainWindow):
             self.server_status.setText(server_label(self.server.url, self.server.host,
                                                     self.server_backend.served,
                                                     self.server_backend.waiting()))
+
+    def add_banner(self, banner: QWidget) -> None:
+        """A message with buttons above the chat (app/safe_mode.py), under the notice."""
+        self._chat_layout.insertWidget(self._chat_layout.indexOf(self.notice) + 1, banner)
 
     def show_notice(self, text: str) -> None:
         """A line above the chat until the next start (what went wrong with the data folder,
@@ -673,6 +678,10 @@ class MainWindow(QMainWindow):
         except EbbError as exc:  # a bad setting (a budget that is not a size): keep what is loaded
             self.statusBar().showMessage(f"Error: {exc}")
             return
+        self.start_load(cfg, rpc)
+
+    def start_load(self, cfg: SessionConfig, rpc: list[str]) -> None:
+        """Ask the engine to load `cfg` (File → Open model, a restart, safe mode's banner)."""
         if self.standin is not None and cfg.vision == "auto":
             # the stand-in is there to show the swap: on loopback, auto may judge the CPU as
             # fast (it is the same CPU); a vision strategy set in Settings is kept

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -91,13 +92,61 @@ def _nvidia_driver_present() -> bool:
     return "libcuda.so.1" in out
 
 
+# ggml's AMX path (the "AMX" extra buffer type, ggml-cpu/amx/) segfaults in
+# ggml_backend_amx_mul_mat on Sapphire Rapids and later (llama.cpp issue #20824): the first
+# decode of a model kills the process. A native build compiles it in wherever -march=native
+# enables AMX, so every build Ebb makes turns AMX code generation off (explicit -mno-* flags
+# win over -march=native in GCC and Clang, whatever their order); ggml then neither builds
+# nor registers the AMX buffer type. The CPU repack (CPU_REPACK: AVX2/AVX-512 layouts) stays.
+NO_AMX_FLAGS = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+# Instructions that only AMX code contains: a library with none of them cannot run AMX.
+AMX_MNEMONICS = ("ldtilecfg", "sttilecfg", "tileloadd", "tileloaddt1", "tilestored",
+                 "tilezero", "tilerelease", "tdpbssd", "tdpbsud", "tdpbusd", "tdpbuud",
+                 "tdpbf16ps", "tdpfp16ps")
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def _compiler_accepts(flags: tuple[str, ...]) -> bool:
+    """Whether the C compiler knows these flags (GCC and Clang 11+ know the AMX ones; an older
+    compiler cannot emit AMX at all, so it needs none of them)."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return False
+    try:
+        res = subprocess.run([cc, *flags, "-E", "-x", "c", os.devnull], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+def no_amx_args() -> list[str]:
+    """CMake arguments that keep AMX code out of a native x86 build (none elsewhere)."""
+    if not _is_x86() or sys.platform == "win32" or not _compiler_accepts(NO_AMX_FLAGS):
+        return []
+    flags = " ".join(NO_AMX_FLAGS)
+    return [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+
+
 # A bundle's llama.cpp runs on any x86-64 CPU of the last decade: no -march=native; ggml's CPU
 # backend is built once per instruction-set level as loadable modules and the best one for the
 # running CPU is picked at start (ggml_backend_load_all_from_path, engine/llama/ggml.py). The
 # modules are installed beside the other libraries (CMAKE_INSTALL_BINDIR), where the engine
-# looks for them.
+# looks for them. The one variant built with AMX (sapphirerapids) is dropped from the wheel
+# after the build (drop_amx_modules); ggml then picks zen4 (AVX-512 VBMI/VNNI/BF16) on those CPUs.
 PORTABLE_ARGS = ["-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON",
                  "-DCMAKE_INSTALL_BINDIR=llama_cpp/lib"]
+# The CUDA build: RTX 30 (sm_86), RTX 40 (sm_89), H100/H200 (sm_90), RTX 50 (sm_120, with PTX
+# so later cards can JIT it). Always portable (GGML_BACKEND_DL): CUDA is a module that is
+# skipped when no NVIDIA driver is present, so the same wheel runs on the CPU there instead of
+# failing to import; setup and `make dist` share this one build.
+CUDA_ARCHITECTURES = "86-real;89-real;90-real;120"
+CUDA_ARGS = ["-DGGML_CUDA=on", "-DGGML_RPC=on", f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCHITECTURES}",
+             *PORTABLE_ARGS]
+# Bump when the way a key's wheel is built changes, so caches of older builds are not reused.
+BUILD_REVISION = "noamx"
 
 
 def detect_portable_backend() -> tuple[str, list[str], str]:
@@ -106,19 +155,24 @@ def detect_portable_backend() -> tuple[str, list[str], str]:
     Cached under its own key ("...-portable"), beside the developer build, which keeps its
     native speed."""
     key, args, why = detect_backend(user_settings=False)
-    if key == "metal-rpc":
-        return "metal-rpc-portable", [*args, "-DGGML_NATIVE=OFF"], why
-    return f"{key}-portable", [*args, *PORTABLE_ARGS], why
+    if key.startswith("cuda"):
+        return key, args, why
+    if key.startswith("metal-rpc"):
+        return "metal-rpc-portable", ["-DGGML_METAL=on", "-DGGML_RPC=on", "-DGGML_NATIVE=OFF"], why
+    return f"cpu-rpc-portable-{BUILD_REVISION}", ["-DGGML_RPC=on", *PORTABLE_ARGS], why
 
 
 def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
-    """Return (cache key, cmake args, why). User CMAKE_ARGS / GGML_* env vars win."""
-    user_args = os.environ.get("CMAKE_ARGS", "").split() if user_settings else []
+    """Return (cache key, cmake args, why). User CMAKE_ARGS / GGML_* env vars win (AMX is
+    still turned off unless they set the compiler flags themselves)."""
+    user_args = shlex.split(os.environ.get("CMAKE_ARGS", "")) if user_settings else []
     user_args += [f"-D{k}={v}" for k, v in sorted(os.environ.items())
                   if user_settings and k.startswith("GGML_") and k != "GGML_NTHREADS"]
     if user_args:
         if not any("GGML_RPC" in a for a in user_args):
             user_args.append("-DGGML_RPC=on")
+        if not any(a.startswith(("-DCMAKE_C_FLAGS", "-DCMAKE_CXX_FLAGS")) for a in user_args):
+            user_args += no_amx_args()
         digest = hashlib.sha256(" ".join(user_args).encode()).hexdigest()[:10]
         return f"custom-{digest}", user_args, "your CMAKE_ARGS/GGML_* settings"
     if sys.platform == "darwin":
@@ -127,12 +181,59 @@ def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
     if shutil.which("nvcc"):
         if not _nvidia_driver_present():
             why = ("nvcc found but no NVIDIA driver, so a CUDA build could not run here; "
-                   "set CMAKE_ARGS=-DGGML_CUDA=on to force one")
+                   "set EBB_BACKEND=cuda to build one anyway")
         elif _nvcc_works():
-            return "cuda-rpc", ["-DGGML_CUDA=on", "-DGGML_RPC=on"], "nvcc works and an NVIDIA driver is present"
+            return cuda_backend("nvcc works and an NVIDIA driver is present")
         else:
             why = "nvcc found but it cannot compile a test program"
-    return "cpu-rpc", ["-DGGML_RPC=on"], why
+    if os.environ.get("EBB_BACKEND", "").lower() == "cuda":
+        return cuda_backend("EBB_BACKEND=cuda")
+    return f"cpu-rpc-{BUILD_REVISION}", ["-DGGML_RPC=on", *no_amx_args()], why
+
+
+def cuda_backend(why: str) -> tuple[str, list[str], str]:
+    return f"cuda-rpc-portable-{BUILD_REVISION}", [*CUDA_ARGS, *cublas_args()], why
+
+
+def _cuda_major() -> str:
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{m.group(1)}.{m.group(2)}" if m else ""
+
+
+def cublas_args() -> list[str]:
+    """ggml-cuda links cuBLAS. A CUDA toolkit installed without it (nvcc and the runtime only)
+    gets NVIDIA's own cuBLAS wheel from PyPI, matching nvcc's version, unpacked in the cache;
+    CMake is pointed at it. Nothing when the toolkit has cuBLAS."""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return []
+    toolkit = Path(nvcc).resolve().parent.parent
+    if any(toolkit.glob("lib*/libcublas.so*")) or any(toolkit.glob("targets/*/lib/libcublas.so*")):
+        return []
+    version = _cuda_major()
+    if not version:
+        return []
+    major = version.split(".")[0]
+    root = cache_root() / "cuda-extra" / f"cublas-{version}"
+    lib, inc = root / "nvidia" / f"cu{major}" / "lib", root / "nvidia" / f"cu{major}" / "include"
+    if not any(lib.glob("libcublas.so*")):
+        say(f"the CUDA toolkit has no cuBLAS: fetching NVIDIA's cuBLAS {version} wheel into {root}")
+        with tempfile.TemporaryDirectory() as tmp:
+            run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp,
+                 f"nvidia-cublas=={version}.*"])
+            import zipfile
+
+            for whl in Path(tmp).glob("*.whl"):
+                zipfile.ZipFile(whl).extractall(root)
+    libs = {name: next(lib.glob(f"{name}.so*"), None) for name in ("libcublas", "libcublasLt")}
+    if not all(libs.values()):
+        return []
+    return [f"-DCUDA_cublas_LIBRARY={libs['libcublas']}", f"-DCUDA_cublasLt_LIBRARY={libs['libcublasLt']}",
+            f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
 
 
 # ---------------------------------------------------------------- llama-cpp-python wheel
@@ -167,7 +268,7 @@ def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
     """Build llama-cpp-python from its sdist, showing progress; return the wheel path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "build.log"
-    env = dict(os.environ, CMAKE_ARGS=" ".join(cmake_args))
+    env = dict(os.environ, CMAKE_ARGS=shlex.join(cmake_args))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     tmp_out = Path(tempfile.mkdtemp(prefix="ebb-wheel-"))
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "--no-binary", "llama-cpp-python",
@@ -201,13 +302,70 @@ def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
         tail = log_path.read_text(errors="replace").splitlines()[-30:]
         print("\n".join(tail), file=sys.stderr)
         raise SystemExit(f"[ebb setup] llama-cpp-python build failed (exit {rc}); full log: {log_path}")
+    dropped = drop_amx_modules(wheels[0])
     final = out_dir / wheels[0].name
     shutil.move(str(wheels[0]), final)
     shutil.rmtree(tmp_out, ignore_errors=True)
     (out_dir / "build-info.json").write_text(json.dumps(
-        {"cmake_args": cmake_args, "build_s": round(time.monotonic() - started, 1)}, indent=1))
+        {"cmake_args": cmake_args, "build_s": round(time.monotonic() - started, 1),
+         "dropped_amx": dropped}, indent=1))
     say(f"built in {time.monotonic() - started:.0f}s, cached at {final}")
     return final
+
+
+def amx_instruction_count(lib: Path) -> int | None:
+    """How many AMX tile instructions `objdump -d` finds in a shared library (None: no objdump)."""
+    objdump = shutil.which("objdump")
+    if not objdump:
+        return None
+    proc = subprocess.Popen([objdump, "-d", "--no-show-raw-insn", str(lib)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, errors="replace")
+    assert proc.stdout is not None
+    pattern = re.compile(r"\s(" + "|".join(AMX_MNEMONICS) + r")\b")
+    n = sum(1 for line in proc.stdout if pattern.search(line))
+    proc.wait()
+    return n
+
+
+def drop_amx_modules(wheel: Path) -> list[str]:
+    """Rewrite the wheel without the ggml CPU-variant modules that contain AMX code (the
+    portable build's sapphirerapids); a library that is not a loadable variant and still has AMX
+    code is reported. Returns the dropped members. Without objdump the variant is dropped by
+    name."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf, tempfile.TemporaryDirectory() as tmp:
+        libs = [n for n in zf.namelist() if "/lib/" in n and ".so" in n.rsplit("/", 1)[-1]]
+        dropped, kept_amx = [], []
+        for name in libs:
+            base = name.rsplit("/", 1)[-1]
+            path = Path(zf.extract(name, tmp))
+            n_amx = amx_instruction_count(path)
+            if n_amx is None:
+                n_amx = 1 if base.startswith("libggml-cpu-sapphirerapids") else 0
+            if n_amx and base.startswith("libggml-cpu-"):
+                dropped.append(name)
+            elif n_amx:
+                kept_amx.append(base)
+        if kept_amx:
+            say(f"warning: {', '.join(kept_amx)} contain AMX code (your compiler flags?); the "
+                "engine turns the AMX buffer type off at load on CPUs that have AMX")
+        if not dropped:
+            return []
+        rewritten = wheel.with_suffix(".tmp")
+        with zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as out:
+            for item in zf.infolist():
+                if item.filename in dropped:
+                    continue
+                data = zf.read(item)
+                if item.filename.endswith(".dist-info/RECORD"):
+                    data = "".join(line for line in data.decode().splitlines(keepends=True)
+                                   if line.split(",", 1)[0] not in dropped).encode()
+                out.writestr(item, data)
+    rewritten.replace(wheel)
+    say(f"dropped {len(dropped)} CPU variant(s) with AMX code: "
+        + ", ".join(n.rsplit("/", 1)[-1] for n in dropped))
+    return dropped
 
 
 def cached_wheel(backend: str, cmake_args: list[str]) -> Path:
@@ -268,6 +426,79 @@ def fingerprint(backend: str) -> str:
     return h.hexdigest()
 
 
+# ---------------------------------------------------------------- the smoke test
+
+def cpu_signature() -> tuple[str, str]:
+    """(model name, short hash of model name and flags): the same CPU gives the same hash."""
+    name, flags = platform.processor() or platform.machine(), ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = " ".join(sorted(value.split()))
+            if flags and name:
+                break
+    return name, hashlib.sha256(f"{name}|{flags}".encode()).hexdigest()[:12]
+
+
+def _signal_name(rc: int) -> str:
+    import signal
+
+    n = -rc if rc < 0 else rc - 128
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
+    """A real one-token decode of the default model in a child process. A crash (any signal) is
+    said in one line, and Ebb is set to safe mode (CPU only, no extra weight layouts: kept in
+    the engine's record for this build and CPU) when that runs. Returns "ok" or "safe"; exits
+    when even safe mode crashes. Remembered per (wheel, CPU) in the cache."""
+    cpu, cpu_hash = cpu_signature()
+    checks_path = cache_root() / "native-checks.json"
+    with contextlib.suppress(OSError, ValueError):
+        checks = json.loads(checks_path.read_text())
+    checks = checks if isinstance(locals().get("checks"), dict) else {}
+    key = f"{build}|{cpu_hash}"
+    if checks.get(key, {}).get("result") in ("ok", "safe"):
+        return str(checks[key]["result"])
+    cmd = [str(py), "-m", "engine", "native-check", *(extra or [])]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    result = "ok"
+    if res.returncode != 0:
+        if not (res.returncode < 0 or res.returncode > 128):  # an error, not a crash: Ebb's bug
+            print(res.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"[ebb setup] the smoke test failed (exit {res.returncode}): "
+                             f"{' '.join(cmd)}")
+        sig = _signal_name(res.returncode)
+        why = f"{sig} on the first decode with the default settings during setup"
+        say(f"llama.cpp ({build}) crashed with {sig} on its first decode on this CPU ({cpu}): "
+            "Ebb will run in safe mode (CPU only, no extra weight layouts), slower but safe; "
+            "to try a fresh build, delete the cached wheel folder named in this log and run "
+            "make setup again")
+        safe = subprocess.run([*cmd, "--safe", "--remember", why], capture_output=True, text=True,
+                              cwd=ROOT)
+        if safe.returncode != 0:
+            print(safe.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"[ebb setup] llama.cpp ({build}) crashes on this CPU ({cpu}) even in "
+                             f"safe mode ({_signal_name(safe.returncode)}): please report it with "
+                             "the output of `ebb-engine about`")
+        result = "safe"
+    else:
+        say(f"smoke test: the default model decoded a token on this CPU ({cpu})")
+    checks[key] = {"result": result, "cpu": cpu, "when": time.time()}
+    with contextlib.suppress(OSError):
+        checks_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = checks_path.with_name(f".{checks_path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(checks, indent=1))
+        os.replace(tmp, checks_path)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-model", action="store_true", help="do not fetch the default model")
@@ -278,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     fp = fingerprint(backend)
     py = venv_python()
     up_to_date = py.exists() and STAMP.exists() and json.loads(STAMP.read_text()).get("fingerprint") == fp
+    stamp = json.loads(STAMP.read_text()) if up_to_date else {}
     if not up_to_date:
         if not py.exists():
             say(f"creating {VENV}")
@@ -288,11 +520,15 @@ def main(argv: list[str] | None = None) -> int:
         say("installing Ebb and its dependencies")
         run([str(py), "-m", "pip", "install", "-q", str(wheel), "-e", f"{ROOT}[test]"])
         ensure_xcb_libraries()
+        stamp["wheel"] = wheel.name
     if not args.no_model:
         run([str(py), "-m", "engine", "fetch-model"], cwd=ROOT)
+        if not stamp.get("native_check"):
+            stamp["native_check"] = smoke_test(py, f"{backend}/{stamp.get('wheel', 'installed')}")
+            up_to_date = False
     if not up_to_date:
-        STAMP.write_text(json.dumps({"fingerprint": fp, "backend": backend,
-                                     "python": platform.python_version()}))
+        stamp.update({"fingerprint": fp, "backend": backend, "python": platform.python_version()})
+        STAMP.write_text(json.dumps(stamp))
         say("ready")
     return 0
 

@@ -14,6 +14,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import tempfile  # noqa: E402
 
 os.environ["EBB_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ebb-cal-")) / "calibration.json")
+# the first-decode sentinels and safe-mode records (engine/llama/native.py) of the suite's own
+# processes stay out of the user's cache
+os.environ["EBB_NATIVE_DIR"] = tempfile.mkdtemp(prefix="ebb-native-")
 
 from engine.gguf.models import fetch_default_model  # noqa: E402
 

@@ -94,6 +94,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if os.environ.get("EBB_TEST_SAY_LOADING"):  # test hook: the moment the load starts
         print("ebb-engine: loading", file=sys.stderr, flush=True)
     session = Session(cfg)  # Ctrl-C meanwhile ends the process at once (exit_on_interrupt)
+    from engine.llama.about import backend_notes
+
+    notes = backend_notes()  # a GPU backend built in but not loaded, safe mode: said once
+    for note in notes:
+        print(f"ebb-engine: note: {note}", file=sys.stderr, flush=True)
     install_sigint(cancel)  # from here on the first Ctrl-C stops between tokens
     try:
         for turn in turns:
@@ -111,7 +116,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        placement_reason=session.placement_reason,
                        mover=session.mover_name,
                        mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),
-                       rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3))
+                       rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3),
+                       notes=notes)
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None
             _print_turn(out, args.json)

@@ -97,3 +97,46 @@ def register(sub: Any) -> None:
                         "allocations past it fail as on a full GPU (Linux; builds a small library "
                         "with the C compiler once)")
     p.set_defaults(func=cmd_rpc_serve)
+    _register_native_check(sub)
+
+
+def cmd_native_check(args: argparse.Namespace) -> int:
+    """Setup's smoke test (run in a child process: a native crash kills only it): load a model,
+    decode one token, say how it went in one JSON line. With --safe, in safe mode; with
+    --remember, a success in safe mode is kept as this build's and CPU's setting."""
+    import time
+
+    from engine.gguf.models import fetch_default_model
+    from engine.llama import native
+
+    if args.safe:
+        native.set_safe_mode(True)
+    t0 = time.perf_counter()
+    from engine.llama.about import backend_notes, cpu_backend_file
+    from engine.llama.runtime import LoadParams, TextRuntime
+
+    model = args.model or fetch_default_model()
+    rt = TextRuntime(LoadParams(model, n_ctx=256, n_threads=1))
+    try:
+        tokens = rt.tokenize("Hi", add_special=True)
+        rt._decode_tokens(tokens)
+        token = rt.decode_greedy()
+    finally:
+        rt.close()
+    if args.safe and args.remember:
+        native.write_record(safe_mode=True, safe_mode_reason=args.remember)
+    print(json.dumps({"ok": True, "token": token, "safe_mode": native.safe_mode(),
+                      "cpu": native.cpu_name(), "cpu_backend": cpu_backend_file(),
+                      "build": native.build_id(), "notes": backend_notes(),
+                      "seconds": round(time.perf_counter() - t0, 2)}))
+    return 0
+
+
+def _register_native_check(sub: Any) -> None:
+    p = sub.add_parser("native-check", help="load a model and decode one token (setup's smoke "
+                                            "test; run it in a child process)")
+    p.add_argument("--model", default=None, help="default: the default model")
+    p.add_argument("--safe", action="store_true", help="in safe mode (CPU only, no extra buffers)")
+    p.add_argument("--remember", default="", metavar="WHY",
+                   help="with --safe: keep safe mode on for this build and CPU, for this reason")
+    p.set_defaults(func=cmd_native_check)

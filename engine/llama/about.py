@@ -15,8 +15,57 @@ def runtime_info() -> dict[str, Any]:
     backends = [g.base.ggml_backend_reg_name(g.core.ggml_backend_reg_get(i)).decode()
                 for i in range(g.core.ggml_backend_reg_count())]
     system = llama().llama_print_system_info().decode(errors="replace").strip()
+    from engine.llama import native
+
     return {"llama_cpp_python": llama_cpp.__version__, "backends": backends,
-            "cpu_backend": cpu_backend_file(), "system_info": system}
+            "cpu_backend": cpu_backend_file(), "system_info": system,
+            "gpu_backend_modules": gpu_backend_modules(), "notes": backend_notes(),
+            "safe_mode": native.safe_mode(), "cpu": native.cpu_name(),
+            "cpu_has_amx": native.cpu_has_amx(),
+            "cpu_extra_buffer_types": native.cpu_extra_buffer_types()}
+
+
+GPU_MODULES = {"libggml-cuda.so": "CUDA", "libggml-vulkan.so": "Vulkan", "libggml-hip.so": "ROCm",
+               "libggml-sycl.so": "SYCL", "libggml-metal.so": "Metal"}
+
+
+def gpu_backend_modules() -> list[str]:
+    """GPU backends this build ships as loadable modules (a portable build: the bundle's, or
+    the CUDA wheel's), whether or not they could be loaded."""
+    from engine.llama.ggml import _lib_dir
+
+    d = _lib_dir()
+    return [name for f, name in GPU_MODULES.items() if (d / f).exists()]
+
+
+def backend_notes() -> list[str]:
+    """One line per thing a user should know about where llama.cpp will run: a GPU backend
+    that is built in but could not be loaded (no driver: the CPU runs everything), safe mode."""
+    import ctypes
+
+    from engine.llama import ggml, native
+    from engine.llama.ggml import _lib_dir
+
+    g = ggml.lib()
+    registered = {g.base.ggml_backend_reg_name(g.core.ggml_backend_reg_get(i)).decode()
+                  for i in range(g.core.ggml_backend_reg_count())}
+    notes = []
+    if native.safe_mode():
+        notes.append(f"safe mode ({native.safe_mode_reason()}): llama.cpp runs on the CPU only, "
+                     "without extra weight layouts (slower, but the plainest path)")
+    d = _lib_dir()
+    for file, name in GPU_MODULES.items():
+        if not (d / file).exists() or name in registered or native.safe_mode():
+            continue
+        try:
+            ctypes.CDLL(str(d / file))
+            why = "it loaded but found no device"
+        except OSError as exc:
+            why = str(exc).split(": ", 1)[-1] if ": " in str(exc) else str(exc)
+            if "libcuda.so" in why or "libcuda" in why:
+                why = f"no NVIDIA driver was found ({why})"
+        notes.append(f"this build has {name}, but {why}: running on the CPU")
+    return notes
 
 
 def cpu_backend_file() -> str:

@@ -15,6 +15,10 @@ _backend_ready = False
 def llama() -> Any:
     """Import llama_cpp once, with logging routed and the backend initialised."""
     global _backend_ready
+    if not _backend_ready:
+        from engine.llama import native
+
+        native.apply_safe_mode_env()  # safe mode hides GPUs before ggml initialises them
     import llama_cpp
 
     if not _backend_ready:

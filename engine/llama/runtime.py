@@ -184,7 +184,10 @@ class LoadedModel:
         self._stack = contextlib.ExitStack()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = params.n_gpu_layers
-        mparams.use_extra_bufts = params.repack
+        from engine.llama import native
+
+        # no AMX buffer (its mul_mat segfaults), nothing extra in safe mode: engine.llama.native
+        mparams.use_extra_bufts = native.use_extra_bufts(params.repack)
         if params.devices is not None:
             from engine.llama.devices import find_device
 
@@ -233,6 +236,7 @@ class TextRuntime:
         self._replan = False  # device buffers changed since the last graph: see reschedule
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
+        self._decoded = False  # the first decode is guarded (engine.llama.native)
         try:
             self._load()
         except BaseException:
@@ -360,7 +364,15 @@ class TextRuntime:
 
     def _decode(self, batch: Any) -> None:
         self.replan()
-        self._check(llama().llama_decode(self.ctx, batch))
+        if self._decoded:
+            self._check(llama().llama_decode(self.ctx, batch))
+            return
+        from engine.llama import native
+
+        # a native crash here leaves a sentinel the next start reads (engine.llama.native)
+        with native.first_decode(self.params.model_path):
+            self._check(llama().llama_decode(self.ctx, batch))
+        self._decoded = True
 
     def _decode_tokens(self, tokens: list[int]) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under

@@ -1,0 +1,353 @@
+"""Keeping llama.cpp's native code from taking the process down, and saying so when it did.
+
+Three parts, all Qt-free and usable before llama_cpp is imported:
+
+- **What runs where.** `build_id()` names the llama.cpp build that is installed (its libraries'
+  names and sizes), `cpu_id()` the processor (model name and instruction-set flags). A record is
+  kept per (build, CPU) under the cache folder: `native/<build>-<cpu>.json`.
+- **Safe mode**: no extra buffer types (ggml's AMX and CPU_REPACK weight layouts) and no GPU
+  backend (CUDA devices hidden), i.e. the plainest CPU path llama.cpp has. On when the record
+  says so (setup's smoke test found the default path crashing), when EBB_SAFE_MODE=1, or when
+  the window was asked for it after a crash. AMX is off even outside safe mode when this CPU
+  has AMX and the build registers ggml's AMX buffer type (a build Ebb did not make): its
+  mul_mat segfaults (llama.cpp issue #20824).
+- **The first-decode guard.** Before a model's first decode on this build and CPU, a sentinel
+  names the model and the process; after the decode it is replaced by an "ok" mark. A sentinel
+  whose process is gone means that process died in native code: `last_crash()` finds it, so
+  the next start of the window can say what happened and offer safe mode instead of crashing
+  again.
+
+Which thread: the guard runs on the thread that decodes (the engine's); the rest on any.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from engine import paths
+
+SAFE_MODE_ENV = "EBB_SAFE_MODE"
+# test-only hook: "1" kills the process with SIGSEGV at a model's first decode (not in safe mode)
+CRASH_TEST_ENV = "EBB_TEST_NATIVE_CRASH"
+_session_safe_mode = False  # set by the window (safe mode chosen after a crash) or the CLI
+
+
+# ------------------------------------------------------------------ identities
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """(model name, flags) of the first processor in /proc/cpuinfo (empty elsewhere)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and name in ("", platform.machine(), platform.processor()):
+                    name = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+                if name and flags and key == "":
+                    break
+    except OSError:
+        pass
+    return name, flags
+
+
+def cpu_name() -> str:
+    return _cpuinfo()[0] or "unknown CPU"
+
+
+def cpu_has_amx() -> bool:
+    return bool({"amx_int8", "amx_tile"} & _cpuinfo()[1])
+
+
+def cpu_id() -> str:
+    name, flags = _cpuinfo()
+    return hashlib.sha256(f"{name}|{' '.join(sorted(flags))}".encode()).hexdigest()[:12]
+
+
+def lib_dir() -> Path | None:
+    """llama_cpp/lib of the installed llama-cpp-python, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "lib"
+
+
+def build_id(lib: Path | None = None) -> str:
+    """Names and sizes of the llama.cpp libraries: another build (or backend) is another id."""
+    lib = lib or lib_dir()
+    h = hashlib.sha256()
+    if lib is not None and lib.is_dir():
+        for p in sorted(lib.iterdir()):
+            if p.is_file():
+                h.update(f"{p.name}:{p.stat().st_size};".encode())
+    return h.hexdigest()[:12]
+
+
+def record_dir() -> Path:
+    """Records and sentinels; EBB_NATIVE_DIR moves them (the tests keep theirs apart)."""
+    env = os.environ.get("EBB_NATIVE_DIR")
+    return Path(env) if env else paths.cache_dir() / "native"
+
+
+def record_path() -> Path:
+    return record_dir() / f"{build_id()}-{cpu_id()}.json"
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict[str, object]) -> None:
+    """Atomically (a crash mid-write leaves the old file or the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def read_record() -> dict[str, object]:
+    return _read(record_path())
+
+
+def write_record(**fields: object) -> None:
+    """Merge fields into this build's and CPU's record."""
+    path = record_path()
+    data = _read(path)
+    data.update(fields, build=build_id(), cpu=cpu_name(), when=time.time())
+    with contextlib.suppress(OSError):
+        _write(path, data)
+
+
+# ------------------------------------------------------------------ safe mode
+
+def set_safe_mode(on: bool) -> None:
+    """For this process (the window's choice after a crash, `ebb-engine --safe-mode`). Call it
+    before llama_cpp is imported so GPU backends are hidden too."""
+    global _session_safe_mode
+    _session_safe_mode = on
+    if on:
+        hide_gpus()
+
+
+def safe_mode() -> bool:
+    if _session_safe_mode or os.environ.get(SAFE_MODE_ENV, "") not in ("", "0"):
+        return True
+    return bool(read_record().get("safe_mode"))
+
+
+def safe_mode_reason() -> str:
+    if _session_safe_mode:
+        return "chosen after a crash"
+    if os.environ.get(SAFE_MODE_ENV, "") not in ("", "0"):
+        return f"{SAFE_MODE_ENV} is set"
+    return str(read_record().get("safe_mode_reason") or "setup found the default path crashing")
+
+
+def hide_gpus() -> None:
+    """CPU only: CUDA sees no device (must happen before ggml initialises CUDA)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def apply_safe_mode_env() -> bool:
+    """At process start: hide GPUs when safe mode is on. Returns whether it is."""
+    on = safe_mode()
+    if on:
+        hide_gpus()
+    return on
+
+
+def use_extra_bufts(wanted: bool) -> bool:
+    """Whether a model load may use ggml's extra buffer types (CPU_REPACK, AMX)."""
+    if not wanted or safe_mode():
+        return False
+    return not amx_buffer_in_use()
+
+
+def amx_buffer_in_use() -> bool:
+    """This CPU has AMX and the CPU backend registers ggml's AMX buffer type (Ebb's own builds
+    never do: they are compiled without AMX). Then every extra buffer type is left off: the
+    load API has no switch for AMX alone."""
+    return cpu_has_amx() and "AMX" in cpu_extra_buffer_types()
+
+
+def cpu_extra_buffer_types() -> list[str]:
+    """Names of the CPU backend's extra buffer types (e.g. CPU_REPACK, AMX); [] if unknown."""
+    import ctypes
+
+    from engine.llama import ggml
+
+    try:
+        g = ggml.lib()
+        core, base = g.core, g.base
+        core.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        core.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        dev = core.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+        if not dev:
+            return []
+        base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+        base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        reg = base.ggml_backend_dev_backend_reg(dev)
+        addr = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not addr:
+            return []
+        fn = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)
+        arr = fn(dev)
+        base.ggml_backend_buft_name.restype = ctypes.c_char_p
+        base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+        names = []
+        i = 0
+        while arr and arr[i]:
+            names.append(base.ggml_backend_buft_name(arr[i]).decode(errors="replace"))
+            i += 1
+        return names
+    except (AttributeError, OSError):
+        return []
+
+
+# ------------------------------------------------------------------ the first-decode guard
+
+@dataclass(frozen=True)
+class Crash:
+    """A process that died during a model's first decode."""
+    model: str
+    build: str
+    cpu: str
+    pid: int
+    when: float
+    safe_mode: bool
+    signal: str  # e.g. "SIGSEGV", or "" when unknown (the window only knows the process ended)
+
+    def describe(self) -> str:
+        how = f"crashed ({self.signal})" if self.signal else "ended without a word"
+        mode = " in safe mode" if self.safe_mode else ""
+        return (f"Last time, llama.cpp {how} during the first reply of {Path(self.model).name}"
+                f"{mode} (llama.cpp build {self.build}, {self.cpu}).")
+
+
+def _sentinel_path(pid: int) -> Path:
+    return record_dir() / f"decoding-{pid}.json"
+
+
+def _ok_key(model: Path, safe: bool) -> str:
+    try:
+        st = model.stat()
+        ident = f"{model.resolve()}:{st.st_size}"
+    except OSError:
+        ident = str(model)
+    return hashlib.sha256(f"{ident}|{safe}".encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def first_decode(model: Path) -> Iterator[None]:
+    """Wrap a model's first decode: leave a sentinel while it runs, mark it ok after. A model
+    whose first decode already passed on this build and CPU (in this mode) writes nothing."""
+    safe = safe_mode()
+    key = _ok_key(model, safe)
+    ok = read_record().get("ok")
+    if isinstance(ok, list) and key in ok:
+        yield
+        return
+    sentinel: Path | None = _sentinel_path(os.getpid())
+    try:
+        _write(sentinel, {"model": str(model), "build": build_id(), "cpu": cpu_name(),  # type: ignore[arg-type]
+                          "pid": os.getpid(), "when": time.time(), "safe_mode": safe})
+    except OSError:  # a read-only cache: decode unguarded
+        sentinel = None
+    if os.environ.get(CRASH_TEST_ENV) and not safe:  # test hook: a real native-style death
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    try:
+        yield
+    finally:
+        if sentinel is not None:
+            with contextlib.suppress(OSError):
+                sentinel.unlink()
+    record = read_record()
+    done = [k for k in record.get("ok", []) if isinstance(k, str)][-200:]  # type: ignore[union-attr]
+    write_record(ok=[*done, key])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def enable_crash_log() -> None:
+    """Let Python's fault handler write the fatal signal of this process to a file beside the
+    sentinels (the window: it has no terminal), so `last_crash` can name it. Removed at a
+    normal exit."""
+    import atexit
+    import faulthandler
+
+    path = record_dir() / f"fault-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "w")  # noqa: SIM115 - open for the life of the process
+    except OSError:
+        return
+    faulthandler.enable(file=fh, all_threads=True)
+
+    def _remove() -> None:
+        faulthandler.disable()
+        fh.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    atexit.register(_remove)
+
+
+def _fault_signal(pid: int) -> str:
+    path = record_dir() / f"fault-{pid}.log"
+    try:
+        text = path.read_text(errors="replace")
+        path.unlink()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("Fatal Python error: "):
+            return line.removeprefix("Fatal Python error: ").strip()
+    return ""
+
+
+def last_crash() -> Crash | None:
+    """The newest sentinel left by a process that is gone (and forget it: it is reported once)."""
+    folder = record_dir()
+    found: list[Crash] = []
+    for path in folder.glob("decoding-*.json") if folder.is_dir() else []:
+        data = _read(path)
+        pid = int(str(data.get("pid", 0) or 0))
+        if not pid or pid == os.getpid() or _alive(pid):
+            continue
+        found.append(Crash(str(data.get("model", "")), str(data.get("build", "")),
+                           str(data.get("cpu", "")), pid, float(str(data.get("when", 0.0) or 0.0)),
+                           bool(data.get("safe_mode")), _fault_signal(pid)))
+        with contextlib.suppress(OSError):
+            path.unlink()
+    for stale in folder.glob("fault-*.log") if folder.is_dir() else []:  # a kill -9's leftovers
+        with contextlib.suppress(OSError, ValueError):
+            if not _alive(int(stale.stem.split("-", 1)[1])):
+                stale.unlink()
+    return max(found, key=lambda c: c.when) if found else None
