@@ -192,7 +192,21 @@ def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
 
 
 def cuda_backend(why: str) -> tuple[str, list[str], str]:
-    return f"cuda-rpc-portable-{BUILD_REVISION}", [*CUDA_ARGS, *cublas_args()], why
+    return f"cuda-rpc-portable-{BUILD_REVISION}", [*CUDA_ARGS, *cublas_args(), *driver_args()], why
+
+
+def driver_args() -> list[str]:
+    """ggml-cuda links the driver (libcuda) for its virtual-memory pool. A build machine with
+    neither a driver nor the toolkit's stub (lib64/stubs/libcuda.so) builds without that pool
+    (GGML_CUDA_NO_VMM: the runtime loads the driver when it starts; ggml uses its plain pool)."""
+    nvcc = shutil.which("nvcc")
+    toolkit = Path(nvcc).resolve().parent.parent if nvcc else None
+    if toolkit is not None and (any(toolkit.glob("lib*/stubs/libcuda.so"))
+                                or any(toolkit.glob("targets/*/lib/stubs/libcuda.so"))):
+        return []
+    if _nvidia_driver_present():
+        return []
+    return ["-DGGML_CUDA_NO_VMM=ON"]
 
 
 def _cuda_major() -> str:
@@ -453,6 +467,19 @@ def _signal_name(rc: int) -> str:
         return f"signal {n}"
 
 
+def _run_check(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the engine's check; a child that crashed leaves a sentinel for the window's next
+    start (engine/llama/native.py): setup has said what happened, so it is removed here."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        native = Path(os.environ.get("EBB_NATIVE_DIR") or cache_root() / "native")
+        for left in (native / f"decoding-{proc.pid}.json", native / f"fault-{proc.pid}.log"):
+            with contextlib.suppress(OSError):
+                left.unlink()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
     """A real one-token decode of the default model in a child process. A crash (any signal) is
     said in one line, and Ebb is set to safe mode (CPU only, no extra weight layouts: kept in
@@ -467,7 +494,7 @@ def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
     if checks.get(key, {}).get("result") in ("ok", "safe"):
         return str(checks[key]["result"])
     cmd = [str(py), "-m", "engine", "native-check", *(extra or [])]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    res = _run_check(cmd)
     result = "ok"
     if res.returncode != 0:
         if not (res.returncode < 0 or res.returncode > 128):  # an error, not a crash: Ebb's bug
@@ -478,10 +505,8 @@ def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
         why = f"{sig} on the first decode with the default settings during setup"
         say(f"llama.cpp ({build}) crashed with {sig} on its first decode on this CPU ({cpu}): "
             "Ebb will run in safe mode (CPU only, no extra weight layouts), slower but safe; "
-            "to try a fresh build, delete the cached wheel folder named in this log and run "
-            "make setup again")
-        safe = subprocess.run([*cmd, "--safe", "--remember", why], capture_output=True, text=True,
-                              cwd=ROOT)
+            f"to try a fresh build: rm -r {wheel_dir(build.split('/')[0])} and make setup")
+        safe = _run_check([*cmd, "--safe", "--remember", why])
         if safe.returncode != 0:
             print(safe.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"[ebb setup] llama.cpp ({build}) crashes on this CPU ({cpu}) even in "

@@ -110,7 +110,7 @@ def cmd_native_check(args: argparse.Namespace) -> int:
     from engine.llama import native
 
     if args.safe:
-        native.set_safe_mode(True)
+        native.set_safe_mode(True, args.remember or "--safe")
     t0 = time.perf_counter()
     from engine.llama.about import backend_notes, cpu_backend_file
     from engine.llama.runtime import LoadParams, TextRuntime

@@ -34,9 +34,10 @@ from typing import Iterator
 from engine import paths
 
 SAFE_MODE_ENV = "EBB_SAFE_MODE"
-# test-only hook: "1" kills the process with SIGSEGV at a model's first decode (not in safe mode)
+# test-only hook: "1" kills the process with SIGSEGV at a model's first decode (not in safe
+# mode), "always" in safe mode too
 CRASH_TEST_ENV = "EBB_TEST_NATIVE_CRASH"
-_session_safe_mode = False  # set by the window (safe mode chosen after a crash) or the CLI
+_session_safe_mode = ""  # why safe mode is on for this process ("": off); see set_safe_mode
 
 
 # ------------------------------------------------------------------ identities
@@ -135,11 +136,11 @@ def write_record(**fields: object) -> None:
 
 # ------------------------------------------------------------------ safe mode
 
-def set_safe_mode(on: bool) -> None:
-    """For this process (the window's choice after a crash, `ebb-engine --safe-mode`). Call it
-    before llama_cpp is imported so GPU backends are hidden too."""
+def set_safe_mode(on: bool, why: str = "chosen after a crash") -> None:
+    """For this process (the window's choice after a crash, setup's check). Call it before
+    llama_cpp is imported so GPU backends are hidden too."""
     global _session_safe_mode
-    _session_safe_mode = on
+    _session_safe_mode = why if on else ""
     if on:
         hide_gpus()
 
@@ -152,7 +153,7 @@ def safe_mode() -> bool:
 
 def safe_mode_reason() -> str:
     if _session_safe_mode:
-        return "chosen after a crash"
+        return _session_safe_mode
     if os.environ.get(SAFE_MODE_ENV, "") not in ("", "0"):
         return f"{SAFE_MODE_ENV} is set"
     return str(read_record().get("safe_mode_reason") or "setup found the default path crashing")
@@ -270,7 +271,8 @@ def first_decode(model: Path) -> Iterator[None]:
                           "pid": os.getpid(), "when": time.time(), "safe_mode": safe})
     except OSError:  # a read-only cache: decode unguarded
         sentinel = None
-    if os.environ.get(CRASH_TEST_ENV) and not safe:  # test hook: a real native-style death
+    crash = os.environ.get(CRASH_TEST_ENV, "")
+    if crash == "always" or crash and not safe:  # test hook: a real native-style death
         import signal
 
         os.kill(os.getpid(), signal.SIGSEGV)

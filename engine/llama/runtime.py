@@ -187,7 +187,7 @@ class LoadedModel:
         from engine.llama import native
 
         # no AMX buffer (its mul_mat segfaults), nothing extra in safe mode: engine.llama.native
-        mparams.use_extra_bufts = native.use_extra_bufts(params.repack)
+        mparams.use_extra_bufts = self.extra_bufts = native.use_extra_bufts(params.repack)
         if params.devices is not None:
             from engine.llama.devices import find_device
 
