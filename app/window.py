@@ -731,7 +731,8 @@ class MainWindow(QMainWindow):
                      f"{self._accel_name(d)} · {mover}")
         else:
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
-        self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}")
+        safe = " · safe mode" if d.get("safe_mode") else ""
+        self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}{safe}")
         self.model_label.setToolTip(d.get("placement_reason") or "")
         self._has_accel = bool(d.get("accelerator"))
         standin = (self.standin is not None and bool(d.get("accelerator"))
@@ -741,6 +742,9 @@ class MainWindow(QMainWindow):
         self._update_welcome()
         if d.get("memory_note"):
             self.show_notice(d["memory_note"] + ".")
+        for note in d.get("backend_notes") or []:
+            if not d.get("safe_mode") and note not in self.notice.text():  # safe mode: its banner
+                self.show_notice(note[0].upper() + note[1:] + ".")
         sent = d.get("rpc_bytes_sent") or 0
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "

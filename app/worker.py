@@ -119,6 +119,8 @@ class EngineWorker(QObject):
         self._announce(s)
 
     def _announce(self, s: Session) -> None:
+        from engine.llama import native
+        from engine.llama.about import backend_notes
         from engine.llama.devices import list_devices
 
         proj = s.proj_info
@@ -135,6 +137,8 @@ class EngineWorker(QObject):
                      "layers_by_device": s.placement.layers_by_device,
                      "placement_reason": s.placement_reason, "memory_note": s.memory_note,
                      "accelerator_endpoint": s.model.accel_endpoint,
+                     # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
+                     "backend_notes": backend_notes(), "safe_mode": native.safe_mode(),
                      # this session's servers only: one registered earlier may be gone
                      "devices": [d.to_dict() for d in list_devices(s.cfg.rpc)]}))
 

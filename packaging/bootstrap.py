@@ -168,6 +168,12 @@ def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
     user_args = shlex.split(os.environ.get("CMAKE_ARGS", "")) if user_settings else []
     user_args += [f"-D{k}={v}" for k, v in sorted(os.environ.items())
                   if user_settings and k.startswith("GGML_") and k != "GGML_NTHREADS"]
+    prebuilt = os.environ.get("EBB_LLAMA_WHEEL", "") if user_settings else ""
+    if prebuilt:  # a wheel built elsewhere (gpu-check.sh carries the CUDA one to a GPU machine)
+        name = Path(prebuilt).name
+        kind = "cuda" if "cuda" in prebuilt.lower() else "prebuilt"
+        return (f"{kind}-prebuilt-{hashlib.sha256(name.encode()).hexdigest()[:10]}", [],
+                f"EBB_LLAMA_WHEEL={prebuilt}")
     if user_args:
         if not any("GGML_RPC" in a for a in user_args):
             user_args.append("-DGGML_RPC=on")
@@ -193,6 +199,16 @@ def detect_backend(user_settings: bool = True) -> tuple[str, list[str], str]:
 
 def cuda_backend(why: str) -> tuple[str, list[str], str]:
     return f"cuda-rpc-portable-{BUILD_REVISION}", [*CUDA_ARGS, *cublas_args(), *driver_args()], why
+
+
+def cuda_runtime_packages(backend: str) -> list[str]:
+    """NVIDIA's CUDA runtime and cuBLAS from PyPI for a CUDA build (the same major and minor
+    as nvcc): the wheel's CUDA module needs them, and a user's machine has the driver but
+    seldom the toolkit. The engine opens them before ggml loads CUDA (engine/llama/lib.py)."""
+    if not backend.startswith("cuda"):
+        return []
+    version = _cuda_major()
+    return [f"nvidia-cuda-runtime=={version}.*", f"nvidia-cublas=={version}.*"] if version else []
 
 
 def driver_args() -> list[str]:
@@ -383,6 +399,12 @@ def drop_amx_modules(wheel: Path) -> list[str]:
 
 
 def cached_wheel(backend: str, cmake_args: list[str]) -> Path:
+    if "-prebuilt-" in backend:
+        wheel = Path(os.environ["EBB_LLAMA_WHEEL"])
+        if not wheel.is_file():
+            raise SystemExit(f"[ebb setup] EBB_LLAMA_WHEEL names no file: {wheel}")
+        say(f"using the prebuilt llama-cpp-python wheel {wheel}")
+        return wheel
     out_dir = wheel_dir(backend)
     with file_lock(out_dir.parent / f".{out_dir.name}.lock"):
         found = sorted(out_dir.glob("llama_cpp_python-*.whl"))
@@ -543,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         wheel = cached_wheel(backend, cmake_args)
         run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])
         say("installing Ebb and its dependencies")
-        run([str(py), "-m", "pip", "install", "-q", str(wheel), "-e", f"{ROOT}[test]"])
+        run([str(py), "-m", "pip", "install", "-q", str(wheel), "-e", f"{ROOT}[test]",
+             *cuda_runtime_packages(backend)])
         ensure_xcb_libraries()
         stamp["wheel"] = wheel.name
     if not args.no_model:

@@ -59,7 +59,8 @@ def dist_venv(backend: str, wheel: Path) -> Path:
             bootstrap.run([sys.executable, "-m", "venv", str(DIST_VENV)])
         bootstrap.run([str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)])
         say("installing Ebb's dependencies and PyInstaller into the bundle's venv")
-        bootstrap.run([str(py), "-m", "pip", "install", "-q", str(wheel), PYINSTALLER, str(ROOT)])
+        bootstrap.run([str(py), "-m", "pip", "install", "-q", str(wheel), PYINSTALLER, str(ROOT),
+                       *bootstrap.cuda_runtime_packages(backend)])
         stamp.write_text(json.dumps(want))
     # Ebb itself again each time, as a user's `pip install .` builds it (not editable)
     bootstrap.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)])

@@ -95,6 +95,25 @@ def test_bundle_llama_cpp_forces_no_native_only_instructions(bundle):
     print(f"\nCPU variants in the bundle: {', '.join(variants)}")
 
 
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+def test_bundle_has_no_amx_code(bundle):
+    """ggml's AMX path segfaults on Sapphire Rapids and later (#25): the bundle ships no library
+    with an AMX tile instruction; the AMX variant is left out, zen4's (AVX-512) serves those CPUs."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "packaging"))
+    import bootstrap
+
+    libs = [p for p in (bundle / "_internal").rglob("*.so*") if p.is_file() and not p.is_symlink()
+            and p.name.startswith(("libggml", "libllama", "libmtmd"))]
+    assert len(libs) > 10
+    found = {p.name: bootstrap.amx_instruction_count(p) for p in libs}
+    assert not any(found.values()), {k: v for k, v in found.items() if v}
+    lib = bundle / "_internal" / "llama_cpp" / "lib"
+    assert not list(lib.glob("libggml-cpu-sapphirerapids*"))
+    assert (lib / "libggml-cpu-zen4.so").exists()
+
+
 def test_bundle_starts_the_stand_in_accelerator_without_a_compiler(bundle, tmp_path):
     """The stand-in's memory cap is a preloaded library: the bundle carries it built."""
     with socket.socket() as s:

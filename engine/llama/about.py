@@ -40,32 +40,55 @@ def gpu_backend_modules() -> list[str]:
 
 def backend_notes() -> list[str]:
     """One line per thing a user should know about where llama.cpp will run: a GPU backend
-    that is built in but could not be loaded (no driver: the CPU runs everything), safe mode."""
-    import ctypes
-
+    that is built in but cannot run here (no driver: the CPU runs everything), safe mode."""
     from engine.llama import ggml, native
     from engine.llama.ggml import _lib_dir
 
     g = ggml.lib()
-    registered = {g.base.ggml_backend_reg_name(g.core.ggml_backend_reg_get(i)).decode()
-                  for i in range(g.core.ggml_backend_reg_count())}
+    n_devices: dict[str, int] = {}
+    for i in range(g.core.ggml_backend_reg_count()):
+        reg = g.core.ggml_backend_reg_get(i)
+        g.base.ggml_backend_reg_dev_count.restype = ggml.c_size_t
+        g.base.ggml_backend_reg_dev_count.argtypes = [ggml.c_void_p]
+        n_devices[g.base.ggml_backend_reg_name(reg).decode()] = int(g.base.ggml_backend_reg_dev_count(reg))
     notes = []
     if native.safe_mode():
         notes.append(f"safe mode ({native.safe_mode_reason()}): llama.cpp runs on the CPU only, "
                      "without extra weight layouts (slower, but the plainest path)")
+        return notes
     d = _lib_dir()
     for file, name in GPU_MODULES.items():
-        if not (d / file).exists() or name in registered or native.safe_mode():
+        if not (d / file).exists() or n_devices.get(name, 0) > 0:
             continue
-        try:
-            ctypes.CDLL(str(d / file))
-            why = "it loaded but found no device"
-        except OSError as exc:
-            why = str(exc).split(": ", 1)[-1] if ": " in str(exc) else str(exc)
-            if "libcuda.so" in why or "libcuda" in why:
-                why = f"no NVIDIA driver was found ({why})"
-        notes.append(f"this build has {name}, but {why}: running on the CPU")
+        why = _module_error(d / file) if name not in n_devices else _no_device_reason(name)
+        notes.append(f"this build has {name}, but {why}: llama.cpp runs on the CPU")
     return notes
+
+
+def _module_error(path: object) -> str:
+    """Why ggml could not load a backend module (the loader's message: a missing library)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(str(path))
+    except OSError as exc:
+        text = str(exc)
+        if "libcuda.so" in text:
+            return f"no NVIDIA driver was found ({text.rsplit(': ', 2)[-2]} is missing)"
+        return f"its library could not be loaded ({text})"
+    return "ggml did not load it"
+
+
+def _no_device_reason(name: str) -> str:
+    import ctypes
+
+    if name == "CUDA":
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return "no NVIDIA driver was found (libcuda.so.1 is missing)"
+        return "the NVIDIA driver reports no usable GPU"
+    return f"{name} found no device"
 
 
 def cpu_backend_file() -> str:

@@ -38,6 +38,8 @@ def load_backend_modules(lib_dir: Path) -> list[str]:
     modules = sorted(p.name for p in lib_dir.glob("libggml-*.so") if _is_backend_module(p.name))
     if not any(m.startswith("libggml-cpu-") for m in modules):
         return []
+    if "libggml-cuda.so" in modules:
+        preload_cuda_runtime()
     mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
     core = ctypes.CDLL(str(lib_dir / "libggml.so.0"), mode=mode)
     core.ggml_backend_load_all_from_path.restype = None
@@ -48,3 +50,39 @@ def load_backend_modules(lib_dir: Path) -> list[str]:
 
 def _is_backend_module(name: str) -> bool:
     return name not in ("libggml-base.so",) and name.startswith("libggml-")
+
+
+CUDA_RUNTIME_LIBS = ("libcudart.so", "libcublasLt.so", "libcublas.so")
+
+
+def cuda_runtime_dirs() -> list[Path]:
+    """Folders that may hold NVIDIA's CUDA runtime and cuBLAS: the pip packages setup installs
+    with a CUDA build (site-packages/nvidia/cu*/lib) and a frozen bundle's own folder."""
+    import sys
+
+    dirs: list[Path] = []
+    for entry in sys.path:
+        dirs += sorted(Path(entry).glob("nvidia/cu*/lib")) if entry else []
+    frozen = getattr(sys, "_MEIPASS", None)
+    if frozen:
+        dirs += [Path(frozen), *sorted(Path(frozen).glob("nvidia/cu*/lib"))]
+    return [d for d in dirs if d.is_dir()]
+
+
+def preload_cuda_runtime() -> list[str]:
+    """Open the CUDA runtime and cuBLAS globally before ggml loads its CUDA module, which needs
+    them by name: a machine without the CUDA toolkit has them only in those folders. Nothing
+    found is fine: the module then fails to load and ggml runs on the CPU (the about notes
+    say why). Returns what was opened."""
+    mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
+    opened: list[str] = []
+    for d in cuda_runtime_dirs():
+        for name in CUDA_RUNTIME_LIBS:
+            for path in sorted(d.glob(f"{name}.*")):
+                try:
+                    ctypes.CDLL(str(path), mode=mode)
+                    opened.append(str(path))
+                except OSError:
+                    continue
+                break
+    return opened
