@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -222,6 +222,8 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
         ins = inspect_files(model, Path(mmproj) if mmproj and mmproj not in (DEMO, "none") else None)
     except EbbError as exc:
         return f"cannot use this file: {exc}"
+    except OSError as exc:  # a folder, a file that cannot be read: said, never raised
+        return f"cannot read {exc.filename or 'this file'}: {exc.strerror or exc}"
     m = ins.model
     ctx = min(int(settings.get("ctx", 4096)), m.n_ctx_train or 4096)
     full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, bool(settings.get("flash_attn", True)))
@@ -249,11 +251,15 @@ class ModelPicker(QDialog):
             self._add_model(p)
         self.list.currentItemChanged.connect(self._on_model)
         self.model_path = QLineEdit(placeholderText="path to a .gguf language model, or 'default'")
-        self.model_path.textChanged.connect(self._update_estimate)
+        # typing a path reads files: only once the typing pauses (each key read them, 1.5-2 s)
+        self._pause = QTimer(self, singleShot=True, interval=350)
+        self._pause.timeout.connect(self._update_estimate)
+        self._model_changed = False
+        self.model_path.textChanged.connect(self._on_model_text)
         browse = QPushButton("Browse…", clicked=self._on_browse)
         add_folder = QPushButton("Add folder…", clicked=self._on_add_folder)
         self.projector = QComboBox(editable=True)
-        self.projector.currentTextChanged.connect(self._update_estimate)
+        self.projector.currentTextChanged.connect(lambda _t: self._pause.start())
         self.estimate = QLabel("")
         self.estimate.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -300,12 +306,17 @@ class ModelPicker(QDialog):
             for p in find_models([Path(folder)]):
                 self._add_model(p)
 
+    def _on_model_text(self, _text: str) -> None:
+        self._model_changed = True
+        self._pause.start()
+
     def _update_estimate(self) -> None:
         from engine.gguf.models import DEFAULT_NAME, default_model_path
 
         text = self.model_path.text().strip()
         path = default_model_path() if text == DEFAULT_NAME else Path(text)
-        if self.sender() is self.model_path:
+        if self._model_changed:
+            self._model_changed = False
             offered, note = projector_offer(path) if path.is_file() else ([], "")
             self.offer.setText(note)
             self.projector.blockSignals(True)

@@ -117,6 +117,75 @@ def _test_hooks(window: Any, app: Any) -> None:
     window.worker.event.connect(hook.on_event)
 
 
+def _already_running(folder: Path, lock: Any, paths: list[str]) -> int:
+    """A second start: the running window comes to the front (with our files), or we say that
+    Ebb is running with this folder. Never a second writer."""
+    from app import single_instance
+
+    if single_instance.send_to_running(folder, paths):
+        print(f"ebb: Ebb is already running with the data folder {folder}: its window was "
+              f"brought to the front{' with your files' if paths else ''}.", flush=True)
+        return 0
+    pid = lock.holder_pid()
+    text = (f"Ebb is already running with the data folder {folder}"
+            f"{f' (process {pid})' if pid else ''}, and it did not answer. Close it (or wait for "
+            "it to finish closing) and start Ebb again.")
+    print(f"ebb: {text}", file=sys.stderr, flush=True)
+    if os.environ.get("QT_QPA_PLATFORM") != "offscreen":
+        from PySide6.QtWidgets import QMessageBox
+
+        QMessageBox.warning(None, "Ebb is already running", text)
+    return 1
+
+
+def open_paths(window: Any, paths: list[str]) -> None:
+    """Files handed over by a later start (`ebb FILE...`): to the front, then a model or
+    projector is opened and pictures wait in the composer, as at a start."""
+    window.showNormal()
+    window.raise_()
+    window.activateWindow()
+    if not paths:
+        return
+    args = parse_args(["--", *paths])
+    for image in args.images:
+        window.composer.add_image(image)
+    if args.model or args.mmproj:
+        last = window.chat.last_cfg
+        model = args.model or (str(last.model_path) if last else "default")
+        mmproj = args.mmproj if args.mmproj is not None else ""
+        window.load_model(model, mmproj)
+
+
+def close_on_sigterm(app: Any, window: Any) -> Any:
+    """SIGTERM (logout, shutdown, `kill`) closes the window as its close button does: the reply
+    so far is saved, the engine stops, the exit code is 0. Python runs signal handlers only
+    between bytecodes, so the signal also writes to a socket whose notifier wakes Qt's loop."""
+    import socket
+
+    from PySide6.QtCore import QSocketNotifier, QTimer
+
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno())
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read, app)
+
+    def drain() -> None:
+        try:
+            reader.recv(256)
+        except OSError:
+            pass
+
+    notifier.activated.connect(drain)
+
+    def on_term(_signum: int, _frame: object) -> None:
+        print("ebb: asked to stop (SIGTERM): saving and closing", file=sys.stderr, flush=True)
+        QTimer.singleShot(0, window.close)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return (notifier, reader, writer)  # kept alive by the caller
+
+
 def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
     """The window, loading `cfg` unless the last start died in llama.cpp's native code: then it
     says so and offers safe mode instead (app/safe_mode.py)."""
@@ -160,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyqtgraph.util.garbage_collector import GarbageCollector
 
     gc_on_gui_thread = GarbageCollector(interval=1.0)  # noqa: F841 - alive as long as the app
+    from app import single_instance
+
+    lock = single_instance.FolderLock(data_dir())
+    if not lock.acquire():  # one writer per data folder: the running window takes our files
+        return _already_running(data_dir(), lock, args.paths)
     store = Store(data_dir())
     model = args.model or store.setting("model") or DEFAULT_NAME
     if args.mmproj is not None:
@@ -170,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         mmproj = DEMO if model == DEFAULT_NAME else ""
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = open_window(store, cfg, rpc)
+    term = close_on_sigterm(app, window)  # noqa: F841 - alive as long as the loop
+    single_instance.listen(data_dir(), window, lambda paths: open_paths(window, paths))
     window.show()
     from engine.llama import fatal
 

@@ -34,19 +34,98 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
 
+def _whole(lo: int, hi: int) -> Any:
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f"a whole number from {lo} to {hi}")
+        return v
+    return check
+
+
+def _one_of(*choices: str) -> Any:
+    def check(v: Any) -> Any:
+        if v not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return v
+    return check
+
+
+def _of_type(kind: type, what: str) -> Any:
+    def check(v: Any) -> Any:
+        if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+            raise ValueError(what)
+        return v
+    return check
+
+
+def _size(allow_empty: bool) -> Any:
+    def check(v: Any) -> Any:
+        if allow_empty and v == "":
+            return v
+        try:
+            n = parse_size(v) if isinstance(v, str) else -1
+        except Exception:  # noqa: BLE001 - any unreadable size
+            n = -1
+        if n < 0 or (allow_empty and n == 0):
+            raise ValueError("a size such as 6GiB or 512MiB" + (", or empty" if allow_empty else ""))
+        return v
+    return check
+
+
+def _strings(v: Any) -> Any:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError("a list of texts")
+    return v
+
+
+_UNREADABLE = object()
+# what each saved setting may be; a value that is not is replaced by its default, with a notice
+RULES: dict[str, Any] = {
+    "vram_budget": _size(allow_empty=True), "threads": _whole(0, 1024), "ctx": _whole(128, 1 << 21),
+    "image_max_tokens": _whole(0, 1 << 16), "flash_attn": _of_type(bool, "true or false"),
+    "vision": _one_of("auto", "resident", "swap", "cpu"), "rpc": _strings, "model_folders": _strings,
+    "gpu_layers": _whole(-1, 100_000), "spread": _of_type(bool, "true or false"),
+    "max_tokens": _whole(0, 1 << 21), "overflow": _one_of("drop-oldest", "stop"),
+    "image_cache": _size(allow_empty=False), "prompt_layers": _whole(-1, 100_000),
+    "threads_batch": _whole(0, 1024), "prompt_speeds": _of_type(dict, "a table of speeds"),
+    "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
+    "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
+    "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
+}
+
+
+def checked_settings(store: Any) -> tuple[dict[str, Any], list[str]]:
+    """Every setting, saved or default; a saved value of the wrong type or out of range falls
+    back to its default, and each such one is named in the problems (the window shows them)."""
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, default in DEFAULTS.items():
+        try:
+            value = store.setting(key, default)
+        except ValueError:  # not even JSON
+            value = _UNREADABLE
+        try:
+            out[key] = RULES[key](value) if key in RULES else value
+        except ValueError as exc:
+            out[key] = default
+            shown = "(unreadable)" if value is _UNREADABLE else repr(value)
+            problems.append(f"The setting {key} = {shown} is not valid ({exc}): using "
+                            f"{default!r} until it is changed in Settings.")
+    return out, problems
+
+
 def load_settings(store: Any) -> dict[str, Any]:
-    """Every setting, saved or default."""
-    return {k: store.setting(k, v) for k, v in DEFAULTS.items()}
+    """Every setting, saved or default (invalid saved values as their defaults)."""
+    return checked_settings(store)[0]
 
 
 def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
                    threads: int | None = None,
                    rpc: list[str] | None = None) -> tuple[SessionConfig, list[str]]:
-    """A SessionConfig from the saved settings (remembering this model as the last used), and
-    the RPC servers to connect: `rpc` first, then Settings' list, less any lost ones."""
+    """A SessionConfig from the saved settings, and the RPC servers to connect: `rpc` first,
+    then Settings' list, less any lost ones. (The model is remembered as the last used one only
+    once it has loaded: remember_model.)"""
     s = load_settings(store)
-    store.set_setting("model", model)
-    store.set_setting("mmproj", mmproj)
     cfg = SessionConfig(
         model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
         n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
@@ -59,6 +138,12 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         n_threads_batch=int(s["threads_batch"]) or None, phases=phase_tuning(s))
     servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
+
+
+def remember_model(store: Any, model: str, mmproj: str) -> None:
+    """The model and projector the next start opens: called once they have loaded."""
+    store.set_setting("model", model)
+    store.set_setting("mmproj", mmproj)
 
 
 def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:

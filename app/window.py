@@ -6,6 +6,7 @@ to the one transcript (app/transcript.py), never re-rendered from its start.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,16 @@ from PySide6.QtWidgets import (
 from app.chat_state import ChatState, Pending
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
+from app.notices import NoticeArea
 from app.panel import MemoryPanel
-from app.settings import DEMO, DEMO_LABEL, load_settings, session_config
+from app.settings import (
+    DEMO,
+    DEMO_LABEL,
+    checked_settings,
+    load_settings,
+    remember_model,
+    session_config,
+)
 from app.store import Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
@@ -105,6 +114,8 @@ class MainWindow(QMainWindow):
                          "interrupted (Regenerate or Continue).")
         if any(notes):
             self.show_notice(" ".join(n for n in notes if n))
+        for problem in checked_settings(store)[1]:  # a bad saved value: its default, said once
+            self.show_notice(problem)
         if load is not None:
             self.request_load.emit(load, self._rpc)
 
@@ -139,10 +150,7 @@ class MainWindow(QMainWindow):
         top.addWidget(self.vision_switch)
         top.addWidget(self.projector_label)
         top.addWidget(self.demo_label, 1)
-        self.notice = QLabel("", wordWrap=True)  # what happened before a restart, until closed
-        self.notice.setStyleSheet("background: #fff3cd; color: #5c4400; padding: 6px;")
-        self.notice.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.notice.hide()
+        self.notice = NoticeArea()  # errors and what happened: each until its ✕ (app/notices.py)
         self.welcome = QLabel("", wordWrap=True, openExternalLinks=False)
         self.welcome.setTextFormat(Qt.TextFormat.RichText)
         self.welcome.setStyleSheet("background: #eef5fc; color: #1d2b36; padding: 10px; "
@@ -205,13 +213,30 @@ class MainWindow(QMainWindow):
         self.model_label = QLabel("no model")
         self.server_status = QLabel("")  # the local server's address, while it serves
         self.server_status.hide()
-        # a long line (a stand-in's name, several devices) is cut at the window's edge rather
-        # than widening the window past the screen (it squeezed the memory panel off it)
+        # a long line (a stand-in's name, several devices) is cut rather than widening the
+        # window past the screen (it squeezed the memory panel off it), and leaves the status
+        # line's left part to its transient messages (it used to fill the bar and hide them all)
         self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.model_label.setMinimumWidth(200)
+        self.model_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.statusBar().addPermanentWidget(self.server_status)
-        self.statusBar().addPermanentWidget(self.model_label, 1)
+        self.statusBar().addPermanentWidget(self.model_label, 0)
+        self.statusBar().messageChanged.connect(lambda _m: self._fit_model_label())
         self.statusBar().addPermanentWidget(self.progress)
+
+    def _fit_model_label(self) -> None:
+        """The model's line at its own width, at most half the status line (the rest is for
+        messages); cut beyond, whole in its tooltip."""
+        label = self.model_label
+        want = label.fontMetrics().horizontalAdvance(label.text()) + 12
+        label.setFixedWidth(max(200, min(want, self.width() // 2)))
+        if not label.toolTip() or label.toolTip() == label.property("last_text"):
+            label.setToolTip(label.text())
+        label.setProperty("last_text", label.text())
+
+    def resizeEvent(self, e: Any) -> None:
+        super().resizeEvent(e)
+        self._fit_model_label()
 
     def _build_help_menu(self) -> None:
         help_menu = self.menuBar().addMenu("&Help")
@@ -323,11 +348,16 @@ class MainWindow(QMainWindow):
         """A message with buttons above the chat (app/safe_mode.py), under the notice."""
         self._chat_layout.insertWidget(self._chat_layout.indexOf(self.notice) + 1, banner)
 
-    def show_notice(self, text: str) -> None:
-        """A line above the chat until the next start (what went wrong with the data folder,
-        what happened before a restart)."""
-        self.notice.setText((self.notice.text() + " " if self.notice.isVisible() else "") + text)
-        self.notice.show()
+    def show_notice(self, text: str, kind: str = "warning") -> None:
+        """A message above the chat until its ✕ is pressed (what went wrong with the data
+        folder, what happened before a restart, a device that came up short)."""
+        self.notice.add(text, kind)
+
+    def show_error(self, text: str) -> None:
+        """An error, where the user looks (above the chat) and until read; stderr too."""
+        self.last_error = text
+        print(f"ebb: error: {text}", file=sys.stderr, flush=True)
+        self.notice.add(text[0].upper() + text[1:] if text else text, "error")
 
     # ------------------------------------------------------------ conversations
 
@@ -360,7 +390,7 @@ class MainWindow(QMainWindow):
             if not self.chat.new_conversation():
                 return
         except EbbError as exc:  # a full disk
-            self.statusBar().showMessage(f"Error: {exc}", 30000)
+            self.show_error(str(exc))
             return
         self.request_history.emit([])
         self._refresh_conversations()
@@ -384,7 +414,7 @@ class MainWindow(QMainWindow):
                 self._send_history()  # the open one went: another is open now
                 self._show_conversation()
         except EbbError as exc:  # a full disk
-            self.statusBar().showMessage(f"Error: {exc}", 30000)
+            self.show_error(str(exc))
         self._refresh_conversations()
 
     # ------------------------------------------------------------ rendering
@@ -447,7 +477,7 @@ class MainWindow(QMainWindow):
             log_dir = None if self.store.in_memory else self.store.folder  # its log beside ours
             self.standin = StandIn(n_bytes, log_dir=log_dir)
         except (EbbError, OSError) as exc:
-            self.statusBar().showMessage(f"Could not start the stand-in accelerator: {exc}", 30000)
+            self.show_error(f"Could not start the stand-in accelerator: {exc}")
             return
         self.standin_action.setEnabled(False)
         self.statusBar().showMessage(f"Starting the {self.standin.label}…")
@@ -463,7 +493,7 @@ class MainWindow(QMainWindow):
             self._standin_poll.stop()
             self.standin = None
             self.standin_action.setEnabled(True)
-            self.statusBar().showMessage(f"Could not start the stand-in accelerator: {exc}", 30000)
+            self.show_error(f"Could not start the stand-in accelerator: {exc}")
             return
         self._standin_poll.stop()
         self._rpc = [self.standin.endpoint] + [r for r in self._rpc if r != self.standin.endpoint]
@@ -472,7 +502,7 @@ class MainWindow(QMainWindow):
         mmproj = str(cfg.mmproj_path) if cfg is not None and cfg.mmproj_path else DEMO
         self.statusBar().showMessage(f"The {self.standin.label} is ready: loading the model "
                                      "onto it", 15000)
-        self._load(model, mmproj)
+        self.load_model(model, mmproj)
         self._update_welcome()
 
     def _accel_name(self, d: dict[str, Any]) -> str:
@@ -598,13 +628,13 @@ class MainWindow(QMainWindow):
                 for k, v in dlg.values().items():
                     self.store.set_setting(k, v)
             except EbbError as exc:
-                self.statusBar().showMessage(f"Error: {exc}", 30000)
+                self.show_error(str(exc))
                 return
             self.gen_params = replace(self.gen_params, max_tokens=int(self._settings()["max_tokens"]))
             self._apply_server()
             cfg = self.chat.last_cfg
             if cfg is not None and not self.chat.busy:
-                self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
+                self.load_model(str(cfg.model_path), str(cfg.mmproj_path or ""))
 
     @Slot()
     def _on_open_model(self) -> None:
@@ -613,7 +643,7 @@ class MainWindow(QMainWindow):
             self.store.set_setting("model_folders", dlg.settings.get("model_folders", []))
             model, mmproj = dlg.choice()
             if model:
-                self._load(model, mmproj)
+                self.load_model(model, mmproj)
 
     @Slot()
     def _on_tune(self) -> None:
@@ -656,7 +686,7 @@ class MainWindow(QMainWindow):
             self.store.set_setting(key, value)
         cfg = self.chat.last_cfg
         if cfg is not None:
-            self._load(str(cfg.model_path), str(cfg.mmproj_path or ""))
+            self.load_model(str(cfg.model_path), str(cfg.mmproj_path or ""))
         self.statusBar().showMessage(
             f"Generation: {chosen['gpu_layers']} layers, {chosen['threads'] or 'auto'} threads · "
             f"prompt: {chosen['prompt_layers']} layers, {chosen['threads_batch'] or 'auto'} "
@@ -671,12 +701,12 @@ class MainWindow(QMainWindow):
         if getattr(self, "tune_dialog", None) is not None:
             self.tune_dialog.finish(ev.result)
 
-    def _load(self, model: str, mmproj: str) -> None:
+    def load_model(self, model: str, mmproj: str) -> None:
         try:
             # servers given on the command line stay (Settings' list is added to them)
             cfg, rpc = session_config(self.store, model, mmproj, rpc=self._rpc)
         except EbbError as exc:  # a bad setting (a budget that is not a size): keep what is loaded
-            self.statusBar().showMessage(f"Error: {exc}")
+            self.show_error(str(exc))
             return
         self.start_load(cfg, rpc)
 
@@ -734,6 +764,9 @@ class MainWindow(QMainWindow):
         safe = " · safe mode" if d.get("safe_mode") else ""
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}{safe}")
         self.model_label.setToolTip(d.get("placement_reason") or "")
+        self._fit_model_label()
+        if d.get("requested"):
+            remember_model(self.store, *d["requested"])
         self._has_accel = bool(d.get("accelerator"))
         standin = (self.standin is not None and bool(d.get("accelerator"))
                    and d.get("accelerator_endpoint") == self.standin.endpoint)
@@ -749,6 +782,7 @@ class MainWindow(QMainWindow):
         if sent:
             self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "
                                      "to remote devices while loading")
+            self._fit_model_label()
         if not self.chat.busy:
             self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
                                          + (f" — {d['mover_note']}" if d.get("mover_note") else ""),
@@ -778,14 +812,14 @@ class MainWindow(QMainWindow):
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         r: dict[str, Any] = ev.result
         if r.get("device_lost"):
-            self.statusBar().showMessage(f"{r['device_lost']}: the conversation goes on with the "
-                                         "devices that are left", 30000)
+            self.show_notice(f"{r['device_lost']}: the conversation goes on with the devices "
+                             "that are left.")
         self._take_stream()  # the last pieces, before the reply is shown as saved
         if r.get("phases") and not r.get("error"):
             self.statusBar().showMessage(phases_line(r["phases"]), 60000)
         failed = self.chat.finish(r)
         if self.chat.save_error:
-            self.statusBar().showMessage(f"Error: {self.chat.save_error}", 60000)
+            self.show_error(f"Could not save the reply: {self.chat.save_error}")
         if failed is not None:
             self._give_back(failed, r["error"])
         else:
@@ -802,7 +836,7 @@ class MainWindow(QMainWindow):
         self.last_error = error
         if pending.continues is not None:
             self.transcript.end_reply(pending.continues)
-            self.statusBar().showMessage(f"Could not continue: {error}", 30000)
+            self.show_error(f"Could not continue: {error}")
             return
         self.request_undo.emit()
         self.composer.restore(pending.text, pending.images)
@@ -815,7 +849,7 @@ class MainWindow(QMainWindow):
         failed = self.chat.fail()
         if failed is not None:
             self._give_back(failed, ev.message)
-        self.statusBar().showMessage(f"Error: {ev.message}")
+        self.show_error(ev.message)
         if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
             self.tune_dialog.fail(ev.message)
         self._update_actions()

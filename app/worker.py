@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import traceback
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -46,6 +47,7 @@ class EngineWorker(QObject):
     def __init__(self) -> None:
         super().__init__()
         self._session: Session | None = None
+        self._loaded_with: tuple[SessionConfig, list[str]] | None = None  # what _session is
         self._cancel = threading.Event()
         self.stream = TextStream()
         self.server_backend: Any = None  # app/serving.py's WindowBackend, while serving
@@ -104,18 +106,39 @@ class EngineWorker(QObject):
 
     @Slot(object, object)
     def load(self, cfg: SessionConfig, rpc: list[str]) -> None:
-        self.event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
+        """Load `cfg`; if it cannot be loaded, say why and load the one that was loaded before
+        (a bad pair of files must not leave the window with no model)."""
+        previous = self._loaded_with
         try:
-            self._close_session()
-            from engine.llama.devices import connect_rpc
-
-            for endpoint in rpc:
-                connect_rpc(endpoint)
-            s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.event.emit)
+            self._load(cfg, rpc)
         except Exception as exc:  # keep the window alive; show what happened
-            self._fail(0, exc)
-            return
+            again = previous is not None and previous[0] != cfg
+            if not isinstance(exc, EbbError):
+                traceback.print_exc()
+            reason = str(exc) if isinstance(exc, EbbError) else f"{type(exc).__name__}: {exc}"
+            name = Path(str(cfg.model_path)).name
+            if cfg.mmproj_path is not None:
+                name += f" with {Path(str(cfg.mmproj_path)).name}"
+            msg = (f"{name} could not be loaded: {reason}"
+                   + (f". Loading {Path(str(previous[0].model_path)).name} again." if again and previous else ""))
+            self.event.emit(events.EngineFailed(0, message=msg))
+            if again and previous is not None:
+                try:
+                    self._load(*previous)
+                except Exception as exc2:  # noqa: BLE001 - said; the window stays without a model
+                    self._fail(0, exc2)
+
+    def _load(self, cfg: SessionConfig, rpc: list[str]) -> None:
+        self.event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
+        self._close_session()
+        self._loaded_with = None
+        from engine.llama.devices import connect_rpc
+
+        for endpoint in rpc:
+            connect_rpc(endpoint)
+        s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.event.emit)
         self._session = s
+        self._loaded_with = (cfg, list(rpc))
         self._announce(s)
 
     def _announce(self, s: Session) -> None:
@@ -139,6 +162,10 @@ class EngineWorker(QObject):
                      "accelerator_endpoint": s.model.accel_endpoint,
                      # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                      "backend_notes": backend_notes(), "safe_mode": native.safe_mode(),
+                     # as asked ("default", "demo" or paths): remembered as the last used model
+                     "requested": ([str(self._loaded_with[0].model_path),
+                                    str(self._loaded_with[0].mmproj_path or "")]
+                                   if self._loaded_with else None),
                      # this session's servers only: one registered earlier may be gone
                      "devices": [d.to_dict() for d in list_devices(s.cfg.rpc)]}))
 

@@ -226,7 +226,7 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     finally:
         server.stop()
     _send(qtbot, w, "And of Italy?")
-    assert "went away" in w.statusBar().currentMessage()
+    assert "went away" in w.notice.text() and w.notice.isVisible()
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
     assert "in RAM (no accelerator)" in w.model_label.text()
 

@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from engine.errors import DeviceOutOfMemory, EbbError
+from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
 from engine.llama import log as llama_log
@@ -237,6 +237,7 @@ class TextRuntime:
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         self._decoded = False  # the first decode is guarded (engine.llama.native)
+        self._cancel: threading.Event | None = None  # set while a prefill may be stopped
         try:
             self._load()
         except BaseException:
@@ -358,6 +359,13 @@ class TextRuntime:
     # ------------------------------------------------------------ evaluation
 
     def _check(self, rc: int) -> None:
+        if rc == 2 and self._cancel is not None and self._cancel.is_set():  # our abort callback
+            # llama.cpp removed the aborted micro-batch's cells; those of earlier micro-batches
+            # of the same batch are not in our books: drop them too
+            L = llama()
+            L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, self._n_past, -1)
+            raise TurnCancelled(f"stopped during the prompt ({self._n_past} positions in the "
+                                "cache; Continue evaluates the rest)")
         if rc != 0:
             raise EbbError(f"llama.cpp decode failed (code {rc}): "
                            f"{llama_log.last_error('no detail')}", "start a new conversation")
@@ -379,6 +387,9 @@ class TextRuntime:
         M-RoPE the next position is not the number of cells)."""
         L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
+            if self._cancel is not None and self._cancel.is_set():
+                raise TurnCancelled(f"stopped during the prompt ({self._n_past} positions in the "
+                                    "cache; Continue evaluates the rest)")
             chunk = tokens[i:i + self.params.n_batch]
             n = len(chunk)
             batch = L.llama_batch_init(n, 0, 1)
@@ -458,9 +469,33 @@ class TextRuntime:
         rest = keys[min(self._cached_prefix(keys), len(keys) - 1):]
         return len(rest), sum(1 for k in rest if isinstance(k, tuple))
 
-    def prefill(self, items: Sequence[PromptItem]) -> int:
+    def prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None = None) -> int:
         """Evaluate items, reusing the longest prefix already in the KV cache. Returns the
-        number of positions evaluated."""
+        number of positions evaluated. A `cancel` set meanwhile stops it between batches, and
+        within one through llama.cpp's abort callback: TurnCancelled, with the KV cache holding
+        exactly the positions evaluated before (the next prefill reuses them)."""
+        with self._abort_on(cancel):
+            return self._prefill(items, cancel)
+
+    @contextlib.contextmanager
+    def _abort_on(self, cancel: threading.Event | None) -> Iterator[None]:
+        """llama.cpp's abort callback asks `cancel` while a prompt's graph computes (armed for
+        the prefill only: it is called per graph node)."""
+        if cancel is None:
+            yield
+            return
+        L = llama()
+        self._cancel = cancel
+        cb = L.ggml_abort_callback(lambda _data: bool(cancel.is_set()))
+        L.llama_set_abort_callback(self.ctx, cb, None)
+        try:
+            yield
+        finally:
+            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(0), None)
+            self._cancel = None
+            del cb
+
+    def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
         keys = self._keys(items)
         n_keep = self._cached_prefix(keys)
@@ -626,7 +661,7 @@ class TextRuntime:
             raise EbbError(f"the conversation is {n_prompt} tokens, the context holds "
                            f"{self.n_ctx}", "start a new conversation or raise --ctx")
         t0 = time.perf_counter()
-        n_eval = self.prefill(items)
+        n_eval = self.prefill(items, cancel)
         prompt_s = time.perf_counter() - t0
         if after_prefill is not None:
             after_prefill()

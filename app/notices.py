@@ -1,0 +1,86 @@
+"""Messages above the chat that stay until read: errors, warnings and notes, each with a close
+button. The status line is for transient information only (it is easy to miss, and the model's
+line fills it); whatever went wrong is said here. GUI thread only.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+STYLES = {
+    "error": ("#f8d7da", "#58151c", "#e0a0a6"),
+    "warning": ("#fff3cd", "#5c4400", "#e8d48a"),
+    "info": ("#e7f1fb", "#1d2b36", "#c5dcf0"),
+}
+MAX_SHOWN = 6  # older ones leave first: the chat keeps its room
+
+
+class Notice(QFrame):
+    def __init__(self, text: str, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        bg, fg, border = STYLES.get(kind, STYLES["warning"])
+        self.setObjectName("notice")
+        self.setStyleSheet(f"#notice {{ background: {bg}; border: 1px solid {border}; }}"
+                           f"#notice QLabel {{ color: {fg}; }}")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(8, 4, 4, 4)
+        self.label = QLabel(text, wordWrap=True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        row.addWidget(self.label, 1)
+        close = QToolButton(text="✕", toolTip="Close this message", autoRaise=True)
+        close.clicked.connect(self.close_notice)
+        row.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.close_button = close
+
+    def text(self) -> str:
+        return self.label.text()
+
+    def close_notice(self) -> None:
+        self.hide()
+        self.setParent(None)  # type: ignore[call-overload]
+        self.deleteLater()
+
+
+class NoticeArea(QWidget):
+    """A column of notices; `text()` is every shown notice's text (what tests and diagnostics
+    read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(4)
+        self.hide()
+
+    def notices(self) -> list[Notice]:
+        return [n for n in self.findChildren(Notice) if n.parent() is self and not n.isHidden()]
+
+    def add(self, text: str, kind: str = "warning") -> Notice | None:
+        text = text.strip()
+        if not text:
+            return None
+        for n in self.notices():
+            if n.text() == text:  # said already: once is enough
+                return n
+        notice = Notice(text, kind)
+        notice.close_button.clicked.connect(self._update)
+        self._layout.addWidget(notice)
+        shown = self.notices()
+        for old in shown[:-MAX_SHOWN]:
+            old.close_notice()
+        self.show()
+        return notice
+
+    def remove_matching(self, fragment: str) -> None:
+        """Close notices that are no longer true (e.g. a load error once a model loaded)."""
+        for n in self.notices():
+            if fragment in n.text():
+                n.close_notice()
+        self._update()
+
+    def text(self) -> str:
+        return " ".join(n.text() for n in self.notices())
+
+    def _update(self) -> None:
+        self.setVisible(bool([n for n in self.notices() if n.isVisibleTo(self) or not n.isHidden()]))
