@@ -340,11 +340,16 @@ class _Stream:
 
 
 def stats_line(s: dict[str, Any]) -> str:
-    line = (f"{s.get('n_gen_tokens', 0)} tokens · {s.get('gen_tokens_per_s', 0):.1f} tok/s · "
-            f"prompt {s.get('prompt_s', 0):.2f}s · {s.get('stop_reason', '')}")
+    def num(key: str) -> float:  # a reply saved as it stopped may lack (or null) any figure
+        value = s.get(key)
+        return float(value) if isinstance(value, (int, float)) else 0.0
+
+    n = int(num("n_gen_tokens"))
+    line = (f"{n} token{'' if n == 1 else 's'} · {num('gen_tokens_per_s'):.1f} tok/s · "
+            f"prompt {num('prompt_s'):.2f}s · {s.get('stop_reason') or ''}")
     if s.get("n_images"):
-        line += (f" · vision: {s.get('strategy')}, encode {s.get('encode_s', 0):.2f}s, "
-                 f"swap {s.get('swap_s', 0):.3f}s")
+        line += (f" · vision: {s.get('strategy')}, encode {num('encode_s'):.2f}s, "
+                 f"swap {num('swap_s'):.3f}s")
     if s.get("stop_reason") == "length":
         line += " · stopped at the reply cap: Continue goes on"
     elif s.get("stop_reason") == "context_full":

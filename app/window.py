@@ -114,8 +114,9 @@ class MainWindow(QMainWindow):
                          "interrupted (Regenerate or Continue).")
         if any(notes):
             self.show_notice(" ".join(n for n in notes if n))
-        for problem in checked_settings(store)[1]:  # a bad saved value: its default, said once
-            self.show_notice(problem)
+        problems = checked_settings(store)[1]  # bad saved values: their defaults, said once
+        if problems:
+            self.show_notice("\n".join(problems))
         if load is not None:
             self.request_load.emit(load, self._rpc)
 
@@ -357,7 +358,7 @@ class MainWindow(QMainWindow):
         """An error, where the user looks (above the chat) and until read; stderr too."""
         self.last_error = text
         print(f"ebb: error: {text}", file=sys.stderr, flush=True)
-        self.notice.add(text[0].upper() + text[1:] if text else text, "error")
+        self.notice.add(text, "error")
 
     # ------------------------------------------------------------ conversations
 

@@ -119,7 +119,7 @@ class EngineWorker(QObject):
             name = Path(str(cfg.model_path)).name
             if cfg.mmproj_path is not None:
                 name += f" with {Path(str(cfg.mmproj_path)).name}"
-            msg = (f"{name} could not be loaded: {reason}"
+            msg = (f"Could not load {name}: {reason}"
                    + (f". Loading {Path(str(previous[0].model_path)).name} again." if again and previous else ""))
             self.event.emit(events.EngineFailed(0, message=msg))
             if again and previous is not None:

@@ -1,0 +1,155 @@
+"""The window's failure surface (#26): every error readable in the window itself and until
+closed, one writer per data folder, bad settings, a pair of files that do not belong together,
+and SIGTERM. The real window, the real engine, the real store.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from app.settings import session_config
+from app.store import Store
+from app.window import MainWindow
+from engine.llama.runtime import GenParams
+from tests.conftest import N_THREADS
+from tests.test_app import _open_windows, wait_for
+
+
+def _open(qtbot, store, model="default", mmproj="", wait=True):
+    cfg, rpc = session_config(store, model, mmproj)
+    w = MainWindow(store, cfg, rpc)
+    _open_windows.append(w)
+    qtbot.addWidget(w)
+    w.show()
+    w.gen_params = GenParams(temperature=0, max_tokens=8)
+    if wait:
+        wait_for(lambda: w.chat.loaded or bool(w.last_error))
+    return w
+
+
+def _fresh_store(tmp_path):
+    s = Store(tmp_path / "data")
+    s.set_setting("ctx", 1024)
+    s.set_setting("threads", N_THREADS)
+    return s
+
+
+def test_a_damaged_model_is_said_above_the_chat_and_stays_until_closed(qtbot, tmp_path, model_path):
+    half = tmp_path / "half-of-a-model.gguf"
+    half.write_bytes(model_path.read_bytes()[: model_path.stat().st_size // 2])
+    store = _fresh_store(tmp_path)
+    w = _open(qtbot, store, str(half))
+    assert not w.chat.loaded and not w.send_button.isEnabled()
+    assert w.notice.isVisible(), "the error must be visible in the window"
+    text = w.notice.text()
+    assert "Could not load half-of-a-model.gguf" in text and "truncated" in text, text
+    # the model's line leaves the status line's messages room (it used to fill the bar)
+    assert w.model_label.width() <= w.width() // 2 + 1
+    w.statusBar().showMessage("a transient message")
+    assert w.statusBar().currentMessage() == "a transient message"
+    assert store.setting("model") is None  # a model that never loaded is not remembered
+    notice = w.notice.notices()[0]
+    assert notice.kind == "error"
+    notice.close_button.click()
+    assert not w.notice.isVisible() and w.notice.text() == ""
+    w.close()
+    store.close()
+
+
+def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
+        qtbot, tmp_path, model_path):
+    from engine.gguf.projector_gen import write_projector
+
+    wrong = write_projector(tmp_path / "mmproj-for-a-wider-model.gguf", 896, size="tiny", seed=3)
+    store = _fresh_store(tmp_path)
+    w = _open(qtbot, store)
+    assert w.chat.loaded and store.setting("model") == "default"
+    label = w.model_label.text()
+    w.last_error = ""
+    w.load_model(str(model_path), str(wrong))
+    wait_for(lambda: bool(w.last_error))
+    wait_for(lambda: w.chat.loaded)
+    assert "with mmproj-for-a-wider-model.gguf:" in w.notice.text()
+    assert "again" in w.notice.text()  # ... and the previous model is loaded again
+    assert w.model_label.text() == label and w.send_button.isEnabled()
+    assert store.setting("mmproj") == "" and store.setting("model") == "default"
+    w.composer.edit.setPlainText("Hi")
+    w.send_message()
+    wait_for(lambda: not w.chat.busy)
+    assert store.messages(w.conv_id)[-1].role == "assistant"
+    w.close()
+    store.close()
+
+
+def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
+    store = _fresh_store(tmp_path)
+    bad = {"ctx": "lots", "threads": "abc", "vram_budget": "-5GiB", "image_cache": "-1",
+           "vision": "turbo", "overflow": "explode", "rpc": "notalist"}
+    for k, v in bad.items():
+        store.set_setting(k, v)
+    w = _open(qtbot, store)
+    assert w.chat.loaded, w.last_error
+    text = w.notice.text()
+    for key, value in bad.items():
+        assert f"The setting {key} = {value!r} is not valid" in text, key
+    assert len(w.notice.notices()) == 1  # one notice, a line each
+    w.close()
+    store.close()
+
+
+def test_the_model_dialog_reads_files_on_a_pause_and_never_raises(qtbot, tmp_path, model_path):
+    from app.dialogs import ModelPicker
+
+    dlg = ModelPicker({"ctx": 1024})
+    qtbot.addWidget(dlg)
+    for ch in str(model_path):
+        dlg.model_path.setText(dlg.model_path.text() + ch)  # typing: nothing read yet
+    assert dlg.estimate.text() == "" and dlg._pause.isActive()
+    qtbot.waitUntil(lambda: dlg.estimate.text() != "", timeout=10_000)
+    assert "layers" in dlg.estimate.text()
+    dlg.projector.setEditText(str(tmp_path))  # a folder where a projector should be
+    qtbot.waitUntil(lambda: "cannot" in dlg.estimate.text(), timeout=10_000)
+
+
+def _window_process(data: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    full = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(data), **env)
+    return subprocess.Popen([sys.executable, "-m", "app", "--threads", str(N_THREADS), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+
+
+def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pictures):
+    from tests.test_faults import _wait_for_line
+
+    data = tmp_path / "data"
+    s = Store(data)
+    s.set_setting("ctx", 1024)
+    s.set_setting("max_tokens", 0)
+    s.close()
+    first = _window_process(data, EBB_TEST_SEND="Write a long story about a lighthouse keeper.")
+    try:
+        _wait_for_line(first.stdout, "streaming")
+        second = subprocess.run([sys.executable, "-m", "app", str(pictures["a.png"])],
+                                capture_output=True, text=True, timeout=120,
+                                env=dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(data)))
+        assert second.returncode == 0, second.stderr
+        assert "already running" in second.stdout and "brought to the front" in second.stdout
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    store = Store(data)
+    (conv,) = store.conversations()
+    msgs = store.messages(conv.id)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    reply = msgs[-1]
+    assert reply.text.strip() and reply.stats.get("stop_reason") == "cancelled", reply.stats
+    assert not store.recovered  # it was saved as stopped, not found "streaming" later
+    store.close()
+    # and with the first window gone, the folder is free again: a start opens it
+    again = _window_process(data, EBB_QUIT_WHEN_SHOWN="1")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0 and "shown" in out, err
