@@ -206,6 +206,8 @@ class ChatState:
                 if self.reply_id:
                     self.store.delete_message(self.reply_id)
                 self.store.delete_message(pending.message_id)
+                if not self.store.n_messages(self.conv_id):  # the refused text names no chat
+                    self.store.rename(self.conv_id, "New chat")
             elif pending is not None:
                 stats = self._remembered(result, reply_stats(result))
                 self.saved = Message(self.reply_id, "assistant", result.get("text", ""), [], stats)

@@ -132,9 +132,11 @@ class Composer(QWidget):
         self._rebuild_strip()
 
     def clear(self) -> None:
+        """After a send: empty, and no earlier error left standing."""
         self.edit.clear()
         self.images = []
         self._rebuild_strip()
+        self.error.hide()
 
     def restore(self, text: str, images: list[Path]) -> None:
         """Put a message back (when sending it failed): nothing the user wrote is lost."""

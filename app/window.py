@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self._loaded: dict[str, Any] = {}  # the last load's details (About's diagnostics)
         self.last_error = ""
         self._has_accel: bool | None = None  # known once a model has loaded
+        self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
@@ -553,6 +554,10 @@ class MainWindow(QMainWindow):
         if images and not self.vision_switch.isChecked():
             self.composer.show_error("Turn vision on to send images (no reload needed).")
             return
+        too_big = oversized(text, self._n_ctx)
+        if too_big:  # refused from its size at once: not stored, not titled, not tokenized
+            self.composer.show_error(too_big)
+            return
         try:
             pending = self.chat.add_user_message(text, images)
         except EbbError as exc:  # not saved (a full disk): the composer keeps it all
@@ -608,6 +613,8 @@ class MainWindow(QMainWindow):
 
     def _on_vision_toggled(self, on: bool) -> None:
         self.projector_label.setText("switching…")
+        if on and "Turn vision on" in self.composer.error.text():  # no longer true
+            self.composer.error.hide()
         self.request_vision.emit(on)
 
     def _on_chat_changed(self) -> None:
@@ -764,6 +771,7 @@ class MainWindow(QMainWindow):
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         safe = " · safe mode" if d.get("safe_mode") else ""
         self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}{safe}")
+        self._n_ctx = ev.n_ctx
         self.model_label.setToolTip(d.get("placement_reason") or "")
         self._fit_model_label()
         if d.get("requested"):
@@ -885,6 +893,22 @@ class MainWindow(QMainWindow):
 
 # of the stand-in accelerator's memory, what the session may use (its own cap is exact)
 STANDIN_SHARE = 0.95
+
+
+# no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of
+# spaces or symbols of a few dozen): a message over n_ctx × this cannot fit, whatever its tokens
+MAX_BYTES_PER_TOKEN = 64
+
+
+def oversized(text: str, n_ctx: int) -> str:
+    """Why a message is too long to send, judged from its size alone (a 5 MB paste is refused
+    at once, before anything counts its tokens); "" when it may fit."""
+    n_bytes = len(text.encode("utf-8", errors="replace"))
+    if not n_ctx or n_bytes <= n_ctx * MAX_BYTES_PER_TOKEN:
+        return ""
+    return (f"This message is {n_bytes / 2**20:.1f} MiB: far more than this model's context "
+            f"({n_ctx} tokens) can hold. Shorten it, or raise the context in Settings. "
+            "Nothing was sent; the text stays here.")
 
 
 def phases_line(ph: dict[str, Any]) -> str:

@@ -153,3 +153,23 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
     again = _window_process(data, EBB_QUIT_WHEN_SHOWN="1")
     out, err = again.communicate(timeout=120)
     assert again.returncode == 0 and "shown" in out, err
+
+
+def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, tmp_path):
+    store = _fresh_store(tmp_path)
+    w = _open(qtbot, store)
+    huge = "All work and no play makes Jack a dull boy. " * 120_000  # 5.3 MB
+    w.composer.edit.setPlainText(huge)
+    w.send_message()
+    assert not w.chat.busy  # nothing went to the engine
+    assert w.composer.error.isVisible() and "MiB" in w.composer.error.text()
+    assert "context (1024 tokens)" in w.composer.error.text()
+    assert w.composer.text() == huge.strip() or w.composer.edit.toPlainText() == huge
+    assert store.n_messages(w.conv_id) == 0 and store.title(w.conv_id) == "New chat"
+    # a later message that is sent clears the stale error
+    w.composer.edit.setPlainText("Hi")
+    w.send_message()
+    assert not w.composer.error.isVisible()
+    wait_for(lambda: not w.chat.busy)
+    w.close()
+    store.close()

@@ -36,7 +36,9 @@ def load_backend_modules(lib_dir: Path) -> list[str]:
     machine and loads RPC and any GPU backend. Returns the modules found (none for a normal
     build, whose backends are linked in)."""
     modules = sorted(p.name for p in lib_dir.glob("libggml-*.so") if _is_backend_module(p.name))
-    if not any(m.startswith("libggml-cpu-") for m in modules):
+    # a module has no versioned twin (libggml-cpu.so.0 is a normal build's linked library)
+    dl_cpu = [m for m in modules if m.startswith("libggml-cpu") and not (lib_dir / f"{m}.0").exists()]
+    if not dl_cpu:
         return []
     if "libggml-cuda.so" in modules:
         preload_cuda_runtime()
