@@ -41,6 +41,7 @@ class ChatState:
         self.reply_parts: list[str] = []  # the streamed reply so far
         self.saved: Message | None = None  # the reply the last request saved
         self.save_error: str | None = None  # why the last reply could not be saved
+        self.unsaved: list[Unsaved] = []  # replies a full disk kept from the store, in order
         self.reply_id = 0  # the reply's row while it streams (committed about once a second)
         self._committed_at = 0.0
         self.last_cfg: SessionConfig | None = None  # what the engine was last asked to load
@@ -220,11 +221,34 @@ class ChatState:
         except StoreError as exc:  # shown with the reply; the window is never left busy
             self.save_error = str(exc)
             if self.saved is not None:
+                # kept here and written as soon as a write succeeds (retry_unsaved)
+                self.unsaved.append(Unsaved(self.conv_id, self.saved.id, self.saved.text,
+                                            dict(self.saved.stats)))
                 self.saved.stats = {**self.saved.stats, "unsaved": str(exc)}
         finally:
             self.busy = False
             self._changed()
         return failed
+
+    def retry_unsaved(self) -> int:
+        """Write the replies a full disk kept from the store; returns how many were saved now
+        (the rest wait for the next try)."""
+        saved = 0
+        for u in list(self.unsaved):
+            try:
+                if u.reply_id and self.store.message(u.reply_id) is not None:
+                    self.store.update_message(u.reply_id, u.text, u.stats)
+                else:
+                    self.store.add_message(u.conv_id, "assistant", u.text, stats=u.stats)
+            except StoreError:
+                break
+            self.unsaved.remove(u)
+            saved += 1
+        if saved and not self.unsaved:
+            self.save_error = None
+        if saved:
+            self._changed()
+        return saved
 
     def _remembered(self, result: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
         """`stats` with the first message the model still remembers (by id), when older turns
@@ -252,6 +276,15 @@ class ChatState:
             self.busy = False
         self._changed()
         return pending
+
+
+@dataclass
+class Unsaved:
+    """A finished reply the store refused (a full disk): written by retry_unsaved."""
+    conv_id: int
+    reply_id: int  # its streaming row, if one was made (0: none)
+    text: str
+    stats: dict[str, Any]
 
 
 def reply_stats(r: dict[str, Any]) -> dict[str, Any]:

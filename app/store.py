@@ -377,6 +377,10 @@ def _salvage(bad: Path, into: sqlite3.Connection) -> tuple[int, int]:
                 src = sqlite3.connect(f"file:{bad}?mode=ro&immutable=1", uri=True)
             except sqlite3.DatabaseError:
                 return 0, 0
+        # as sqlite3's .dump does: a schema that names pages past a truncated end (an index
+        # there) must not stop the tables that can still be read
+        with contextlib.suppress(sqlite3.DatabaseError):
+            src.execute("PRAGMA writable_schema=ON")
         return _copy_rows(src, into)
 
 

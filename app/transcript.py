@@ -225,7 +225,8 @@ class Transcript(QTextBrowser):
                            f'{html.escape(stats_line(m.stats))}</span>')
         if m.stats.get("unsaved"):
             cur.insertBlock(_block_format(top=2))
-            cur.insertHtml(f'<span style="color:#c62828; font-size:small">not saved: '
+            cur.insertHtml(f'<span style="color:#c62828; font-size:small">not saved yet (kept '
+                           f'here, written as soon as there is room): '
                            f'{html.escape(str(m.stats["unsaved"]))}</span>')
 
     def insert_part(self, cur: QTextCursor, part: Part) -> None:

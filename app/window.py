@@ -64,6 +64,7 @@ from engine.llama.runtime import GenParams
 from engine.telemetry import Telemetry
 
 REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
+RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 
 
 class MainWindow(QMainWindow):
@@ -102,6 +103,9 @@ class MainWindow(QMainWindow):
             events.TuneFinished: self._on_tune_finished}
         self._build_ui()
         self._start_worker()
+        # a reply a full disk kept from the store: tried again until it is written
+        self._retry_saving = QTimer(self, interval=RETRY_SAVE_MS)
+        self._retry_saving.timeout.connect(self._on_retry_saving)
         self._redraw = QTimer(self, interval=REDRAW_MS)
         self._redraw.timeout.connect(self._take_stream)
         self.chat.observe(self._on_chat_changed)
@@ -828,7 +832,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(phases_line(r["phases"]), 60000)
         failed = self.chat.finish(r)
         if self.chat.save_error:
-            self.show_error(f"Could not save the reply: {self.chat.save_error}")
+            self.show_error(f"Could not save the reply: {self.chat.save_error}. It is kept "
+                            "here and written as soon as a write succeeds.")
+            self._retry_saving.start()
         if failed is not None:
             self._give_back(failed, r["error"])
         else:
@@ -837,6 +843,18 @@ class MainWindow(QMainWindow):
             if saved is not None and saved.stats.get("memory_from") not in (None, self.transcript.memory_from):
                 self._show_conversation()  # the line "outside the model's memory" moves
         self._update_actions()
+
+    def _on_retry_saving(self) -> None:
+        if not self.chat.unsaved:
+            self._retry_saving.stop()
+            return
+        if self.chat.busy or not self.chat.retry_unsaved():
+            return
+        if not self.chat.unsaved:
+            self._retry_saving.stop()
+            self.notice.remove_matching("Could not save the reply")
+            self.statusBar().showMessage("The reply that could not be saved is saved now", 10000)
+        self._show_conversation()
 
     def _give_back(self, pending: Pending, error: str) -> None:
         """A message the engine could not answer: out of the engine's history, back in the

@@ -490,10 +490,20 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     wait_for(lambda: not w.chat.busy)
     assert w.chat.save_error and "the disk is full" in w.chat.save_error
     shown = w.transcript.toPlainText()
-    assert "not saved: could not save the reply: the disk is full" in shown
-    reply_start = "".join(w.chat.reply_parts).split()[0]
-    assert reply_start in shown.split("Write a long story")[-1]  # the unsaved reply is shown
+    assert "not saved yet" in shown and "could not save the reply: the disk is full" in shown
+    (kept,) = w.chat.unsaved
+    reply = kept.text
+    assert reply.split()[0] in shown.split("Write a long story")[-1]  # the unsaved reply is shown
+    assert "Could not save the reply" in w.notice.text() and w.notice.isVisible()
     assert w.send_button.isEnabled() and not w.stop_button.isEnabled()
+    # space again: the kept reply is written whole, without a turn in between, and said
+    for f in small_disk.glob("filler*"):
+        f.unlink()
+    wait_for(lambda: not w.chat.unsaved)
+    saved = store.messages(w.conv_id)[-1]
+    assert saved.role == "assistant" and saved.text == reply and saved.state != "streaming"
+    wait_for(lambda: "not saved yet" not in w.transcript.toPlainText())
+    assert "Could not save the reply" not in w.notice.text()
     w._on_new_chat()  # New chat and Stop still answer
     w._on_stop()
     store.close()

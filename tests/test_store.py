@@ -135,3 +135,36 @@ def test_model_picker_pairs_by_family_and_marks_text_only(tmp_path, model_path):
     assert model_label(text_only / "SmolLM2.gguf").endswith("[text only]")
     assert model_label(lm) == str(lm)
     assert projector_offer(text_only / "SmolLM2.gguf") == ([], "Text only: no projector beside this model.")
+
+
+def test_a_truncated_database_gives_back_what_sqlite_dump_can_read(tmp_path):
+    """#26: a database cut in half (a crash while copying, a full disk) is read the way
+    sqlite3's .dump reads it, not given up on its schema."""
+    import shutil
+    import subprocess
+
+    data = tmp_path / "data"
+    s = Store(data)
+    for c in range(30):
+        cid = s.create_conversation(f"chat {c}")
+        for m in range(20):
+            s.add_message(cid, "user" if m % 2 == 0 else "assistant", f"message {m} of chat {c} " + "x" * 300)
+    s.close()
+    db = data / "ebb.sqlite3"
+    with open(db, "r+b") as f:
+        f.truncate(db.stat().st_size // 2)
+    dumped = None
+    if shutil.which("sqlite3"):
+        out = subprocess.run(["sqlite3", str(db), ".dump"], capture_output=True, text=True).stdout
+        dumped = (out.count("INSERT INTO conversations"), out.count("INSERT INTO messages"))
+    s = Store(data)
+    try:
+        assert "moved aside" in (s.problem or "")
+        n_conv = len(s.conversations())
+        n_msg = sum(s.n_messages(c.id) for c in s.conversations())
+        assert n_conv > 0 and n_msg > 0, s.problem
+        assert f"{n_conv} conversations with {n_msg} messages could be read" in s.problem
+        if dumped is not None:
+            assert (n_conv, n_msg) == dumped
+    finally:
+        s.close()
