@@ -118,17 +118,15 @@ def test_the_amx_buffer_type_is_never_asked_for(monkeypatch, model_path):
     from engine.llama import log as llama_log
     from engine.llama.runtime import LoadedModel, LoadParams
 
-    real_bufts = native.cpu_extra_buffer_types()
-    assert "AMX" not in real_bufts
+    from engine.llama import ggml
+
+    assert "AMX" not in ggml.cpu_extra_buffer_types()
     monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
-    monkeypatch.setattr(native, "cpu_extra_buffer_types", lambda: ["AMX", "CPU_REPACK"])
-    assert native.use_extra_bufts(True) is False
-    monkeypatch.setattr(native, "cpu_extra_buffer_types", lambda: ["CPU_REPACK"])
-    assert native.use_extra_bufts(True) is True
+    assert native.use_extra_bufts(True, ["AMX", "CPU_REPACK"]) is False
+    assert native.use_extra_bufts(True, ["CPU_REPACK"]) is True
     monkeypatch.setattr(native, "cpu_has_amx", lambda: False)
-    monkeypatch.setattr(native, "cpu_extra_buffer_types", lambda: ["AMX", "CPU_REPACK"])
-    assert native.use_extra_bufts(True) is True
-    assert native.use_extra_bufts(False) is False
+    assert native.use_extra_bufts(True, ["AMX", "CPU_REPACK"]) is True
+    assert native.use_extra_bufts(False, ["CPU_REPACK"]) is False
     monkeypatch.undo()
     m = LoadedModel(LoadParams(model_path))
     try:

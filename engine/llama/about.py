@@ -22,7 +22,7 @@ def runtime_info() -> dict[str, Any]:
             "gpu_backend_modules": gpu_backend_modules(), "notes": backend_notes(),
             "safe_mode": native.safe_mode(), "cpu": native.cpu_name(),
             "cpu_has_amx": native.cpu_has_amx(),
-            "cpu_extra_buffer_types": native.cpu_extra_buffer_types()}
+            "cpu_extra_buffer_types": ggml.cpu_extra_buffer_types()}
 
 
 GPU_MODULES = {"libggml-cuda.so": "CUDA", "libggml-vulkan.so": "Vulkan", "libggml-hip.so": "ROCm",

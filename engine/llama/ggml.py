@@ -179,3 +179,35 @@ def device_reg_name(dev: int) -> str:
     g = lib()
     reg = g.base.ggml_backend_dev_backend_reg(dev)
     return (g.base.ggml_backend_reg_name(reg) or b"").decode() if reg else ""
+
+
+def cpu_extra_buffer_types() -> list[str]:
+    """Names of the CPU backend's extra buffer types (e.g. CPU_REPACK, AMX); [] if unknown."""
+    try:
+        g = lib()
+        core, base = g.core, g.base
+        core.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        core.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        dev = core.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+        if not dev:
+            return []
+        base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+        base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        reg = base.ggml_backend_dev_backend_reg(dev)
+        addr = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not addr:
+            return []
+        fn = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)
+        arr = fn(dev)
+        base.ggml_backend_buft_name.restype = ctypes.c_char_p
+        base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+        names = []
+        i = 0
+        while arr and arr[i]:
+            names.append(base.ggml_backend_buft_name(arr[i]).decode(errors="replace"))
+            i += 1
+        return names
+    except (AttributeError, OSError):
+        return []

@@ -44,7 +44,7 @@ _session_safe_mode = ""  # why safe mode is on for this process ("": off); see s
 
 def _cpuinfo() -> tuple[str, set[str]]:
     """(model name, flags) of the first processor in /proc/cpuinfo (empty elsewhere)."""
-    name, flags = platform.processor() or platform.machine(), set()
+    name, flags = platform.processor() or platform.machine(), set[str]()
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -172,54 +172,14 @@ def apply_safe_mode_env() -> bool:
     return on
 
 
-def use_extra_bufts(wanted: bool) -> bool:
-    """Whether a model load may use ggml's extra buffer types (CPU_REPACK, AMX)."""
+def use_extra_bufts(wanted: bool, cpu_bufts: list[str]) -> bool:
+    """Whether a model load may use ggml's extra buffer types (CPU_REPACK, AMX), given the CPU
+    backend's (`ggml.cpu_extra_buffer_types()`). Never in safe mode; never when this CPU has
+    AMX and the build registers ggml's AMX buffer type (Ebb's own builds never do: they are
+    compiled without AMX; the load API has no switch for AMX alone, so all are left off)."""
     if not wanted or safe_mode():
         return False
-    return not amx_buffer_in_use()
-
-
-def amx_buffer_in_use() -> bool:
-    """This CPU has AMX and the CPU backend registers ggml's AMX buffer type (Ebb's own builds
-    never do: they are compiled without AMX). Then every extra buffer type is left off: the
-    load API has no switch for AMX alone."""
-    return cpu_has_amx() and "AMX" in cpu_extra_buffer_types()
-
-
-def cpu_extra_buffer_types() -> list[str]:
-    """Names of the CPU backend's extra buffer types (e.g. CPU_REPACK, AMX); [] if unknown."""
-    import ctypes
-
-    from engine.llama import ggml
-
-    try:
-        g = ggml.lib()
-        core, base = g.core, g.base
-        core.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-        core.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-        dev = core.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-        if not dev:
-            return []
-        base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
-        base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
-        base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-        base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        reg = base.ggml_backend_dev_backend_reg(dev)
-        addr = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
-        if not addr:
-            return []
-        fn = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)
-        arr = fn(dev)
-        base.ggml_backend_buft_name.restype = ctypes.c_char_p
-        base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
-        names = []
-        i = 0
-        while arr and arr[i]:
-            names.append(base.ggml_backend_buft_name(arr[i]).decode(errors="replace"))
-            i += 1
-        return names
-    except (AttributeError, OSError):
-        return []
+    return not (cpu_has_amx() and "AMX" in cpu_bufts)
 
 
 # ------------------------------------------------------------------ the first-decode guard
@@ -282,8 +242,8 @@ def first_decode(model: Path) -> Iterator[None]:
         if sentinel is not None:
             with contextlib.suppress(OSError):
                 sentinel.unlink()
-    record = read_record()
-    done = [k for k in record.get("ok", []) if isinstance(k, str)][-200:]  # type: ignore[union-attr]
+    ok_now = read_record().get("ok")
+    done = [k for k in ok_now if isinstance(k, str)][-200:] if isinstance(ok_now, list) else []
     write_record(ok=[*done, key])
 
 

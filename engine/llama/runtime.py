@@ -184,10 +184,11 @@ class LoadedModel:
         self._stack = contextlib.ExitStack()
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = params.n_gpu_layers
-        from engine.llama import native
+        from engine.llama import ggml, native
 
         # no AMX buffer (its mul_mat segfaults), nothing extra in safe mode: engine.llama.native
-        mparams.use_extra_bufts = self.extra_bufts = native.use_extra_bufts(params.repack)
+        mparams.use_extra_bufts = self.extra_bufts = native.use_extra_bufts(
+            params.repack, ggml.cpu_extra_buffer_types())
         if params.devices is not None:
             from engine.llama.devices import find_device
 
