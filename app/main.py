@@ -71,7 +71,7 @@ def relaunch(message: str, lost: list[str]) -> None:
         os._exit(3)
     env["EBB_RESTARTS"] = str(restarts + 1)
     env["EBB_LOST_RPC"] = ",".join(sorted(LOST_RPC | set(lost)))
-    env["EBB_NOTICE"] = (note + ". Ebb restarted without it; your conversations are kept (a reply "
+    env["EBB_NOTICE"] = (note[:1].upper() + note[1:] + ". Ebb restarted without it; your conversations are kept (a reply "
                          "that was being written, as far as it got). Settings still list the server.")
     frozen = getattr(sys, "frozen", False)
     os.execve(sys.executable, [sys.executable, *([] if frozen else ["-m", "app"]), *sys.argv[1:]], env)

@@ -877,6 +877,10 @@ class MainWindow(QMainWindow):
         if failed is not None:
             self._give_back(failed, ev.message)
         self.show_error(ev.message)
+        if not self.chat.loaded:  # a load that failed: no "Loading…" left standing
+            self.statusBar().clearMessage()
+            self.transcript.setPlaceholderText("No model is loaded: File → Open model… (what went "
+                                               "wrong is said above)")
         if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
             self.tune_dialog.fail(ev.message)
         self._update_actions()
