@@ -20,6 +20,14 @@ os.environ["EBB_NATIVE_DIR"] = tempfile.mkdtemp(prefix="ebb-native-")
 
 from engine.gguf.models import fetch_default_model  # noqa: E402
 
+# The suite's own cache (the self-test references, tuning results, ...) stays out of the user's
+# ~/.cache/ebb; the models folder is the user's (linked), so nothing is fetched twice.
+if not os.environ.get("EBB_TEST_KEEP_CACHE"):
+    _user_models = fetch_default_model().parent
+    _suite_cache = Path(tempfile.mkdtemp(prefix="ebb-cache-"))
+    (_suite_cache / "models").symlink_to(_user_models, target_is_directory=True)
+    os.environ["EBB_CACHE_DIR"] = str(_suite_cache)
+
 N_THREADS = 2  # ggml spins: never more threads than the CI machine's cores
 
 

@@ -32,6 +32,16 @@ class DeviceInfo:
     def is_accelerator(self) -> bool:
         return self.kind != "cpu"
 
+    @property
+    def identity(self) -> str:
+        """What computes on it, for results remembered across runs: a remote device is its host
+        and size (a server started again on another port is the same hardware), a local one
+        its description."""
+        if self.remote:
+            host = self.description.rsplit(":", 1)[0] if ":" in self.description else self.description
+            return f"rpc:{host}:{self.total_bytes}"
+        return self.description
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         del d["handle"]

@@ -244,7 +244,7 @@ class ModelResidency:
         self.placement = placement
         toggle = placement.accel_layers[-1] if placement.accel_layers else self.info.n_layers - 1
         dev = find_device(self.accel)
-        setup = Setup(Path(self.cfg.model_path), dev.name, dev.description, self.n_ctx,
+        setup = Setup(Path(self.cfg.model_path), dev.name.split("[")[0], dev.identity, self.n_ctx,
                       self.cfg.n_batch, self.cfg.flash_attn, self.n_threads)
         checker = SelfTestReference(lambda layers: self.text_params(placement, layers), self.info,
                                     setup, set(placement.accel_layers), toggle)

@@ -122,5 +122,7 @@ class SelfTestReference:
             data = self._load_cache()
             data[self._key] = {"tokens": self.tokens, "refs": self.refs}
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._path.write_text(json.dumps(data))
+            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._path)  # whole or not at all: a crash leaves the old file
         return None
