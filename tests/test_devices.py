@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -45,13 +44,22 @@ def test_loopback_detection():
 
 
 def _first_lines(host: str) -> str:
+    """What rpc-serve says up to its "serving ..." line (the warning comes before it): read
+    until that line, not for a while."""
     proc = subprocess.Popen([sys.executable, "-m", "engine", "rpc-serve", "--host", host,
                              "--port", str(free_port()), "--threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.5)
-    proc.kill()
-    out, _ = proc.communicate()
-    return out
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "rpc-serve: serving" in line:
+                break
+    finally:
+        proc.kill()
+        proc.communicate()
+    return "".join(lines)
 
 
 def test_rpc_serve_warns_unless_loopback():

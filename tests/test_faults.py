@@ -177,6 +177,28 @@ def _window_process(data: Path, extra_env: dict[str, str], *args: str):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _wait_for_committed_reply(db_path: Path, n_chars: int, timeout: float = 120) -> None:
+    """Until the streaming reply's row holds `n_chars` committed characters (the window commits
+    at least every second): the event itself, read from a second connection."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = db.execute("SELECT length(text) FROM messages WHERE role='assistant' AND "
+                             "state='streaming' ORDER BY id DESC LIMIT 1").fetchone()
+        except sqlite3.OperationalError:
+            row = None
+        finally:
+            db.close()
+        if row and row[0] and row[0] > n_chars:
+            return
+        time.sleep(0.05)  # a poll of the database, not a guess at how long it takes
+    raise AssertionError(f"no reply of {n_chars} characters was committed in {timeout} s")
+
+
 def _wait_for_line(stream, needle: str, timeout: float = 120) -> None:
     """Wait for a line holding ``needle``; a thread keeps reading the pipe afterwards so the
     child never blocks on a full pipe. (select() on the buffered stream missed a line that
@@ -240,7 +262,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
     try:
         if moment == "decode":
             _wait_for_line(proc.stdout, "streaming")
-            time.sleep(2.5)  # more than a second of reply: committed at least once
+            _wait_for_committed_reply(data / "ebb.sqlite3", 20)
         else:
             _wait_for_line(proc.stderr, f"ebb-test: paused in {moment}")
         proc.send_signal(signal.SIGKILL)
@@ -631,7 +653,16 @@ def test_ctrl_c_during_start_up_ends_at_once_with_one_line(module, tmp_path):
     args = ["chat", "--prompt", "hi"] if module == "engine" else []
     proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(0.25)  # inside the imports (Qt, llama.cpp's binding) or the load
+    # inside the imports: once the process has mapped Qt (the window) or llama.cpp (the engine)
+    lib = "libQt6Core" if module == "app" else "libllama"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if lib in Path(f"/proc/{proc.pid}/maps").read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.01)  # a poll of the process's own map, not a guess at a moment
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -272,8 +272,10 @@ def test_two_clients_at_once_are_answered_in_order(server):
 
     first = threading.Thread(target=ask, args=("first", 10))
     first.start()
-    while not any(e[0] == "first" for e in events):
-        time.sleep(0.01)  # the first is being answered: the second waits behind it
+    deadline = time.monotonic() + 120
+    while not any(e[0] == "first" for e in events):  # the first is being answered: the
+        assert first.is_alive() and time.monotonic() < deadline, events  # second waits behind
+        time.sleep(0.01)
     second = threading.Thread(target=ask, args=("second", 4))
     second.start()
     first.join(120)
