@@ -85,11 +85,13 @@ def _test_hooks(window: Any, app: Any) -> None:
 
     from engine import events
 
-    if os.environ.get("EBB_TEST_PRINT_NOTICE") and os.environ.get("EBB_NOTICE"):
+    from engine import testhooks
+
+    if testhooks.value(testhooks.PRINT_NOTICE) and os.environ.get("EBB_NOTICE"):
         print(f"notice: {window.notice.text()}", flush=True)
         QTimer.singleShot(0, app.quit)
         return
-    text = os.environ.get("EBB_TEST_SEND")
+    text = testhooks.value(testhooks.SEND)
     if not text:
         return
     from PySide6.QtCore import QObject, Slot
@@ -102,7 +104,7 @@ def _test_hooks(window: Any, app: Any) -> None:
             if isinstance(ev, events.ModelLoaded) and not self.sent:
                 self.sent = True
                 window.composer.edit.setPlainText(text)
-                if image := os.environ.get("EBB_TEST_IMAGE"):
+                if image := testhooks.value(testhooks.IMAGE):
                     window.composer.add_image(Path(image))
                 QTimer.singleShot(0, window.send_message)
 

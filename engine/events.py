@@ -2,11 +2,11 @@
 timestamp `t_s` and the id of the request it belongs to (0 for none)."""
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from engine import testhooks
 
 
 def _now() -> float:
@@ -35,13 +35,7 @@ class ModelLoaded(Event):
     details: dict[str, Any] = field(default_factory=dict)  # mover, accelerator, projector …
 
 
-def pause_point(name: str) -> None:
-    """Test hook: with EBB_TEST_PAUSE_AT=NAME the engine says so on stderr when step NAME
-    starts and waits there, so a test can kill the process inside that step (the crash-safety
-    tests). Does nothing otherwise."""
-    if name and os.environ.get("EBB_TEST_PAUSE_AT") == name:
-        print(f"ebb-test: paused in {name}", file=sys.stderr, flush=True)
-        time.sleep(600)
+pause_point = testhooks.pause_point  # test hook: engine/testhooks.py
 
 
 @dataclass(frozen=True)

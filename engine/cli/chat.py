@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -15,6 +14,7 @@ from engine.cli.common import (
     flag_parser,
     install_sigint,
 )
+from engine import testhooks
 from engine.config import PhaseTuning, SessionConfig
 from engine.errors import EbbError
 
@@ -91,8 +91,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
     all_spans: list[Any] = []
     failed = cancelled = False
-    if os.environ.get("EBB_TEST_SAY_LOADING"):  # test hook: the moment the load starts
-        print("ebb-engine: loading", file=sys.stderr, flush=True)
+    testhooks.say_loading()  # test hook: the moment the load starts
     session = Session(cfg)  # Ctrl-C meanwhile ends the process at once (exit_on_interrupt)
     from engine.llama.about import backend_notes
 

@@ -31,12 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from engine import paths
+from engine import paths, testhooks
 
 SAFE_MODE_ENV = "EBB_SAFE_MODE"
-# test-only hook: "1" kills the process with SIGSEGV at a model's first decode (not in safe
-# mode), "always" in safe mode too
-CRASH_TEST_ENV = "EBB_TEST_NATIVE_CRASH"
+CRASH_TEST_ENV = testhooks.NATIVE_CRASH
 _session_safe_mode = ""  # why safe mode is on for this process ("": off); see set_safe_mode
 
 
@@ -231,11 +229,7 @@ def first_decode(model: Path) -> Iterator[None]:
                           "pid": os.getpid(), "when": time.time(), "safe_mode": safe})
     except OSError:  # a read-only cache: decode unguarded
         sentinel = None
-    crash = os.environ.get(CRASH_TEST_ENV, "")
-    if crash == "always" or crash and not safe:  # test hook: a real native-style death
-        import signal
-
-        os.kill(os.getpid(), signal.SIGSEGV)
+    testhooks.crash_at_first_decode(safe)  # test hook: a real native-style death
     try:
         yield
     finally:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from engine import testhooks
 from engine.gguf.info import ModelInfo
 from engine.llama.runtime import LoadParams, TextRuntime
 from engine.paths import cache_dir
@@ -25,7 +26,7 @@ from engine.paths import cache_dir
 if TYPE_CHECKING:
     from engine.placement.live_mover import LiveMover
 
-FAIL_ENV = "EBB_TEST_BREAK_LIVE_MOVER"  # test-only hook: "1" makes the comparison fail
+FAIL_ENV = testhooks.BREAK_LIVE_MOVER  # test-only hook: "1" makes the comparison fail
 PROMPT = "Ebb self-test: the quick brown fox jumps over the lazy dog."
 
 
@@ -80,7 +81,7 @@ class SelfTestReference:
     def prepare(self) -> None:
         """Reference logits from the reload mover (or the cache of earlier passes)."""
         hit = self._load_cache().get(self._key)
-        if hit and os.environ.get(FAIL_ENV) != "1":
+        if hit and not testhooks.live_mover_broken():
             self.tokens, self.refs, self.cached = list(hit["tokens"]), list(hit["refs"]), True
             return
         for layers in (self.before, self.after):
@@ -111,7 +112,7 @@ class SelfTestReference:
             states.append(state())
             mover.evict(self.toggle)
         states.append(state())
-        if os.environ.get(FAIL_ENV) == "1":
+        if testhooks.live_mover_broken():
             states[1] = "broken on purpose by " + FAIL_ENV
         expected = [self.refs[0], self.refs[1], self.refs[0]]
         names = ["as placed", f"with layer {self.toggle} moved", "after moving it back"]
