@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QSizePolicy,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
@@ -82,6 +84,34 @@ class ResidencyMap(QWidget):
         p.end()
 
 
+class ElidedLabel(QLabel):
+    """One line that never asks for more width than it is given: cut with "…" to fit, whole in
+    its tooltip."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(10)
+        self._full = ""
+        self.set_full_text(text)
+
+    def set_full_text(self, text: str) -> None:
+        self._full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(e)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight,
+                                                   max(self.width(), 10)))
+
+
 class MemoryPanel(QWidget):
     """`predicted_only`: a prediction (the What if… dialog): steps drawn as predicted outlines,
     memory not held on to the present."""
@@ -112,8 +142,7 @@ class MemoryPanel(QWidget):
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
         self.timeline.setYRange(0.4, 3.6)
         self.timeline.scene().sigMouseMoved.connect(self._on_mouse_moved)
-        self.span_info = QLabel("Hover a span for its numbers.")
-        self.span_info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.span_info = ElidedLabel("Hover a span for its numbers.")
         save = QPushButton("Save trace…", clicked=self._on_save_trace)
         row = QHBoxLayout()
         row.addWidget(self.span_info, 1)
@@ -257,8 +286,14 @@ class MemoryPanel(QWidget):
         if sp is not None:
             pred = f", predicted {sp.predicted_s * 1000:.1f} ms" if sp.predicted_s is not None else ""
             who = self.telemetry.labels.get(sp.request_id)
-            self.span_info.setText(f"{sp.name}{f' for {who}' if who else ''} on {self._name(sp.device)}: {(sp.end_s - sp.start_s) * 1000:.1f} ms"
-                                   f"{pred}, {sp.bytes / 2**20:.1f} MiB {sp.detail}")
+            text = (f"{sp.name}{f' for {who}' if who else ''} on {self._name(sp.device)}: "
+                    f"{(sp.end_s - sp.start_s) * 1000:.1f} ms{pred}, {sp.bytes / 2**20:.1f} MiB "
+                    f"{sp.detail}").strip()
+            # the whole text in a tooltip at the pointer; the line under the plot is cut to its
+            # width (a long text used to widen the panel and squeeze the chat to ~150 px)
+            self.span_info.set_full_text(text)
+            view = self.timeline.mapFromScene(pos)
+            QToolTip.showText(self.timeline.mapToGlobal(view), text, self.timeline)
 
     @Slot()
     def _on_save_trace(self) -> None:

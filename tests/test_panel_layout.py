@@ -1,0 +1,42 @@
+"""The memory panel's layout holds (#27): hovering a step with a long description shows it in
+a tooltip and a line cut to the panel's width; neither the panel nor the chat changes width."""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QPointF
+
+from app.store import Store
+from engine import events
+from tests.test_window_failures import _open
+
+
+def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
+    store = Store(tmp_path / "data")
+    store.set_setting("ctx", 1024)
+    w = _open(qtbot, store)
+    w.resize(1024, 700)
+    qtbot.waitExposed(w)
+    now = time.monotonic()
+    long_detail = "image " + "3c5bf03e" * 40 + ".png, " + "a very long description " * 10
+    w.telemetry.on_event(events.Span(7, name="encode", start_s=now, end_s=now + 0.9,
+                                     device="RPC0", bytes=12 * 2**20, predicted_s=0.8,
+                                     detail=long_detail))
+    w.panel.show()
+    w.panel._on_tick()
+    chat_width, panel_width = w.centralWidget().width(), w.panel.width()
+    vb = w.panel.timeline.getPlotItem().vb
+    span = w.telemetry.spans[-1]
+    x = (span.start_s + span.end_s) / 2 - w.panel.t0
+    from engine.trace import ROWS
+
+    vb.setXRange(x - 1, x + 1, padding=0)
+    scene = vb.mapViewToScene(QPointF(x, ROWS.get("encode", 3)))
+    w.panel._on_mouse_moved(scene)
+    qtbot.wait(50)  # one layout pass: what the label asks for would show now
+    assert long_detail.strip()[:40] in w.panel.span_info.full_text()
+    assert w.panel.span_info.toolTip() == w.panel.span_info.full_text()
+    assert w.panel.span_info.text().endswith("…")  # cut to fit
+    assert w.centralWidget().width() == chat_width and w.panel.width() == panel_width
+    w.close()
+    store.close()
