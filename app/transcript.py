@@ -108,8 +108,9 @@ class Transcript(QTextBrowser):
         self._first = lo
         bar.setValue(bar.maximum() - from_bottom)
 
-    def append_message(self, m: Message) -> None:
-        follow = self._at_bottom()
+    def append_message(self, m: Message, scroll: bool = False) -> None:
+        """`scroll`: the user's own message (sent now): shown whatever was scrolled to."""
+        follow = scroll or self._at_bottom()
         self._messages.append(m)
         cur = self._end()
         self._last_start = cur.position()
@@ -135,10 +136,10 @@ class Transcript(QTextBrowser):
 
     # ------------------------------------------------------------ streaming
 
-    def begin_reply(self, so_far: Message | None = None) -> None:
+    def begin_reply(self, so_far: Message | None = None, scroll: bool = False) -> None:
         """A reply starts streaming as the last message (or `so_far`, the last message, goes
-        on: Continue)."""
-        follow = self._at_bottom()
+        on: Continue). `scroll`: asked by the user now, so it is shown and followed."""
+        follow = scroll or self._at_bottom()
         if so_far is not None and self._messages:
             self.remove_last()
         cur = self._end()
@@ -272,8 +273,11 @@ class Transcript(QTextBrowser):
         return bar.value() >= bar.maximum() - 4
 
     def scroll_to_end(self) -> None:
+        """To the end now, and again once the document's layout has caught up (the scroll
+        range grows only then: a send used to leave the new message below the view)."""
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+        QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))
 
     def _on_anchor(self, url: QUrl) -> None:
         if url.scheme() == "copy":

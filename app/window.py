@@ -570,7 +570,7 @@ class MainWindow(QMainWindow):
         self.composer.clear()
         saved = self.store.message(pending.message_id)
         if saved is not None:
-            self.transcript.append_message(saved)
+            self.transcript.append_message(saved, scroll=True)
         titled = self.store.n_messages(self.conv_id) == 1  # the chat is named by this message
         # the composer gets back what the user gave, the engine the stored copies
         self._dispatch(Pending(text, images, pending.message_id), pending.images)
@@ -581,7 +581,7 @@ class MainWindow(QMainWindow):
         request_id = self.chat.begin(pending)
         self.welcome.hide()
         self.worker.stream.take()  # nothing left over from an earlier request
-        self.transcript.begin_reply(pending.continues)
+        self.transcript.begin_reply(pending.continues, scroll=True)
         if pending.continues is not None:
             self.request_continue.emit(request_id, self.gen_params)
         else:

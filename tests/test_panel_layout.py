@@ -40,3 +40,26 @@ def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     assert w.centralWidget().width() == chat_width and w.panel.width() == panel_width
     w.close()
     store.close()
+
+
+def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tmp_path):
+    from tests.test_app import wait_for
+
+    store = Store(tmp_path / "data")
+    store.set_setting("ctx", 1024)
+    cid = store.create_conversation("A long chat")
+    for i in range(30):
+        store.add_message(cid, "user", f"Question {i}: " + "words " * 40)
+        store.add_message(cid, "assistant", f"Answer {i}: " + "more words " * 40,
+                          stats={"stop_reason": "stop", "n_gen_tokens": 40})
+    w = _open(qtbot, store)
+    w.resize(1024, 700)
+    bar = w.transcript.verticalScrollBar()
+    wait_for(lambda: bar.maximum() > 0)
+    bar.setValue(0)  # the user scrolled up to read
+    w.composer.edit.setPlainText("And one more question?")
+    w.send_message()
+    wait_for(lambda: not w.chat.busy)
+    wait_for(lambda: bar.value() == bar.maximum())
+    w.close()
+    store.close()
