@@ -140,6 +140,18 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
     return cfg, [r for r in servers if r not in LOST_RPC]
 
 
+def readable_model_name(path: str, header_name: str = "") -> str:
+    """The name people know a model by: its file's name less the quantisation and extension
+    ("SmolLM2-135M-Instruct" for SmolLM2-135M-Instruct.Q4_1.gguf; the header's general.name
+    reads "Smollm2 135M 8k Lc100K Mix1 Ep2"); the header's name when the file says nothing."""
+    import re
+
+    stem = Path(path).name
+    stem = re.sub(r"\.gguf$", "", stem, flags=re.I)
+    stem = re.sub(r"[.\-_](?:I?Q\d[\w]*|F16|F32|BF16|MXFP4\w*)$", "", stem, flags=re.I)
+    return stem or header_name or Path(path).name
+
+
 def remember_model(store: Any, model: str, mmproj: str) -> None:
     """The model and projector the next start opens: called once they have loaded."""
     store.set_setting("model", model)

@@ -51,6 +51,7 @@ from app.settings import (
     DEMO_LABEL,
     checked_settings,
     load_settings,
+    readable_model_name,
     remember_model,
     session_config,
 )
@@ -762,7 +763,8 @@ class MainWindow(QMainWindow):
         self._loaded = d
         self.progress.hide()
         self.chat.set_loaded()
-        self.setWindowTitle(f"Ebb — {ev.model_name}")
+        name = readable_model_name(ev.model_path, ev.model_name)
+        self.setWindowTitle(f"Ebb — {name}")
         by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
         if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
             where = (" + ".join(f"{n} on {dev}" for dev, n in by_dev.items()) + f" of {ev.n_layers} "
@@ -774,7 +776,7 @@ class MainWindow(QMainWindow):
         else:
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         safe = " · safe mode" if d.get("safe_mode") else ""
-        self.model_label.setText(f"{ev.model_name} · {where} · ctx {ev.n_ctx}{safe}")
+        self.model_label.setText(f"{name} · {where} · ctx {ev.n_ctx}{safe}")
         self._n_ctx = ev.n_ctx
         self.model_label.setToolTip(d.get("placement_reason") or "")
         self._fit_model_label()

@@ -168,3 +168,12 @@ def test_a_truncated_database_gives_back_what_sqlite_dump_can_read(tmp_path):
             assert (n_conv, n_msg) == dumped
     finally:
         s.close()
+
+
+def test_a_model_is_named_as_people_know_it():
+    from app.settings import readable_model_name as name
+
+    assert name("/m/SmolLM2-135M-Instruct.Q4_1.gguf", "Smollm2 135M 8k Lc100K Mix1 Ep2") == "SmolLM2-135M-Instruct"
+    assert name("Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf") == "Qwen2.5-VL-7B-Instruct"
+    assert name("gemma-3-4b-it-IQ4_XS.gguf") == "gemma-3-4b-it"
+    assert name("model-F16.gguf") == "model"
