@@ -96,6 +96,7 @@ class MainWindow(QMainWindow):
         self.last_error = ""
         self._has_accel: bool | None = None  # known once a model has loaded
         self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
+        self._load_reason = ""  # why the next load happens, for the status line
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
@@ -635,7 +636,8 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_settings(self) -> None:
-        dlg = SettingsDialog(self._settings(), self)
+        before = self._settings()
+        dlg = SettingsDialog(before, self)
         if dlg.exec():
             try:
                 for k, v in dlg.values().items():
@@ -643,11 +645,19 @@ class MainWindow(QMainWindow):
             except EbbError as exc:
                 self.show_error(str(exc))
                 return
-            self.gen_params = replace(self.gen_params, max_tokens=int(self._settings()["max_tokens"]))
+            after = self._settings()
+            self.gen_params = replace(self.gen_params, max_tokens=int(after["max_tokens"]))
             self._apply_server()
+            changed = reload_changes(before, after)
             cfg = self.chat.last_cfg
-            if cfg is not None and not self.chat.busy:
+            if not changed:  # the reply cap, the local server: nothing to load again
+                self.statusBar().showMessage("Settings saved: no reload needed", 8000)
+            elif cfg is not None and not self.chat.busy:
+                self._load_reason = f"settings changed: {changed}"
                 self.load_model(str(cfg.model_path), str(cfg.mmproj_path or ""))
+            elif cfg is not None:
+                self.statusBar().showMessage(f"Saved; the model reloads with the next model you "
+                                             f"open ({changed})", 15000)
 
     @Slot()
     def _on_open_model(self) -> None:
@@ -748,7 +758,9 @@ class MainWindow(QMainWindow):
     def _on_model_loading(self, ev: events.ModelLoading) -> None:
         self.progress.show()
         self.chat.set_loading()
-        self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…")
+        reason, self._load_reason = self._load_reason, ""
+        self.statusBar().showMessage(f"Loading {Path(ev.model_path).name}…"
+                                     + (f" ({reason})" if reason else ""))
 
     def _on_server_turn(self, ev: events.ServerTurn) -> None:
         self._update_server_status()
@@ -922,6 +934,18 @@ STANDIN_SHARE = 0.95
 # no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of
 # spaces or symbols of a few dozen): a message over n_ctx × this cannot fit, whatever its tokens
 MAX_BYTES_PER_TOKEN = 64
+
+
+# what a loaded session does not depend on: changed, they need no reload
+NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders"}
+
+
+def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The settings that changed and need the model loaded again ("ctx 4096 → 8192, ..."), or
+    "" when none does."""
+    out = [f"{k} {before.get(k)!r} → {after.get(k)!r}".replace("'", "")
+           for k in after if k not in NO_RELOAD and before.get(k) != after.get(k)]
+    return ", ".join(out)
 
 
 def oversized(text: str, n_ctx: int) -> str:

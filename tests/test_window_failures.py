@@ -173,3 +173,26 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
     wait_for(lambda: not w.chat.busy)
     w.close()
     store.close()
+
+
+def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path):
+    from app.window import reload_changes
+
+    store = _fresh_store(tmp_path)
+    w = _open(qtbot, store)
+    before = w._settings()
+    assert reload_changes(before, {**before, "max_tokens": 64, "server_port": 9000}) == ""
+    assert reload_changes(before, {**before, "ctx": 2048}) == "ctx 1024 → 2048"
+    loads = []
+    w.request_load.connect(lambda cfg, rpc: loads.append(cfg))
+    from app.dialogs import SettingsDialog
+
+    SettingsDialog.exec = lambda self: (self.max_tokens.setValue(64), 1)[1]  # only the reply cap
+    try:
+        w._on_settings()
+    finally:
+        del SettingsDialog.exec
+    assert loads == [] and w.gen_params.max_tokens == 64
+    assert "no reload needed" in w.statusBar().currentMessage()
+    w.close()
+    store.close()
