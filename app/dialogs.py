@@ -161,10 +161,14 @@ class SettingsDialog(QDialog):
 
 
 def model_folders(extra: list[str]) -> list[Path]:
+    """Where models are looked for: Ebb's own cache (the default model), LM Studio's and
+    Hugging Face's caches, and the folders the user added."""
+    from engine.paths import models_dir
+
     home = Path.home()
     hf = Path(os.environ.get("HF_HOME", home / ".cache" / "huggingface")) / "hub"
-    return [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models", hf,
-            *(Path(e) for e in extra)]
+    return [models_dir(), home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models",
+            hf, *(Path(e) for e in extra)]
 
 
 def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
@@ -271,7 +275,13 @@ class ModelPicker(QDialog):
         row.addWidget(browse)
         row.addWidget(add_folder)
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("Models found in LM Studio's and Hugging Face's caches and your folders:"))
+        folders = model_folders(list(settings.get("model_folders", [])))
+        found = self.list.count()
+        lay.addWidget(QLabel("Models found in Ebb's, LM Studio's and Hugging Face's caches and your "
+                             "folders:" if found else
+                             "No model found. Ebb looked in " + ", ".join(str(f) for f in folders)
+                             + ". Add a folder that holds .gguf files (Add folder…), or Browse… "
+                             "for one file.", wordWrap=True))
         lay.addWidget(self.list, 1)
         lay.addLayout(row)
         lay.addWidget(QLabel("Vision projector (those beside the model that belong with it):"))

@@ -196,3 +196,12 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
     assert "no reload needed" in w.statusBar().currentMessage()
     w.close()
     store.close()
+
+
+def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
+    from app.dialogs import ModelPicker
+
+    dlg = ModelPicker({"ctx": 1024})
+    qtbot.addWidget(dlg)
+    listed = [dlg.list.item(i).data(0x0100) for i in range(dlg.list.count())]
+    assert any(str(p).endswith(model_path.name) for p in listed), listed
