@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 
@@ -24,3 +25,19 @@ def physical_cores() -> int:
             return max(1, len(allowed))
         cores.add((pkg, core))
     return max(1, len(cores) or len(allowed))
+
+
+_IMPORTED_AT = time.monotonic()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (the interpreter's own start-up included, from
+    /proc/self/stat on Linux; elsewhere since this module was imported)."""
+    try:
+        with open("/proc/self/stat") as fh:
+            started_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime_s = float(fh.read().split()[0])
+        return max(0.0, uptime_s - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED_AT

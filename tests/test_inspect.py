@@ -73,3 +73,29 @@ def test_make_model_like_llama_8b_is_header_only(tmp_path):
     assert m["n_layers"] == 32 and m["n_embd"] == 4096 and m["n_head_kv"] == [8] * 32
     assert m["kv_bytes_per_token"] == 32 * 8 * 128 * 2 * 2  # Llama-3-8B, f16 KV: 128 KiB/token
     assert m["tensor_bytes"] <= st.st_size
+
+
+def test_our_header_reader_equals_the_gguf_packages(model_path, tiny_projector):
+    """#31: the header is read without building the vocabulary (98k strings for SmolLM2): the
+    metadata Ebb keeps and the tensor table are exactly what the gguf package reads."""
+    import dataclasses
+
+    import numpy as np
+    from gguf import GGUFReader
+
+    from engine.gguf.info import MAX_ARRAY_KEPT, read_gguf
+
+    for path in (model_path, tiny_projector):
+        ours = read_gguf(path)
+        reader = GGUFReader(path, "r")
+        want = {}
+        for name, fld in reader.fields.items():
+            if name.startswith("GGUF.") or len(fld.data) > MAX_ARRAY_KEPT:
+                continue
+            v = fld.contents()
+            want[name] = v.item() if isinstance(v, np.generic) else v
+        assert ours.metadata == want
+        assert [dataclasses.astuple(t) for t in ours.tensors] == [
+            (t.name, t.tensor_type.name, tuple(int(x) for x in t.shape), int(t.n_bytes),
+             int(t.data_offset)) for t in reader.tensors]
+    assert "tokenizer.ggml.tokens" not in read_gguf(model_path).metadata  # stepped over

@@ -16,6 +16,7 @@ from engine.cli.common import (
 )
 from engine import testhooks
 from engine.config import PhaseTuning, SessionConfig
+from engine.hw import process_age_s
 from engine.errors import EbbError
 
 
@@ -86,13 +87,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     cfg = session_config(args)
     cancel = threading.Event()
     gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
-    on_text: Callable[[str], None] | None = None
-    if not args.json:
-        on_text = lambda s: print(s, end="", flush=True)  # noqa: E731
+    first_token: list[float] = []  # seconds from the process's start to the first token
+
+    def on_text(piece: str) -> None:
+        if not first_token:
+            first_token.append(process_age_s())
+        if not args.json:
+            print(piece, end="", flush=True)
     all_spans: list[Any] = []
     failed = cancelled = False
     testhooks.say_loading()  # test hook: the moment the load starts
     session = Session(cfg)  # Ctrl-C meanwhile ends the process at once (exit_on_interrupt)
+    start_s = process_age_s()  # process start to model ready: imports, header, load, context
     from engine.llama.about import backend_notes
 
     notes = backend_notes()  # a GPU backend built in but not loaded, safe mode: said once
@@ -116,7 +122,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        mover=session.mover_name,
                        mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),
                        rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3),
-                       notes=notes)
+                       notes=notes, start_s=round(start_s, 3),
+                       first_token_s=round(first_token[0], 3) if first_token else None)
             cancelled = cancelled or out.get("stop_reason") == "cancelled"
             failed = failed or res.error is not None
             _print_turn(out, args.json)
