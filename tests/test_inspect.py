@@ -1,6 +1,8 @@
 """Inspection numbers against the file's own tensor table (read independently here)."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 from collections import defaultdict
@@ -99,3 +101,18 @@ def test_our_header_reader_equals_the_gguf_packages(model_path, tiny_projector):
             (t.name, t.tensor_type.name, tuple(int(x) for x in t.shape), int(t.n_bytes),
              int(t.data_offset)) for t in reader.tensors]
     assert "tokenizer.ggml.tokens" not in read_gguf(model_path).metadata  # stepped over
+
+
+@pytest.mark.slow
+def test_bench_start_prints_ratios_against_the_bare_library():
+    import json
+
+    from tests.conftest import run_cli
+
+    proc = run_cli("bench", "start", "--rounds", "1", "--threads", "2", "--ctx", "1024", "--json",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("start_s", "first_token_s"):
+        assert out[key]["ebb"] > 0 and out[key]["bare"] > 0 and out[key]["ratio"] > 0
+    print(f"\nstart to first token, Ebb ÷ bare: {out['first_token_s']['ratio']}")

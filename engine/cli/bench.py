@@ -185,6 +185,21 @@ def cmd_bench_phases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_start(args: argparse.Namespace) -> int:
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.start_bench import bench_start
+
+    out = bench_start(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for key, what in (("start_s", "to the model ready"), ("first_token_s", "to the first token")):
+        r = out[key]
+        print(f"process start {what:20s} Ebb {r['ebb']:.3f}s  bare {r['bare']:.3f}s  "
+              f"ratio {r['ratio']:.3f}")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -215,6 +230,13 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=2)
     p.set_defaults(func=cmd_bench_phases)
+
+    p = bench.add_parser("start", help="launch to first token, Ebb against bare llama-cpp-python, "
+                                       "alternating (ratios)",
+                         parents=[flag_parser("model", "threads", "json")])
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=5)
+    p.set_defaults(func=cmd_bench_start)
 
     p = bench.add_parser("soak", help="a long session with images and swaps: memory, descriptors "
                                       "and the ledger before and after",
