@@ -94,3 +94,21 @@ class SessionConfig:
     # its threads, and a long enough prompt at its layers (live mover; engine.placement.phases)
     phases: PhaseTuning | None = None
     n_threads_batch: int | None = None  # threads for prompt batches (None: n_threads)
+
+
+@dataclass(frozen=True)
+class Threads:
+    """How many CPU threads each phase runs with, decided here and nowhere else."""
+    gen: int  # one token at a time: memory-bound
+    prompt: int  # batches of prompt tokens: compute-bound
+    encode: int  # the image encoder on the CPU: batch work like a prompt's
+
+
+def thread_plan(cfg: SessionConfig, physical_cores: int) -> Threads:
+    """Generation: the setting, else the physical cores (ggml's threads spin: never more than
+    there are cores). Prompts: their own setting (autotune's per-phase choice), else
+    generation's. Image encoding: as prompts (it used to take generation's, so a tuning of one
+    generation thread encoded on one core)."""
+    gen = cfg.n_threads or physical_cores
+    prompt = cfg.n_threads_batch or gen
+    return Threads(gen=gen, prompt=prompt, encode=prompt)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import events
-from engine.config import PhaseTuning, SessionConfig
+from engine.config import PhaseTuning, SessionConfig, thread_plan
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
@@ -126,7 +126,8 @@ class Session:
         self._emit = emit or (lambda ev: None)
         self.info = model_info(read_gguf(cfg.model_path))
         self.n_ctx = check_context(self.info, cfg.n_ctx)
-        self.n_threads = cfg.n_threads or physical_cores()
+        self.threads = thread_plan(cfg, physical_cores())  # every phase's, in one place
+        self.n_threads = self.threads.gen
         self.proj_info = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
         if self.proj_info is not None:
             check_projector_matches(self.info, self.proj_info)
@@ -153,7 +154,7 @@ class Session:
             reserve = (projector_need_bytes(self.proj_info, cfg.flash_attn)
                        if self.proj_info is not None and cfg.vision == "resident" else 0)
             self.model.load(reserve)
-            self.encoder = ImageEncoder(cfg, self.proj_info, self.n_threads, self.model.ledger,
+            self.encoder = ImageEncoder(cfg, self.proj_info, self.threads.encode, self.model.ledger,
                                         self.model.accel, self.model.accel_endpoint is not None)
             self._stack.callback(self.encoder.close)  # before the models it is bound to
             if cfg.mmproj_path is not None:

@@ -2,6 +2,7 @@
 small fixes found while splitting the session into owners."""
 from __future__ import annotations
 
+from pathlib import Path
 import sys
 import types
 
@@ -130,3 +131,13 @@ def test_no_nvml_library_means_not_available(monkeypatch):
                                                                      nvmlInit=no_driver))
     monkeypatch.setattr(devices, "_nvml_state", {})
     assert devices.nvml_readings() is None and devices.reported_used_bytes("CUDA0") is None
+
+
+def test_each_phase_gets_its_threads_from_one_rule():
+    from engine.config import SessionConfig, Threads, thread_plan
+
+    m = Path("m.gguf")
+    assert thread_plan(SessionConfig(m), 8) == Threads(gen=8, prompt=8, encode=8)
+    # autotune chose 1 generation thread and 4 for prompts: the encoder takes the prompt's
+    assert thread_plan(SessionConfig(m, n_threads=1, n_threads_batch=4), 8) == Threads(1, 4, 4)
+    assert thread_plan(SessionConfig(m, n_threads=2), 8) == Threads(2, 2, 2)
