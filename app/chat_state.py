@@ -292,7 +292,7 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
     encode time and swap time."""
     from engine.events import SWAP_STEPS
 
-    stats = {k: r.get(k) for k in ("n_gen_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
+    stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
                                    "stop_reason", "n_images", "n_turns_dropped",
                                    "n_images_dropped", "n_tokens_dropped", "memory_starts_at",
                                    "device_notes")}
@@ -306,6 +306,8 @@ def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, A
     """A continued reply's stats: its tokens and times summed, the newest speed and stop."""
     out = dict(before)
     out["n_gen_tokens"] = int(before.get("n_gen_tokens") or 0) + int(more.get("n_gen_tokens") or 0)
+    if more.get("n_reply_tokens"):  # the engine counted the whole reply (an interrupted one
+        out["n_gen_tokens"] = max(out["n_gen_tokens"], int(more["n_reply_tokens"]))  # had none)
     for k in ("encode_s", "swap_s"):
         out[k] = float(before.get(k) or 0) + float(more.get(k) or 0)
     out["gen_tokens_per_s"] = more.get("gen_tokens_per_s")

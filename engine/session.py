@@ -335,6 +335,9 @@ class Session:
             res.text = result.text
             res.gen = result.to_dict()
             del res.gen["text"]
+            # the whole reply's length in tokens: a reply that was interrupted (a crash) has no
+            # count saved, so adding the new tokens to it would count only those
+            res.gen["n_reply_tokens"] = len(self.runtime.tokenize(before.text + result.text, False))
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
             self._reply_open = result.stop_reason in ("length", "cancelled")
             self._last_stop = result.stop_reason

@@ -38,8 +38,21 @@ def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
     assert second.gen["n_prompt_tokens"] == n_cells
     third = session.continue_reply(GenParams(max_tokens=25, temperature=0))
     assert first.text + second.text + third.text == whole.text
+    # the whole reply's length comes with each continuation: 25 + 40 + 25
+    assert third.gen["n_reply_tokens"] == 90
     assert session.history[-1].text == whole.text
     assert len(session.history) == 2  # still one exchange
+
+
+def test_continuing_an_interrupted_reply_counts_the_whole_reply():
+    """A reply cut by a crash is saved with no counts: its stats after Continue count all of it,
+    not only the new tokens (#26)."""
+    from app.chat_state import continued_stats
+
+    stats = continued_stats({}, {"n_gen_tokens": 12, "n_reply_tokens": 57, "stop_reason": "stop"})
+    assert stats["n_gen_tokens"] == 57 and stats["continued"] == 1
+    stats = continued_stats({"n_gen_tokens": 40}, {"n_gen_tokens": 12, "n_reply_tokens": 52})
+    assert stats["n_gen_tokens"] == 52
 
 
 def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
