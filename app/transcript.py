@@ -68,15 +68,19 @@ class Transcript(QTextBrowser):
         self._filler.stop()
         self._stream = None
         self._messages = list(messages)
-        self._codes = []
-        self.clear()
-        self._first = max(0, len(self._messages) - FIRST_MESSAGES)
-        cur = self._end()
-        for i in range(self._first, len(self._messages)):
-            self._last_start = cur.position()
-            self._insert_message(cur, self._messages[i], first=i == self._first)
+        self._render(max(0, len(self._messages) - FIRST_MESSAGES))
         self.scroll_to_end()
         self._near_top()
+
+    def _render(self, first: int) -> None:
+        """Lay out the messages from `first` on, afresh (always appending at the end)."""
+        self._codes = []
+        self.clear()
+        self._first = first
+        cur = self._end()
+        for i in range(first, len(self._messages)):
+            self._last_start = cur.position()
+            self._insert_message(cur, self._messages[i], first=i == first)
 
     def _near_top(self, *_: Any) -> None:
         """Scrolled near the top (or nothing to scroll yet): older messages, if any, soon."""
@@ -87,25 +91,15 @@ class Transcript(QTextBrowser):
         return len(self._messages) - self._first
 
     def _add_older(self) -> None:
-        """Put the next batch of older messages above those shown, keeping the view still."""
-        if self._first == 0:
+        """Put the next batch of older messages above those shown, keeping the view still.
+        The shown range is laid out again from its new first message (inserted above other
+        text, Qt's markdown left empty paragraphs: older messages were spaced apart more);
+        not while a reply streams (the next scroll up brings them)."""
+        if self._first == 0 or self._stream is not None:
             return
-        lo = max(0, self._first - BATCH)
         bar = self.verticalScrollBar()
         from_bottom = bar.maximum() - bar.value()
-        n0 = self.document().characterCount()
-        cur = QTextCursor(self.document())
-        cur.movePosition(QTextCursor.MoveOperation.Start)
-        for i in range(lo, self._first):
-            self._insert_message(cur, self._messages[i], first=i == lo)
-        # the formerly first message's header text follows what was inserted: its own block
-        cur.insertBlock(_block_format(top=14))
-        cur.block().setUserState(_HEADER)
-        shift = self.document().characterCount() - n0
-        self._last_start += shift
-        if self._stream is not None:
-            self._stream.shift(shift)
-        self._first = lo
+        self._render(max(0, self._first - BATCH))
         bar.setValue(bar.maximum() - from_bottom)
 
     def append_message(self, m: Message, scroll: bool = False) -> None:

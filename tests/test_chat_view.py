@@ -247,3 +247,35 @@ def test_text_can_be_selected_and_copied(view):
     view.copy()
     copied = QGuiApplication.clipboard().text()
     assert "Copy me, please." in copied and "two" in copied
+
+
+def test_older_messages_loaded_by_scrolling_are_spaced_as_the_others(view):
+    """#26: the messages that come in above as the view is scrolled up are laid out block for
+    block as if the conversation had been shown whole (they had extra empty paragraphs)."""
+    from app import transcript as T
+    from app.store import Message
+
+    msgs = []
+    for i in range(60):
+        msgs.append(Message(2 * i + 1, "user", f"Question {i}", [], {}))
+        msgs.append(Message(2 * i + 2, "assistant", f"Answer {i}\n\nSecond paragraph {i}", [],
+                            {"stop_reason": "stop", "n_gen_tokens": 5}))
+
+    def blocks(v):
+        out, b = [], v.document().begin()
+        while b.isValid():
+            out.append((b.text(), b.blockFormat().topMargin(), b.userState()))
+            b = b.next()
+        return out
+
+    view.show_messages(msgs)
+    while view.n_shown() < len(msgs):
+        view._add_older()
+    scrolled = blocks(view)
+    first = T.FIRST_MESSAGES
+    T.FIRST_MESSAGES = 10_000
+    try:
+        view.show_messages(msgs)
+    finally:
+        T.FIRST_MESSAGES = first
+    assert scrolled == blocks(view)
