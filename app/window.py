@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QByteArray, QEventLoop, QMetaObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -65,6 +65,7 @@ from engine.llama.runtime import GenParams
 from engine.telemetry import Telemetry
 
 REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
+CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 
 
@@ -104,6 +105,7 @@ class MainWindow(QMainWindow):
             events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
             events.TuneFinished: self._on_tune_finished}
         self._build_ui()
+        self._restore_layout()
         self._start_worker()
         # a reply a full disk kept from the store: tried again until it is written
         self._retry_saving = QTimer(self, interval=RETRY_SAVE_MS)
@@ -199,7 +201,10 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.transcript, 1)
         cl.addLayout(acts)
         cl.addLayout(row)
+        # the chat keeps a readable width; on a narrow window the memory panel gives way
+        chat.setMinimumWidth(CHAT_MIN_WIDTH)
         split = QSplitter()
+        self.split = split
         split.addWidget(side)
         split.addWidget(chat)
         split.setSizes([200, 700])
@@ -901,7 +906,34 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ shutdown
 
+    def _restore_layout(self) -> None:
+        """The window's size, the splitter and the docks as they were left (saved on close)."""
+        import base64
+
+        for key, restore in (("window_geometry", self.restoreGeometry),
+                             ("window_state", self.restoreState),
+                             ("window_split", self.split.restoreState)):
+            saved = self.store.setting(key)
+            if isinstance(saved, str):
+                try:
+                    restore(QByteArray(base64.b64decode(saved)))
+                except (ValueError, TypeError):
+                    continue
+
+    def _save_layout(self) -> None:
+        import base64
+
+        from app.store import StoreError
+
+        for key, state in (("window_geometry", self.saveGeometry()),
+                           ("window_state", self.saveState()), ("window_split", self.split.saveState())):
+            try:
+                self.store.set_setting(key, base64.b64encode(bytes(state.data())).decode())
+            except StoreError:  # a full disk: the layout is not worth an error
+                return
+
     def closeEvent(self, event: QCloseEvent) -> None:
+        self._save_layout()
         if self.server is not None:  # no new requests; those waiting are told
             self.server.stop()
             self.server = None

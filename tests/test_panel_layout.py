@@ -63,3 +63,31 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
     wait_for(lambda: bar.value() == bar.maximum())
     w.close()
     store.close()
+
+
+def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
+    from app.window import CHAT_MIN_WIDTH, MainWindow
+    from tests.test_app import _open_windows
+
+    store = Store(tmp_path / "data")
+    w = MainWindow(store, None, [])
+    _open_windows.append(w)
+    qtbot.addWidget(w)
+    w.show()
+    w.resize(1024, 700)
+    w.panel.set_device_names({"RPC0": "stand-in RPC0 " + "with a very long name " * 8})
+    w.panel._on_tick()
+    qtbot.wait(50)
+    chat = w.split.widget(1)
+    assert chat.width() >= CHAT_MIN_WIDTH and w.width() <= 1024
+    w.split.setSizes([260, chat.width() - 60])
+    w.resize(760, 560)  # within the offscreen screen (800x600): restoring clamps to it
+    sizes, size = w.split.sizes(), w.size()
+    w.close()
+    again = MainWindow(store, None, [])
+    _open_windows.append(again)
+    qtbot.addWidget(again)
+    again.show()
+    assert again.size() == size and again.split.sizes() == sizes
+    again.close()
+    store.close()
