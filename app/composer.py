@@ -48,6 +48,10 @@ def check_image(path: Path) -> str | None:
 class MessageEdit(QPlainTextEdit):
     send_requested = Signal()
     image_pasted = Signal(object)  # Path
+    paste_refused = Signal(str)  # why
+    # the most text a paste may bring (bytes): the window sets it from the model's context
+    # (a message past it could not be sent anyway; laying out 5 MB froze the window seconds)
+    max_paste_bytes = 8 << 20
 
     def keyPressEvent(self, e: QKeyEvent) -> None:
         if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
@@ -69,6 +73,14 @@ class MessageEdit(QPlainTextEdit):
             for u in source.urls():
                 self.image_pasted.emit(Path(u.toLocalFile()))
             return
+        if source.hasText():
+            n_bytes = len(source.text().encode("utf-8", errors="replace"))
+            if n_bytes + len(self.toPlainText().encode("utf-8", errors="replace")) > self.max_paste_bytes:
+                self.paste_refused.emit(
+                    f"Not pasted: {n_bytes / 2**20:.1f} MiB of text is more than this model's "
+                    f"context can hold (about {self.max_paste_bytes / 2**20:.1f} MiB at the most). "
+                    "Paste a part of it, or raise the context in Settings.")
+                return
         super().insertFromMimeData(source)
 
 
@@ -95,6 +107,7 @@ class Composer(QWidget):
         self.edit.setMaximumHeight(96)
         self.edit.send_requested.connect(self.send_requested)
         self.edit.image_pasted.connect(self.add_image)
+        self.edit.paste_refused.connect(self.show_error)
         self.strip = QHBoxLayout()
         self.strip.addStretch(1)
         self.error = QLabel("")

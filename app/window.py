@@ -795,6 +795,7 @@ class MainWindow(QMainWindow):
         safe = " · safe mode" if d.get("safe_mode") else ""
         self.model_label.setText(f"{name} · {where} · ctx {ev.n_ctx}{safe}")
         self._n_ctx = ev.n_ctx
+        self.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
         self.model_label.setToolTip(d.get("placement_reason") or "")
         self._fit_model_label()
         if d.get("requested"):

@@ -166,6 +166,19 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
     assert "context (1024 tokens)" in w.composer.error.text()
     assert w.composer.text() == huge.strip() or w.composer.edit.toPlainText() == huge
     assert store.n_messages(w.conv_id) == 0 and store.title(w.conv_id) == "New chat"
+    # pasted, it is refused at once too (laying 5 MB out froze the window for seconds)
+    from PySide6.QtCore import QMimeData
+
+    w.composer.edit.clear()
+    w.composer.error.hide()
+    mime = QMimeData()
+    mime.setText(huge)
+    w.composer.edit.insertFromMimeData(mime)
+    assert w.composer.edit.toPlainText() == ""
+    assert w.composer.error.isVisible() and "Not pasted" in w.composer.error.text()
+    mime.setText("a paste that fits")
+    w.composer.edit.insertFromMimeData(mime)
+    assert w.composer.edit.toPlainText() == "a paste that fits"
     # a later message that is sent clears the stale error
     w.composer.edit.setPlainText("Hi")
     w.send_message()
