@@ -83,3 +83,21 @@ def test_stop_sequences_cut_the_reply_where_the_first_begins(pieces, stops, show
     w = StopWatcher(stops)
     out = "".join(w.feed(p) for p in pieces) + w.flush()
     assert out == shown and w.hit == hit
+
+
+def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
+    """#29: response_format, tools, logprobs... get a 400 that names them; their neutral values
+    (what clients send by default) and fields that change nothing are accepted."""
+    from engine.server.api import ApiError, parse_chat_request
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    for name, value in (("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+                        ("logprobs", True), ("top_logprobs", 3), ("frequency_penalty", 0.5),
+                        ("tool_choice", "required"), ("something_new", 1)):
+        with pytest.raises(ApiError) as exc:
+            parse_chat_request({**base, name: value})
+        assert exc.value.status == 400 and exc.value.param == name and name in str(exc.value)
+    ok = {**base, "response_format": {"type": "text"}, "tools": [], "logprobs": False,
+          "frequency_penalty": 0, "presence_penalty": 0.0, "metadata": {"a": "b"}, "store": False,
+          "tool_choice": None, "logit_bias": {}, "parallel_tool_calls": True}
+    assert parse_chat_request(ok).last.text == "Hi"

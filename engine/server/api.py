@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import secrets
 import time
 import urllib.parse
@@ -153,10 +154,40 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
     return "\n".join(texts), tuple(images)
 
 
+# What a chat request may carry. Ebb answers these:
+HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
+                     "max_completion_tokens", "seed", "user", "temperature", "top_p"})
+# Ebb does nothing with these and the reply is the same as if it did: they are accepted.
+SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
+# Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
+# other value is refused by name rather than silently ignored.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (False,),
+    "top_logprobs": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
+    "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
+}
+
+
+def check_fields(body: dict[str, Any]) -> None:
+    """A field Ebb does not support is a 400 that names it (never a reply that ignored it);
+    a null value counts as absent."""
+    for name, value in body.items():
+        if value is None or name in HANDLED or name in SAFE_TO_IGNORE:
+            continue
+        if name in NEUTRAL:
+            if value in NEUTRAL[name]:
+                continue
+            raise ApiError(400, f"Ebb does not support '{name}' (as {json.dumps(value)[:80]}) yet: "
+                                "the reply could not honour it", name)
+        raise ApiError(400, f"unknown or unsupported field '{name}'", name)
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a /v1/chat/completions body; ApiError(400) says what is wrong and where."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    check_fields(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
