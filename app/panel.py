@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Slot
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Slot
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -25,10 +26,11 @@ from PySide6.QtWidgets import (
 )
 
 from engine.events import Span
-from engine.telemetry import Telemetry
+from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 
 REFRESH_MS = 50
+LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
 SPAN_COLORS = {"evict": "#e45756", "restore": "#54a24b", "save_state": "#9d755d",
@@ -60,18 +62,32 @@ class ResidencyMap(QWidget):
         self.setMinimumHeight(64)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
-    def paintEvent(self, event: QPaintEvent) -> None:
-        cells = self.telemetry.cell_states()
+    def _rects(self) -> list[tuple[QRectF, Cell]]:
+        cells = self.telemetry.cells() if self.telemetry.layer_devices else []
         if not cells:
+            return []
+        w = max(3.0, (self.width() - 8) / len(cells))
+        return [(QRectF(4 + i * w, 6, w - 2, 30), c) for i, c in enumerate(cells)]
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        rects = self._rects()
+        if not rects:
             return
         p = QPainter(self)
-        w = max(4.0, (self.width() - 8) / len(cells))
-        for i, (label, where) in enumerate(cells):
-            r = QRectF(4 + i * w, 6, w - 2, 30)
-            p.fillRect(r, place_color(where))
-            if w > 18 or label in ("embd", "out", "proj", "kv", "compute"):
-                p.setPen(QPen(QColor("#ffffff")))
-                p.drawText(r, Qt.AlignmentFlag.AlignCenter, label if w > 18 else label[:1])
+        metrics = p.fontMetrics()
+        for r, cell in rects:
+            color = place_color(cell.where)
+            if not cell.where:  # not there (no projector, a buffer since freed): an outline
+                p.setPen(QPen(self.palette().mid().color()))
+                p.drawRect(r)
+            else:
+                p.fillRect(r, color)
+            # a name only where it fits whole (no single letters: "c" and "c" said nothing);
+            # dark on light, light on dark; every cell has a tooltip
+            if metrics.horizontalAdvance(cell.label) <= r.width() - 2:
+                light = cell.where and color.lightnessF() < 0.55
+                p.setPen(QPen(QColor("#ffffff") if light else self.palette().text().color()))
+                p.drawText(r, Qt.AlignmentFlag.AlignCenter, cell.label)
         x = 6.0
         remote = next((n for d, n in self.names.items() if d.startswith("RPC")), "remote")
         for name, where in (("accelerator", "GPU"), ("RAM", "CPU"), (remote, "RPC"), ("moving", "moving")):
@@ -82,6 +98,34 @@ class ResidencyMap(QWidget):
         proj = self.telemetry.projector_device
         p.drawText(QPointF(x + 8, 56), f"projector: {self.names.get(proj, proj) if proj else 'none'}")
         p.end()
+
+    def cell_at(self, pos: QPointF) -> Cell | None:
+        return next((c for r, c in self._rects() if r.contains(pos)), None)
+
+    def tooltip_for(self, cell: Cell) -> str:
+        where = {"CPU": "RAM", "": "not loaded"}.get(cell.where, self.names.get(cell.where, cell.where))
+        size = f", {cell.n_bytes / 2**20:.1f} MiB" if cell.n_bytes else ""
+        since = ""
+        if cell.since_s is not None and cell.where:
+            since = f", there for {max(0.0, time.monotonic() - cell.since_s):.1f} s"
+        return f"{cell.name}: {where}{size}{since}"
+
+    def event(self, e: Any) -> bool:
+        if e.type() == QEvent.Type.ToolTip:
+            cell = self.cell_at(QPointF(e.pos()))
+            if cell is not None:
+                QToolTip.showText(e.globalPos(), self.tooltip_for(cell), self)
+            else:
+                QToolTip.hideText()
+            return True
+        return super().event(e)
+
+
+def span_key_html() -> str:
+    """The timeline's colours, named."""
+    return " ".join(f'<span style="color:{c}">■</span>&nbsp;{n.replace("_", " ")}'
+                    for n, c in SPAN_COLORS.items()
+                    if n not in ("restore_state",)) + " · dashed: predicted"
 
 
 class ElidedLabel(QLabel):
@@ -102,6 +146,17 @@ class ElidedLabel(QLabel):
 
     def full_text(self) -> str:
         return self._full
+
+    def text(self) -> str:  # type: ignore[override]
+        """The whole text (what is shown may be cut: `shown()`)."""
+        return self._full
+
+    def shown(self) -> str:
+        return super().text()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        """The whole text's width: a layout that can give it gets it all, else it is cut."""
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
 
     def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(e)
@@ -129,32 +184,55 @@ class MemoryPanel(QWidget):
         self._t0 = time.monotonic()
         self.device_names: dict[str, str] = {}  # e.g. RPC0 -> "stand-in RPC0" (set_device_names)
         self.residency = ResidencyMap(telemetry, self.device_names)
-        self._title = "Memory per device: ledger by kind, device reading as a line"
+        # short titles: a plot's title sets its minimum width (long ones pushed the panel past
+        # the window's edge); the details are in the tooltips
+        self._title = "Memory per device"
         self.memory_plot = pg.PlotWidget(title=self._title)
         self.memory_plot.setLabel("left", "MiB")
         self.memory_plot.setLabel("bottom", "s")
-        legend = self.memory_plot.addLegend(offset=(-4, 4), colCount=2, labelTextSize="7pt")
+        legend = self.memory_plot.addLegend(offset=(-4, 4), colCount=3, labelTextSize="7pt")
         legend.setBrush(pg.mkBrush(pal.base().color()))
-        self.timeline = pg.PlotWidget(title="Pipeline: predicted steps (dashed)" if predicted_only
-                                      else "Pipeline: predicted (dashed) beside measured (filled)")
+        self.timeline = pg.PlotWidget(title="Steps (predicted)" if predicted_only
+                                      else "Steps: predicted ▭ measured ▬")
+        self.memory_plot.setToolTip("What Ebb put on the device, stacked by kind (its ledger); "
+                                    "a line: the device's own reading, where it has one")
+        self.timeline.setToolTip("Each step of a request: dashed outline, predicted; filled, "
+                                 "measured. Hover a step for its numbers; the wheel zooms time")
         self.timeline.setLabel("bottom", "s")
         axis = self.timeline.getAxis("left")
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
         self.timeline.setYRange(0.4, 3.6)
+        # the wheel and a drag zoom and pan time only (lanes stay), on both plots at once
+        self.timeline.getPlotItem().vb.setMouseEnabled(x=True, y=False)
+        self.memory_plot.getPlotItem().vb.setMouseEnabled(x=True, y=False)
+        self.timeline.setXLink(self.memory_plot)
+        self.memory_plot.getPlotItem().vb.sigRangeChangedManually.connect(self._on_user_zoom)
+        self.timeline.getPlotItem().vb.sigRangeChangedManually.connect(self._on_user_zoom)
         self.timeline.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.span_info = ElidedLabel("Hover a span for its numbers.")
+        self.key = QLabel(span_key_html(), wordWrap=True)  # which colour is which step
+        self.key.setTextFormat(Qt.TextFormat.RichText)
+        self.key.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Minimum)
+        self.whole = QCheckBox("Whole session", toolTip="Show every request; unticked, the plots "
+                               "follow the latest request")
+        self.whole.toggled.connect(self._on_whole_toggled)
         save = QPushButton("Save trace…", clicked=self._on_save_trace)
         row = QHBoxLayout()
-        row.addWidget(self.span_info, 1)
+        row.addStretch(1)
+        row.addWidget(self.whole)
         row.addWidget(save)
         lay = QVBoxLayout(self)
         lay.addWidget(QLabel("Residency"))
         lay.addWidget(self.residency)
         lay.addWidget(self.memory_plot, 1)
         lay.addWidget(self.timeline, 1)
+        lay.addWidget(self.key)
+        lay.addWidget(self.span_info)  # a line of its own: the buttons never squeeze it away
         self.memory_plot.setMinimumHeight(180)
         self.timeline.setMinimumHeight(180)
         lay.addLayout(row)
+        self._followed: tuple[int, float] | None = None  # (request, end) the view was set to
+        self._user_zoomed = False
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._on_tick)
         self._timer.start()
@@ -196,6 +274,46 @@ class MemoryPanel(QWidget):
         self.residency.update()
         self._draw_memory()
         self._draw_timeline()
+        self._follow()
+
+    # ------------------------------------------------------------ what the plots show
+
+    def latest_request_range(self) -> tuple[int, float, float] | None:
+        """(request, start, end) of the newest request's steps, in the plots' seconds."""
+        if not self.telemetry.spans:
+            return None
+        rid = self.telemetry.spans[-1].request_id
+        mine = [sp for sp in self.telemetry.spans if sp.request_id == rid]
+        return (rid, min(sp.start_s for sp in mine) - self._t0,
+                max(sp.end_s for sp in mine) - self._t0)
+
+    def _follow(self) -> None:
+        """Unless "Whole session" is ticked, the plots show the latest request (a swap fills
+        the view, not a sliver of the session). A zoom by hand holds until the next request."""
+        if self.predicted_only:
+            return
+        vb = self.memory_plot.getPlotItem().vb
+        latest = self.latest_request_range()
+        if self.whole.isChecked() or latest is None:
+            if self.whole.isChecked():
+                vb.enableAutoRange(x=True)
+            return
+        rid, start, end = latest
+        if self._followed is not None and self._followed[0] != rid:
+            self._user_zoomed = False  # a new request: follow again
+        if self._user_zoomed or self._followed == (rid, end):
+            return
+        pad = max(0.05, (end - start) * 0.08)
+        self._followed = (rid, end)
+        vb.setXRange(start - pad, end + pad, padding=0)
+
+    def _on_user_zoom(self, *_: Any) -> None:
+        self._user_zoomed = True
+
+    def _on_whole_toggled(self, whole: bool) -> None:
+        self._user_zoomed = False
+        self._followed = None
+        self._drawn_version = -1
 
     def _draw_memory(self) -> None:
         """Stacked ledger by kind per device, and the device's own reading; curves are reused
@@ -204,11 +322,11 @@ class MemoryPanel(QWidget):
         if not devices and self.telemetry.memory.get("CPU"):
             devices = ["CPU"]  # no accelerator: show what sits in RAM
         if devices and not self.predicted_only:
-            title = (f"Memory on {', '.join(self._name(d) for d in devices)}: ledger by kind, "
-                     "device reading as a line")
+            title = f"Memory on {', '.join(self._name(d) for d in devices)}"
             if title != self._title:
                 self._title = title
                 self.memory_plot.setTitle(title)
+        top = 0.0
         for dev in devices:
             series = list(self.telemetry.memory[dev])
             if not self.predicted_only:
@@ -218,6 +336,7 @@ class MemoryPanel(QWidget):
                 total = np.fromiter((sum(s.values()) for _, s, _ in series), float, len(series)) / 2**20
                 line = self._curve(f"{self._name(dev)} total", place_color(dev), fill=False)
                 line.setData(xs, total)
+                top = max(top, float(total.max(initial=0.0)))
                 continue
             cumulative = np.zeros(len(series))
             stacks = []
@@ -232,17 +351,23 @@ class MemoryPanel(QWidget):
                 curve = self._curve(label, QColor(KIND_COLORS[kind]), fill=True)
                 curve.setZValue(len(order) - order.index(kind))
                 curve.setData(xs, ys)
+            top = max(top, float(cumulative.max(initial=0.0)))
             reported = [(t - self._t0, r / 2**20) for t, _, r in series if r is not None]
             if reported:
                 line = self._curve(f"{self._name(dev)} reading", self.palette().text().color(), fill=False)
                 line.setZValue(len(KIND_COLORS) + 1)
                 line.setData([x for x, _ in reported], [y for _, y in reported])
+                top = max(top, max(y for _, y in reported))
+        if top > 0:  # room above the data for the legend: it never covers a curve
+            self.memory_plot.setYRange(0, top * LEGEND_HEADROOM, padding=0)
 
     def _curve(self, label: str, color: QColor, fill: bool) -> pg.PlotDataItem:
         if label not in self._curves:
             kw = {"fillLevel": 0, "brush": color} if fill else {}
+            # steps: a reading holds until the next one (straight lines drew a swap as a slow
+            # wedge and a reload as memory falling for minutes)
             self._curves[label] = self.memory_plot.plot([], [], pen=pg.mkPen(color, width=1 if fill else 2),
-                                                        name=label, **kw)
+                                                        name=label, stepMode="left", **kw)
         return self._curves[label]
 
     def _draw_timeline(self) -> None:

@@ -45,7 +45,7 @@ from app.chat_state import ChatState, Pending
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
 from app.notices import NoticeArea
-from app.panel import MemoryPanel
+from app.panel import ElidedLabel, MemoryPanel
 from app.settings import (
     DEMO,
     DEMO_LABEL,
@@ -136,6 +136,9 @@ class MainWindow(QMainWindow):
         self.search = QLineEdit(placeholderText="Search chats")
         self.search.textChanged.connect(self._refresh_conversations)
         self.conversations = QListWidget()
+        # a long title is cut with "…" (whole in its tooltip), never scrolled sideways
+        self.conversations.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversations.currentItemChanged.connect(self._on_conversation_selected)
         self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.conversations.customContextMenuRequested.connect(self._on_conversation_menu)
@@ -223,15 +226,13 @@ class MainWindow(QMainWindow):
         self.progress = QProgressBar(maximumWidth=160, textVisible=False)
         self.progress.setRange(0, 0)
         self.progress.hide()
-        self.model_label = QLabel("no model")
+        self.model_label = ElidedLabel("no model")  # cut with "…" to its room, whole in its tooltip
         self.server_status = QLabel("")  # the local server's address, while it serves
         self.server_status.hide()
         # a long line (a stand-in's name, several devices) is cut rather than widening the
         # window past the screen (it squeezed the memory panel off it), and leaves the status
         # line's left part to its transient messages (it used to fill the bar and hide them all)
-        self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.model_label.setMinimumWidth(200)
-        self.model_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.statusBar().addPermanentWidget(self.server_status)
         self.statusBar().addPermanentWidget(self.model_label, 0)
         self.statusBar().messageChanged.connect(lambda _m: self._fit_model_label())
@@ -239,13 +240,18 @@ class MainWindow(QMainWindow):
 
     def _fit_model_label(self) -> None:
         """The model's line at its own width, at most half the status line (the rest is for
-        messages); cut beyond, whole in its tooltip."""
+        messages); cut with "…" beyond, whole in its tooltip."""
         label = self.model_label
-        want = label.fontMetrics().horizontalAdvance(label.text()) + 12
-        label.setFixedWidth(max(200, min(want, self.width() // 2)))
-        if not label.toolTip() or label.toolTip() == label.property("last_text"):
-            label.setToolTip(label.text())
-        label.setProperty("last_text", label.text())
+        label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        label.setMinimumWidth(min(200, self.width() // 3))
+        label.setMaximumWidth(max(200, self.width() // 2))
+        label.updateGeometry()
+
+    def set_model_line(self, text: str, why: str = "") -> None:
+        self.model_label.set_full_text(text)
+        if why:
+            self.model_label.setToolTip(f"{text}\n\n{why}")
+        self._fit_model_label()
 
     def resizeEvent(self, e: Any) -> None:
         super().resizeEvent(e)
@@ -383,6 +389,7 @@ class MainWindow(QMainWindow):
         self.conversations.clear()
         for c in self.store.conversations(self.search.text()):
             item = QListWidgetItem(c.title, self.conversations)
+            item.setToolTip(c.title)
             item.setData(Qt.ItemDataRole.UserRole, c.id)
             if c.id == self.chat.conv_id:
                 self.conversations.setCurrentItem(item)
@@ -793,11 +800,13 @@ class MainWindow(QMainWindow):
         else:
             where = f"all {ev.n_layers} layers in RAM (no accelerator)"
         safe = " · safe mode" if d.get("safe_mode") else ""
-        self.model_label.setText(f"{name} · {where} · ctx {ev.n_ctx}{safe}")
+        line = f"{name} · {where} · ctx {ev.n_ctx}{safe}"
         self._n_ctx = ev.n_ctx
         self.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
-        self.model_label.setToolTip(d.get("placement_reason") or "")
-        self._fit_model_label()
+        sent = d.get("rpc_bytes_sent") or 0
+        if sent:
+            line += f" · sent {sent / 2**20:.1f} MiB to remote devices while loading"
+        self.set_model_line(line, d.get("placement_reason") or "")
         if d.get("requested"):
             remember_model(self.store, *d["requested"])
         self._has_accel = bool(d.get("accelerator"))
@@ -811,11 +820,6 @@ class MainWindow(QMainWindow):
         for note in d.get("backend_notes") or []:
             if not d.get("safe_mode") and note not in self.notice.text():  # safe mode: its banner
                 self.show_notice(note[0].upper() + note[1:] + ".")
-        sent = d.get("rpc_bytes_sent") or 0
-        if sent:
-            self.model_label.setText(self.model_label.text() + f" · sent {sent / 2**20:.1f} MiB "
-                                     "to remote devices while loading")
-            self._fit_model_label()
         if not self.chat.busy:
             self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
                                          + (f" — {d['mover_note']}" if d.get("mover_note") else ""),

@@ -107,6 +107,10 @@ class Residency(Event):
     embeddings_device: str
     projector_device: str  # "RAM", a device name, "loading", or "" without a projector
     ledger: dict[str, dict[str, int]]
+    # sizes, for the map's tooltips: each layer's weights, the embeddings', the output's
+    layer_bytes: tuple[int, ...] = ()
+    embeddings_bytes: int = 0
+    output_bytes: int = 0
 
 
 @dataclass(frozen=True)

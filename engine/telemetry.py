@@ -14,6 +14,17 @@ MAX_SPANS = 2000
 MAX_SAMPLES = 3000
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the residency map."""
+    key: str  # stable identity: "embd", "layer 3", "out", "proj", "kv CPU", "compute RPC0"
+    label: str  # what is drawn in the cell when it fits
+    name: str  # what it is, for its tooltip
+    where: str  # the device (CPU: RAM), "moving", "loading", or "" (not there)
+    n_bytes: int | None
+    since_s: float | None  # monotonic time it came to where it is
+
+
 @dataclass
 class Telemetry:
     layer_devices: tuple[str, ...] = ()
@@ -29,6 +40,12 @@ class Telemetry:
     version: int = 0  # bumps on every change: the view redraws only when it moved
     # request_id -> who asked, for turns the local server answered (the window's own: absent)
     labels: dict[int, str] = field(default_factory=dict)
+    layer_bytes: tuple[int, ...] = ()
+    embeddings_bytes: int = 0
+    output_bytes: int = 0
+    _buffers: list[tuple[str, str]] = field(default_factory=list)  # (kind, device), first seen first
+    _where_since: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _now: float = 0.0  # the time of the last residency event
 
     def on_event(self, ev: events.Event) -> None:
         if isinstance(ev, events.Residency):
@@ -37,6 +54,14 @@ class Telemetry:
             self.embeddings_device = ev.embeddings_device
             self.projector_device = ev.projector_device
             self.ledger = ev.ledger
+            self.layer_bytes = ev.layer_bytes
+            self.embeddings_bytes, self.output_bytes = ev.embeddings_bytes, ev.output_bytes
+            self._now = ev.t_s
+            for dev, kinds in ev.ledger.items():
+                for kind in ("kv", "compute"):
+                    if kinds.get(kind) and (kind, dev) not in self._buffers:
+                        self._buffers.append((kind, dev))
+            self.cells()  # note when each cell moved
             for dev, kinds in ev.ledger.items():
                 self._sample(dev, ev.t_s, kinds, None)
         elif isinstance(ev, events.Span):
@@ -59,16 +84,34 @@ class Telemetry:
     def spans_of(self, request_id: int) -> list[events.Span]:
         return [s for s in self.spans if s.request_id == request_id]
 
-    def cell_states(self) -> list[tuple[str, str]]:
-        """(label, where) for the residency map: embeddings, each layer, output, projector,
-        KV cache and compute buffers."""
-        cells = [("embd", self.embeddings_device)]
-        cells += [(str(i), d) for i, d in enumerate(self.layer_devices)]
-        cells.append(("out", self.output_device))
-        if self.projector_device:
-            cells.append(("proj", self.projector_device))
-        for dev, kinds in self.ledger.items():
-            for kind in ("kv", "compute"):
-                if kinds.get(kind):
-                    cells.append((f"{kind}", dev))
-        return cells
+    def cells(self) -> list[Cell]:
+        """The residency map's cells, always in the same order: embeddings, each layer, output,
+        projector, then a KV cache and a compute buffer per device that ever held one (one
+        that holds none now is drawn empty, never dropped: the cells must not shift)."""
+        out = [Cell("embd", "embd", "input embeddings", self.embeddings_device,
+                    self.embeddings_bytes or None, self._since("embd", self.embeddings_device))]
+        for i, d in enumerate(self.layer_devices):
+            size = self.layer_bytes[i] if i < len(self.layer_bytes) else None
+            out.append(Cell(f"layer {i}", str(i), f"layer {i}", d, size, self._since(f"layer {i}", d)))
+        out.append(Cell("out", "out", "output layer", self.output_device, self.output_bytes or None,
+                        self._since("out", self.output_device)))
+        proj = self.projector_device
+        out.append(Cell("proj", "proj", "vision projector", proj,
+                        sum(k.get("projector", 0) for k in self.ledger.values()) or None,
+                        self._since("proj", proj)))
+        for kind, dev in self._buffers:
+            n = self.ledger.get(dev, {}).get(kind, 0)
+            key = f"{kind} {dev}"
+            where = dev if n else ""
+            out.append(Cell(key, "KV" if kind == "kv" else "comp",
+                            f"{'KV cache' if kind == 'kv' else 'compute buffer'} on {dev}", where,
+                            n or None, self._since(key, where)))
+        return out
+
+    def _since(self, key: str, where: str) -> float | None:
+        """When this cell came to where it is now (the first time it is asked, if earlier)."""
+        seen = self._where_since.get(key)
+        if seen is None or seen[0] != where:
+            self._where_since[key] = (where, self._now)
+            return self._now
+        return seen[1]

@@ -36,7 +36,7 @@ def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     qtbot.wait(50)  # one layout pass: what the label asks for would show now
     assert long_detail.strip()[:40] in w.panel.span_info.full_text()
     assert w.panel.span_info.toolTip() == w.panel.span_info.full_text()
-    assert w.panel.span_info.text().endswith("…")  # cut to fit
+    assert w.panel.span_info.shown().endswith("…")  # cut to fit
     assert w.centralWidget().width() == chat_width and w.panel.width() == panel_width
     w.close()
     store.close()
@@ -90,4 +90,39 @@ def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
     again.show()
     assert again.size() == size and again.split.sizes() == sizes
     again.close()
+    store.close()
+
+
+def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, tmp_path):
+    """#27: memory as steps; the plots show the latest request unless "Whole session"; wheel
+    zoom is time only; every residency cell has a tooltip and cells keep their places."""
+    from PySide6.QtCore import QPointF as P
+
+    store = Store(tmp_path / "data")
+    store.set_setting("ctx", 1024)
+    w = _open(qtbot, store)
+    w.panel.show()
+    w.composer.edit.setPlainText("Hi")
+    w.send_message()
+    from tests.test_app import wait_for
+
+    wait_for(lambda: not w.chat.busy)
+    w.panel._on_tick()
+    curve = next(iter(w.panel._curves.values()))
+    assert curve.opts["stepMode"] == "left"
+    rid, start, end = w.panel.latest_request_range()
+    (x0, x1), _ = w.panel.memory_plot.getPlotItem().vb.viewRange()
+    assert x0 <= start and end <= x1 and (x1 - x0) < (end - start) * 1.5 + 0.2  # the request fills it
+    assert w.panel.timeline.getPlotItem().vb.state["mouseEnabled"] == [True, False]
+    w.panel.whole.setChecked(True)
+    w.panel._on_tick()
+    cells = w.telemetry.cells()
+    keys = [c.key for c in cells]
+    assert keys[0] == "embd" and keys[1] == "layer 0" and "out" in keys and "proj" in keys
+    assert len(set(c.label for c in cells if not c.label.isdigit())) == len([c for c in cells if not c.label.isdigit()])
+    rects = w.panel.residency._rects()
+    r, cell = rects[1]
+    tip = w.panel.residency.tooltip_for(w.panel.residency.cell_at(r.center()))
+    assert tip.startswith("layer 0: RAM") and "MiB" in tip
+    w.close()
     store.close()

@@ -436,9 +436,13 @@ class ModelResidency:
             layers, output = tuple(self.layer_state), p.output_device
         else:
             layers, output = p.layer_devices, p.output_device
+        nl = self.info.non_layer_tensors
         self._emit(events.Residency(self._request_id(), layer_devices=layers, output_device=output,
                                     embeddings_device=p.embeddings_device,
-                                    projector_device=self.projector, ledger=self.ledger.snapshot()))
+                                    projector_device=self.projector, ledger=self.ledger.snapshot(),
+                                    layer_bytes=tuple(self.info.layer_bytes),
+                                    embeddings_bytes=nl.get("token_embd.weight", 0),
+                                    output_bytes=sum(b for n, b in nl.items() if n.startswith("output"))))
 
     def close_runtime(self) -> None:
         """Free the moved layers, then the model (the mover re-points tensors of the model)."""
