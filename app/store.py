@@ -42,7 +42,19 @@ CREATE TABLE IF NOT EXISTS attachments (
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
-SCHEMA_VERSION = 2  # 1: no user_version (before `state`); 2: messages.state
+# full-text search over the messages (SQLite's FTS5), kept by triggers; a SQLite without FTS5
+# searches titles and messages with LIKE instead
+FTS_SCHEMA = """
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5(text, content='messages', content_rowid='id');
+CREATE TRIGGER IF NOT EXISTS messages_fts_ai AFTER INSERT ON messages BEGIN
+  INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_ad AFTER DELETE ON messages BEGIN
+  INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text); END;
+CREATE TRIGGER IF NOT EXISTS messages_fts_au AFTER UPDATE OF text ON messages BEGIN
+  INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
+  INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END;
+"""
+SCHEMA_VERSION = 3  # 1: no user_version (before `state`); 2: messages.state; 3: messages_fts
 DB_NAME = "ebb.sqlite3"
 # columns copied when what can be read of a bad database is saved
 SALVAGE = {"conversations": ("id", "title", "created", "updated"),
@@ -81,6 +93,7 @@ class Conversation:
     id: int
     title: str
     updated: float
+    match: str = ""  # with a search: the first matching line of its messages
 
 
 class Store:
@@ -121,6 +134,7 @@ class Store:
             cols = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
             if "state" not in cols:  # a database from before crash-safe replies
                 db.execute("ALTER TABLE messages ADD COLUMN state TEXT NOT NULL DEFAULT 'complete'")
+            _add_fts(db, rebuild=version < 3)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.commit()
         except BaseException:
@@ -156,6 +170,7 @@ class Store:
         self.db = sqlite3.connect(":memory:")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        _add_fts(self.db, rebuild=False)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         n_conv = 0
         if path.exists():
@@ -196,10 +211,47 @@ class Store:
     # ------------------------------------------------------------ conversations
 
     def conversations(self, search: str = "") -> list[Conversation]:
-        rows = self.db.execute(
-            "SELECT id, title, updated FROM conversations WHERE title LIKE ? ORDER BY updated DESC",
-            (f"%{search}%",)).fetchall()
-        return [Conversation(*r) for r in rows]
+        """Newest first; with `search`, those whose title or any message holds every word of it,
+        each with the first matching line of its messages (`match`)."""
+        if not search.strip():
+            rows = self.db.execute("SELECT id, title, updated FROM conversations "
+                                   "ORDER BY updated DESC").fetchall()
+            return [Conversation(*r) for r in rows]
+        words = search.split()
+        matches: dict[int, str] = {}
+        try:
+            query = " ".join('"' + w.replace('"', '""') + '"' for w in words) + "*"
+            for cid, snippet in self.db.execute(
+                    "SELECT m.conversation_id, snippet(messages_fts, 0, '', '', '…', 12) "
+                    "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+                    "WHERE messages_fts MATCH ? ORDER BY m.id", (query,)):
+                matches.setdefault(int(cid), " ".join(str(snippet).split()))
+        except sqlite3.OperationalError:  # no FTS5 here: LIKE, every word
+            like = " AND ".join("text LIKE ?" for _ in words)
+            for cid, text in self.db.execute(f"SELECT conversation_id, text FROM messages WHERE {like} "
+                                             "ORDER BY id", [f"%{w}%" for w in words]):
+                matches.setdefault(int(cid), _line_with(str(text), words[0]))
+        title_like = " AND ".join("title LIKE ?" for _ in words)
+        by_title = {int(r[0]) for r in self.db.execute(
+            f"SELECT id FROM conversations WHERE {title_like}", [f"%{w}%" for w in words])}
+        rows = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC")
+        return [Conversation(r[0], r[1], r[2], matches.get(int(r[0]), ""))
+                for r in rows if int(r[0]) in by_title or int(r[0]) in matches]
+
+    def export(self, conversation_id: int, fmt: str) -> str:
+        """A conversation as Markdown (`md`) or JSON (`json`): every message, images by path."""
+        title = self.title(conversation_id)
+        msgs = self.messages(conversation_id)
+        if fmt == "json":
+            return json.dumps({"title": title, "messages": [
+                {"role": m.role, "text": m.text, "images": [str(p) for p in m.images],
+                 "stats": m.stats, "state": m.state} for m in msgs]}, indent=1, ensure_ascii=False)
+        out = [f"# {title}", ""]
+        for m in msgs:
+            out += [f"## {'You' if m.role == 'user' else 'Ebb'}", ""]
+            out += [f"![image]({p.as_uri()})" for p in m.images]
+            out += [m.text, ""]
+        return "\n".join(out)
 
     def create_conversation(self, title: str = "New chat") -> int:
         now = time.time()
@@ -359,6 +411,24 @@ def _reason(exc: BaseException) -> str:
     return text
 
 
+def _add_fts(db: sqlite3.Connection, rebuild: bool) -> None:
+    """The full-text index (if this SQLite has FTS5); filled from the messages when new."""
+    try:
+        db.executescript(FTS_SCHEMA)
+        if rebuild:
+            db.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+    except sqlite3.OperationalError:
+        pass
+
+
+def _line_with(text: str, word: str) -> str:
+    low = word.lower()
+    for line in text.splitlines():
+        if low in line.lower():
+            return " ".join(line.split())[:120]
+    return ""
+
+
 def _salvage(bad: Path, into: sqlite3.Connection) -> tuple[int, int]:
     """Copy what can be read of a bad database into `into`, table by table and, where a read
     fails part way, row by row. Returns (conversations, messages) copied."""
@@ -408,22 +478,33 @@ def _copy_rows(src: sqlite3.Connection, into: sqlite3.Connection) -> tuple[int, 
 
 
 def _readable_rows(src: sqlite3.Connection, table: str, cols: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    select = f"SELECT {','.join(cols)} FROM {table}"
-    try:
-        return list(src.execute(select))
-    except sqlite3.DatabaseError:
-        pass
-    rows: list[tuple[Any, ...]] = []
+    """Every row that can be read, as sqlite3's .dump reads a damaged table: forwards until a
+    bad page, backwards from the end until one, then row by row in between."""
+    select = f"SELECT rowid, {','.join(cols)} FROM {table}"
+    rows: dict[int, tuple[Any, ...]] = {}
+
+    def scan(sql: str) -> bool:
+        try:
+            for r in src.execute(sql):
+                rows[int(r[0])] = tuple(r[1:])
+        except sqlite3.DatabaseError:
+            return False
+        return True
+
+    if scan(select):
+        return [rows[k] for k in sorted(rows)]
+    scan(f"{select} ORDER BY rowid DESC")
     try:
         top = int(src.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0)
     except sqlite3.DatabaseError:
         top = 20_000
-    for rowid in range(1, min(top, 1_000_000) + 1):
+    for rowid in range(1, min(max([top, *rows]), 1_000_000) + 1):
+        if rowid in rows:
+            continue
         try:
-            row = src.execute(f"{select} WHERE rowid=?", (rowid,)).fetchone()
+            r = src.execute(f"{select} WHERE rowid=?", (rowid,)).fetchone()
         except sqlite3.DatabaseError:
             continue
-        if row is not None:
-            rows.append(tuple(row))
-    return rows
-
+        if r is not None:
+            rows[int(r[0])] = tuple(r[1:])
+    return [rows[k] for k in sorted(rows)]

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMainWindow,
     QMenu,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QSizePolicy,
@@ -282,6 +283,7 @@ class MainWindow(QMainWindow):
         file = self.menuBar().addMenu("&File")
         for text, key, slot in (("New chat", "Ctrl+N", self._on_new_chat),
                                 ("Open model…", "Ctrl+O", self._on_open_model),
+                                ("Export chat…", "Ctrl+E", lambda: self.export_chat(self.conv_id)),
                                 ("Settings…", "Ctrl+,", self._on_settings),
                                 ("Quit", "Ctrl+Q", self.close)):
             act = QAction(text, self, shortcut=QKeySequence(key))
@@ -388,8 +390,9 @@ class MainWindow(QMainWindow):
         self.conversations.blockSignals(True)
         self.conversations.clear()
         for c in self.store.conversations(self.search.text()):
-            item = QListWidgetItem(c.title, self.conversations)
-            item.setToolTip(c.title)
+            # a search shows the line that matched under the title
+            item = QListWidgetItem(f"{c.title}\n  {c.match}" if c.match else c.title, self.conversations)
+            item.setToolTip(f"{c.title}\n{c.match}" if c.match else c.title)
             item.setData(Qt.ItemDataRole.UserRole, c.id)
             if c.id == self.chat.conv_id:
                 self.conversations.setCurrentItem(item)
@@ -423,19 +426,49 @@ class MainWindow(QMainWindow):
         cid = int(item.data(Qt.ItemDataRole.UserRole))
         menu = QMenu(self)
         rename = menu.addAction("Rename…")
-        delete = menu.addAction("Delete")
+        export = menu.addAction("Export…")
+        delete = menu.addAction("Delete…")
         chosen = menu.exec(self.conversations.mapToGlobal(pos))
         try:
             if chosen is rename:
-                title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=item.text())
+                title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.store.title(cid))
                 if ok:
                     self.store.rename(cid, title)
-            elif chosen is delete and self.chat.delete(cid):
+            elif chosen is export:
+                self.export_chat(cid)
+            elif chosen is delete and self.confirm_delete(cid) and self.chat.delete(cid):
                 self._send_history()  # the open one went: another is open now
                 self._show_conversation()
         except EbbError as exc:  # a full disk
             self.show_error(str(exc))
         self._refresh_conversations()
+
+    def confirm_delete(self, cid: int) -> bool:
+        """Deleting cannot be undone: ask, naming the chat and its messages."""
+        n = self.store.n_messages(cid)
+        answer = QMessageBox.question(
+            self, "Delete chat", f"Delete “{self.store.title(cid)}” and its {n} message"
+            f"{'' if n == 1 else 's'}? This cannot be undone (Export… keeps a copy).",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No)
+        return answer == QMessageBox.StandardButton.Yes
+
+    def export_chat(self, cid: int, path: str | None = None) -> Path | None:
+        """The chat as Markdown or JSON (by the file's extension), where the user says."""
+        if path is None:
+            safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.store.title(cid))
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe.strip() or 'chat'}.md",
+                                                  "Markdown (*.md);;JSON (*.json)")
+            if not path:
+                return None
+        out = Path(path)
+        try:
+            out.write_text(self.store.export(cid, "json" if out.suffix.lower() == ".json" else "md"))
+        except OSError as exc:
+            self.show_error(f"Could not export the chat to {out}: {exc.strerror or exc}")
+            return None
+        self.statusBar().showMessage(f"Exported to {out}", 8000)
+        return out
 
     # ------------------------------------------------------------ rendering
 

@@ -218,3 +218,23 @@ def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
     qtbot.addWidget(dlg)
     listed = [dlg.list.item(i).data(0x0100) for i in range(dlg.list.count())]
     assert any(str(p).endswith(model_path.name) for p in listed), listed
+
+
+def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    store = _fresh_store(tmp_path)
+    cid = store.create_conversation("Trip")
+    store.add_message(cid, "user", "Which trail has the lighthouse?")
+    w = _open(qtbot, store)
+    w.search.setText("lighthouse")
+    item = w.conversations.item(0)
+    assert w.conversations.count() == 1 and "Which trail has the lighthouse?" in item.text()
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
+    assert not w.confirm_delete(cid) and store.n_messages(cid) == 1
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    assert w.confirm_delete(cid)
+    out = w.export_chat(cid, str(tmp_path / "trip.md"))
+    assert out is not None and "lighthouse" in out.read_text()
+    w.close()
+    store.close()
