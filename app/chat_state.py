@@ -278,6 +278,13 @@ class ChatState:
         return pending
 
 
+@dataclass(frozen=True)
+class ChatHistory:
+    """What the engine needs of the open chat: its messages and its system prompt."""
+    turns: list[tuple[str, str, list[str]]]
+    system: str | None
+
+
 @dataclass
 class Unsaved:
     """A finished reply the store refused (a full disk): written by retry_unsaved."""

@@ -29,7 +29,10 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "image_layers": -1, "image_speeds": {},
                             # Settings → Local server: the OpenAI-compatible endpoint
                             "server": False, "server_host": "127.0.0.1", "server_port": 8089,
-                            "server_api_key": ""}
+                            "server_api_key": "",
+                            # a new chat's system prompt and sampling (each chat may have its own)
+                            "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
+                            "repeat_penalty": 1.0, "seed": 0}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -39,6 +42,14 @@ def _whole(lo: int, hi: int) -> Any:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise ValueError(f"a whole number from {lo} to {hi}")
         return v
+    return check
+
+
+def _between(lo: float, hi: float) -> Any:
+    def check(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise ValueError(f"a number from {lo} to {hi}")
+        return float(v)
     return check
 
 
@@ -91,7 +102,36 @@ RULES: dict[str, Any] = {
     "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
     "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
+    "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
+    "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(0, 2**32 - 1),
 }
+CHAT_KEYS = ("system_prompt", "temperature", "top_p", "repeat_penalty", "seed")
+
+
+def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
+    """A chat's system prompt and sampling: its own where it has them, else Settings'."""
+    base = {k: v for k, v in load_settings(store).items() if k in CHAT_KEYS}
+    own = store.setting(f"chat:{conv_id}", {}) if conv_id else {}
+    for k, v in (own.items() if isinstance(own, dict) else ()):
+        if k in CHAT_KEYS:
+            try:
+                base[k] = RULES[k](v)
+            except ValueError:
+                continue
+    return base
+
+
+def default_gen_params(s: dict[str, Any]) -> Any:
+    """Sampling for a chat without its own, from the settings."""
+    from engine.llama.runtime import GenParams
+
+    return GenParams(max_tokens=int(s["max_tokens"]), temperature=float(s["temperature"]),
+                     top_p=float(s["top_p"]), repeat_penalty=float(s["repeat_penalty"]),
+                     seed=int(s["seed"]))
+
+
+def set_chat_params(store: Any, conv_id: int, params: dict[str, Any]) -> None:
+    store.set_setting(f"chat:{conv_id}", {k: params[k] for k in CHAT_KEYS if k in params})
 
 
 def checked_settings(store: Any) -> tuple[dict[str, Any], list[str]]:

@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_state import ChatState, Pending
+from app.chat_state import ChatHistory, ChatState, Pending
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
 from app.notices import NoticeArea
@@ -50,8 +50,11 @@ from app.panel import ElidedLabel, MemoryPanel
 from app.settings import (
     DEMO,
     DEMO_LABEL,
+    chat_params,
     checked_settings,
+    default_gen_params,
     load_settings,
+    set_chat_params,
     readable_model_name,
     remember_model,
     session_config,
@@ -91,7 +94,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatState(store)  # the conversation and the request in flight, Qt-free
         self.chat.last_cfg = load
         self.telemetry = Telemetry()
-        self.gen_params = GenParams(max_tokens=int(self._settings()["max_tokens"]))
+        self.gen_params = default_gen_params(self._settings())
         self._rpc = rpc or []  # servers from the command line: kept across reloads
         self.standin: Any = None  # the stand-in accelerator (app/standin.py), while it runs
         self._loaded: dict[str, Any] = {}  # the last load's details (About's diagnostics)
@@ -290,6 +293,11 @@ class MainWindow(QMainWindow):
             act.triggered.connect(slot)
             file.addAction(act)
         model = self.menuBar().addMenu("&Model")
+        chat_settings = QAction("Chat settings…", self, shortcut=QKeySequence("Ctrl+Shift+,"))
+        chat_settings.setStatusTip("This chat's system prompt, temperature, top-p, repeat "
+                                   "penalty and seed")
+        chat_settings.triggered.connect(self._on_chat_settings)
+        model.addAction(chat_settings)
         self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
@@ -405,7 +413,37 @@ class MainWindow(QMainWindow):
         self._show_conversation()
 
     def _send_history(self) -> None:
-        self.request_history.emit(self.chat.history())
+        """The open chat's messages and its system prompt, to the engine."""
+        system = chat_params(self.store, self.conv_id)["system_prompt"] or None
+        self.request_history.emit(ChatHistory(self.chat.history(), system))
+
+    def chat_gen_params(self) -> GenParams:
+        """The reply's sampling: the window's (Settings'), with the open chat's own on top."""
+        own = self.store.setting(f"chat:{self.conv_id}") if self.conv_id else None
+        if not isinstance(own, dict):
+            return self.gen_params
+        p = chat_params(self.store, self.conv_id)
+        return replace(self.gen_params, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                       repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]))
+
+    def _on_chat_settings(self) -> None:
+        from app.chat_settings import ChatSettingsDialog
+
+        dlg = ChatSettingsDialog(self.store.title(self.conv_id), chat_params(self.store, self.conv_id), self)
+        if not dlg.exec():
+            return
+        try:
+            set_chat_params(self.store, self.conv_id, dlg.values())
+            if dlg.as_default.isChecked():
+                for k, v in dlg.values().items():
+                    self.store.set_setting(k, v)
+                self.gen_params = replace(default_gen_params(self._settings()),
+                                          max_tokens=self.gen_params.max_tokens)
+        except EbbError as exc:
+            self.show_error(str(exc))
+            return
+        self._send_history()
+        self.statusBar().showMessage("This chat's settings apply from the next reply", 8000)
 
     @Slot()
     def _on_new_chat(self) -> None:
@@ -415,7 +453,7 @@ class MainWindow(QMainWindow):
         except EbbError as exc:  # a full disk
             self.show_error(str(exc))
             return
-        self.request_history.emit([])
+        self._send_history()  # empty, with Settings' system prompt
         self._refresh_conversations()
         self._show_conversation()
 
@@ -630,10 +668,10 @@ class MainWindow(QMainWindow):
         self.worker.stream.take()  # nothing left over from an earlier request
         self.transcript.begin_reply(pending.continues, scroll=True)
         if pending.continues is not None:
-            self.request_continue.emit(request_id, self.gen_params)
+            self.request_continue.emit(request_id, self.chat_gen_params())
         else:
             self.request_send.emit(request_id, pending.text, [str(p) for p in images],
-                                   self.gen_params)
+                                   self.chat_gen_params())
         self._update_actions()
 
     @Slot()
@@ -1007,7 +1045,8 @@ MAX_BYTES_PER_TOKEN = 64
 
 
 # what a loaded session does not depend on: changed, they need no reload
-NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders"}
+NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
+             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed"}
 
 
 def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:

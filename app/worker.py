@@ -16,6 +16,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
+from app.chat_state import ChatHistory
 from app.settings import resolve_paths
 from engine import events
 from engine.config import SessionConfig
@@ -170,9 +171,14 @@ class EngineWorker(QObject):
                      "devices": [d.to_dict() for d in list_devices(s.cfg.rpc)]}))
 
     @Slot(object)
-    def set_history(self, turns: list[tuple[str, str, list[str]]]) -> None:
-        if self._session is not None:
-            self._session.set_history(turns)
+    def set_history(self, history: Any) -> None:
+        """The open chat's messages (a list), or a ChatHistory with its system prompt too."""
+        if self._session is None:
+            return
+        if isinstance(history, ChatHistory):
+            self._session.set_system(history.system)
+            history = history.turns
+        self._session.set_history(history)
 
     @Slot(bool)
     def set_vision(self, enabled: bool) -> None:

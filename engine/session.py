@@ -291,6 +291,12 @@ class Session:
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
+    def set_system(self, text: str | None) -> None:
+        """The system prompt for the next turns (a chat's own): the KV cache is reused up to
+        where the new prompt differs."""
+        if (text or None) != self.cfg.system:
+            self.cfg = replace(self.cfg, system=text or None)
+
     def continue_reply(self, gp: GenParams | None = None,
                        on_text: Callable[[str], None] | None = None,
                        cancel: threading.Event | None = None) -> TurnResult:

@@ -238,3 +238,31 @@ def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp
     assert out is not None and "lighthouse" in out.read_text()
     w.close()
     store.close()
+
+
+def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
+    """#27: per chat, with Settings' as the default: the engine gets the chat's system prompt
+    and each reply its sampling (greedy here, so the reply is the one greedy gives)."""
+    from app.settings import chat_params, set_chat_params
+
+    store = _fresh_store(tmp_path)
+    w = _open(qtbot, store)
+    assert chat_params(store, w.conv_id)["temperature"] == 0.7  # Settings' default
+    set_chat_params(store, w.conv_id, {"system_prompt": "You are a pirate.", "temperature": 0.0,
+                                       "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7})
+    w._send_history()
+    sent = []
+    w.request_send.connect(lambda rid, text, images, gp: sent.append(gp))
+    w.composer.edit.setPlainText("Who are you?")
+    w.send_message()
+    wait_for(lambda: not w.chat.busy)
+    (gp,) = sent
+    assert (gp.temperature, gp.top_p, gp.repeat_penalty, gp.seed) == (0.0, 0.9, 1.1, 7)
+    assert w.worker._session.cfg.system == "You are a pirate."
+    assert store.messages(w.conv_id)[-1].role == "assistant"
+    # another chat has Settings' (no system prompt)
+    w._on_new_chat()
+    wait_for(lambda: w.worker._session.cfg.system is None)
+    assert w.chat_gen_params() == w.gen_params
+    w.close()
+    store.close()

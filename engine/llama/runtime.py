@@ -65,6 +65,9 @@ class LoadParams:
     buft_overrides: tuple[tuple[str, str], ...] = ()
 
 
+REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over (llama.cpp's default)
+
+
 @dataclass(frozen=True)
 class GenParams:
     max_tokens: int = 0  # 0: no cap (until the model stops or the context is full)
@@ -73,6 +76,7 @@ class GenParams:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
 
 
 @dataclass
@@ -633,6 +637,9 @@ class TextRuntime:
     def _sampler(self, gp: GenParams) -> Any:
         L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if gp.repeat_penalty != 1.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
+                self.info.n_vocab, REPEAT_LAST_N, gp.repeat_penalty, 0.0, 0.0))
         if gp.temperature <= 0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
         else:
