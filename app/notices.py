@@ -66,6 +66,7 @@ class NoticeArea(QWidget):
         notice = Notice(text, kind)
         notice.close_button.clicked.connect(self._update)
         self._layout.addWidget(notice)
+        notice.show()  # now: a layout shows a child it gets later only on the next event loop pass
         shown = self.notices()
         for old in shown[:-MAX_SHOWN]:
             old.close_notice()

@@ -50,7 +50,7 @@ def test_window_restarts_without_the_dead_server_and_keeps_the_conversation(tmp_
     out, err = _kill_mid_step(proc, server, lambda f: f.readline())  # prints "streaming"
     print(f"\n{out.strip()}")
     assert proc.returncode == 0, err[-2000:]
-    assert f"the RPC server {server.endpoint} went away during a step" in out
+    assert f"the rpc server {server.endpoint} went away during a step" in out.lower()
     store = Store(tmp_path / "data")
     try:
         conv = store.conversations()[0]

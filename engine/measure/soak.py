@@ -6,6 +6,7 @@ the way: its resident memory, the RPC server's, its open file descriptors, the l
 must not move (descriptors, the ledger)."""
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,7 @@ def soak(cfg: SessionConfig, n_turns: int, pictures: list[Path], image_every: in
     gp = GenParams(max_tokens=8, temperature=0)
     with Session(cfg) as s:
         def sample(turn: int) -> None:
+            gc.collect()  # garbage of others (a test's pipes) must not count as this session's
             out.samples.append(Sample(turn, rss_bytes(), rss_bytes(server_pid) if server_pid else 0,
                                       open_fds(), s.ledger.total(s.accel) if s.accel else 0,
                                       s.encoder.cache_bytes))
