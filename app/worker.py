@@ -238,9 +238,15 @@ class EngineWorker(QObject):
         from engine.placement.plan import projector_need_bytes
 
         self._cancel.clear()
+        # the model as it is now comes back afterwards (not `cfg` anew: a stand-in's budget is
+        # set by the window at load), and the runs measure the budget it was loaded with (read
+        # after closing, a device that frees late reported almost nothing: 1 run, 0 layers)
+        before = self._loaded_with
+        session_budget = self._session.budget_bytes if self._session is not None else None
         try:
             self._close_session()
-            cfg = replace(resolve_paths(cfg), rpc=tuple(rpc))
+            self._loaded_with = None
+            cfg = replace(resolve_paths(before[0] if before else cfg), rpc=tuple(rpc))
             accel = pick_accelerator(cfg.rpc, cfg.accel)
             if accel is None:
                 raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
@@ -249,7 +255,7 @@ class EngineWorker(QObject):
             proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
             headroom = (projector_need_bytes(proj, cfg.flash_attn)
                         if proj is not None and cfg.vision == "resident" else 0)
-            budget = cfg.vram_budget_bytes or default_budget(accel)
+            budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
             m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
                          cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
                          on_point=lambda p: self.event.emit(events.TunePoint(
@@ -266,7 +272,7 @@ class EngineWorker(QObject):
             self.event.emit(events.TuneFinished(0, result={"cancelled": True}))
         except Exception as exc:
             self._fail(0, exc)
-        self.load(cfg, rpc)
+        self.load(*(before or (cfg, rpc)))
 
     @Slot()
     def undo_last(self) -> None:

@@ -249,7 +249,8 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     for t in r["threads_searched"]:
         assert len(dlg.curves[("gen", t)].getData()[0]) == r["n_runs"]
         assert len(dlg.curves[("prompt", t)].getData()[0]) == r["n_runs"]
-    wait_for(lambda: w.chat.loaded)  # the session is back after tuning
+    wait_for(lambda: w.chat.loaded)  # the session is back after tuning: as it was (#27)
+    assert w.model_label.text() == before
     dlg.resize(720, 520)
     dlg.grab().save(str(tmp_path / "tune.png"))
     print(f"\ntune: {r['n_runs']} runs, best gen {r['best_gen_layers']}, best prompt "
