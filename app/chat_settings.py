@@ -32,6 +32,8 @@ class ChatSettingsDialog(QDialog):
                                      toolTip="1.00: none; above 1 discourages repeating the "
                                              "last 64 tokens")
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=int(values["seed"]))
+        self.json = QCheckBox("Replies are JSON (llama.cpp's grammar allows nothing else)",
+                              checked=bool(values.get("json_replies")))
         self.as_default = QCheckBox("Use these for new chats too")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
@@ -43,6 +45,7 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Top-p", self.top_p)
         form.addRow("Repeat penalty", self.repeat)
         form.addRow("Seed", self.seed)
+        form.addRow(self.json)
         form.addRow(self.as_default)
         form.addRow(buttons)
 
@@ -50,4 +53,5 @@ class ChatSettingsDialog(QDialog):
         return {"system_prompt": self.system.toPlainText().strip(),
                 "temperature": round(self.temperature.value(), 2),
                 "top_p": round(self.top_p.value(), 2),
-                "repeat_penalty": round(self.repeat.value(), 2), "seed": self.seed.value()}
+                "repeat_penalty": round(self.repeat.value(), 2), "seed": self.seed.value(),
+                "json_replies": self.json.isChecked()}

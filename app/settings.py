@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "server_api_key": "",
                             # a new chat's system prompt and sampling (each chat may have its own)
                             "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
-                            "repeat_penalty": 1.0, "seed": 0}
+                            "repeat_penalty": 1.0, "seed": 0, "json_replies": False}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -104,8 +104,9 @@ RULES: dict[str, Any] = {
     "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
     "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(0, 2**32 - 1),
+    "json_replies": _of_type(bool, "true or false"),
 }
-CHAT_KEYS = ("system_prompt", "temperature", "top_p", "repeat_penalty", "seed")
+CHAT_KEYS = ("system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies")
 
 
 def chat_params(store: Any, conv_id: int) -> dict[str, Any]:

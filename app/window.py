@@ -423,8 +423,11 @@ class MainWindow(QMainWindow):
         if not isinstance(own, dict):
             return self.gen_params
         p = chat_params(self.store, self.conv_id)
+        from llama_cpp.llama_grammar import JSON_GBNF
+
         return replace(self.gen_params, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
-                       repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]))
+                       repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]),
+                       grammar=str(JSON_GBNF) if p["json_replies"] else "")
 
     def _on_chat_settings(self) -> None:
         from app.chat_settings import ChatSettingsDialog
@@ -1046,7 +1049,7 @@ MAX_BYTES_PER_TOKEN = 64
 
 # what a loaded session does not depend on: changed, they need no reload
 NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
-             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed"}
+             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies"}
 
 
 def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -153,6 +153,28 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
 
 
+def test_a_json_schema_reply_parses_and_follows_the_schema(server):
+    """#29: response_format through llama.cpp's grammar sampling: streamed or not, the reply is
+    JSON of the schema's shape (json_object: any JSON object)."""
+    client = server.client()
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                                               "sure": {"type": "boolean"}},
+              "required": ["colour", "sure"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    msgs = [{"role": "user", "content": "What colour is the sky? Answer in JSON."}]
+    done = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=40,
+                                          response_format=fmt)
+    answer = json.loads(done.choices[0].message.content)
+    assert answer["colour"] in ("red", "green", "blue") and isinstance(answer["sure"], bool)
+    stream = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=40,
+                                            response_format=fmt, stream=True)
+    assert json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)) == answer
+    obj = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=60,
+                                         response_format={"type": "json_object"})
+    print(f"\njson_schema: {answer}; json_object: {obj.choices[0].message.content!r}")
+    assert obj.choices[0].message.content.lstrip().startswith("{")
+
+
 @pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
 def test_history_system_and_stop_sequences(server):
     client = server.client()

@@ -91,7 +91,7 @@ def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
     from engine.server.api import ApiError, parse_chat_request
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
-    for name, value in (("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+    for name, value in (("response_format", {"type": "xml"}), ("tools", [{"type": "function"}]),
                         ("logprobs", True), ("top_logprobs", 3), ("frequency_penalty", 0.5),
                         ("tool_choice", "required"), ("something_new", 1)):
         with pytest.raises(ApiError) as exc:
@@ -101,3 +101,20 @@ def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
           "frequency_penalty": 0, "presence_penalty": 0.0, "metadata": {"a": "b"}, "store": False,
           "tool_choice": None, "logit_bias": {}, "parallel_tool_calls": True}
     assert parse_chat_request(ok).last.text == "Hi"
+
+
+
+def test_response_format_becomes_a_grammar():
+    from engine.server.api import ApiError, parse_chat_request
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    assert parse_chat_request({**base, "response_format": {"type": "text"}}).grammar == ""
+    assert "root" in parse_chat_request({**base, "response_format": {"type": "json_object"}}).grammar
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}},
+              "required": ["colour"]}
+    g = parse_chat_request({**base, "response_format": {"type": "json_schema",
+                                                        "json_schema": {"name": "c", "schema": schema}}}).grammar
+    assert "root" in g and "red" in g
+    with pytest.raises(ApiError) as exc:
+        parse_chat_request({**base, "response_format": {"type": "json_schema", "json_schema": {}}})
+    assert exc.value.param == "response_format"

@@ -77,6 +77,7 @@ class GenParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
+    grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
 
 
 @dataclass
@@ -637,6 +638,13 @@ class TextRuntime:
     def _sampler(self, gp: GenParams) -> Any:
         L = llama()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if gp.grammar:  # first: every later stage picks among what the grammar allows
+            g = L.llama_sampler_init_grammar(self.vocab, gp.grammar.encode(), b"root")
+            if not g:
+                L.llama_sampler_free(chain)
+                raise EbbError(f"llama.cpp could not use the reply's grammar: "
+                               f"{llama_log.last_error('no detail')}", "check the JSON schema")
+            L.llama_sampler_chain_add(chain, g)
         if gp.repeat_penalty != 1.0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
                 self.info.n_vocab, REPEAT_LAST_N, gp.repeat_penalty, 0.0, 0.0))

@@ -69,6 +69,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str = ""
+    grammar: str = ""  # GBNF the reply must follow (response_format json_object / json_schema)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -156,14 +157,15 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
 
 # What a chat request may carry. Ebb answers these:
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
-                     "max_completion_tokens", "seed", "user", "temperature", "top_p"})
+                     "max_completion_tokens", "seed", "user", "temperature", "top_p",
+                     "response_format"})
 # Ebb does nothing with these and the reply is the same as if it did: they are accepted.
 SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
 # other value is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (False,),
-    "top_logprobs": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "top_logprobs": (0,), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
 }
@@ -237,12 +239,38 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed", -(2**63))
     user = body.get("user", "")
+    grammar = response_grammar(body.get("response_format"))
     return ChatRequest(
         system="\n\n".join(system) if system else None, history=tuple(turns[:-1]),
         last=turns[-1], stream=stream, include_usage=bool(options.get("include_usage")),
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
-        user=user if isinstance(user, str) else "")
+        user=user if isinstance(user, str) else "", grammar=grammar)
+
+
+def response_grammar(fmt: Any) -> str:
+    """The grammar a `response_format` asks for: none for text, any JSON object for
+    json_object, the schema's shape for json_schema (llama-cpp-python's converter)."""
+    if fmt is None:
+        return ""
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "'response_format.type' must be text, json_object or json_schema",
+                       "response_format")
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if fmt["type"] == "text":
+        return ""
+    if fmt["type"] == "json_object":
+        return str(JSON_GBNF)
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
+                       "response_format")
+    try:
+        return str(json_schema_to_gbnf(json.dumps(schema)))
+    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
+        raise ApiError(400, f"the JSON schema cannot be followed: {exc}", "response_format") from None
 
 
 class StopWatcher:

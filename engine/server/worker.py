@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -106,7 +106,7 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     from engine.session import turn_with_recovery
 
     req = job.request
-    session.cfg = replace(session.cfg, system=req.system if req.system is not None else default_system)
+    session.set_system(req.system if req.system is not None else default_system)
     session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images])
                          for t in req.history])
     images = [image_path(job.image_dir, i) for i in req.last.images]
@@ -114,7 +114,8 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     gp = GenParams(max_tokens=req.max_tokens,
                    temperature=defaults.temperature if req.temperature is None else req.temperature,
                    top_p=defaults.top_p if req.top_p is None else req.top_p,
-                   seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32))
+                   seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
+                   grammar=req.grammar)
     watcher = StopWatcher(req.stop)
     shown: list[str] = []
 
