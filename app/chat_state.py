@@ -299,7 +299,8 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
     encode time and swap time."""
     from engine.events import SWAP_STEPS
 
-    stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s", "strategy",
+    stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s",
+                                   "flash_attn", "strategy",
                                    "stop_reason", "n_images", "n_turns_dropped",
                                    "n_images_dropped", "n_tokens_dropped", "memory_starts_at",
                                    "device_notes")}

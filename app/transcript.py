@@ -346,6 +346,8 @@ def stats_line(s: dict[str, Any]) -> str:
     n = int(num("n_gen_tokens"))
     line = (f"{n} token{'' if n == 1 else 's'} · {num('gen_tokens_per_s'):.1f} tok/s · "
             f"prompt {num('prompt_s'):.2f}s · {s.get('stop_reason') or ''}")
+    if isinstance(s.get("flash_attn"), bool):
+        line += f" · flash attention {'on' if s['flash_attn'] else 'off'}"
     if s.get("n_images"):
         line += (f" · vision: {s.get('strategy')}, encode {num('encode_s'):.2f}s, "
                  f"swap {num('swap_s'):.3f}s")

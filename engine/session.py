@@ -340,6 +340,7 @@ class Session:
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
             res.gen = result.to_dict()
+            res.gen["flash_attn"] = self.cfg.flash_attn
             del res.gen["text"]
             # the whole reply's length in tokens: a reply that was interrupted (a crash) has no
             # count saved, so adding the new tokens to it would count only those
@@ -622,6 +623,7 @@ class Session:
         res.phases = self._phases_used()
         res.text = result.text
         res.gen = result.to_dict()
+        res.gen["flash_attn"] = self.cfg.flash_attn  # the turn says whether it was on
         del res.gen["text"]
         assert self.runtime is not None
         res.shifted_cells = self.runtime.last_shift[1]

@@ -116,3 +116,19 @@ def test_bench_start_prints_ratios_against_the_bare_library():
     for key in ("start_s", "first_token_s"):
         assert out[key]["ebb"] > 0 and out[key]["bare"] > 0 and out[key]["ratio"] > 0
     print(f"\nstart to first token, Ebb ÷ bare: {out['first_token_s']['ratio']}")
+
+
+@pytest.mark.slow
+def test_bench_context_prints_flash_attention_ratios_per_fill():
+    import json
+
+    from tests.conftest import run_cli
+
+    proc = run_cli("bench", "context", "--fills", "0,256", "--rounds", "1", "--threads", "2",
+                   "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["rows"]
+    assert [r["fill"] for r in rows] == [0, 256]
+    for r in rows:
+        assert r["prompt_ratio_on_off"] > 0 and r["gen_ratio_on_off"] > 0
+    print("\nflash attention on ÷ off:", [(r["fill"], r["prompt_ratio_on_off"], r["gen_ratio_on_off"]) for r in rows])

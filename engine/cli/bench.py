@@ -200,6 +200,23 @@ def cmd_bench_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_context(args: argparse.Namespace) -> int:
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.context_bench import bench_context
+
+    fills = tuple(int(x) for x in args.fills.split(","))
+    out = bench_context(resolve_model_path(args.model), fills, args.threads or 2, args.rounds)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{'fill':>6}  {'prompt tok/s FA on / off':>26}  ratio  {'gen tok/s FA on / off':>22}  ratio")
+    for r in out["rows"]:
+        print(f"{r['fill']:>6}  {r['prompt_tps_fa_on']:>12.1f} / {r['prompt_tps_fa_off']:<11.1f}"
+              f"  {r['prompt_ratio_on_off']:.3f}  {r['gen_tps_fa_on']:>10.1f} / {r['gen_tps_fa_off']:<9.1f}"
+              f"  {r['gen_ratio_on_off']:.3f}")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -237,6 +254,13 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=5)
     p.set_defaults(func=cmd_bench_start)
+
+    p = bench.add_parser("context", help="prompt and generation speed at context fills, flash "
+                                         "attention on against off, alternating (ratios)",
+                         parents=[flag_parser("model", "threads", "json")])
+    p.add_argument("--fills", default="0,1024,4096,8192", help="tokens in the cache before timing")
+    p.add_argument("--rounds", type=int, default=2)
+    p.set_defaults(func=cmd_bench_context)
 
     p = bench.add_parser("soak", help="a long session with images and swaps: memory, descriptors "
                                       "and the ledger before and after",
