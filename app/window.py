@@ -102,6 +102,7 @@ class MainWindow(QMainWindow):
         self._has_accel: bool | None = None  # known once a model has loaded
         self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
         self._load_reason = ""  # why the next load happens, for the status line
+        self._said_start = False  # the start's time goes to the status line once
         self._handlers: dict[type, Any] = {
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
@@ -895,7 +896,13 @@ class MainWindow(QMainWindow):
             if not d.get("safe_mode") and note not in self.notice.text():  # safe mode: its banner
                 self.show_notice(note[0].upper() + note[1:] + ".")
         if not self.chat.busy:
-            self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s"
+            started = ""
+            if not self._said_start:  # the first load: the whole start, once (#31)
+                from engine.hw import process_age_s
+
+                self._said_start = True
+                started = f" (ready {process_age_s():.1f}s after Ebb started)"
+            self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s{started}"
                                          + (f" — {d['mover_note']}" if d.get("mover_note") else ""),
                                          15000)
         self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
