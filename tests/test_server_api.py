@@ -118,3 +118,32 @@ def test_response_format_becomes_a_grammar():
     with pytest.raises(ApiError) as exc:
         parse_chat_request({**base, "response_format": {"type": "json_schema", "json_schema": {}}})
     assert exc.value.param == "response_format"
+
+
+def test_cors_is_off_unless_an_origin_is_allowed():
+    """#29: a browser page may call the API only from an origin given with --cors."""
+    import threading
+
+    from starlette.testclient import TestClient
+
+    from engine.server.http import build_app
+
+    class Idle:
+        ready = threading.Event()
+        load_error = None
+        model_id = "m"
+        served = 0
+
+        def waiting(self) -> int:
+            return 0
+
+    pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
+    closed = TestClient(build_app(Idle()))
+    assert "access-control-allow-origin" not in closed.options("/v1/chat/completions", headers=pre).headers
+    opened = TestClient(build_app(Idle(), cors=("http://localhost:3000",)))
+    r = opened.options("/v1/chat/completions", headers=pre)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    other = opened.options("/v1/chat/completions", headers={**pre, "Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+    assert opened.get("/health", headers={"Origin": "http://localhost:3000"}).headers[
+        "access-control-allow-origin"] == "http://localhost:3000"

@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         serve(worker, args.host, args.port, api_key=api_key,
-              max_body=parse_size(args.max_body), ready=announce)
+              max_body=parse_size(args.max_body), ready=announce, cors=tuple(args.cors))
     finally:
         worker.close()
         for f in image_dir.glob("*"):
@@ -63,6 +63,9 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default loopback; any other address warns)")
     p.add_argument("--port", type=int, default=8089)
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN (e.g. http://localhost:3000) call the API; "
+                        "off by default; repeat for more")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every request (or EBB_API_KEY)")
     p.add_argument("--queue", type=int, default=8,

@@ -24,7 +24,8 @@ KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so se
 
 
 def build_app(worker: Backend, api_key: str | None = None,
-              max_body: int = DEFAULT_MAX_BODY) -> Any:
+              max_body: int = DEFAULT_MAX_BODY, cors: tuple[str, ...] = ()) -> Any:
+    """The routes; `cors`: origins whose browser pages may call the API (none by default)."""
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -158,7 +159,15 @@ def build_app(worker: Backend, api_key: str | None = None,
     routes = [Route("/v1/models", models, methods=["GET"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/health", health, methods=["GET"])]
-    app = Starlette(routes=routes)
+    middleware = []
+    if cors:
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors),
+                                     allow_methods=["GET", "POST", "OPTIONS"],
+                                     allow_headers=["Authorization", "Content-Type"]))
+    app = Starlette(routes=routes, middleware=middleware)
     app.add_exception_handler(404, not_found)
     app.add_exception_handler(405, lambda req, exc: error(ApiError(
         405, f"{req.method} is not allowed on {req.url.path}")))
@@ -166,11 +175,11 @@ def build_app(worker: Backend, api_key: str | None = None,
 
 
 def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
-          max_body: int = DEFAULT_MAX_BODY, ready: Any = None) -> None:
+          max_body: int = DEFAULT_MAX_BODY, ready: Any = None, cors: tuple[str, ...] = ()) -> None:
     """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
     import uvicorn
 
-    config = uvicorn.Config(build_app(worker, api_key, max_body), host=host, port=port,
+    config = uvicorn.Config(build_app(worker, api_key, max_body, cors), host=host, port=port,
                             log_level="warning", timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(config)
     if ready is not None:
