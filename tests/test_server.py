@@ -175,6 +175,24 @@ def test_a_json_schema_reply_parses_and_follows_the_schema(server):
     assert obj.choices[0].message.content.lstrip().startswith("{")
 
 
+def test_logprobs_are_the_models_own(server):
+    """#29: each sampled token's log-probability and the top k, from llama.cpp's logits; greedy,
+    the sampled token is the most likely one."""
+    import math
+
+    client = server.client()
+    done = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Name a colour."}], temperature=0,
+        max_tokens=6, logprobs=True, top_logprobs=3)
+    content = done.choices[0].logprobs.content
+    assert len(content) == done.usage.completion_tokens == 6
+    assert "".join(c.token for c in content) == done.choices[0].message.content
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
+        assert sum(math.exp(t.logprob) for t in c.top_logprobs) <= 1.0 + 1e-6
+
+
 @pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
 def test_history_system_and_stop_sequences(server):
     client = server.client()

@@ -92,7 +92,7 @@ def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     for name, value in (("response_format", {"type": "xml"}), ("tools", [{"type": "function"}]),
-                        ("logprobs", True), ("top_logprobs", 3), ("frequency_penalty", 0.5),
+                        ("top_logprobs", 3), ("frequency_penalty", 0.5),
                         ("tool_choice", "required"), ("something_new", 1)):
         with pytest.raises(ApiError) as exc:
             parse_chat_request({**base, name: value})
@@ -147,3 +147,18 @@ def test_cors_is_off_unless_an_origin_is_allowed():
     assert "access-control-allow-origin" not in other.headers
     assert opened.get("/health", headers={"Origin": "http://localhost:3000"}).headers[
         "access-control-allow-origin"] == "http://localhost:3000"
+
+
+
+def test_logprobs_are_asked_for_with_their_count():
+    from engine.server.api import ApiError, parse_chat_request
+
+    base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    assert parse_chat_request(base).top_logprobs == -1
+    assert parse_chat_request({**base, "logprobs": True}).top_logprobs == 0
+    assert parse_chat_request({**base, "logprobs": True, "top_logprobs": 5}).top_logprobs == 5
+    for bad in ({"logprobs": True, "top_logprobs": 21}, {"top_logprobs": 2},
+                {"logprobs": True, "stream": True}, {"logprobs": "yes"}):
+        with pytest.raises(ApiError) as exc:
+            parse_chat_request({**base, **bad})
+        assert exc.value.status == 400 and exc.value.param in ("logprobs", "top_logprobs")

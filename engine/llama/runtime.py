@@ -78,6 +78,7 @@ class GenParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
     grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
+    top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
 
 
 @dataclass
@@ -89,6 +90,9 @@ class GenResult:
     gen_s: float
     stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
     n_prompt_tokens_evaluated: int = 0
+    # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
+    logprobs: list[dict[str, Any]] | None = None
 
     @property
     def gen_tokens_per_s(self) -> float:
@@ -107,6 +111,7 @@ class GenResult:
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
             "stop_reason": self.stop_reason,
+            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
 
 
@@ -244,6 +249,7 @@ class TextRuntime:
         self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         self._decoded = False  # the first decode is guarded (engine.llama.native)
         self._cancel: threading.Event | None = None  # set while a prefill may be stopped
+        self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
         try:
             self._load()
         except BaseException:
@@ -352,6 +358,23 @@ class TextRuntime:
             buf = (L.llama_token * -n)()
             n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, True)
         return list(buf[:n])
+
+    def _logprobs(self, token: int, k: int) -> dict[str, Any]:
+        """The sampled token's log-probability and the `k` most likely, from the last logits."""
+        L = llama()
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1),
+                                       shape=(self.info.n_vocab,)).astype(np.float64)
+        top = float(logits.max())
+        lp = logits - (top + np.log(np.exp(logits - top).sum()))
+
+        def entry(t: int) -> dict[str, Any]:
+            raw = self._piece(t)
+            return {"token": raw.decode("utf-8", errors="replace"), "logprob": float(lp[t]),
+                    "bytes": list(raw)}
+
+        best = np.argpartition(-lp, k)[:k] if k else np.array([], dtype=int)
+        best = best[np.argsort(-lp[best])]
+        return {**entry(token), "top_logprobs": [entry(int(t)) for t in best]}
 
     def _piece(self, token: int) -> bytes:
         L = llama()
@@ -682,10 +705,12 @@ class TextRuntime:
         if after_prefill is not None:
             after_prefill()
         t1 = time.perf_counter()
+        self.last_logprobs = []
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel)
         return GenResult(text=text, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen,
                          prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
-                         n_prompt_tokens_evaluated=n_eval)
+                         n_prompt_tokens_evaluated=n_eval,
+                         logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None)
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
                cancel: threading.Event | None = None) -> GenResult:
@@ -716,6 +741,8 @@ class TextRuntime:
                     stop = "cancelled"
                     break
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
+                if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
+                    self.last_logprobs.append(self._logprobs(tok, gp.top_logprobs))
                 if L.llama_vocab_is_eog(self.vocab, tok):
                     stop = "stop"
                     break

@@ -69,6 +69,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     user: str = ""
+    top_logprobs: int = -1  # -1: no logprobs; else the sampled token's and this many best
     grammar: str = ""  # GBNF the reply must follow (response_format json_object / json_schema)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -155,17 +156,17 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
     return "\n".join(texts), tuple(images)
 
 
+MAX_TOP_LOGPROBS = 20  # as OpenAI's
 # What a chat request may carry. Ebb answers these:
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
-                     "response_format"})
+                     "response_format", "logprobs", "top_logprobs"})
 # Ebb does nothing with these and the reply is the same as if it did: they are accepted.
 SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
 # other value is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (False,),
-    "top_logprobs": (0,), "logit_bias": ({},),
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
     "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
 }
@@ -240,12 +241,23 @@ def parse_chat_request(body: Any) -> ChatRequest:
     seed = _integer(body, "seed", -(2**63))
     user = body.get("user", "")
     grammar = response_grammar(body.get("response_format"))
+    top_logprobs = -1
+    if body.get("logprobs") is not None and not isinstance(body.get("logprobs"), bool):
+        raise ApiError(400, "'logprobs' must be true or false", "logprobs")
+    if body.get("logprobs"):
+        top_logprobs = _integer(body, "top_logprobs", 0) or 0
+        if top_logprobs > MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"'top_logprobs' is at most {MAX_TOP_LOGPROBS}", "top_logprobs")
+        if stream:
+            raise ApiError(400, "Ebb does not stream logprobs yet: ask without 'stream'", "logprobs")
+    elif body.get("top_logprobs"):
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return ChatRequest(
         system="\n\n".join(system) if system else None, history=tuple(turns[:-1]),
         last=turns[-1], stream=stream, include_usage=bool(options.get("include_usage")),
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
-        user=user if isinstance(user, str) else "", grammar=grammar)
+        user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs)
 
 
 def response_grammar(fmt: Any) -> str:
@@ -326,11 +338,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int]) -> dict[str, Any]:
+def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int],
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish, "logprobs": None}],
+                         "finish_reason": finish,
+                         "logprobs": {"content": logprobs} if logprobs is not None else None}],
             "usage": use}
+
+
+def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]] | None:
+    """The entries of the tokens that make up `text` (a stop sequence may have cut the reply)."""
+    if entries is None:
+        return None
+    out, n = [], 0
+    for e in entries:
+        if n >= len(text):
+            break
+        out.append(e)
+        n += len(e["token"])
+    return out
 
 
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,

@@ -111,7 +111,7 @@ def build_app(worker: Backend, api_key: str | None = None,
             if ev[0] == "done":
                 r = ev[1]
                 return JSONResponse(completion(cid, model, r["text"], r["finish_reason"],
-                                               r["usage"]))
+                                               r["usage"], r.get("logprobs")))
             if ev[0] == "error":
                 return error(ev[1])
 

@@ -17,7 +17,15 @@ from typing import Any, Callable, Protocol
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
-from engine.server.api import ApiError, ChatRequest, ImageRef, StopWatcher, finish_reason, usage
+from engine.server.api import (
+    ApiError,
+    ChatRequest,
+    ImageRef,
+    StopWatcher,
+    finish_reason,
+    logprobs_within,
+    usage,
+)
 
 Event = tuple[Any, ...]
 
@@ -115,7 +123,7 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
                    temperature=defaults.temperature if req.temperature is None else req.temperature,
                    top_p=defaults.top_p if req.top_p is None else req.top_p,
                    seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
-                   grammar=req.grammar)
+                   grammar=req.grammar, top_logprobs=req.top_logprobs)
     watcher = StopWatcher(req.stop)
     shown: list[str] = []
 
@@ -139,7 +147,8 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     result = {"text": "".join(shown), "request_id": res.request_id,
               "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
               "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
-              "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit}
+              "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit,
+              "logprobs": logprobs_within(out.get("logprobs"), "".join(shown))}
     return session, result
 
 
