@@ -253,3 +253,19 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
         native.set_safe_mode(False)
         store.close()
     assert native.last_crash() is None  # reported once
+
+
+def test_the_cli_names_a_crash_once_and_offers_safe_mode(monkeypatch, tmp_path):
+    """The command line after a native crash: faulthandler said where it died; the next run
+    says what happened and how to run safe; once the same run passes, the crash is forgotten."""
+    monkeypatch.setenv("EBB_NATIVE_DIR", str(tmp_path / "native"))
+    args = [sys.executable, "-m", "engine", "chat", "--prompt", "Hi", "--max-tokens", "2",
+            "--threads", str(N_THREADS)]
+    died = subprocess.run(args, capture_output=True, text=True,
+                          env={**os.environ, native.CRASH_TEST_ENV: "1"})
+    assert died.returncode == -11 and "Fatal Python error: Segmentation fault" in died.stderr
+    after = subprocess.run(args, capture_output=True, text=True)
+    assert after.returncode == 0, after.stderr
+    assert "Last time, llama.cpp" in after.stderr and "--safe-mode" in after.stderr
+    again = subprocess.run(args, capture_output=True, text=True)
+    assert again.returncode == 0 and "Last time" not in again.stderr

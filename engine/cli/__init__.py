@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     exit_on_interrupt()  # a command that can stop gracefully installs its own handler
+    import faulthandler
+
+    faulthandler.enable()  # a native crash says where it happened on stderr, not nothing
     try:
         args = build_parser().parse_args(argv)
         from engine.llama import fatal

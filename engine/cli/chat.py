@@ -96,6 +96,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print(piece, end="", flush=True)
     all_spans: list[Any] = []
     failed = cancelled = False
+    from engine.llama import native
+
+    if args.safe_mode:
+        native.set_safe_mode(True, "--safe-mode")
+    crash = native.peek_crash()
+    if crash is not None and not native.safe_mode():  # said here; the window shows it too
+        print(f"ebb-engine: note: {crash.describe()} If this run dies the same way, add "
+              "--safe-mode.", file=sys.stderr, flush=True)
     testhooks.say_loading()  # test hook: the moment the load starts
     session = Session(cfg)  # Ctrl-C meanwhile ends the process at once (exit_on_interrupt)
     start_s = process_age_s()  # process start to model ready: imports, header, load, context
@@ -191,6 +199,8 @@ def register(sub: Any) -> None:
     p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
     add_session_flags(p)
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")
+    p.add_argument("--safe-mode", action="store_true",
+                   help="llama.cpp on the CPU only, without extra weight layouts (after a crash)")
     p.add_argument("--max-tokens", type=int, default=0,
                    help="cap on each reply's tokens (default 0: until the model stops or the "
                         "context is full)")

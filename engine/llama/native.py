@@ -239,6 +239,18 @@ def first_decode(model: Path) -> Iterator[None]:
     ok_now = read_record().get("ok")
     done = [k for k in ok_now if isinstance(k, str)][-200:] if isinstance(ok_now, list) else []
     write_record(ok=[*done, key])
+    _forget_crashes(model, safe)  # the same decode in the same mode ran now: not a lasting fault
+
+
+def _forget_crashes(model: Path, safe: bool) -> None:
+    folder = record_dir()
+    for path in folder.glob("decoding-*.json") if folder.is_dir() else []:
+        data = _read(path)
+        pid = int(str(data.get("pid", 0) or 0))
+        if (pid and pid != os.getpid() and not _alive(pid) and str(data.get("model")) == str(model)
+                and bool(data.get("safe_mode")) == safe):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _alive(pid: int) -> bool:
@@ -286,6 +298,21 @@ def _fault_signal(pid: int) -> str:
         if line.startswith("Fatal Python error: "):
             return line.removeprefix("Fatal Python error: ").strip()
     return ""
+
+
+def peek_crash() -> Crash | None:
+    """The newest crash left by a process that is gone, without forgetting it (the window
+    reports it and then forgets it)."""
+    folder = record_dir()
+    found = []
+    for path in folder.glob("decoding-*.json") if folder.is_dir() else []:
+        data = _read(path)
+        pid = int(str(data.get("pid", 0) or 0))
+        if pid and pid != os.getpid() and not _alive(pid):
+            found.append(Crash(str(data.get("model", "")), str(data.get("build", "")),
+                               str(data.get("cpu", "")), pid, float(str(data.get("when", 0.0) or 0.0)),
+                               bool(data.get("safe_mode")), ""))
+    return max(found, key=lambda c: c.when) if found else None
 
 
 def last_crash() -> Crash | None:
