@@ -3,6 +3,7 @@ curve per thread count, one plot per phase, the best, the cliff and the budget m
 button that uses each phase's best layers and threads."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pyqtgraph as pg
@@ -25,6 +26,7 @@ class TuneDialog(QDialog):
         self.resize(760, 580)
         # layers -> (prompt tok/s by threads, generation tok/s by threads)
         self.points: dict[int, tuple[dict[int, float], dict[int, float]]] = {}
+        self._started = time.monotonic()
         self.result: dict[str, Any] | None = None
         self.status = QLabel("Measuring: each run loads the model with a different number of "
                              "layers on the accelerator and times a prompt and a reply at each "
@@ -56,6 +58,8 @@ class TuneDialog(QDialog):
         w = pg.PlotWidget(title=title)
         w.showGrid(x=True, y=True, alpha=0.25)
         w.setLabel("left", "tokens/s")
+        for axis in ("left", "bottom"):  # plain numbers: no "(x0.001)" beside the axis
+            w.getAxis(axis).enableAutoSIPrefix(False)
         w.addLegend(offset=(-10, 10))
         return w
 
@@ -80,12 +84,21 @@ class TuneDialog(QDialog):
 
     def add_point(self, layers: int, prompt_tps: float, gen_tps: float,
                   prompt_by: dict[int, float] | None = None,
-                  gen_by: dict[int, float] | None = None) -> None:
+                  gen_by: dict[int, float] | None = None, max_layers: int = -1) -> None:
         self.points[layers] = (dict(prompt_by or {0: prompt_tps}), dict(gen_by or {0: gen_tps}))
         self._redraw()
-        self.status.setText(f"Run {len(self.points)}: {layers} layers → prompt {prompt_tps:.0f} "
-                            f"tok/s, generation {gen_tps:.1f} tok/s (each at its best thread "
-                            f"count)")
+        done = len(self.points)
+        elapsed = time.monotonic() - self._started
+        progress = f"Run {done}"
+        if max_layers >= 0:
+            from engine.measure.autotune import planned_runs
+
+            planned = max(planned_runs(max_layers), done)
+            left = elapsed / done * (planned - done)
+            progress += (f" of about {planned} (a search over 0–{max_layers} layers) · "
+                         f"{elapsed:.0f} s so far, about {left:.0f} s left")
+        self.status.setText(f"{progress}: {layers} layers → prompt {prompt_tps:.0f} tok/s, "
+                            f"generation {gen_tps:.1f} tok/s (each at its best thread count)")
 
     def finish(self, result: dict[str, Any]) -> None:
         self.stop_button.setEnabled(False)
@@ -103,10 +116,11 @@ class TuneDialog(QDialog):
         for plot, phase in ((self.gen_plot, "gen"), (self.prompt_plot, "prompt")):
             best, cliff = result[f"best_{phase}_layers"], result[f"cliff_{phase}_layers"]
             threads = result.get(f"best_{phase}_threads")
-            self._mark(plot, best, BEST, f"best {best}" + (f" · {threads} thr" if threads else ""))
+            # labels at different heights: best, cliff and budget often share a layer count
+            self._mark(plot, best, BEST, f"best {best}" + (f" · {threads} thr" if threads else ""), 0.92)
             if cliff is not None:
-                self._mark(plot, cliff, CLIFF, f"cliff {cliff}")
-            self._mark(plot, result["max_layers"], BUDGET, "budget", Qt.PenStyle.DashLine)
+                self._mark(plot, cliff, CLIFF, f"cliff {cliff}", 0.72)
+            self._mark(plot, result["max_layers"], BUDGET, "budget", 0.52, Qt.PenStyle.DashLine)
         n_all = result["max_layers"] + 1
         self.status.setText(
             f"Done: {result['n_runs']} runs instead of {n_all} (every count from 0 to "
@@ -124,10 +138,10 @@ class TuneDialog(QDialog):
                " · a long prompt moves to its layers when the move pays"))
         self.apply_button.setEnabled(True)
 
-    def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str,
+    def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str, height: float,
               style: Qt.PenStyle = Qt.PenStyle.SolidLine) -> None:
         line = pg.InfiniteLine(x, angle=90, pen=pg.mkPen(color, width=1, style=style), label=label,
-                               labelOpts={"position": 0.9, "color": color})
+                               labelOpts={"position": height, "color": color})
         plot.addItem(line)
         self._marks.append(line)
 

@@ -805,7 +805,8 @@ class MainWindow(QMainWindow):
     def _on_tune_point(self, ev: events.TunePoint) -> None:
         if getattr(self, "tune_dialog", None) is not None:
             self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps,
-                                       ev.prompt_tps_by_threads, ev.gen_tps_by_threads)
+                                       ev.prompt_tps_by_threads, ev.gen_tps_by_threads,
+                                       ev.max_layers)
 
     def _on_tune_finished(self, ev: events.TuneFinished) -> None:
         if getattr(self, "tune_dialog", None) is not None:

@@ -234,7 +234,7 @@ class EngineWorker(QObject):
         runs need the device to themselves). Stop (cancel) ends it between runs."""
         from engine.gguf.info import model_info, projector_info, read_gguf
         from engine.llama.devices import default_budget, pick_accelerator
-        from engine.measure.autotune import Cancelled, Measurer, autotune
+        from engine.measure.autotune import Cancelled, Measurer, autotune, max_layers
         from engine.placement.plan import projector_need_bytes
 
         self._cancel.clear()
@@ -256,12 +256,14 @@ class EngineWorker(QObject):
             headroom = (projector_need_bytes(proj, cfg.flash_attn)
                         if proj is not None and cfg.vision == "resident" else 0)
             budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
+            top = max_layers(info, accel, budget, cfg.n_ctx or 4096, cfg.n_batch, cfg.flash_attn,
+                             headroom, cfg.mover != "reload")
             m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
                          cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
                          on_point=lambda p: self.event.emit(events.TunePoint(
                              0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
                              prompt_tps_by_threads=p.prompt_tps_by_threads,
-                             gen_tps_by_threads=p.gen_tps_by_threads)),
+                             gen_tps_by_threads=p.gen_tps_by_threads, max_layers=top)),
                          live=cfg.mover != "reload",
                          # a thread count set in Settings is kept; else each phase's is searched
                          threads=(cfg.n_threads,) if cfg.n_threads else None,

@@ -130,6 +130,7 @@ class TunePoint(Event):
     gen_tps: float
     prompt_tps_by_threads: dict[int, float] = field(default_factory=dict)
     gen_tps_by_threads: dict[int, float] = field(default_factory=dict)
+    max_layers: int = -1  # the search's upper end (the most that fit the budget); -1: unknown
 
 
 @dataclass(frozen=True)

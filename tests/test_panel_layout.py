@@ -126,3 +126,24 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
     assert tip.startswith("layer 0: RAM") and "MiB" in tip
     w.close()
     store.close()
+
+
+def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
+    from app.tune import TuneDialog
+    from engine.measure.autotune import planned_runs
+
+    dlg = TuneDialog()
+    qtbot.addWidget(dlg)
+    dlg.add_point(0, 120.0, 30.0, {1: 120.0}, {1: 30.0}, max_layers=30)
+    assert f"Run 1 of about {planned_runs(30)}" in dlg.status.text() and "s left" in dlg.status.text()
+    assert planned_runs(30) < 31 and planned_runs(2) == 3
+    result = {"points": [{"layers": 0, "prompt_tps": 120.0, "gen_tps": 30.0},
+                         {"layers": 30, "prompt_tps": 300.0, "gen_tps": 45.0}],
+              "best_gen_layers": 30, "best_prompt_layers": 30, "cliff_gen_layers": None,
+              "cliff_prompt_layers": None, "max_layers": 30, "n_runs": 2, "best_gen_tps": 45.0,
+              "best_prompt_tps": 300.0, "best_gen_threads": 1, "best_prompt_threads": 1,
+              "threads_searched": [1]}
+    dlg.finish(result)
+    heights = {m.label.orthoPos for m in dlg._marks if m.value() == 30}
+    assert len(heights) == 2  # best and budget at layer 30: labels at two heights
+    assert not dlg.gen_plot.getAxis("left").autoSIPrefix

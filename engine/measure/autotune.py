@@ -302,6 +302,16 @@ def max_layers(info: ModelInfo, accel: str, budget: int, n_ctx: int, n_batch: in
     return 0 if isinstance(placement, DoesNotFit) else placement.n_gpu_layers
 
 
+def planned_runs(top: int) -> int:
+    """About how many runs autotune makes over 0..top layers: all of them up to 3, else the
+    run at 0 and a golden-section search (about log_phi(top) + 2)."""
+    import math
+
+    if top <= 3:
+        return top + 1
+    return 1 + math.ceil(math.log(top) / math.log((1 + 5 ** 0.5) / 2)) + 2
+
+
 def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
     info = measure.info
     top = max_layers(info, measure.accel, budget, measure.n_ctx, measure.n_batch,
