@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.store import Message, Store, StoreError
+from engine import stops
 from engine.config import SessionConfig
 
 
@@ -27,7 +28,6 @@ class Pending:
 
 COMMIT_EVERY_S = 1.0  # a streaming reply is committed at least this often
 # stops after which a reply can go on (a full context: older turns make room, by the policy)
-CONTINUABLE = ("length", "cancelled", "context_full")
 
 
 class ChatState:
@@ -131,7 +131,8 @@ class ChatState:
     def can_continue(self) -> bool:
         last = self.last_message()
         return (self.can_send() and last is not None and last.role == "assistant"
-                and (last.stats.get("stop_reason") in CONTINUABLE or last.state == "interrupted"))
+                and (stops.can_continue(str(last.stats.get("stop_reason") or ""))
+                     or last.state == "interrupted"))
 
     def continue_last(self) -> Pending | None:
         """The last reply, to go on with (None when it cannot)."""

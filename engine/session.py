@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine import events
+from engine import events, stops
 from engine.config import PhaseTuning, SessionConfig, thread_plan
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
@@ -315,7 +315,7 @@ class Session:
             assert self.runtime is not None
             before = self.history[-1]
             accel = self.placement.accel or CPU
-            if self._reply_open and self._last_stop != "context_full":
+            if self._reply_open and stops.resumes_from_cache(self._last_stop):
                 t0 = time.monotonic()
                 result = self.runtime.resume(gp, on_text, cancel)
                 tl.add("decode", t0, t0 + result.gen_s, accel)
@@ -346,7 +346,7 @@ class Session:
             # count saved, so adding the new tokens to it would count only those
             res.gen["n_reply_tokens"] = len(self.runtime.tokenize(before.text + result.text, False))
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
-            self._reply_open = result.stop_reason in ("length", "cancelled")
+            self._reply_open = stops.resumes_from_cache(result.stop_reason)
             self._last_stop = result.stop_reason
             res.shifted_cells = self.runtime.last_shift[1]
         except EbbError as exc:
@@ -628,7 +628,7 @@ class Session:
         assert self.runtime is not None
         res.shifted_cells = self.runtime.last_shift[1]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
-        self._reply_open = result.stop_reason in ("length", "cancelled")
+        self._reply_open = stops.resumes_from_cache(result.stop_reason)
         self._last_stop = result.stop_reason
 
     def _run_prompt(self, prompt: Any, keys: list[str], gp: GenParams,

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from engine import stops
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
@@ -762,7 +763,7 @@ class TextRuntime:
             # here, in this turn's time, not in whatever touches the device next (a swap)
             L.llama_synchronize(self.ctx)
         self._utf8_state = decoder.getstate()
-        if stop in ("length", "cancelled"):  # a reply that may go on keeps a cut character's bytes
+        if stops.resumes_from_cache(stop):  # a reply that may go on keeps a cut character's bytes
             return "".join(pieces), n_gen, stop
         tail = decoder.decode(b"", final=True)
         if tail:
