@@ -122,12 +122,6 @@ class Transcript(QTextBrowser):
         cur.removeSelectedText()
         self._last_start = self._start_of_last()
 
-    def replace_last(self, m: Message) -> None:
-        """The last message changed (a reply saved, a reply continued): render it again."""
-        if self._messages:
-            self.remove_last()
-        self.append_message(m)
-
     # ------------------------------------------------------------ streaming
 
     def begin_reply(self, so_far: Message | None = None, scroll: bool = False) -> None:

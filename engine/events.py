@@ -39,11 +39,6 @@ pause_point = testhooks.pause_point  # test hook: engine/testhooks.py
 
 
 @dataclass(frozen=True)
-class TokenText(Event):
-    text: str
-
-
-@dataclass(frozen=True)
 class TurnFinished(Event):
     result: dict[str, Any]
 
