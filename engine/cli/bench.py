@@ -160,7 +160,7 @@ def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
 
 
 def cmd_bench_phases(args: argparse.Namespace) -> int:
-    from engine.cli.chat import _read_tuning
+    from engine.cli.chat import read_tuning
     from engine.config import SessionConfig
     from engine.gguf.models import resolve_model_path
     from engine.measure.phases_bench import bench_phases
@@ -169,7 +169,7 @@ def cmd_bench_phases(args: argparse.Namespace) -> int:
     cfg = SessionConfig(model_path=resolve_model_path(args.model), n_ctx=args.ctx,
                         n_threads=args.threads, rpc=tuple(args.rpc),
                         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None)
-    out = bench_phases(cfg, _read_tuning(args.tuning), args.repeats)
+    out = bench_phases(cfg, read_tuning(args.tuning), args.repeats)
     if args.json:
         print(json.dumps(out))
         return 0

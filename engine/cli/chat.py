@@ -39,7 +39,7 @@ def _read_script(path: str) -> list[dict[str, Any]]:
             for t in turns]
 
 
-def _read_tuning(path: str) -> PhaseTuning:
+def read_tuning(path: str) -> PhaseTuning:
     """Autotune's JSON (`ebb-engine autotune --json > FILE`) as a per-phase choice."""
     try:
         return PhaseTuning.from_autotune(json.loads(Path(path).read_text()))
@@ -63,7 +63,7 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
     if args.threads_batch is not None and args.threads_batch <= 0:
         raise EbbError(f"--threads-batch must be positive, got {args.threads_batch}")
     return SessionConfig(
-        phases=_read_tuning(args.tuning) if args.tuning else None,
+        phases=read_tuning(args.tuning) if args.tuning else None,
         n_threads_batch=args.threads_batch,
         model_path=resolve_model_path(args.model),
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
