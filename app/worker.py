@@ -246,7 +246,7 @@ class EngineWorker(QObject):
         try:
             self._close_session()
             self._loaded_with = None
-            cfg = replace(resolve_paths(before[0] if before else cfg), rpc=tuple(rpc))
+            cfg = replace(resolve_paths(cfg), rpc=tuple(rpc))  # what to measure (threads searched)
             accel = pick_accelerator(cfg.rpc, cfg.accel)
             if accel is None:
                 raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
