@@ -67,17 +67,6 @@ class LoadParams:
 
 
 REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over (llama.cpp's default)
-ABORT_POLL_S = 0.05  # how often a prefill's watcher looks at Stop (see TextRuntime._abort_on)
-
-
-@functools.lru_cache(maxsize=1)
-def _strlen_callback() -> Any:
-    """libc's strlen as a ggml_abort_callback: it returns the length of the flag's text, 0
-    (go on) or 1 (stop), read as a bool; no Python, no GIL, per graph node."""
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-    return llama().ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
 
 
 @dataclass(frozen=True)
@@ -261,7 +250,6 @@ class TextRuntime:
         self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         self._decoded = False  # the first decode is guarded (engine.llama.native)
         self._cancel: threading.Event | None = None  # set while a prefill may be stopped
-        self._abort_flag: Any = None  # the abort callback's flag, while a prefill runs
         self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
         try:
             self._load()
@@ -401,7 +389,7 @@ class TextRuntime:
     # ------------------------------------------------------------ evaluation
 
     def _check(self, rc: int) -> None:
-        if rc == 2 and self._abort_flag is not None and self._abort_flag.value:  # our abort
+        if rc == 2 and self._cancel is not None and self._cancel.is_set():  # our abort callback
             # llama.cpp removed the aborted micro-batch's cells; those of earlier micro-batches
             # of the same batch are not in our books: drop them too
             L = llama()
@@ -521,36 +509,21 @@ class TextRuntime:
 
     @contextlib.contextmanager
     def _abort_on(self, cancel: threading.Event | None) -> Iterator[None]:
-        """llama.cpp's abort callback stops a prompt's graph when `cancel` is set. ggml calls it
-        for every graph node on its own threads, so it is C, not Python (a Python callback took
-        the GIL per node: the prefill ran 13% slower): libc's strlen on a one-byte flag, which
-        a watcher thread sets when `cancel` is (it looks every ABORT_POLL_S)."""
+        """llama.cpp's abort callback asks `cancel` while a prompt's graph computes (armed for
+        the prefill only: it is called per graph node)."""
         if cancel is None:
             yield
             return
         L = llama()
         self._cancel = cancel
-        flag = ctypes.create_string_buffer(2)  # "": go on; "x": stop
-        self._abort_flag = flag
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.wait(ABORT_POLL_S):
-                if cancel.is_set():
-                    flag.value = b"x"
-                    return
-
-        L.llama_set_abort_callback(self.ctx, _strlen_callback(), ctypes.cast(flag, ctypes.c_void_p))
-        watcher = threading.Thread(target=watch, name="ebb-prefill-stop", daemon=True)
-        watcher.start()
+        cb = L.ggml_abort_callback(lambda _data: bool(cancel.is_set()))
+        L.llama_set_abort_callback(self.ctx, cb, None)
         try:
             yield
         finally:
-            done.set()
-            watcher.join()
             L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(0), None)
             self._cancel = None
-            self._abort_flag = None
+            del cb
 
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
