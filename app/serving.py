@@ -32,10 +32,12 @@ class WindowBackend:
         self.model_id = ""
         self.model_path = Path()
         self.served = 0
+        self.vision = False  # the loaded model has a projector
         self.busy_with: Job | None = None  # the job the worker is answering (its thread sets it)
 
-    def set_model(self, path: str) -> None:
+    def set_model(self, path: str, vision: bool = False) -> None:
         """The window loaded a model: requests name it from now on."""
+        self.vision = vision
         self.model_path = Path(path)
         self.model_id = self.model_path.stem
         self.ready.set()

@@ -858,7 +858,7 @@ class MainWindow(QMainWindow):
                                      f"{images}{gone}", 8000)
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
-        self.server_backend.set_model(ev.model_path)
+        self.server_backend.set_model(ev.model_path, vision=bool(ev.details.get("projector")))
         d = ev.details
         self._loaded = d
         self.progress.hide()

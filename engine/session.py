@@ -360,6 +360,51 @@ class Session:
         res.device_peak_bytes = self.ledger.peaks()
         return res
 
+    def complete(self, prompt: str | Sequence[int], gp: GenParams | None = None,
+                 on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> TurnResult:
+        """A raw completion (the local server's /v1/completions): `prompt` as it is, text or
+        token ids, no chat template and no history. The conversation is untouched; the KV
+        cache is reused up to where the prompts differ (the next turn does the same)."""
+        tl = self._new_request()
+        res = TurnResult(self._request_id, spans=tl.spans)
+        self._check_device()
+        try:
+            assert self.runtime is not None
+            tokens = (self.runtime.tokenize(prompt, add_special=True) if isinstance(prompt, str)
+                      else list(prompt))
+            if not tokens:
+                raise EbbError("the prompt is empty")
+            if any(t >= self.info.n_vocab for t in tokens):
+                raise EbbError(f"a token id is outside the model's vocabulary of {self.info.n_vocab}")
+            result = self._run_prompt(tokens, [], gp or GenParams(), on_text, cancel, tl)
+            res.text = result.text
+            res.gen = result.to_dict()
+            res.gen["flash_attn"] = self.cfg.flash_attn
+            del res.gen["text"]
+            res.shifted_cells = self.runtime.last_shift[1]
+        except EbbError as exc:
+            res.error = str(exc)
+        except TurnCancelled as exc:
+            res.reason = str(exc)
+            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
+                       "stop_reason": "cancelled"}
+        res.device_peak_bytes = self.ledger.peaks()
+        return res
+
+    def embed(self, inputs: Sequence[str | Sequence[int]]) -> tuple[list[list[float]], int]:
+        """Embeddings of texts (or token ids) from the loaded model, and the tokens they took;
+        the conversation and its KV cache are untouched."""
+        assert self.runtime is not None
+        self._check_device()
+        tokens = [self.runtime.tokenize(x, add_special=True) if isinstance(x, str) else list(x)
+                  for x in inputs]
+        if any(not t for t in tokens):
+            raise EbbError("an input has no tokens")
+        if any(t >= self.info.n_vocab for ts in tokens for t in ts):
+            raise EbbError(f"a token id is outside the model's vocabulary of {self.info.n_vocab}")
+        return self.runtime.embed(tokens), sum(len(t) for t in tokens)
+
     # ------------------------------------------------------------ the context's limit
 
     @property
@@ -743,20 +788,29 @@ class Session:
             self.encoder.learn("restore", self.accel, t1 - t0, copied, mover="live")
 
 
-def turn_with_recovery(session: Session, text: str, image_paths: Sequence[str | Path] = (),
+def turn_with_recovery(session: Session, text: str | Sequence[int],
+                       image_paths: Sequence[str | Path] = (),
                        gp: GenParams | None = None, on_text: Callable[[str], None] | None = None,
                        cancel: threading.Event | None = None,
-                       emit: Callable[[events.Event], None] | None = None) -> tuple[Session, TurnResult]:
+                       emit: Callable[[events.Event], None] | None = None,
+                       raw: bool = False) -> tuple[Session, TurnResult]:
     """A turn that survives its RPC server going away between turns: the session is rebuilt on
     the devices left, with the conversation, and the turn runs there. Returns the session to
-    use from now on (the same one when nothing happened)."""
+    use from now on (the same one when nothing happened). `raw`: a completion of `text` as it
+    is (Session.complete), not a chat turn."""
+    def run(s: Session) -> TurnResult:
+        if raw:
+            return s.complete(text, gp, on_text, cancel)
+        assert isinstance(text, str)
+        return s.turn(text, image_paths, gp, on_text, cancel)
+
     try:
-        return session, session.turn(text, image_paths, gp, on_text, cancel)
+        return session, run(session)
     except DeviceLost as exc:
         new = Session(replace(session.cfg, accel=None), emit=emit)
         new.adopt_conversation(session)
         session.close()  # abandoned: drops its handles without touching the lost device
-        res = new.turn(text, image_paths, gp, on_text, cancel)
+        res = run(new)
         res.reason = f"{exc}; now on {new.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")
         res.device_lost = str(exc)
         return new, res

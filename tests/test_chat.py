@@ -90,3 +90,23 @@ def test_ctrl_c_stops_cleanly_with_partial_result():
     assert proc.returncode == 130
     assert "Traceback" not in err
     assert "stop: cancelled" in err
+
+
+def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
+    """#29: an embedding is computed in a context of its own: the conversation's KV cache and
+    the reply that follows are those of a run without it."""
+    rt = text_runtime
+    msgs = [{"role": "user", "content": "Name three birds."}]
+    gp = GenParams(max_tokens=8, temperature=0)
+    rt.reset()
+    first = rt.generate(msgs, gp).text
+    cached = list(rt._cached)
+    (vec,) = rt.embed([rt.tokenize("A red apple.", add_special=True)])
+    assert len(vec) == rt.info.n_embd and abs(sum(x * x for x in vec) - 1) < 1e-6
+    assert rt._cached == cached
+    again = rt.generate(msgs + [{"role": "assistant", "content": first},
+                                {"role": "user", "content": "And three fish?"}], gp)
+    assert again.n_prompt_tokens_evaluated < again.n_prompt_tokens  # the prefix was reused
+    rt.reset()
+    assert rt.generate(msgs + [{"role": "assistant", "content": first},
+                               {"role": "user", "content": "And three fish?"}], gp).text == again.text

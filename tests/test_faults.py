@@ -633,7 +633,9 @@ def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector
     print("\nsoak:", {k: v for k, v in out.items() if k != "errors"})
     assert out["errors"] == []
     assert out["swaps"] == 6 and out["cache_evictions"] > 0 and out["turns_dropped"] > 0
-    assert out["fds_end"] == out["fds_after_first_turn"]
+    # nothing the turns after the warm-up opened stays open (a leak shows here by kind; others'
+    # descriptors that close meanwhile, a finished test's socket, do not count)
+    assert out["fds_kept_after_warmup"] == {}
     assert out["ledger_end"] == out["ledger_after_first_turn"]
     assert out["image_cache_bytes_end"] <= 32 * 1024
 

@@ -407,3 +407,116 @@ def _vision_equals_cli(strategy: str, model_path: Path, base_projector: Path, pi
 def test_an_image_through_each_strategy_equals_the_cli(strategy, model_path, base_projector,
                                                        pictures):
     _vision_equals_cli(strategy, model_path, base_projector, pictures)
+
+
+# ------------------------------------------------------------------ tools, completions, embeddings (#29)
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}
+
+
+def test_the_official_clients_tool_calling_loop(server):
+    """#29: a call that follows the function's schema (streamed: in one delta), then the call
+    and its result go back in the history and the model answers in text."""
+    client = server.client()
+    msgs: list = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    first = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER],
+                                           tool_choice="required", temperature=0, max_tokens=80)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and call.type == "function" and call.id
+    assert set(args) == {"city", "unit"} and isinstance(args["city"], str) and args["unit"] in ("C", "F")
+    streamed = list(client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER],
+                                                   tool_choice="required", temperature=0,
+                                                   max_tokens=80, stream=True))
+    calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == args
+    assert not any(c.choices[0].delta.content for c in streamed if c.choices)
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
+    # the loop: the client sends the call (the message object itself) and the tool's result
+    msgs += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "4 degrees, rain"}]
+    final = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER],
+                                           tool_choice="none", temperature=0, max_tokens=20)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    # auto: the model picks; whichever it is, it is well formed
+    auto = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER],
+                                          temperature=0, max_tokens=60).choices[0]
+    print(f"\ncall: {args}; after the result: {final.choices[0].message.content!r}; "
+          f"auto: {auto.finish_reason} {auto.message.content or auto.message.tool_calls}")
+    if auto.finish_reason == "tool_calls":
+        assert set(json.loads(auto.message.tool_calls[0].function.arguments)) == {"city", "unit"}
+    else:
+        assert auto.message.content and not auto.message.content.lstrip().startswith("{")
+
+
+@pytest.fixture(scope="module")
+def bare(model_path):
+    """llama-cpp-python's own Llama on the same model: the peer the endpoints are checked against."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(model_path), n_ctx=2048, n_threads=N_THREADS, flash_attn=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+def test_completions_equal_the_bare_librarys(server, bare):
+    """#29: /v1/completions is the prompt as it is (no chat template), greedy token for token
+    what llama-cpp-python's create_completion gives; streamed the same; echo and logprobs."""
+    client = server.client()
+    prompt = "The three primary colours are"
+    want = bare.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    done = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0)
+    assert done.choices[0].text == want and done.choices[0].finish_reason == "length"
+    assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == len(
+        bare.tokenize(prompt.encode()))
+    streamed = list(client.completions.create(model="m", prompt=prompt, max_tokens=12,
+                                              temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want
+    assert streamed[-1].choices[0].finish_reason == "length"
+    echoed = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0,
+                                       echo=True)
+    assert echoed.choices[0].text == prompt + want
+    lp = client.completions.create(model="m", prompt=prompt, max_tokens=4, temperature=0,
+                                   logprobs=2).choices[0].logprobs
+    assert "".join(lp.tokens) == want[:len("".join(lp.tokens))] and len(lp.tokens) == 4
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) == 2 for t in lp.top_logprobs)
+    assert lp.text_offset[0] == 0
+
+
+def test_embeddings_equal_the_bare_librarys_mean(server, bare, model_path):
+    """#29: /v1/embeddings from the loaded model, mean-pooled and unit length, as
+    llama-cpp-python's embed gives them; floats or base64; the chat is unaffected."""
+    import math
+    import struct
+
+    from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+
+    texts = ["A red apple.", "The sea is calm tonight, and the tide is full."]
+    peer = Llama(str(model_path), n_ctx=512, n_threads=N_THREADS, embedding=True,
+                 pooling_type=LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    want = [peer.embed(t, normalize=True) for t in texts]
+    peer.close()
+    client = server.client()
+    got = client.embeddings.create(model="m", input=texts)
+    assert [d.index for d in got.data] == [0, 1]
+    for g, w in zip(got.data, want):
+        assert len(g.embedding) == len(w) == 576
+        assert abs(math.sqrt(sum(x * x for x in g.embedding)) - 1) < 1e-4
+        assert sum(a * b for a, b in zip(g.embedding, w)) > 0.999  # cosine
+    assert got.usage.prompt_tokens == sum(len(bare.tokenize(t.encode())) for t in texts)
+    status, _, body = Raw(server.port).call("POST", "/v1/embeddings", {
+        "model": "m", "input": texts[0], "encoding_format": "base64"}, key=KEY)
+    assert status == 200
+    packed = base64.b64decode(body["data"][0]["embedding"])
+    assert struct.unpack(f"<{len(packed) // 4}f", packed) == pytest.approx(got.data[0].embedding, abs=1e-6)
+    status, _, body = Raw(server.port).call("POST", "/v1/embeddings", {
+        "model": "m", "input": "x", "dimensions": 64}, key=KEY)
+    assert status == 400 and body["error"]["param"] == "dimensions"
+    models = Raw(server.port).call("GET", "/v1/models", key=KEY)[2]["data"][0]
+    assert {"completions", "embeddings", "tools"} <= set(models["capabilities"])

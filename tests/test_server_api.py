@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
 
 @pytest.mark.parametrize("body, param, says", [
     ({}, "messages", "non-empty list"),
-    (user("x") | {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "unsupported role"),
+    (user("x") | {"messages": [{"role": "function", "content": "x"}]}, "messages[0].role", "unsupported role"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
      "messages", "last message"),
     (user([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]),
@@ -86,12 +87,12 @@ def test_stop_sequences_cut_the_reply_where_the_first_begins(pieces, stops, show
 
 
 def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
-    """#29: response_format, tools, logprobs... get a 400 that names them; their neutral values
+    """#29: response_format, legacy functions, logprobs... get a 400 that names them; their neutral values
     (what clients send by default) and fields that change nothing are accepted."""
     from engine.server.api import ApiError, parse_chat_request
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
-    for name, value in (("response_format", {"type": "xml"}), ("tools", [{"type": "function"}]),
+    for name, value in (("response_format", {"type": "xml"}), ("functions", [{"name": "f"}]),
                         ("top_logprobs", 3), ("frequency_penalty", 0.5),
                         ("tool_choice", "required"), ("something_new", 1)):
         with pytest.raises(ApiError) as exc:
@@ -162,3 +163,132 @@ def test_logprobs_are_asked_for_with_their_count():
         with pytest.raises(ApiError) as exc:
             parse_chat_request({**base, **bad})
         assert exc.value.status == 400 and exc.value.param in ("logprobs", "top_logprobs")
+
+
+# ------------------------------------------------------------------ tools (#29)
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["C", "F"]}},
+                   "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+def test_a_tool_loop_becomes_a_history_the_model_can_read():
+    from engine.server.api import parse_chat_request
+
+    req = parse_chat_request({"model": "m", "tools": [WEATHER, TIME], "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"}]})
+    assert req.tool_choice.mode == "auto" and [t.name for t in req.callable_tools()] == ["get_weather", "get_time"]
+    assert [t.role for t in req.history] == ["user", "assistant"]
+    assert json.loads(req.history[1].text) == {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}
+    assert req.last.role == "user" and req.last.text == "The function get_weather returned: 4 degrees, rain"
+    assert "Be brief." in req.system and '"get_time"' in req.system and "plain text" in req.system
+    assert "ebb-tool-call" in req.grammar and "ebb-text" in req.grammar
+    # required, or one function by name: the grammar allows a call only
+    named = parse_chat_request({"model": "m", "tools": [WEATHER, TIME], "messages": [
+        {"role": "user", "content": "Hi"}],
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    assert [t.name for t in named.callable_tools()] == ["get_time"] and "ebb-text" not in named.grammar
+    assert "get_weather" not in named.grammar and "get_weather" not in named.system
+    # none: the tools are not offered at all
+    none = parse_chat_request({"model": "m", "tools": [WEATHER], "tool_choice": "none",
+                               "messages": [{"role": "user", "content": "Hi"}]})
+    assert none.callable_tools() == () and none.grammar == "" and none.system is None
+
+
+@pytest.mark.parametrize("bad, param", [
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "tool", "tool_call_id": "x", "content": "1"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}]},
+                   {"role": "user", "content": "Hi"}]}, "messages[0].tool_calls[0]"),
+])
+def test_a_bad_tool_request_is_a_400_naming_the_field(bad, param):
+    from engine.server.api import ApiError, parse_chat_request
+
+    with pytest.raises(ApiError) as exc:
+        parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "Hi"}], **bad})
+    assert exc.value.status == 400 and exc.value.param == param
+
+
+def test_the_tool_grammars_are_ones_llama_cpp_accepts():
+    """Each grammar compiles in llama.cpp's own parser (a broken one fails the request there)."""
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    from engine.server.tools import grammar, parse_tool_choice, parse_tools
+
+    tools = parse_tools([WEATHER, TIME])
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
+        LlamaGrammar.from_string(grammar(tools, parse_tool_choice(choice, tools)), verbose=False)
+
+
+def test_a_reply_is_a_call_only_when_it_is_one():
+    from engine.server.tools import CallGate, parse_tool_choice, parse_tools, read_call
+
+    tools = parse_tools([WEATHER])
+    auto = parse_tool_choice("auto", tools)
+    call = read_call('{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}', tools, auto)
+    assert call is not None and call.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.arguments) == {"city": "Oslo", "unit": "C"}
+    assert read_call("It rains.", tools, auto) is None
+    assert read_call('{"name": "get_weather", "argu', tools, auto) is None  # cut short: text
+    assert read_call('{"name": "other", "arguments": {}}', tools, auto) is None
+    assert read_call('{"name": "get_weather", "arguments": {}}', tools,
+                     parse_tool_choice("none", tools)) is None
+    # streaming: text goes out as it comes; what may be a call is held to the end
+    gate = CallGate(True)
+    assert [gate.feed(p) for p in (" ", "\n", "It", " rains")] == ["", "", " \nIt", " rains"]
+    gate = CallGate(True)
+    assert [gate.feed(p) for p in (" ", '{"na', 'me"')] == ["", "", ""] and gate.flush() == ' {"name"'
+    assert CallGate(False).feed("{") == "{"
+
+
+# ------------------------------------------------------------------ completions, embeddings (#29)
+
+def test_a_completion_request_is_checked():
+    from engine.server.api import DEFAULT_COMPLETION_TOKENS, ApiError, parse_completion_request
+
+    req = parse_completion_request({"model": "m", "prompt": "Once upon"})
+    assert req.prompt == "Once upon" and req.max_tokens == DEFAULT_COMPLETION_TOKENS and req.top_logprobs == -1
+    assert parse_completion_request({"model": "m", "prompt": ["Once"]}).prompt == "Once"
+    assert parse_completion_request({"model": "m", "prompt": [1, 2, 3]}).prompt == (1, 2, 3)
+    assert parse_completion_request({"model": "m", "prompt": [[1, 2]], "logprobs": 2}).top_logprobs == 2
+    for bad, param in (({"prompt": ["a", "b"]}, "prompt"), ({}, "prompt"), ({"prompt": 5}, "prompt"),
+                       ({"prompt": "a", "suffix": "z"}, "suffix"), ({"prompt": "a", "n": 2}, "n"),
+                       ({"prompt": "a", "logprobs": 6}, "logprobs"),
+                       ({"prompt": "a", "logprobs": 1, "echo": True}, "logprobs"),
+                       ({"prompt": "a", "messages": []}, "messages")):
+        with pytest.raises(ApiError) as exc:
+            parse_completion_request({"model": "m", **bad})
+        assert exc.value.status == 400 and exc.value.param == param
+
+
+def test_an_embedding_request_is_checked():
+    from engine.server.api import ApiError, embedding_list, parse_embedding_request
+
+    assert parse_embedding_request({"input": "a"}).inputs == ("a",)
+    assert parse_embedding_request({"input": ["a", "b"]}).inputs == ("a", "b")
+    assert parse_embedding_request({"input": [5, 6]}).inputs == ((5, 6),)
+    assert parse_embedding_request({"input": [[5], [6, 7]], "encoding_format": "base64"}).base64
+    for bad, param in (({"input": ""}, "input"), ({}, "input"), ({"input": []}, "input"),
+                       ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+                       ({"input": "a", "truncate": True}, "truncate")):
+        with pytest.raises(ApiError) as exc:
+            parse_embedding_request(bad)
+        assert exc.value.status == 400 and exc.value.param == param
+    packed = embedding_list("m", [[0.5, -1.0]], 3, True)["data"][0]["embedding"]
+    import struct
+    assert struct.unpack("<2f", base64.b64decode(packed)) == (0.5, -1.0)

@@ -123,7 +123,9 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     if out["server_rss_end"]:
         print(f"server RSS   {out['server_rss_after_warmup'] / mib:.1f} MiB -> "
               f"{out['server_rss_end'] / mib:.1f} MiB")
-    print(f"open fds     {out['fds_after_first_turn']} -> {out['fds_end']}")
+    print(f"open fds     {out['fds_after_warmup']} after warm-up -> {out['fds_end']} at the end"
+          + (f"; opened and kept: {out['fds_kept_after_warmup']}" if out["fds_kept_after_warmup"]
+             else ""))
     print(f"ledger       {fmt_bytes(out['ledger_after_first_turn'])} -> {fmt_bytes(out['ledger_end'])}")
     return 0
 

@@ -67,6 +67,15 @@ class LoadParams:
 
 
 REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over (llama.cpp's default)
+ABORT_POLL_S = 0.05  # how often a prefill's watcher looks at Stop (see TextRuntime._abort_on)
+
+
+@functools.lru_cache(maxsize=1)
+def _strlen_callback() -> Any:
+    """libc's strlen as a ggml_abort_callback: it returns the length of the flag's text, 0
+    (go on) or 1 (stop), read as a bool; no Python, no GIL, per graph node."""
+    libc = ctypes.CDLL(None)  # this process's own symbols: libc is among them
+    return llama().ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
 
 
 @dataclass(frozen=True)
@@ -250,6 +259,7 @@ class TextRuntime:
         self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         self._decoded = False  # the first decode is guarded (engine.llama.native)
         self._cancel: threading.Event | None = None  # set while a prefill may be stopped
+        self._abort_flag: Any = None  # the abort callback's flag, while a prefill runs
         self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
         try:
             self._load()
@@ -308,6 +318,61 @@ class TextRuntime:
         finally:
             L.llama_free(ctx)
 
+    def embed(self, inputs: Sequence[list[int]]) -> list[list[float]]:
+        """One vector per token list: the model's own pooling (an embedding model's GGUF says
+        which), else the mean over the tokens, L2-normalised. Computed in a context of its own
+        on the loaded weights, so the conversation's KV cache is untouched, with its KV cache in
+        RAM and freed before returning: no device memory stays taken."""
+        L = llama()
+        longest = max(len(t) for t in inputs)
+        if longest > self.n_ctx:
+            raise EbbError(f"an input is {longest} tokens; the model's context holds {self.n_ctx}",
+                           "send a shorter text")
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(longest, 8)
+        cparams.n_seq_max = 1
+        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
+        cparams.embeddings = True
+        cparams.offload_kqv = False
+        if self.params.flash_attn is not None:
+            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
+        ctx = None
+        for pooling in (L.LLAMA_POOLING_TYPE_UNSPECIFIED, L.LLAMA_POOLING_TYPE_MEAN):
+            cparams.pooling_type = pooling
+            ctx = L.llama_init_from_model(self.model, cparams)
+            if not ctx:
+                raise EbbError(f"llama.cpp could not create a context for embeddings: "
+                               f"{llama_log.last_error('out of memory?')}")
+            if L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE:
+                break  # the model's own, or the mean
+            L.llama_free(ctx)
+        try:
+            if L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_RANK:
+                raise EbbError("this model ranks pairs of texts; it makes no embeddings")
+            n_embd = L.llama_model_n_embd(self.model)
+            out = []
+            for tokens in inputs:
+                L.llama_memory_clear(L.llama_get_memory(ctx), True)
+                batch = L.llama_batch_init(len(tokens), 0, 1)
+                try:
+                    batch.n_tokens = len(tokens)
+                    for j, tok in enumerate(tokens):
+                        batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, j, 1
+                        batch.seq_id[j][0], batch.logits[j] = 0, True
+                    rc = L.llama_decode(ctx, batch)
+                finally:
+                    L.llama_batch_free(batch)
+                if rc != 0:
+                    raise EbbError(f"llama.cpp could not compute the embedding (code {rc}): "
+                                   f"{llama_log.last_error('no detail')}")
+                vec = np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, 0),
+                                            shape=(n_embd,)).astype(np.float64)
+                norm = float(np.linalg.norm(vec))
+                out.append((vec / norm if norm > 0 else vec).tolist())
+            return out
+        finally:
+            L.llama_free(ctx)
+
     def logits_for(self, tokens: list[int]) -> np.ndarray:
         """Last-position logits of `tokens` from an empty context (the KV cache is cleared)."""
         L = llama()
@@ -360,6 +425,9 @@ class TextRuntime:
             n = L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, True)
         return list(buf[:n])
 
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self._piece(t) for t in tokens).decode("utf-8", errors="replace")
+
     def _logprobs(self, token: int, k: int) -> dict[str, Any]:
         """The sampled token's log-probability and the `k` most likely, from the last logits."""
         L = llama()
@@ -389,7 +457,7 @@ class TextRuntime:
     # ------------------------------------------------------------ evaluation
 
     def _check(self, rc: int) -> None:
-        if rc == 2 and self._cancel is not None and self._cancel.is_set():  # our abort callback
+        if rc == 2 and self._abort_flag is not None and self._abort_flag.value:  # our abort
             # llama.cpp removed the aborted micro-batch's cells; those of earlier micro-batches
             # of the same batch are not in our books: drop them too
             L = llama()
@@ -509,21 +577,40 @@ class TextRuntime:
 
     @contextlib.contextmanager
     def _abort_on(self, cancel: threading.Event | None) -> Iterator[None]:
-        """llama.cpp's abort callback asks `cancel` while a prompt's graph computes (armed for
-        the prefill only: it is called per graph node)."""
+        """llama.cpp's abort callback stops a prompt's graph when `cancel` is set. ggml calls it
+        for every graph node on its own threads, so it is C, not Python (a Python callback took
+        the GIL per node: the prefill ran 13% slower): libc's strlen on a one-byte flag, which
+        a watcher thread sets when `cancel` is (it looks at once, before the prompt starts,
+        then every ABORT_POLL_S)."""
         if cancel is None:
             yield
             return
         L = llama()
         self._cancel = cancel
-        cb = L.ggml_abort_callback(lambda _data: bool(cancel.is_set()))
-        L.llama_set_abort_callback(self.ctx, cb, None)
+        flag = ctypes.create_string_buffer(2)  # "": go on; "x": stop
+        self._abort_flag = flag
+        done, looked = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while True:
+                if cancel.is_set():
+                    flag.value = b"x"
+                looked.set()
+                if flag.value or done.wait(ABORT_POLL_S):
+                    return
+
+        L.llama_set_abort_callback(self.ctx, _strlen_callback(), ctypes.cast(flag, ctypes.c_void_p))
+        watcher = threading.Thread(target=watch, name="ebb-prefill-stop", daemon=True)
+        watcher.start()
+        looked.wait()  # a Stop pressed before the prompt began stops its first graph
         try:
             yield
         finally:
+            done.set()
+            watcher.join()
             L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(0), None)
             self._cancel = None
-            del cb
+            self._abort_flag = None
 
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,8 +28,18 @@ def rss_bytes(pid: int | None = None) -> int:
     return 0
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> Counter[str]:
+    """This process's open file descriptors by kind: "socket", "pipe", "anon_inode:[eventfd]",
+    or the file's path (a socket's or pipe's inode number is left out: it says which one,
+    not what kind)."""
+    kinds: Counter[str] = Counter()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        kinds[re.sub(r":\[\d+\]$", "", target)] += 1
+    return kinds
 
 
 @dataclass
@@ -35,7 +47,7 @@ class Sample:
     turn: int
     rss: int
     server_rss: int
-    fds: int
+    fds: Counter[str]
     ledger: int
     cache_bytes: int
 
@@ -58,7 +70,10 @@ class SoakResult:
             "rss_after_first_turn": first.rss, "rss_after_warmup": warm.rss, "rss_end": last.rss,
             "rss_growth_after_warmup": last.rss - warm.rss,
             "server_rss_after_warmup": warm.server_rss, "server_rss_end": last.server_rss,
-            "fds_after_first_turn": first.fds, "fds_end": last.fds,
+            "fds_after_first_turn": first.fds.total(), "fds_after_warmup": warm.fds.total(),
+            "fds_end": last.fds.total(),
+            # what the turns after the warm-up opened and kept, by kind ({} when nothing)
+            "fds_kept_after_warmup": dict(last.fds - warm.fds),
             "ledger_after_first_turn": first.ledger, "ledger_end": last.ledger,
             "image_cache_bytes_end": last.cache_bytes,
         }
@@ -77,7 +92,7 @@ def soak(cfg: SessionConfig, n_turns: int, pictures: list[Path], image_every: in
             out.samples.append(Sample(turn, rss_bytes(), rss_bytes(server_pid) if server_pid else 0,
                                       open_fds(), s.ledger.total(s.accel) if s.accel else 0,
                                       s.encoder.cache_bytes))
-            log(f"turn {turn}: rss {out.samples[-1].rss / 2**20:.1f} MiB, fds {out.samples[-1].fds}")
+            log(f"turn {turn}: rss {out.samples[-1].rss / 2**20:.1f} MiB, fds {out.samples[-1].fds.total()}")
 
         for i in range(1, n_turns + 1):
             images = []

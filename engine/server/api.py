@@ -70,8 +70,15 @@ class ChatRequest:
     seed: int | None = None
     user: str = ""
     top_logprobs: int = -1  # -1: no logprobs; else the sampled token's and this many best
-    grammar: str = ""  # GBNF the reply must follow (response_format json_object / json_schema)
+    grammar: str = ""  # GBNF the reply must follow (response_format, or the tools' calls)
+    tools: tuple[Any, ...] = ()  # engine.server.tools.Tool
+    tool_choice: Any = None  # engine.server.tools.ToolChoice
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def callable_tools(self) -> tuple[Any, ...]:
+        from engine.server.tools import offered
+
+        return offered(self.tools, self.tool_choice) if self.tool_choice is not None else ()
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
@@ -160,26 +167,28 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's
 # What a chat request may carry. Ebb answers these:
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
-                     "response_format", "logprobs", "top_logprobs"})
+                     "response_format", "logprobs", "top_logprobs", "tools", "tool_choice",
+                     "parallel_tool_calls"})
 # Ebb does nothing with these and the reply is the same as if it did: they are accepted.
 SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
 # other value is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
-    "tools": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
 }
 
 
-def check_fields(body: dict[str, Any]) -> None:
+def check_fields(body: dict[str, Any], handled: frozenset[str] = HANDLED,
+                 neutral: dict[str, tuple[Any, ...]] | None = None) -> None:
     """A field Ebb does not support is a 400 that names it (never a reply that ignored it);
     a null value counts as absent."""
+    neutral = NEUTRAL if neutral is None else neutral
     for name, value in body.items():
-        if value is None or name in HANDLED or name in SAFE_TO_IGNORE:
+        if value is None or name in handled or name in SAFE_TO_IGNORE:
             continue
-        if name in NEUTRAL:
-            if value in NEUTRAL[name]:
+        if name in neutral:
+            if value in neutral[name]:
                 continue
             raise ApiError(400, f"Ebb does not support '{name}' (as {json.dumps(value)[:80]}) yet: "
                                 "the reply could not honour it", name)
@@ -194,53 +203,63 @@ def parse_chat_request(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
+    from engine.server import tools as tl
+
+    tools = tl.parse_tools(body.get("tools"))
+    choice = tl.parse_tool_choice(body.get("tool_choice"), tools)
     system: list[str] = []
     turns: list[Turn] = []
+    called: dict[str, str] = {}  # a call's id: its function's name
     for i, msg in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise ApiError(400, "a message must be an object", param)
         role = msg.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise ApiError(400, f"unsupported role {role!r} (system, developer, user and "
-                                "assistant are)", f"{param}.role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(400, f"unsupported role {role!r} (system, developer, user, assistant "
+                                "and tool are)", f"{param}.role")
         text, images = _content(msg.get("content"), str(role), f"{param}.content")
         if role in ("system", "developer"):
             system.append(text)
+        elif role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str) or call_id not in called:
+                raise ApiError(400, "a tool message needs the 'tool_call_id' of an earlier "
+                                    "assistant tool call", f"{param}.tool_call_id")
+            result = tl.result_text(called[call_id], text)
+            if turns and turns[-1].role == "user":  # results of one turn's calls: one message
+                turns[-1] = Turn("user", turns[-1].text + "\n\n" + result, turns[-1].images)
+            else:
+                turns.append(Turn("user", result))
         else:
-            turns.append(Turn(str(role), text, images))
+            calls = msg.get("tool_calls") if role == "assistant" else None
+            if calls is not None:
+                text = "\n".join(filter(None, [text] + _calls_text(calls, called, param)))
+            if role == "user" and turns and turns[-1].role == "user":  # after tool results
+                turns[-1] = Turn("user", turns[-1].text + "\n\n" + text,
+                                 turns[-1].images + images)
+            else:
+                turns.append(Turn(str(role), text, images))
     if not turns or turns[-1].role != "user":
-        raise ApiError(400, "the last message must be the user's", "messages")
+        raise ApiError(400, "the last message must be the user's or a tool's", "messages")
+    if tl.offered(tools, choice):
+        system.append(tl.system_text(tools, choice))
     n = _integer(body, "n", 1)
     if n not in (None, 1):
         raise ApiError(400, "only n=1 is supported", "n")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false", "stream")
-    options = body.get("stream_options")
-    options = {} if options is None else options
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    stop = body.get("stop")
-    stops: tuple[str, ...]
-    if stop is None:
-        stops = ()
-    elif isinstance(stop, str):
-        stops = (stop,) if stop else ()
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = tuple(s for s in stop if s)
-    else:
-        raise ApiError(400, "'stop' must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOPS:
-        raise ApiError(400, f"at most {MAX_STOPS} stop sequences", "stop")
+    stream, include_usage = _stream_flags(body)
+    stops = _stops(body)
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed", -(2**63))
     user = body.get("user", "")
     grammar = response_grammar(body.get("response_format"))
+    if tl.offered(tools, choice):
+        if grammar:
+            raise ApiError(400, "Ebb cannot follow 'response_format' and offer 'tools' in one "
+                                "request: ask for one of them", "response_format")
+        grammar = tl.grammar(tools, choice)
     top_logprobs = -1
     if body.get("logprobs") is not None and not isinstance(body.get("logprobs"), bool):
         raise ApiError(400, "'logprobs' must be true or false", "logprobs")
@@ -254,10 +273,32 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return ChatRequest(
         system="\n\n".join(system) if system else None, history=tuple(turns[:-1]),
-        last=turns[-1], stream=stream, include_usage=bool(options.get("include_usage")),
+        last=turns[-1], stream=stream, include_usage=include_usage,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
-        user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs)
+        user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
+        tools=tools, tool_choice=choice)
+
+
+def _calls_text(calls: Any, called: dict[str, str], param: str) -> list[str]:
+    """An assistant's tool calls as the model wrote them; `called` learns their ids."""
+    from engine.server.tools import call_text
+
+    if not isinstance(calls, list):
+        raise ApiError(400, "'tool_calls' must be a list", f"{param}.tool_calls")
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(call.get("id"), str):
+            raise ApiError(400, "a tool call needs 'id' and 'function': {name, arguments}", where)
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):
+            raise ApiError(400, "a tool call's 'arguments' must be a JSON string", where)
+        called[call["id"]] = fn["name"]
+        out.append(call_text(fn["name"], args))
+    return out
 
 
 def response_grammar(fmt: Any) -> str:
@@ -339,10 +380,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int],
-               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               logprobs: list[dict[str, Any]] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish,
                          "logprobs": {"content": logprobs} if logprobs is not None else None}],
             "usage": use}
 
@@ -369,3 +413,193 @@ def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None
     if use is not None:
         out["usage"] = use
     return out
+
+
+# ---------------------------------------------------------------- /v1/completions
+
+COMPLETION_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "stop", "max_tokens",
+                               "seed", "user", "temperature", "top_p", "echo", "logprobs", "n",
+                               "best_of"})
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+    "suffix": ("",),
+}
+MAX_COMPLETION_LOGPROBS = 5  # as OpenAI's legacy endpoint
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A raw completion: the prompt as it is (no chat template), text out."""
+    prompt: str | tuple[int, ...]  # text, or token ids
+    stream: bool = False
+    include_usage: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int = DEFAULT_COMPLETION_TOKENS
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    user: str = ""
+    echo: bool = False
+    top_logprobs: int = -1  # -1: none; else the legacy `logprobs` count
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false", "stream")
+    options = body.get("stream_options")
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    return stream, bool(options.get("include_usage"))
+
+
+def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > MAX_STOPS:
+            raise ApiError(400, f"at most {MAX_STOPS} stop sequences", "stop")
+        return tuple(s for s in stop if s)
+    raise ApiError(400, "'stop' must be a string or a list of strings", "stop")
+
+
+def _one_prompt(value: Any, name: str) -> str | tuple[int, ...]:
+    """A string, a list of token ids, or a list holding one of those (Ebb answers one prompt
+    per request)."""
+    def token_ids(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
+
+    if isinstance(value, str):
+        return value
+    if token_ids(value):
+        return tuple(value)
+    if isinstance(value, list) and len(value) == 1 and (isinstance(value[0], str) or token_ids(value[0])):
+        return value[0] if isinstance(value[0], str) else tuple(value[0])
+    if isinstance(value, list) and len(value) > 1:
+        raise ApiError(400, "Ebb answers one prompt per request: send them one at a time", name)
+    raise ApiError(400, f"'{name}' must be a string or a list of token ids", name)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    """Check a /v1/completions body."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_fields(body, COMPLETION_FIELDS, COMPLETION_NEUTRAL)
+    if "prompt" not in body or body["prompt"] is None:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    prompt = _one_prompt(body["prompt"], "prompt")
+    for name in ("n", "best_of"):
+        if _integer(body, name, 1) not in (None, 1):
+            raise ApiError(400, f"only {name}=1 is supported", name)
+    stream, include_usage = _stream_flags(body)
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise ApiError(400, "'echo' must be true or false", "echo")
+    top_logprobs = _integer(body, "logprobs", 0)
+    if top_logprobs is not None:
+        if top_logprobs > MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"'logprobs' is at most {MAX_COMPLETION_LOGPROBS}", "logprobs")
+        if echo:
+            raise ApiError(400, "Ebb gives logprobs of the reply only, not of an echoed prompt: "
+                                "ask without 'echo'", "logprobs")
+        if stream:
+            raise ApiError(400, "Ebb does not stream logprobs yet: ask without 'stream'", "logprobs")
+    max_tokens = _integer(body, "max_tokens", 0)
+    user = body.get("user", "")
+    return CompletionRequest(
+        prompt=prompt, stream=stream, include_usage=include_usage,
+        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        max_tokens=DEFAULT_COMPLETION_TOKENS if max_tokens is None else max_tokens,
+        stop=_stops(body), seed=_integer(body, "seed", -(2**63)),
+        user=user if isinstance(user, str) else "", echo=echo,
+        top_logprobs=-1 if top_logprobs is None else top_logprobs)
+
+
+def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dict[str, Any] | None:
+    """/v1/completions' logprobs shape from the chat shape's entries; `start`: the text's
+    offset of the first token."""
+    if entries is None:
+        return None
+    offsets, n = [], start
+    for e in entries:
+        offsets.append(n)
+        n += len(e["token"])
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+def text_completion(cid: str, model: str, text: str, finish: str | None,
+                    use: dict[str, int] | None, logprobs: dict[str, Any] | None = None,
+                    chunk: bool = False, choices: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]
+        if choices else []}
+    if use is not None or not chunk:
+        out["usage"] = use
+    return out
+
+
+# ---------------------------------------------------------------- /v1/embeddings
+
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user", "dimensions"})
+MAX_EMBEDDING_INPUTS = 256
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    inputs: tuple[str | tuple[int, ...], ...]
+    base64: bool = False  # encoding_format: little-endian float32, base64
+    dimensions: int | None = None
+    user: str = ""
+
+
+def parse_embedding_request(body: Any) -> EmbeddingRequest:
+    """Check a /v1/embeddings body."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_fields(body, EMBEDDING_FIELDS, {})
+    value = body.get("input")
+    if value is None:
+        raise ApiError(400, "'input' is required", "input")
+    inputs: list[str | tuple[int, ...]]
+    if isinstance(value, str) or (isinstance(value, list) and value and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value)):
+        inputs = [_one_prompt(value, "input")]
+    elif isinstance(value, list) and value:
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise ApiError(400, f"at most {MAX_EMBEDDING_INPUTS} inputs per request", "input")
+        inputs = [_one_prompt(v, f"input[{i}]") for i, v in enumerate(value)]
+    else:
+        raise ApiError(400, "'input' must be a string, a list of strings, or token ids", "input")
+    if any(v == "" for v in inputs):
+        raise ApiError(400, "an input is empty", "input")
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise ApiError(400, "'encoding_format' must be float or base64", "encoding_format")
+    user = body.get("user", "")
+    return EmbeddingRequest(tuple(inputs), fmt == "base64", _integer(body, "dimensions", 1),
+                            user if isinstance(user, str) else "")
+
+
+def embedding_list(model: str, vectors: list[list[float]], n_tokens: int,
+                   as_base64: bool) -> dict[str, Any]:
+    import struct
+
+    def encode(v: list[float]) -> Any:
+        return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if as_base64 else v
+
+    return {"object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

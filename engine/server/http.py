@@ -13,10 +13,20 @@ import hmac
 import json
 import threading
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's rule, re-exported
-from engine.server.api import ApiError, chunk, completion, new_id, parse_chat_request
+from engine.server.api import (
+    ApiError,
+    chunk,
+    completion,
+    embedding_list,
+    new_id,
+    parse_chat_request,
+    parse_completion_request,
+    parse_embedding_request,
+    text_completion,
+)
 from engine.server.worker import Backend, Job
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
@@ -69,13 +79,20 @@ def build_app(worker: Backend, api_key: str | None = None,
         except ApiError as exc:
             return error(exc)
         created = int(worker.model_path.stat().st_mtime) if worker.model_path.exists() else 0
+        # what the model answers here (not OpenAI's: a client that does not know it ignores it)
+        can = ["chat.completions", "completions", "embeddings", "tools", "response_format",
+               "logprobs"] + (["vision"] if worker.vision else [])
         return JSONResponse({"object": "list", "data": [
-            {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb"}]})
+            {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb",
+             "capabilities": can}]})
 
-    async def chat(request: Request) -> Response:
+    async def answer(request: Request, parse: Callable[[Any], Any],
+                     reply: Callable[[dict[str, Any], str, str], dict[str, Any]],
+                     stream: Callable[..., AsyncIterator[str]] | None) -> Response:
+        """Check the body, queue the job, and answer: whole, or streamed by `stream`."""
         try:
             check_key(request)
-            req = parse_chat_request(await read_json(request))
+            req = parse(await read_json(request))
         except ApiError as exc:
             return error(exc)
         loop = asyncio.get_running_loop()
@@ -96,8 +113,8 @@ def build_app(worker: Backend, api_key: str | None = None,
         except ApiError as exc:
             return error(exc)
         cid, model = new_id(), worker.model_id
-        if req.stream:
-            return StreamingResponse(_stream(job, events, cid, model),
+        if stream is not None and getattr(req, "stream", False):
+            return StreamingResponse(_sse(stream(job, events, cid, model), job),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         while True:
@@ -109,46 +126,90 @@ def build_app(worker: Backend, api_key: str | None = None,
                     return Response(status_code=499)
                 continue
             if ev[0] == "done":
-                r = ev[1]
-                return JSONResponse(completion(cid, model, r["text"], r["finish_reason"],
-                                               r["usage"], r.get("logprobs")))
+                return JSONResponse(reply(ev[1], cid, model))
             if ev[0] == "error":
                 return error(ev[1])
 
-    async def _stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
-                      model: str) -> AsyncIterator[str]:
-        def sse(obj: dict[str, Any]) -> str:
-            return f"data: {json.dumps(obj)}\n\n"
+    async def _events(events: asyncio.Queue[tuple[Any, ...]]) -> AsyncIterator[tuple[Any, ...]]:
+        """The job's events; None now and then while it waits (the stream then writes a
+        keep-alive comment: a client that left is noticed there)."""
+        while True:
+            try:
+                ev = await asyncio.wait_for(events.get(), timeout=KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield ("wait",)
+                continue
+            yield ev
+            if ev[0] in ("done", "error"):
+                return
 
+    async def _sse(parts: AsyncIterator[str], job: Job) -> AsyncIterator[str]:
         finished = False
         try:
-            yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
-            while True:
-                try:
-                    ev = await asyncio.wait_for(events.get(), timeout=KEEPALIVE_S)
-                except asyncio.TimeoutError:
-                    yield ": waiting\n\n"  # a write: a client that left is noticed here
-                    continue
-                if ev[0] == "text":
-                    yield sse(chunk(cid, model, {"content": ev[1]}))
-                elif ev[0] == "done":
-                    r = ev[1]
-                    yield sse(chunk(cid, model, {}, r["finish_reason"], r["usage"]))
-                    if job.request.include_usage:
-                        yield sse(chunk(cid, model, {}, use=r["usage"], choices=False))
-                    break
-                elif ev[0] == "error":
-                    yield sse(ev[1].body())
-                    break
+            async for part in parts:
+                yield part
             yield "data: [DONE]\n\n"
             finished = True
         finally:
             if not finished:  # the client left mid-stream: the worker stops between tokens
                 job.cancel.set()
 
+    def sse(obj: dict[str, Any]) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    async def chat_stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
+                          model: str) -> AsyncIterator[str]:
+        yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
+        async for ev in _events(events):
+            if ev[0] == "wait":
+                yield ": waiting\n\n"
+            elif ev[0] == "text":
+                yield sse(chunk(cid, model, {"content": ev[1]}))
+            elif ev[0] == "done":
+                r = ev[1]
+                if r.get("tool_calls"):  # held to the end: one delta with the whole call
+                    yield sse(chunk(cid, model, {"tool_calls": [
+                        {"index": i, **c} for i, c in enumerate(r["tool_calls"])]}))
+                yield sse(chunk(cid, model, {}, r["finish_reason"], r["usage"]))
+                if job.request.include_usage:
+                    yield sse(chunk(cid, model, {}, use=r["usage"], choices=False))
+            elif ev[0] == "error":
+                yield sse(ev[1].body())
+
+    async def text_stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
+                          model: str) -> AsyncIterator[str]:
+        async for ev in _events(events):
+            if ev[0] == "wait":
+                yield ": waiting\n\n"
+            elif ev[0] == "text":
+                yield sse(text_completion(cid, model, ev[1], None, None, chunk=True))
+            elif ev[0] == "done":
+                r = ev[1]
+                yield sse(text_completion(cid, model, "", r["finish_reason"], None, chunk=True))
+                if job.request.include_usage:
+                    yield sse(text_completion(cid, model, "", None, r["usage"], chunk=True,
+                                              choices=False))
+            elif ev[0] == "error":
+                yield sse(ev[1].body())
+
+    async def chat(request: Request) -> Response:
+        return await answer(request, parse_chat_request, lambda r, cid, model: completion(
+            cid, model, r["text"], r["finish_reason"], r["usage"], r.get("logprobs"),
+            r.get("tool_calls")), chat_stream)
+
+    async def completions(request: Request) -> Response:
+        return await answer(request, parse_completion_request, lambda r, cid, model: text_completion(
+            cid.replace("chatcmpl-", "cmpl-"), model, r["text"], r["finish_reason"], r["usage"],
+            r.get("logprobs")), text_stream)
+
+    async def embeddings(request: Request) -> Response:
+        return await answer(request, parse_embedding_request, lambda r, cid, model: embedding_list(
+            model, r["vectors"], r["usage"]["prompt_tokens"], r["base64"]), None)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error(ApiError(404, f"no route {request.method} {request.url.path}: Ebb serves "
-                                   "GET /v1/models and POST /v1/chat/completions"))
+                                   "GET /v1/models, POST /v1/chat/completions, /v1/completions "
+                                   "and /v1/embeddings"))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok" if worker.ready.is_set() and not worker.load_error
@@ -158,6 +219,8 @@ def build_app(worker: Backend, api_key: str | None = None,
 
     routes = [Route("/v1/models", models, methods=["GET"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/embeddings", embeddings, methods=["POST"]),
               Route("/health", health, methods=["GET"])]
     middleware = []
     if cors:

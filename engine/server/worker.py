@@ -20,19 +20,23 @@ from engine.errors import EbbError
 from engine.server.api import (
     ApiError,
     ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
     ImageRef,
     StopWatcher,
     finish_reason,
+    legacy_logprobs,
     logprobs_within,
     usage,
 )
+from engine.server.tools import CallGate, read_call
 
 Event = tuple[Any, ...]
 
 
 @dataclass
 class Job:
-    request: ChatRequest
+    request: ChatRequest | CompletionRequest | EmbeddingRequest
     client: str  # who asked: "127.0.0.1:53422", or the request's `user`
     on_event: Callable[[Event], None]
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -48,6 +52,7 @@ class Backend(Protocol):
     ready: threading.Event
     load_error: str | None
     served: int
+    vision: bool  # the model has a projector: messages may carry images
 
     def submit(self, job: Job) -> int: ...
 
@@ -110,46 +115,109 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     """Answer one request on `session` (on the thread that owns it). Returns the session to
     use from now on (another when a remote device went away) and the result. The session's
     conversation becomes the request's."""
-    from engine.llama.runtime import GenParams
     from engine.session import turn_with_recovery
 
     req = job.request
+    if isinstance(req, EmbeddingRequest):
+        return session, _embeddings(session, job, req)
+    if isinstance(req, CompletionRequest):
+        return _completion(session, job, req)
     session.set_system(req.system if req.system is not None else default_system)
     session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images])
                          for t in req.history])
     images = [image_path(job.image_dir, i) for i in req.last.images]
-    defaults = GenParams()
-    gp = GenParams(max_tokens=req.max_tokens,
-                   temperature=defaults.temperature if req.temperature is None else req.temperature,
-                   top_p=defaults.top_p if req.top_p is None else req.top_p,
-                   seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
-                   grammar=req.grammar, top_logprobs=req.top_logprobs)
+    gp = _gen_params(req, req.grammar)
     watcher = StopWatcher(req.stop)
+    gate = CallGate(bool(req.callable_tools()))  # a call is held, not streamed as text
     shown: list[str] = []
 
+    def show(text: str) -> None:
+        if text:
+            shown.append(text)
+            job.on_event(("text", text))
+
     def on_text(piece: str) -> None:
-        out = watcher.feed(piece)
-        if out:
-            shown.append(out)
-            job.on_event(("text", out))
+        show(gate.feed(watcher.feed(piece)))
         if watcher.hit:
             job.cancel.set()  # the stop sequence ends the reply, between tokens
 
     session, res = turn_with_recovery(session, req.last.text, images, gp, on_text=on_text,
                                       cancel=job.cancel)
-    tail = watcher.flush()
-    if tail:
-        shown.append(tail)
-        job.on_event(("text", tail))
+    held = gate.flush() + watcher.flush()
+    call = read_call(held, req.tools, req.tool_choice) if gate.active else None
+    if call is None:
+        show(held)
     if res.error is not None:
         raise ApiError(400, res.error)
     out = res.to_dict()
     result = {"text": "".join(shown), "request_id": res.request_id,
-              "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
+              "finish_reason": "tool_calls" if call is not None
+              else finish_reason(str(out.get("stop_reason", "")), watcher.hit),
               "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
               "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit,
-              "logprobs": logprobs_within(out.get("logprobs"), "".join(shown))}
+              "logprobs": logprobs_within(out.get("logprobs"), "".join(shown) or held),
+              "tool_calls": [call.to_openai()] if call is not None else None}
     return session, result
+
+
+def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "") -> Any:
+    from engine.llama.runtime import GenParams
+
+    defaults = GenParams()
+    return GenParams(max_tokens=req.max_tokens,
+                     temperature=defaults.temperature if req.temperature is None else req.temperature,
+                     top_p=defaults.top_p if req.top_p is None else req.top_p,
+                     seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
+                     grammar=grammar, top_logprobs=req.top_logprobs)
+
+
+def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, dict[str, Any]]:
+    """/v1/completions: the prompt as it is, on the session's model (its conversation stays)."""
+    from engine.session import turn_with_recovery
+
+    watcher = StopWatcher(req.stop)
+    shown: list[str] = []
+
+    def show(text: str) -> None:
+        if text:
+            shown.append(text)
+            job.on_event(("text", text))
+
+    def on_text(piece: str) -> None:
+        show(watcher.feed(piece))
+        if watcher.hit:
+            job.cancel.set()
+
+    if req.echo:
+        show(req.prompt if isinstance(req.prompt, str) else session.runtime.detokenize(req.prompt))
+    echoed = "".join(shown)
+    session, res = turn_with_recovery(session, req.prompt, (), _gen_params(req), on_text=on_text,
+                                      cancel=job.cancel, raw=True)
+    show(watcher.flush())
+    if res.error is not None:
+        raise ApiError(400, res.error)
+    out = res.to_dict()
+    text = "".join(shown)
+    return session, {
+        "text": text, "request_id": res.request_id,
+        "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
+        "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
+        "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit,
+        "logprobs": legacy_logprobs(logprobs_within(out.get("logprobs"), text[len(echoed):]),
+                                    len(echoed))}
+
+
+def _embeddings(session: Any, job: Job, req: EmbeddingRequest) -> dict[str, Any]:
+    try:
+        vectors, n_tokens = session.embed(req.inputs)
+    except EbbError as exc:
+        raise ApiError(400, str(exc), "input") from None
+    if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
+        raise ApiError(400, f"this model's embeddings have {len(vectors[0])} dimensions; Ebb "
+                            "does not shorten them", "dimensions")
+    return {"vectors": vectors, "base64": req.base64, "request_id": session._request_id,
+            "finish_reason": "stop", "usage": usage(n_tokens, 0),
+            "stats": {"n_images": 0, "strategy": "none"}, "client_gone": False}
 
 
 def image_path(image_dir: Path, ref: ImageRef) -> Path:
@@ -200,6 +268,7 @@ class ServeWorker:
         self.session: Any = None
         self.model_id = cfg.model_path.stem
         self.model_path = cfg.model_path
+        self.vision = cfg.mmproj_path is not None
         self.busy_with: Job | None = None
         self.served = 0
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)

@@ -1,0 +1,195 @@
+"""Function calling in OpenAI's shape, for any model: the tools are described to the model in
+the system prompt, and its reply is held by llama.cpp's grammar to either plain text (it may
+not begin with "{") or one call, `{"name": ..., "arguments": {...}}`, whose arguments follow
+the function's JSON schema (llama-cpp-python's schema converter writes the grammar).
+
+Pure: no HTTP and no llama.cpp here. A call the model made comes back in the history as the
+assistant's JSON text; a tool's result as a user message that says which call it answers.
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from engine.server.api import ApiError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # a JSON schema for the arguments object
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # "none", "auto", "required"
+    name: str = ""  # with "required": this function only
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def to_openai(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "type": "function",
+                               "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:  # a streamed delta's
+            out = {"index": index, **out}
+        return out
+
+
+def parse_tools(value: Any) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, "'tools' must be a list", "tools")
+    tools: list[Tool] = []
+    for i, spec in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(spec, dict) or spec.get("type") != "function":
+            raise ApiError(400, "a tool must be {\"type\": \"function\", \"function\": {...}}", where)
+        fn = spec.get("function")
+        if not isinstance(fn, dict):
+            raise ApiError(400, "a tool needs 'function' as an object", f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ApiError(400, "a function's name must be 1-64 letters, digits, _ or -",
+                           f"{where}.function.name")
+        if any(t.name == name for t in tools):
+            raise ApiError(400, f"two tools are named {name!r}", f"{where}.function.name")
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise ApiError(400, "'parameters' must be a JSON schema object",
+                           f"{where}.function.parameters")
+        description = fn.get("description") or ""
+        if not isinstance(description, str):
+            raise ApiError(400, "'description' must be a string", f"{where}.function.description")
+        tools.append(Tool(name, description, params))
+    return tuple(tools)
+
+
+def parse_tool_choice(value: Any, tools: tuple[Tool, ...]) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if value in ("none", "auto", "required"):
+        if value != "none" and not tools:
+            raise ApiError(400, f"'tool_choice' {value!r} needs 'tools'", "tool_choice")
+        return ToolChoice(str(value))
+    if isinstance(value, dict) and value.get("type") == "function":
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not any(t.name == name for t in tools):
+            raise ApiError(400, f"'tool_choice' names {name!r}, which is not among the tools",
+                           "tool_choice")
+        return ToolChoice("required", str(name))
+    raise ApiError(400, "'tool_choice' must be none, auto, required or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+
+
+def offered(tools: tuple[Tool, ...], choice: ToolChoice) -> tuple[Tool, ...]:
+    """The tools the model may call now."""
+    if choice.mode == "none":
+        return ()
+    return tuple(t for t in tools if not choice.name or t.name == choice.name)
+
+
+def system_text(tools: tuple[Tool, ...], choice: ToolChoice) -> str:
+    """What the system prompt says of the tools ("" when none may be called)."""
+    usable = offered(tools, choice)
+    if not usable:
+        return ""
+    listed = "\n".join(json.dumps({"name": t.name, "description": t.description,
+                                   "parameters": t.parameters}) for t in usable)
+    how = ('To call a function, reply with only a JSON object: {"name": "<function name>", '
+           '"arguments": {<its arguments>}}.')
+    if choice.mode == "auto":
+        how += " Otherwise reply in plain text as usual."
+    return f"You can call these functions:\n{listed}\n{how}"
+
+
+def call_text(name: str, arguments: str) -> str:
+    """A call as the model writes it (what the history shows of an assistant's call)."""
+    try:
+        args = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        args = arguments
+    return json.dumps({"name": name, "arguments": args})
+
+
+def result_text(name: str, content: str) -> str:
+    """A tool's result as the model reads it."""
+    return f"The function {name} returned: {content}"
+
+
+def grammar(tools: tuple[Tool, ...], choice: ToolChoice) -> str:
+    """GBNF for the reply: one call to an offered function, or (auto) text that does not begin
+    with "{". "" when no tool may be called."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    usable = offered(tools, choice)
+    if not usable:
+        return ""
+    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in usable]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    try:
+        gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", "arguments"]))
+    except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
+        raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
+    if choice.mode == "required":
+        return gbnf
+    call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
+    return (call + "\nroot ::= ebb-tool-call | ebb-text"
+            + '\nebb-text ::= [^{ \\t\\r\\n] [^\\x00]*')
+
+
+def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice) -> ToolCall | None:
+    """The call a reply makes, or None when it is text (or no tool could be called)."""
+    usable = {t.name for t in offered(tools, choice)}
+    if not usable or not text.lstrip().startswith("{"):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None  # cut short (max_tokens): the client gets the text and finish "length"
+    if not isinstance(obj, dict) or obj.get("name") not in usable:
+        return None
+    return ToolCall("call_" + secrets.token_hex(12), str(obj["name"]),
+                    json.dumps(obj.get("arguments", {})))
+
+
+class CallGate:
+    """Streams a reply that may be a call: text goes out as it comes, unless it begins with
+    "{" (after any blank space), which may be a call: that is held to the end."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.held = ""
+        self.holding = active  # until the first visible character says which
+
+    def feed(self, piece: str) -> str:
+        if not self.holding:
+            return piece
+        self.held += piece
+        start = self.held.lstrip()
+        if not start:
+            return ""
+        if start.startswith("{"):
+            return ""  # held to the end
+        self.holding = False
+        out, self.held = self.held, ""
+        return out
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
