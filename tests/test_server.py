@@ -191,6 +191,14 @@ def test_logprobs_are_the_models_own(server):
         assert c.logprob <= 0 and len(c.top_logprobs) == 3
         assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
         assert sum(math.exp(t.logprob) for t in c.top_logprobs) <= 1.0 + 1e-6
+    # streamed: each chunk carries the entries of the tokens its text is made of
+    chunks = [c for c in client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Name a colour."}], temperature=0,
+        max_tokens=6, logprobs=True, top_logprobs=3, stream=True) if c.choices and c.choices[0].delta.content]
+    streamed = [e for c in chunks for e in c.choices[0].logprobs.content]
+    assert all("".join(e.token for e in c.choices[0].logprobs.content) == c.choices[0].delta.content
+               for c in chunks)
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
 
 @pytest.mark.slow  # make test's time budget: CI runs it in make test-slow

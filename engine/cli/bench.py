@@ -219,6 +219,28 @@ def cmd_bench_context(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.serve_bench import bench_serve
+
+    out = bench_serve(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
+                      args.max_tokens, not args.no_flash_attn,
+                      log=(lambda s: None) if args.json else print)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"Ebb's server against llama_cpp.server, {out['rounds']} rounds, {out['threads']} "
+          f"threads, ctx {out['n_ctx']}, flash attention {'on' if out['flash_attn'] else 'off'}; "
+          f"the same greedy replies: {out['same_replies']}")
+    for key, what, unit in (("ttft_s", "first token, new conversation", "s"),
+                            ("gen_tps", "generation", " tok/s"),
+                            ("follow_up_ttft_s", "first token, follow-up (history resent)", "s")):
+        r = out[key]
+        print(f"{what:42s} Ebb {r['ebb']:.3f}{unit}  peer {r['peer']:.3f}{unit}  "
+              f"speed ratio {r['speed_ratio']:.3f}")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -256,6 +278,14 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=5)
     p.set_defaults(func=cmd_bench_start)
+
+    p = bench.add_parser("serve", help="the local server against llama-cpp-python's own, same "
+                                       "model and threads, alternating (speed ratios)",
+                         parents=[flag_parser("model", "threads", "json", "no-flash-attn")])
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.set_defaults(func=cmd_bench_serve)
 
     p = bench.add_parser("context", help="prompt and generation speed at context fills, flash "
                                          "attention on against off, alternating (ratios)",

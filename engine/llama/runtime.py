@@ -13,7 +13,7 @@ import functools
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -89,6 +89,8 @@ class GenParams:
     repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
     grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
     top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
+    # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
+    on_logprob: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -831,6 +833,8 @@ class TextRuntime:
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
                     self.last_logprobs.append(self._logprobs(tok, gp.top_logprobs))
+                    if gp.on_logprob is not None:
+                        gp.on_logprob(self.last_logprobs[-1])
                 if L.llama_vocab_is_eog(self.vocab, tok):
                     stop = "stop"
                     break

@@ -267,8 +267,6 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_logprobs = _integer(body, "top_logprobs", 0) or 0
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise ApiError(400, f"'top_logprobs' is at most {MAX_TOP_LOGPROBS}", "top_logprobs")
-        if stream:
-            raise ApiError(400, "Ebb does not stream logprobs yet: ask without 'stream'", "logprobs")
     elif body.get("top_logprobs"):
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return ChatRequest(
@@ -405,10 +403,12 @@ def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dic
 
 
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,
-          use: dict[str, int] | None = None, choices: bool = True) -> dict[str, Any]:
+          use: dict[str, int] | None = None, choices: bool = True,
+          logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                     "logprobs": {"content": logprobs} if logprobs is not None else None}]
         if choices else []}
     if use is not None:
         out["usage"] = use

@@ -164,7 +164,8 @@ def build_app(worker: Backend, api_key: str | None = None,
             if ev[0] == "wait":
                 yield ": waiting\n\n"
             elif ev[0] == "text":
-                yield sse(chunk(cid, model, {"content": ev[1]}))
+                yield sse(chunk(cid, model, {"content": ev[1]},
+                                logprobs=ev[2] if len(ev) > 2 else None))
             elif ev[0] == "done":
                 r = ev[1]
                 if r.get("tool_calls"):  # held to the end: one delta with the whole call

@@ -2,7 +2,8 @@
 
 The HTTP side (any thread, or the event loop) `submit`s a `Job` and hears back through the
 job's `on_event` callback, called on this worker's thread: ("text", piece) while the reply is
-written, then ("done", result) or ("error", ApiError). A job whose `cancel` is set before its
+written (("text", piece, entries) when logprobs were asked for: those of its tokens),
+then ("done", result) or ("error", ApiError). A job whose `cancel` is set before its
 turn is skipped; during its turn the session stops between tokens.
 """
 from __future__ import annotations
@@ -126,7 +127,8 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images])
                          for t in req.history])
     images = [image_path(job.image_dir, i) for i in req.last.images]
-    gp = _gen_params(req, req.grammar)
+    pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
+    gp = _gen_params(req, req.grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
     gate = CallGate(bool(req.callable_tools()))  # a call is held, not streamed as text
     shown: list[str] = []
@@ -134,7 +136,11 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     def show(text: str) -> None:
         if text:
             shown.append(text)
-            job.on_event(("text", text))
+            if req.top_logprobs >= 0:  # a stream sends them with the text they make
+                job.on_event(("text", text, list(pending)))
+                pending.clear()
+            else:
+                job.on_event(("text", text))
 
     def on_text(piece: str) -> None:
         show(gate.feed(watcher.feed(piece)))
@@ -160,7 +166,8 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     return session, result
 
 
-def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "") -> Any:
+def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
+                on_logprob: Callable[[dict[str, Any]], None] | None = None) -> Any:
     from engine.llama.runtime import GenParams
 
     defaults = GenParams()
@@ -168,7 +175,7 @@ def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "") -> Any:
                      temperature=defaults.temperature if req.temperature is None else req.temperature,
                      top_p=defaults.top_p if req.top_p is None else req.top_p,
                      seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
-                     grammar=grammar, top_logprobs=req.top_logprobs)
+                     grammar=grammar, top_logprobs=req.top_logprobs, on_logprob=on_logprob)
 
 
 def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, dict[str, Any]]:
