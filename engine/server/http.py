@@ -172,7 +172,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                     yield sse(chunk(cid, model, {"tool_calls": [
                         {"index": i, **c} for i, c in enumerate(r["tool_calls"])]}))
                 yield sse(chunk(cid, model, {}, r["finish_reason"], r["usage"]))
-                if job.request.include_usage:
+                if getattr(job.request, "include_usage", False):
                     yield sse(chunk(cid, model, {}, use=r["usage"], choices=False))
             elif ev[0] == "error":
                 yield sse(ev[1].body())
@@ -187,7 +187,7 @@ def build_app(worker: Backend, api_key: str | None = None,
             elif ev[0] == "done":
                 r = ev[1]
                 yield sse(text_completion(cid, model, "", r["finish_reason"], None, chunk=True))
-                if job.request.include_usage:
+                if getattr(job.request, "include_usage", False):
                     yield sse(text_completion(cid, model, "", None, r["usage"], chunk=True,
                                               choices=False))
             elif ev[0] == "error":
