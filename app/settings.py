@@ -233,7 +233,9 @@ def phase_settings(result: dict[str, Any]) -> dict[str, Any]:
             "prompt_layers": int(result["best_prompt_layers"]),
             "threads": int(result.get("best_gen_threads") or 0), "threads_batch": threads,
             "prompt_speeds": speeds, "image_layers": int(image) if image is not None else -1,
-            "image_speeds": images}
+            "image_speeds": images,
+            # flash attention as measured on this device, when Tune chose it
+            **({"flash_attn": bool(result["flash_attn"]["on"])} if result.get("flash_attn") else {})}
 
 
 def resolve_paths(cfg: SessionConfig) -> SessionConfig:

@@ -100,6 +100,9 @@ class TuneDialog(QDialog):
         self.status.setText(f"{progress}: {layers} layers → prompt {prompt_tps:.0f} tok/s, "
                             f"generation {gen_tps:.1f} tok/s (each at its best thread count)")
 
+    def note(self, text: str) -> None:
+        self.status.setText(text)
+
     def finish(self, result: dict[str, Any]) -> None:
         self.stop_button.setEnabled(False)
         if result.get("cancelled"):
@@ -135,7 +138,8 @@ class TuneDialog(QDialog):
             f"({result['best_gen_tps']} tok/s) · prompt: {result['best_prompt_layers']} layers, "
             f"{threads(pt)} ({result['best_prompt_tps']} tok/s)"
             + ("" if result["best_gen_layers"] == result["best_prompt_layers"] else
-               " · a long prompt moves to its layers when the move pays"))
+               " · a long prompt moves to its layers when the move pays")
+            + (flash_summary(result["flash_attn"]) if result.get("flash_attn") else ""))
         self.apply_button.setEnabled(True)
 
     def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str, height: float,
@@ -153,3 +157,11 @@ class TuneDialog(QDialog):
         assert self.result is not None
         self.apply_result.emit(self.result)
         self.accept()
+
+
+def flash_summary(fa: dict[str, Any]) -> str:
+    """Tune's line on flash attention: the choice and the turn times it rests on."""
+    times = " / ".join(f"{label} {fa[key]:.2f} s" for label, key in (("on", "turn_s_on"),
+                                                                      ("off", "turn_s_off")) if fa[key])
+    return (f" · flash attention {'on' if fa['on'] else 'off'} (a turn with {fa['fill']} tokens "
+            f"of history: {times}; {fa['reason']})")

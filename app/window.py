@@ -108,7 +108,7 @@ class MainWindow(QMainWindow):
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
             events.TurnFinished: self._on_turn_finished, events.ServerTurn: self._on_server_turn,
             events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
-            events.TuneFinished: self._on_tune_finished}
+            events.TuneFinished: self._on_tune_finished, events.TuneNote: self._on_tune_note}
         self._build_ui()
         self._restore_layout()
         self._start_worker()
@@ -800,13 +800,18 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(
             f"Generation: {chosen['gpu_layers']} layers, {chosen['threads'] or 'auto'} threads · "
             f"prompt: {chosen['prompt_layers']} layers, {chosen['threads_batch'] or 'auto'} "
-            f"threads (Settings to change)", 15000)
+            f"threads" + (f" · flash attention {'on' if chosen['flash_attn'] else 'off'}"
+                          if "flash_attn" in chosen else "") + " (Settings to change)", 15000)
 
     def _on_tune_point(self, ev: events.TunePoint) -> None:
         if getattr(self, "tune_dialog", None) is not None:
             self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps,
                                        ev.prompt_tps_by_threads, ev.gen_tps_by_threads,
                                        ev.max_layers)
+
+    def _on_tune_note(self, ev: events.TuneNote) -> None:
+        if getattr(self, "tune_dialog", None) is not None:
+            self.tune_dialog.note(ev.text)
 
     def _on_tune_finished(self, ev: events.TuneFinished) -> None:
         if getattr(self, "tune_dialog", None) is not None:

@@ -268,7 +268,9 @@ class EngineWorker(QObject):
                          # a thread count set in Settings is kept; else each phase's is searched
                          threads=(cfg.n_threads,) if cfg.n_threads else None,
                          image_tokens=proj.image_tokens if proj is not None else 0)
-            result = autotune(m, budget, headroom).to_dict()
+            result = autotune(m, budget, headroom, flash_attn=True, on_flash=lambda n: self.event.emit(
+                events.TuneNote(0, text=f"Choosing flash attention: {n} more runs, each with "
+                                        "a few thousand tokens of history"))).to_dict()
             self.event.emit(events.TuneFinished(0, result=result))
         except Cancelled:
             self.event.emit(events.TuneFinished(0, result={"cancelled": True}))

@@ -129,5 +129,11 @@ class TunePoint(Event):
 
 
 @dataclass(frozen=True)
+class TuneNote(Event):
+    """What autotune does next, between its runs (choosing flash attention)."""
+    text: str
+
+
+@dataclass(frozen=True)
 class TuneFinished(Event):
     result: dict[str, Any]  # autotune's JSON (best_gen_layers, best_prompt_layers, points, …)

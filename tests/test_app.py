@@ -260,6 +260,9 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     assert store.setting("prompt_layers", -1) == r["best_prompt_layers"]
     assert store.setting("threads", 0) == r["best_gen_threads"]
     assert store.setting("threads_batch", 0) == r["best_prompt_threads"]
+    # flash attention as measured on the device (#30), said in the summary
+    assert store.setting("flash_attn", None) is r["flash_attn"]["on"]
+    assert "flash attention" in dlg.summary.text()
     wait_for(lambda: w.chat.loaded and w.model_label.text() != before or
              w.chat.last_cfg.gpu_layers == r["best_gen_layers"])
     wait_for(lambda: w.chat.loaded)

@@ -170,3 +170,95 @@ def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_proje
                 "--temp", "0", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.splitlines()[-1])["n_gpu_layers"] == k
+
+
+# ------------------------------------------------------------------ flash attention (#30)
+
+def test_flash_attention_is_the_faster_turn_and_the_one_asked_for_within_noise():
+    from engine.measure.autotune import FA_TIE, FlashChoice
+
+    assert FlashChoice.decide(1.0, 1.5, asked=True) is True
+    assert FlashChoice.decide(1.5, 1.0, asked=True) is False
+    assert FlashChoice.decide(1.0, 1.0 + FA_TIE / 2, asked=False) is False  # a tie: as asked
+    assert FlashChoice.decide(1.0 + FA_TIE / 2, 1.0, asked=True) is True
+    assert FlashChoice.decide(2.0, 0.0, asked=False) is True  # off was not run (did not fit)
+    assert FlashChoice.decide(0.0, 2.0, asked=True) is False
+
+
+class TurnTimes(Curves):
+    """Curves, and a chat turn's time per flash-attention setting; every run recorded."""
+
+    def __init__(self, info, on_s, off_s):
+        super().__init__(info, lambda k: 90.0 + k, lambda k: 200.0 + k)
+        self.times, self.runs, self.n_threads, self.cancel = {True: on_s, False: off_s}, [], 1, None
+
+    def turn_s(self, layers, flash_attn, fill, threads):
+        self.runs.append((layers, flash_attn, fill))
+        return self.times[flash_attn]
+
+
+def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_path):
+    from app.settings import phase_settings
+
+    info = model_info(read_gguf(model_path))
+    c = TurnTimes(info, on_s=2.0, off_s=1.5)
+    tuned = autotune(c, 600 * MiB, 0, flash_attn=True)  # both settings fit every layer
+    fa = tuned.flash_attn
+    assert fa is not None and fa.on is False and fa.layers == tuned.best_gen_layers
+    # each setting twice, alternating which goes first, with history in the cache
+    assert [r[1] for r in c.runs] == [True, False, False, True]
+    assert {r[0] for r in c.runs} == {tuned.best_gen_layers} and c.runs[0][2] == 1024 - 128 - 32 - 64
+    out = tuned.to_dict()
+    assert out["flash_attn"]["on"] is False and phase_settings(out)["flash_attn"] is False
+    assert "flash_attn" not in autotune(TurnTimes(info, 1, 1), 600 * MiB, 0).to_dict()
+
+
+def test_a_setting_that_does_not_fit_at_those_layers_is_not_run(model_path):
+    """Flash attention off needs a larger compute buffer: at the most layers that fit with it
+    on, off may not fit; then only on runs, and on it is."""
+    info = model_info(read_gguf(model_path))
+    budget = next(b * MiB for b in range(120, 400, 2)
+                  if max_layers(info, "RPC0", b * MiB, 1024, 512, True, 0, live=False)
+                  > max_layers(info, "RPC0", b * MiB, 1024, 512, False, 0, live=False))
+    top = max_layers(info, "RPC0", budget, 1024, 512, True, 0, live=False)
+    c = TurnTimes(info, on_s=9.0, off_s=1.0)
+    c.gen = lambda k: 90.0 + k  # rising: the best is the top
+    tuned = autotune(c, budget, 0, flash_attn=True)
+    assert tuned.best_gen_layers == top
+    assert tuned.flash_attn.on is True and {r[1] for r in c.runs} == {True}
+    assert "fits" in tuned.flash_attn.reason
+
+
+@pytest.mark.slow  # real loads with history: `make test-slow`
+def test_choosing_flash_attention_times_real_turns(model_path):
+    from engine.measure.autotune import FlashChoice, choose_flash_attn
+
+    info = model_info(read_gguf(model_path))
+    from tests.conftest import N_THREADS
+
+    m = Measurer(model_path, info, "RPC0", 512, N_THREADS, live=False)
+    fa = choose_flash_attn(m, 0, 180 * MiB, 0, (N_THREADS, N_THREADS))
+    print(f"\nflash attention: {fa.to_dict()}")
+    assert fa.turn_s_on > 0 and fa.turn_s_off > 0 and fa.fill == 512 - 128 - 32 - 64
+    assert fa.on == FlashChoice.decide(fa.turn_s_on, fa.turn_s_off, True)
+
+
+def test_chat_takes_flash_attention_from_the_tuning_unless_told(tmp_path, model_path):
+    from engine.cli import build_parser
+    from engine.cli.chat import session_config
+
+    result = {"best_gen_layers": 0, "best_prompt_layers": 0, "best_gen_threads": 1,
+              "best_prompt_threads": 1, "points": [{"layers": 0, "prompt_tps": 100.0, "gen_tps": 10.0}],
+              "flash_attn": {"on": False}}
+    f = tmp_path / "tune.json"
+    f.write_text(json.dumps(result))
+    parse = build_parser().parse_args
+    assert session_config(parse(["chat", "--model", str(model_path), "--tuning", str(f)])).flash_attn is False
+    result["flash_attn"]["on"] = True
+    f.write_text(json.dumps(result))
+    assert session_config(parse(["chat", "--model", str(model_path), "--tuning", str(f)])).flash_attn is True
+    assert session_config(parse(["chat", "--model", str(model_path), "--tuning", str(f),
+                                 "--no-flash-attn"])).flash_attn is False
+    del result["flash_attn"]
+    f.write_text(json.dumps(result))
+    assert session_config(parse(["chat", "--model", str(model_path), "--tuning", str(f)])).flash_attn is True

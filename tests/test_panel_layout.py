@@ -142,8 +142,14 @@ def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
               "best_gen_layers": 30, "best_prompt_layers": 30, "cliff_gen_layers": None,
               "cliff_prompt_layers": None, "max_layers": 30, "n_runs": 2, "best_gen_tps": 45.0,
               "best_prompt_tps": 300.0, "best_gen_threads": 1, "best_prompt_threads": 1,
-              "threads_searched": [1]}
+              "threads_searched": [1],
+              "flash_attn": {"on": False, "layers": 30, "fill": 2048, "turn_s_on": 1.9,
+                             "turn_s_off": 1.2, "reason": "off is 1.58x faster"}}
+    dlg.note("Choosing flash attention: 4 more runs")
+    assert dlg.status.text().startswith("Choosing flash attention")
     dlg.finish(result)
+    assert "flash attention off (a turn with 2048 tokens of history: on 1.90 s / off 1.20 s" \
+        in dlg.summary.text()
     heights = {m.label.orthoPos for m in dlg._marks if m.value() == 30}
     assert len(heights) == 2  # best and budget at layer 30: labels at two heights
     assert not dlg.gen_plot.getAxis("left").autoSIPrefix

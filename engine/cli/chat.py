@@ -41,8 +41,16 @@ def _read_script(path: str) -> list[dict[str, Any]]:
 
 def read_tuning(path: str) -> PhaseTuning:
     """Autotune's JSON (`ebb-engine autotune --json > FILE`) as a per-phase choice."""
+    return read_tuning_file(path)[0]
+
+
+def read_tuning_file(path: str) -> tuple[PhaseTuning, bool | None]:
+    """Autotune's JSON: the per-phase choice, and flash attention as it chose it (None: it
+    did not measure it)."""
     try:
-        return PhaseTuning.from_autotune(json.loads(Path(path).read_text()))
+        result = json.loads(Path(path).read_text())
+        fa = result.get("flash_attn")
+        return PhaseTuning.from_autotune(result), (bool(fa["on"]) if fa else None)
     except OSError as exc:
         raise EbbError(f"cannot read the tuning {path}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError, TypeError, StopIteration) as exc:
@@ -62,14 +70,17 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
         raise EbbError(f"--gpu-layers must be 0 or more, got {args.gpu_layers}")
     if args.threads_batch is not None and args.threads_batch <= 0:
         raise EbbError(f"--threads-batch must be positive, got {args.threads_batch}")
+    phases, tuned_fa = read_tuning_file(args.tuning) if args.tuning else (None, None)
     return SessionConfig(
-        phases=read_tuning(args.tuning) if args.tuning else None,
+        phases=phases,
         n_threads_batch=args.threads_batch,
         model_path=resolve_model_path(args.model),
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
-        vision=args.vision, flash_attn=not args.no_flash_attn, system=args.system,
+        # --no-flash-attn wins; else what the tuning measured faster on this device
+        vision=args.vision, flash_attn=not args.no_flash_attn and tuned_fa is not False,
+        system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
         overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache))
 

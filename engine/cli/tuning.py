@@ -145,7 +145,9 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
           + (f", keeping {fmt_bytes(headroom)} for the projector" if headroom else ""),
           file=sys.stderr, flush=True)
-    out = autotune(m, budget, headroom).to_dict()
+    out = autotune(m, budget, headroom, flash_attn=True, on_flash=lambda n: print(
+        f"  choosing flash attention: {n} runs with history in the cache", file=sys.stderr,
+        flush=True)).to_dict()
     if args.json:
         print(json.dumps(out))
         return 0
@@ -161,6 +163,9 @@ def cmd_autotune(args: argparse.Namespace) -> int:
               f"({out['image_tokens']} image tokens in one prompt)"
               + (f"; speed collapses at {out['cliff_image_layers']}"
                  if out["cliff_image_layers"] else ""))
+    fa = out["flash_attn"]
+    print(f"flash attention: {'on' if fa['on'] else 'off'} (a turn with {fa['fill']} tokens of "
+          f"history: on {fa['turn_s_on']:.3f}s, off {fa['turn_s_off']:.3f}s; {fa['reason']})")
     print("use both: ebb-engine autotune --json ... > tune.json; ebb-engine chat --tuning "
           "tune.json ...")
     return 0

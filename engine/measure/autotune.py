@@ -39,6 +39,10 @@ from engine.placement.plan import DoesNotFit, plan_placement
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
 INV_PHI = (math.sqrt(5) - 1) / 2
+# flash attention is chosen by the time of a chat turn a few turns in: FA_FILL tokens of
+# history cached (at most the context less the turn), a message of FA_PROMPT tokens, a reply
+# of FA_GEN; within FA_TIE the setting asked for stays (on by default: smaller buffers)
+FA_FILL, FA_PROMPT, FA_GEN, FA_TIE = 2048, 128, 32, 0.03
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class TuneResult:
     image_tokens: int = 0  # the image batch measured (0: none)
     best_image_layers: int | None = None
     cliff_image_layers: int | None = None
+    flash_attn: "FlashChoice | None" = None  # None: not chosen by measurement
 
     def point(self, layers: int) -> Point:
         return next(p for p in self.points if p.layers == layers)
@@ -112,6 +117,7 @@ class TuneResult:
                 "cliff_image_layers": self.cliff_image_layers}
                if self.best_image_layers is not None else {}),
             "points": [p.to_dict() for p in sorted(self.points, key=lambda p: p.layers)],
+            **({"flash_attn": self.flash_attn.to_dict()} if self.flash_attn is not None else {}),
         }
 
 
@@ -151,13 +157,13 @@ class Measurer:
                 self.on_point(self.points[layers])
         return self.points[layers]
 
-    def measure(self, layers: int) -> Point:
-        """One fresh run at `layers` (not remembered; calling the Measurer remembers)."""
-        from engine.llama.runtime import LoadParams, TextRuntime
+    def _params(self, layers: int, flash_attn: bool) -> Any:
+        """The load at `layers` on the accelerator, in the layout a session runs."""
+        from engine.llama.runtime import LoadParams
 
         params = LoadParams(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                             n_gpu_layers=layers, devices=(self.accel,) if layers else (),
-                            flash_attn=self.flash_attn, n_batch=self.n_batch)
+                            flash_attn=flash_attn, n_batch=self.n_batch)
         if self.live and layers:  # as the live mover leaves it with `layers` on the device
             from engine.placement.residency import live_overrides
 
@@ -165,6 +171,33 @@ class Measurer:
             on_device = range(n - min(layers - 1, n), n)
             params = replace(params, n_gpu_layers=n + 1, repack=False,
                              buft_overrides=live_overrides(self.accel, on_device))
+        return params
+
+    def turn_s(self, layers: int, flash_attn: bool, fill: int, threads: tuple[int, int]) -> float:
+        """Seconds of a chat turn with `fill` tokens of history in the cache: a new message of
+        FA_PROMPT tokens evaluated, then FA_GEN tokens generated (greedy, each waiting for its
+        logits), with (prompt, generation) threads. The fill itself is not timed."""
+        from engine.llama.runtime import TextRuntime
+
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("autotune cancelled")
+        with TextRuntime(self._params(layers, flash_attn), self.info) as rt:
+            piece = rt.tokenize(PROMPT_TEXT * 8, add_special=False)
+            tokens = (piece * ((fill + FA_PROMPT) // len(piece) + 1))[:fill + FA_PROMPT]
+            rt.set_threads(threads[1], threads[0])
+            if fill:
+                rt.prefill(tokens[:fill])
+            t0 = time.perf_counter()
+            rt.prefill(tokens)  # the fill is cached: only the message is evaluated
+            for _ in range(FA_GEN):
+                rt.decode_greedy()
+            return time.perf_counter() - t0
+
+    def measure(self, layers: int) -> Point:
+        """One fresh run at `layers` (not remembered; calling the Measurer remembers)."""
+        from engine.llama.runtime import TextRuntime
+
+        params = self._params(layers, self.flash_attn)
         t0 = time.perf_counter()
         with TextRuntime(params, self.info) as rt:
             load_s = time.perf_counter() - t0
@@ -312,7 +345,60 @@ def planned_runs(top: int) -> int:
     return 1 + math.ceil(math.log(top) / math.log((1 + 5 ** 0.5) / 2)) + 2
 
 
-def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
+@dataclass(frozen=True)
+class FlashChoice:
+    on: bool  # flash attention on for this device
+    layers: int  # measured at (the best generation layer count)
+    fill: int  # tokens of history cached in each run
+    turn_s_on: float  # the faster of the runs with it on (0: not run, it does not fit)
+    turn_s_off: float
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"on": self.on, "layers": self.layers, "fill": self.fill,
+                "turn_s_on": round(self.turn_s_on, 4), "turn_s_off": round(self.turn_s_off, 4),
+                "reason": self.reason}
+
+    @staticmethod
+    def decide(on_s: float, off_s: float, asked: bool, tie: float = FA_TIE) -> bool:
+        """Pure: the faster setting; within `tie` of each other, the one asked for."""
+        if not on_s or not off_s:
+            return bool(on_s) or not off_s and asked
+        if abs(on_s - off_s) <= tie * min(on_s, off_s):
+            return asked
+        return on_s < off_s
+
+
+def choose_flash_attn(measure: Measurer, layers: int, budget: int, headroom: int,
+                      threads: tuple[int, int], rounds: int = 2) -> FlashChoice:
+    """Flash attention on or off at `layers`, by the time of a chat turn with history (see
+    FA_FILL): each setting `rounds` times, alternating which goes first; each one's fastest
+    run counts (a busy machine only adds time). A setting whose buffers do not fit the budget
+    at `layers` is not run."""
+    fill = max(0, min(FA_FILL, measure.n_ctx - FA_PROMPT - FA_GEN - 64))
+    fits = {fa: layers == 0 or max_layers(measure.info, measure.accel, budget, measure.n_ctx,
+                                         measure.n_batch, fa, headroom, measure.live) >= layers
+            for fa in (True, False)}
+    times: dict[bool, float] = {True: 0.0, False: 0.0}
+    for r in range(rounds):
+        for fa in ((True, False) if r % 2 == 0 else (False, True)):
+            if fits[fa]:
+                t = measure.turn_s(layers, fa, fill, threads)
+                times[fa] = min(times[fa], t) if times[fa] else t
+    on = FlashChoice.decide(times[True], times[False], measure.flash_attn)
+    if not all(fits.values()):
+        reason = f"only {'on' if fits[True] else 'off'} fits the budget at {layers} layers"
+    elif abs(times[True] - times[False]) <= FA_TIE * min(times.values()):
+        reason = f"within {FA_TIE:.0%}: kept {'on' if on else 'off'}"
+    else:
+        reason = f"{'on' if on else 'off'} is {max(times.values()) / min(times.values()):.2f}x faster"
+    return FlashChoice(on, layers, fill, times[True], times[False], reason)
+
+
+def autotune(measure: Measurer, budget: int, headroom: int, flash_attn: bool = False,
+             on_flash: Callable[[int], None] | None = None) -> TuneResult:
+    """`flash_attn`: also choose flash attention at the best generation layers (choose_flash_attn;
+    `on_flash(runs)` is told before those runs start)."""
     info = measure.info
     top = max_layers(info, measure.accel, budget, measure.n_ctx, measure.n_batch,
                      measure.flash_attn, headroom, measure.live)
@@ -341,9 +427,17 @@ def autotune(measure: Measurer, budget: int, headroom: int) -> TuneResult:
     if measure.image_tokens:
         best_image = max(pts, key=lambda p: p.image_tps).layers
         cliff_image = find_cliff(pts, lambda p: p.image_tps)
+    fa = None
+    if flash_attn:
+        if on_flash is not None:
+            on_flash(4)
+        best = measure(best_gen)
+        fa = choose_flash_attn(measure, best_gen, budget, headroom,
+                               (best.prompt_threads or measure.n_threads or physical_cores(),
+                                best.gen_threads or measure.n_threads or physical_cores()))
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
                       find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps),
-                      measure.image_tokens, best_image, cliff_image)
+                      measure.image_tokens, best_image, cliff_image, fa)
 
 
 def sweep(measure: Measurer, top: int) -> list[Point]:
