@@ -17,7 +17,7 @@ from typing import Any
 from PySide6.QtCore import QMetaObject, Qt
 
 from engine.server.api import ApiError
-from engine.server.worker import Job, JobQueue
+from engine.server.worker import Failed, Job, JobQueue
 
 DEFAULT_QUEUE = 8
 
@@ -56,7 +56,7 @@ class WindowBackend:
 
     def close(self) -> None:
         for job in self.jobs.close():
-            job.on_event(("error", ApiError(503, "the window is closing")))
+            job.on_event(Failed(ApiError(503, "the window is closing")))
         running = self.busy_with
         if running is not None:  # stops between tokens, so the window can close
             running.cancel.set()

@@ -58,31 +58,29 @@ class EngineWorker(QObject):
         """The local server's oldest waiting request (app/serving.py), on the window's session;
         the window's conversation is put back afterwards."""
         from engine.server.api import ApiError
-        from engine.server.worker import answer_job, run_job
+        from engine.server.worker import Answer, Failed, answer_job, run_job
 
         backend = self.server_backend
         job = backend.jobs.take(block=False) if backend is not None else None
         if job is None:  # its client left while it waited
             return
         if self._session is None:
-            job.on_event(("error", ApiError(503, "no model is loaded in the window")))
+            job.on_event(Failed(ApiError(503, "no model is loaded in the window")))
             return
         session = self._session
         saved = session.save_conversation()
 
-        def answer(j: Any) -> dict[str, Any]:
+        def answer(j: Any) -> Answer:
             self._session, result = answer_job(session, j, saved[4].system)
             return result
 
-        def answered(j: Any, result: dict[str, Any]) -> None:  # before the client hears
+        def answered(j: Any, a: Answer) -> None:  # before the client hears
             backend.served += 1
-            st = result["stats"]
             self.event.emit(events.ServerTurn(
-                result["request_id"], client=j.client,
-                n_prompt_tokens=result["usage"]["prompt_tokens"],
-                n_gen_tokens=result["usage"]["completion_tokens"],
-                finish_reason=result["finish_reason"], n_images=int(st.get("n_images", 0)),
-                strategy=str(st.get("strategy", "")), client_gone=bool(result["client_gone"])))
+                a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
+                n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,
+                n_images=int(a.stats.get("n_images", 0)),
+                strategy=str(a.stats.get("strategy", "")), client_gone=a.client_gone))
 
         backend.busy_with = job
         try:

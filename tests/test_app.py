@@ -392,6 +392,19 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
     history = w.worker._session.history
     assert history[:len(window_history)] == window_history and len(history) == len(window_history) + 2
     assert len(store.messages(w.conv_id)) == 4
+    # a completion and embeddings, from the window's model (#29); its conversation stays
+    more: dict = {}
+
+    def ask_more() -> None:
+        more["text"] = client.completions.create(model="m", prompt="Once upon a time",
+                                                 max_tokens=4, temperature=0).choices[0].text
+        more["vector"] = client.embeddings.create(model="m", input="A red apple.").data[0].embedding
+
+    t = threading.Thread(target=ask_more)
+    t.start()
+    wait_for(lambda: not t.is_alive(), timeout=120_000)
+    assert more["text"] and len(more["vector"]) == 576
+    assert w.worker._session.history == history and "3 answered" in w.server_status.text()
     from openai import AuthenticationError
 
     with pytest.raises(AuthenticationError):

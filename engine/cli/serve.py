@@ -16,7 +16,7 @@ from engine.errors import EbbError
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.http import is_loopback, serve
-    from engine.server.worker import Job, ServeWorker
+    from engine.server.worker import Answer, Job, ServeWorker
     from engine.units import parse_size
 
     if not 0 < args.port < 65536:
@@ -31,13 +31,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = session_config(args)
     image_dir = Path(tempfile.mkdtemp(prefix="ebb-serve-images-"))
 
-    def log_turn(job: Job, r: dict[str, Any]) -> None:
-        st = r["stats"]
-        line = {"client": job.client, "n_images": st.get("n_images", 0),
-                "strategy": st.get("strategy"), "prompt_tokens": r["usage"]["prompt_tokens"],
-                "completion_tokens": r["usage"]["completion_tokens"],
-                "finish_reason": r["finish_reason"], "client_gone": r["client_gone"],
-                "gen_tokens_per_s": st.get("gen_tokens_per_s")}
+    def log_turn(job: Job, a: Answer) -> None:
+        line = {"client": job.client, "n_images": a.stats.get("n_images", 0),
+                "strategy": a.stats.get("strategy"), "prompt_tokens": a.prompt_tokens,
+                "completion_tokens": a.completion_tokens, "finish_reason": a.finish_reason,
+                "client_gone": a.client_gone, "gen_tokens_per_s": a.stats.get("gen_tokens_per_s")}
         print(f"ebb-engine serve: {json.dumps(line)}", file=sys.stderr, flush=True)
 
     worker = ServeWorker(cfg, image_dir, max_queue=args.queue, on_turn=log_turn)

@@ -27,7 +27,7 @@ from engine.server.api import (
     parse_embedding_request,
     text_completion,
 )
-from engine.server.worker import Backend, Job
+from engine.server.worker import Answer, Backend, Done, Event, Failed, Job, Piece
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
 KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so sees a client leave)
@@ -87,7 +87,7 @@ def build_app(worker: Backend, api_key: str | None = None,
              "capabilities": can}]})
 
     async def answer(request: Request, parse: Callable[[Any], Any],
-                     reply: Callable[[dict[str, Any], str, str], dict[str, Any]],
+                     reply: Callable[[Answer, str, str], dict[str, Any]],
                      stream: Callable[..., AsyncIterator[str]] | None) -> Response:
         """Check the body, queue the job, and answer: whole, or streamed by `stream`."""
         try:
@@ -96,12 +96,12 @@ def build_app(worker: Backend, api_key: str | None = None,
         except ApiError as exc:
             return error(exc)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        events: asyncio.Queue[Event] = asyncio.Queue()
         client = req.user or (f"{request.client.host}:{request.client.port}"
                               if request.client else "client")
         cancel = threading.Event()
 
-        def on_event(ev: tuple[Any, ...]) -> None:  # the worker's thread: into this loop
+        def on_event(ev: Event) -> None:  # the worker's thread: into this loop
             try:
                 loop.call_soon_threadsafe(events.put_nowait, ev)
             except RuntimeError:  # the server stopped (its loop is closed): nobody to tell
@@ -125,22 +125,22 @@ def build_app(worker: Backend, api_key: str | None = None,
                     job.cancel.set()  # nobody to answer: stop between tokens
                     return Response(status_code=499)
                 continue
-            if ev[0] == "done":
-                return JSONResponse(reply(ev[1], cid, model))
-            if ev[0] == "error":
-                return error(ev[1])
+            if isinstance(ev, Done):
+                return JSONResponse(reply(ev.answer, cid, model))
+            if isinstance(ev, Failed):
+                return error(ev.error)
 
-    async def _events(events: asyncio.Queue[tuple[Any, ...]]) -> AsyncIterator[tuple[Any, ...]]:
+    async def _events(events: asyncio.Queue[Event]) -> AsyncIterator[Event | None]:
         """The job's events; None now and then while it waits (the stream then writes a
         keep-alive comment: a client that left is noticed there)."""
         while True:
             try:
                 ev = await asyncio.wait_for(events.get(), timeout=KEEPALIVE_S)
             except asyncio.TimeoutError:
-                yield ("wait",)
+                yield None
                 continue
             yield ev
-            if ev[0] in ("done", "error"):
+            if not isinstance(ev, Piece):
                 return
 
     async def _sse(parts: AsyncIterator[str], job: Job) -> AsyncIterator[str]:
@@ -157,55 +157,52 @@ def build_app(worker: Backend, api_key: str | None = None,
     def sse(obj: dict[str, Any]) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
-    async def chat_stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
+    async def chat_stream(job: Job, events: asyncio.Queue[Event], cid: str,
                           model: str) -> AsyncIterator[str]:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
         async for ev in _events(events):
-            if ev[0] == "wait":
+            if ev is None:
                 yield ": waiting\n\n"
-            elif ev[0] == "text":
-                yield sse(chunk(cid, model, {"content": ev[1]},
-                                logprobs=ev[2] if len(ev) > 2 else None))
-            elif ev[0] == "done":
-                r = ev[1]
-                if r.get("tool_calls"):  # held to the end: one delta with the whole call
+            elif isinstance(ev, Piece):
+                yield sse(chunk(cid, model, {"content": ev.text}, logprobs=ev.logprobs))
+            elif isinstance(ev, Done):
+                a = ev.answer
+                if a.tool_calls:  # held to the end: one delta with the whole call
                     yield sse(chunk(cid, model, {"tool_calls": [
-                        {"index": i, **c} for i, c in enumerate(r["tool_calls"])]}))
-                yield sse(chunk(cid, model, {}, r["finish_reason"], r["usage"]))
+                        {"index": i, **c} for i, c in enumerate(a.tool_calls)]}))
+                yield sse(chunk(cid, model, {}, a.finish_reason, a.usage))
                 if getattr(job.request, "include_usage", False):
-                    yield sse(chunk(cid, model, {}, use=r["usage"], choices=False))
-            elif ev[0] == "error":
-                yield sse(ev[1].body())
+                    yield sse(chunk(cid, model, {}, use=a.usage, choices=False))
+            else:
+                yield sse(ev.error.body())
 
-    async def text_stream(job: Job, events: asyncio.Queue[tuple[Any, ...]], cid: str,
+    async def text_stream(job: Job, events: asyncio.Queue[Event], cid: str,
                           model: str) -> AsyncIterator[str]:
         async for ev in _events(events):
-            if ev[0] == "wait":
+            if ev is None:
                 yield ": waiting\n\n"
-            elif ev[0] == "text":
-                yield sse(text_completion(cid, model, ev[1], None, None, chunk=True))
-            elif ev[0] == "done":
-                r = ev[1]
-                yield sse(text_completion(cid, model, "", r["finish_reason"], None, chunk=True))
+            elif isinstance(ev, Piece):
+                yield sse(text_completion(cid, model, ev.text, None, None, chunk=True))
+            elif isinstance(ev, Done):
+                yield sse(text_completion(cid, model, "", ev.answer.finish_reason, None, chunk=True))
                 if getattr(job.request, "include_usage", False):
-                    yield sse(text_completion(cid, model, "", None, r["usage"], chunk=True,
+                    yield sse(text_completion(cid, model, "", None, ev.answer.usage, chunk=True,
                                               choices=False))
-            elif ev[0] == "error":
-                yield sse(ev[1].body())
+            else:
+                yield sse(ev.error.body())
 
     async def chat(request: Request) -> Response:
-        return await answer(request, parse_chat_request, lambda r, cid, model: completion(
-            cid, model, r["text"], r["finish_reason"], r["usage"], r.get("logprobs"),
-            r.get("tool_calls")), chat_stream)
+        return await answer(request, parse_chat_request, lambda a, cid, model: completion(
+            cid, model, a.text, a.finish_reason, a.usage, a.logprobs, a.tool_calls), chat_stream)
 
     async def completions(request: Request) -> Response:
-        return await answer(request, parse_completion_request, lambda r, cid, model: text_completion(
-            cid.replace("chatcmpl-", "cmpl-"), model, r["text"], r["finish_reason"], r["usage"],
-            r.get("logprobs")), text_stream)
+        return await answer(request, parse_completion_request, lambda a, cid, model: text_completion(
+            cid.replace("chatcmpl-", "cmpl-"), model, a.text, a.finish_reason, a.usage,
+            a.legacy_logprobs), text_stream)
 
     async def embeddings(request: Request) -> Response:
-        return await answer(request, parse_embedding_request, lambda r, cid, model: embedding_list(
-            model, r["vectors"], r["usage"]["prompt_tokens"], r["base64"]), None)
+        return await answer(request, parse_embedding_request, lambda a, cid, model: embedding_list(
+            model, a.vectors or [], a.prompt_tokens, a.base64), None)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return error(ApiError(404, f"no route {request.method} {request.url.path}: Ebb serves "

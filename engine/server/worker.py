@@ -1,10 +1,10 @@
 """One model, one worker: the thread that owns the session answers queued requests in order.
 
 The HTTP side (any thread, or the event loop) `submit`s a `Job` and hears back through the
-job's `on_event` callback, called on this worker's thread: ("text", piece) while the reply is
-written (("text", piece, entries) when logprobs were asked for: those of its tokens),
-then ("done", result) or ("error", ApiError). A job whose `cancel` is set before its
-turn is skipped; during its turn the session stops between tokens.
+job's `on_event` callback, called on this worker's thread: `Piece`s while the reply is written
+(with their tokens' logprobs when they were asked for), then `Done` (the `Answer`) or `Failed`
+(an ApiError). A job whose `cancel` is set before its turn is skipped; during its turn the
+session stops between tokens. Dicts are made only at the JSON edge (http.py).
 """
 from __future__ import annotations
 
@@ -32,7 +32,44 @@ from engine.server.api import (
 )
 from engine.server.tools import CallGate, read_call
 
-Event = tuple[Any, ...]
+@dataclass(frozen=True)
+class Answer:
+    """What a job's request got: a chat reply, a completion, or embeddings."""
+    request_id: int
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int = 0
+    text: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)  # the turn's JSON (TurnResult.to_dict)
+    client_gone: bool = False  # the client left before the reply ended
+    logprobs: list[dict[str, Any]] | None = None  # chat's shape; a completion's: legacy_logprobs
+    legacy_logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    vectors: list[list[float]] | None = None  # embeddings
+    base64: bool = False
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+    logprobs: list[dict[str, Any]] | None = None  # its tokens', when asked for
+
+
+@dataclass(frozen=True)
+class Done:
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Event = Piece | Done | Failed
 
 
 @dataclass
@@ -112,7 +149,7 @@ class JobQueue:
         return left
 
 
-def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any, dict[str, Any]]:
+def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any, Answer]:
     """Answer one request on `session` (on the thread that owns it). Returns the session to
     use from now on (another when a remote device went away) and the result. The session's
     conversation becomes the request's."""
@@ -137,10 +174,10 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
         if text:
             shown.append(text)
             if req.top_logprobs >= 0:  # a stream sends them with the text they make
-                job.on_event(("text", text, list(pending)))
+                job.on_event(Piece(text, list(pending)))
                 pending.clear()
             else:
-                job.on_event(("text", text))
+                job.on_event(Piece(text))
 
     def on_text(piece: str) -> None:
         show(gate.feed(watcher.feed(piece)))
@@ -156,13 +193,13 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
     if res.error is not None:
         raise ApiError(400, res.error)
     out = res.to_dict()
-    result = {"text": "".join(shown), "request_id": res.request_id,
-              "finish_reason": "tool_calls" if call is not None
-              else finish_reason(str(out.get("stop_reason", "")), watcher.hit),
-              "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
-              "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit,
-              "logprobs": logprobs_within(out.get("logprobs"), "".join(shown) or held),
-              "tool_calls": [call.to_openai()] if call is not None else None}
+    result = Answer(
+        res.request_id, "tool_calls" if call is not None
+        else finish_reason(str(out.get("stop_reason", "")), watcher.hit),
+        int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0)), "".join(shown), out,
+        job.cancel.is_set() and not watcher.hit,
+        logprobs=logprobs_within(out.get("logprobs"), "".join(shown) or held),
+        tool_calls=[call.to_openai()] if call is not None else None)
     return session, result
 
 
@@ -178,7 +215,7 @@ def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
                      grammar=grammar, top_logprobs=req.top_logprobs, on_logprob=on_logprob)
 
 
-def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, dict[str, Any]]:
+def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, Answer]:
     """/v1/completions: the prompt as it is, on the session's model (its conversation stays)."""
     from engine.session import turn_with_recovery
 
@@ -188,7 +225,7 @@ def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, di
     def show(text: str) -> None:
         if text:
             shown.append(text)
-            job.on_event(("text", text))
+            job.on_event(Piece(text))
 
     def on_text(piece: str) -> None:
         show(watcher.feed(piece))
@@ -205,16 +242,15 @@ def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, di
         raise ApiError(400, res.error)
     out = res.to_dict()
     text = "".join(shown)
-    return session, {
-        "text": text, "request_id": res.request_id,
-        "finish_reason": finish_reason(str(out.get("stop_reason", "")), watcher.hit),
-        "usage": usage(int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0))),
-        "stats": out, "client_gone": job.cancel.is_set() and not watcher.hit,
-        "logprobs": legacy_logprobs(logprobs_within(out.get("logprobs"), text[len(echoed):]),
-                                    len(echoed))}
+    return session, Answer(
+        res.request_id, finish_reason(str(out.get("stop_reason", "")), watcher.hit),
+        int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0)), text, out,
+        job.cancel.is_set() and not watcher.hit,
+        legacy_logprobs=legacy_logprobs(logprobs_within(out.get("logprobs"), text[len(echoed):]),
+                                        len(echoed)))
 
 
-def _embeddings(session: Any, job: Job, req: EmbeddingRequest) -> dict[str, Any]:
+def _embeddings(session: Any, job: Job, req: EmbeddingRequest) -> Answer:
     try:
         vectors, n_tokens = session.embed(req.inputs)
     except EbbError as exc:
@@ -222,9 +258,7 @@ def _embeddings(session: Any, job: Job, req: EmbeddingRequest) -> dict[str, Any]
     if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
         raise ApiError(400, f"this model's embeddings have {len(vectors[0])} dimensions; Ebb "
                             "does not shorten them", "dimensions")
-    return {"vectors": vectors, "base64": req.base64, "request_id": session._request_id,
-            "finish_reason": "stop", "usage": usage(n_tokens, 0),
-            "stats": {"n_images": 0, "strategy": "none"}, "client_gone": False}
+    return Answer(session._request_id, "stop", n_tokens, vectors=vectors, base64=req.base64)
 
 
 def image_path(image_dir: Path, ref: ImageRef) -> Path:
@@ -242,21 +276,21 @@ def image_path(image_dir: Path, ref: ImageRef) -> Path:
     return path
 
 
-def run_job(job: Job, answer: Callable[[Job], dict[str, Any]],
-            answered: Callable[[Job, dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+def run_job(job: Job, answer: Callable[[Job], Answer],
+            answered: Callable[[Job, Answer], None] | None = None) -> Answer | None:
     """Answer a job, telling its client the result or what went wrong. `answered` runs
     before the client hears (its log line is written by the time the reply arrives)."""
     try:
         result = answer(job)
     except ApiError as exc:
-        job.on_event(("error", exc))
+        job.on_event(Failed(exc))
         return None
     except Exception as exc:  # noqa: BLE001 - one bad request must not stop the server
-        job.on_event(("error", ApiError(500, f"{type(exc).__name__}: {exc}")))
+        job.on_event(Failed(ApiError(500, f"{type(exc).__name__}: {exc}")))
         return None
     if answered is not None:
         answered(job, result)
-    job.on_event(("done", result))
+    job.on_event(Done(result))
     return result
 
 
@@ -265,7 +299,7 @@ class ServeWorker:
     at a time, oldest first."""
 
     def __init__(self, cfg: SessionConfig, image_dir: Path, max_queue: int = 8,
-                 on_turn: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
+                 on_turn: Callable[[Job, Answer], None] | None = None) -> None:
         self.cfg = cfg
         self.image_dir = image_dir
         self.on_turn = on_turn  # after each answered job (a log line)
@@ -294,7 +328,7 @@ class ServeWorker:
 
     def close(self, timeout: float = 30.0) -> None:
         for job in self.jobs.close():  # told; the thread ends after the current job
-            job.on_event(("error", ApiError(503, "the server is shutting down")))
+            job.on_event(Failed(ApiError(503, "the server is shutting down")))
         if self.busy_with is not None:
             self.busy_with.cancel.set()
         self._thread.join(timeout)
@@ -317,7 +351,7 @@ class ServeWorker:
             if job is None:
                 break
             if self.load_error is not None:
-                job.on_event(("error", ApiError(503, f"the model did not load: {self.load_error}")))
+                job.on_event(Failed(ApiError(503, f"the model did not load: {self.load_error}")))
                 continue
             self.busy_with = job
             try:
@@ -327,11 +361,11 @@ class ServeWorker:
         if self.session is not None:
             self.session.close()
 
-    def _answered(self, job: Job, result: dict[str, Any]) -> None:
+    def _answered(self, job: Job, result: Answer) -> None:
         self.served += 1
         if self.on_turn is not None:
             self.on_turn(job, result)
 
-    def _answer(self, job: Job) -> dict[str, Any]:
+    def _answer(self, job: Job) -> Answer:
         self.session, result = answer_job(self.session, job, self.cfg.system)
         return result
