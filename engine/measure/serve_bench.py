@@ -5,7 +5,8 @@ Both servers run at once, each loaded once; every round asks each the same three
 alternating which goes first, streamed and greedy:
 
 - a new conversation (a prompt neither has seen: the round's number is in it): time to the
-  first token;
+  first token (llama_cpp.server is asked for no repeat penalty, as Ebb applies none: its own
+  default of 1.1 would change the reply);
 - the same reply's generation speed: tokens after the first ÷ the time after the first;
 - a follow-up that resends the whole history with one more question (what chat clients do):
   time to its first token, where reusing the cached prefix is what counts.
@@ -66,8 +67,11 @@ class _Server:
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, float, int, str]:
         """Streamed, greedy: (seconds to the first token, seconds after it, tokens, text)."""
-        body = json.dumps({"model": "m", "messages": messages, "max_tokens": max_tokens,
-                           "temperature": 0, "stream": True, "seed": 1}).encode()
+        ask: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": max_tokens,
+                               "temperature": 0, "stream": True, "seed": 1}
+        if self.name != "Ebb":  # llama_cpp.server's own default is 1.1; Ebb's (and OpenAI's) none
+            ask["repeat_penalty"] = 1.0
+        body = json.dumps(ask).encode()
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         t0 = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", body=body,
