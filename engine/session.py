@@ -38,10 +38,11 @@ from engine.placement.plan import (
     Costs,
     DoesNotFit,
     Placement,
+    device_layers,
     plan_vision,
     projector_need_bytes,
 )
-from engine.placement.phases import MOVE_FIXED_S, Rebalance, decide_rebalance
+from engine.placement.phases import MOVE_FIXED_S, Rebalance, plan_phase_move
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
@@ -728,10 +729,8 @@ class Session:
                 "reason": d.reason if d is not None else "the reload mover: one placement"}
 
     def _phase_layers(self, llama_layers: int) -> set[int]:
-        """The repeating layers the live layout holds on the device for llama.cpp's count
-        (the output layer is the first of the count and stays on the device)."""
-        n = self.info.n_layers
-        return set(range(n - min(max(llama_layers - 1, 0), n), n))
+        """The repeating layers the live layout holds on the device for llama.cpp's count."""
+        return set(device_layers(self.info.n_layers, llama_layers))
 
     def phase_decision(self, n_tokens: int, n_image_tokens: int = 0) -> Rebalance | None:
         """Whether this prompt runs at the prompt's placement (with images to evaluate: the
@@ -745,20 +744,11 @@ class Session:
         mover = self.model.mover
         if ph is None or not ph.differs or mover is None or self.accel is None:
             return None
-        if min(ph.gen_layers, ph.prompt_layers) == 0:  # no device at all: a reload
-            return Rebalance(False, 0.0, 0.0, None, "0 layers means no accelerator: one "
-                             "placement (a reload is never paid per turn)")
-        now = set(mover.on_device())
-        target = self._phase_layers(ph.prompt_layers)
-        copy = target - now if len(target) > len(now) else now - target
-        n_bytes = sum(mover.layer_bytes(i) for i in copy)
-        if len(target) > len(now):
-            room = self.budget_bytes - self.ledger.total(self.accel)
-            if n_bytes > room:
-                return Rebalance(False, 0.0, 0.0, None,
-                                 f"the prompt placement needs {n_bytes / 2**20:.0f} MiB more on "
-                                 f"{self.accel}, the budget has {max(room, 0) / 2**20:.0f} MiB")
-        return decide_rebalance(n_tokens, ph, n_bytes, self.encoder.costs.bus_Bps, MOVE_FIXED_S)
+        n = self.info.n_layers
+        return plan_phase_move(n, mover.on_device(), ph, n_tokens,
+                               [mover.layer_bytes(i) for i in range(n)],
+                               self.encoder.costs.bus_Bps, MOVE_FIXED_S,
+                               self.budget_bytes - self.ledger.total(self.accel)).decision
 
     def _to_prompt_placement(self, n_tokens: int, n_image_tokens: int,
                              tl: Timeline) -> Callable[[], None] | None:

@@ -229,3 +229,31 @@ def test_a_prompt_with_an_image_moves_to_the_image_batchs_placement(model_path, 
     assert b2.phases["moved"] and b2.phases["prompt_layers"] == 20, b2.phases
     assert [sp.name for sp in b2.spans].count("rebalance") == 2
     assert (a2.text, b2.text) == (a1.text, b1.text)
+
+
+def test_one_rule_for_which_layers_a_count_puts_on_the_device():
+    """#28: llama.cpp's count is the output layer first, then the last repeating layers."""
+    from engine.placement.plan import device_layers
+
+    assert list(device_layers(30, 0)) == [] and list(device_layers(30, 1)) == []
+    assert list(device_layers(30, 3)) == [28, 29] and list(device_layers(30, 99)) == list(range(30))
+
+
+def test_a_phase_move_is_priced_the_same_for_the_session_and_what_if():
+    """#28: one pure plan_phase_move: the layers that differ, their bytes, the budget's room."""
+    from engine.placement.phases import plan_phase_move
+
+    t = PhaseTuning(gen_layers=5, prompt_layers=11, gen_threads=1, prompt_threads=2,
+                    prompt_tps_at_gen=100.0, prompt_tps_at_prompt=400.0)
+    sizes = [10 << 20] * 30
+    move = plan_phase_move(30, range(26, 30), t, 2000, sizes, 1e9)
+    assert move.target == frozenset(range(20, 30)) and move.copy == frozenset(range(20, 26))
+    assert move.n_bytes == 6 * (10 << 20) and move.decision.move  # 2000 tokens pay for 60 MiB
+    assert not plan_phase_move(30, range(26, 30), t, 2, sizes, 1e9).decision.move  # too short
+    tight = plan_phase_move(30, range(26, 30), t, 2000, sizes, 1e9, room_bytes=50 << 20)
+    assert not tight.decision.move and "budget" in tight.decision.reason
+    # back from more layers to fewer frees memory: no room needed
+    back = PhaseTuning(11, 5, 1, 2, 400.0, 100.0)
+    assert plan_phase_move(30, range(20, 30), back, 2000, sizes, 1e9, room_bytes=0).copy == frozenset(range(20, 26))
+    none = PhaseTuning(0, 11, 1, 2, 100.0, 400.0)
+    assert "no accelerator" in plan_phase_move(30, [], none, 2000, sizes, 1e9).decision.reason

@@ -34,7 +34,7 @@ import numpy as np
 from engine.errors import EbbError
 from engine.gguf.info import ModelInfo
 from engine.hw import physical_cores
-from engine.placement.plan import DoesNotFit, plan_placement
+from engine.placement.plan import DoesNotFit, device_layers, plan_placement
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
@@ -168,9 +168,8 @@ class Measurer:
             from engine.placement.residency import live_overrides
 
             n = self.info.n_layers
-            on_device = range(n - min(layers - 1, n), n)
             params = replace(params, n_gpu_layers=n + 1, repack=False,
-                             buft_overrides=live_overrides(self.accel, on_device))
+                             buft_overrides=live_overrides(self.accel, device_layers(n, layers)))
         return params
 
     def turn_s(self, layers: int, flash_attn: bool, fill: int, threads: tuple[int, int]) -> float:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from engine.config import PhaseTuning
+from engine.placement.plan import device_layers
 
 # a move's cost beyond its bytes, per move: the graphs planned again (~3 ms on loopback RPC; a
 # GPU's is of the same order)
@@ -57,3 +58,34 @@ def decide_rebalance(n_tokens: int, t: PhaseTuning, move_bytes: int, copy_Bps: f
     return Rebalance(False, saved, cost, break_even,
                      f"one placement: {n_tokens} prompt tokens save {saved * 1e3:.0f} ms, "
                      f"less than the move ({cost * 1e3:.0f} ms; pays from {break_even} tokens)")
+
+
+@dataclass(frozen=True)
+class PhaseMove:
+    """The move to the prompt's placement, priced: which layers the prompt wants on the device,
+    which the move copies there (or drops, when it wants fewer), its bytes, and whether it pays."""
+    target: frozenset[int]
+    copy: frozenset[int]
+    n_bytes: int
+    decision: Rebalance
+
+
+def plan_phase_move(n_layers: int, on_device: Iterable[int], t: PhaseTuning, n_tokens: int,
+                    layer_bytes: Sequence[int], copy_Bps: float, fixed_s: float = MOVE_FIXED_S,
+                    room_bytes: int | None = None) -> PhaseMove:
+    """The one rule for a per-phase move (the session's per turn, What if's prediction): from
+    the repeating layers `on_device` now to the prompt's placement (llama.cpp's count
+    `t.prompt_layers`); a move that adds layers must fit `room_bytes` (None: it does)."""
+    now = frozenset(on_device)
+    target = frozenset(device_layers(n_layers, t.prompt_layers))
+    copy = target - now if len(target) > len(now) else now - target
+    n_bytes = sum(layer_bytes[i] for i in copy)
+    if min(t.gen_layers, t.prompt_layers) == 0:  # no device at all: a reload
+        return PhaseMove(target, copy, n_bytes, Rebalance(
+            False, 0.0, 0.0, None, "0 layers means no accelerator: one placement (a reload is "
+                                   "never paid per turn)"))
+    if len(target) > len(now) and room_bytes is not None and n_bytes > room_bytes:
+        return PhaseMove(target, copy, n_bytes, Rebalance(
+            False, 0.0, 0.0, None, f"the prompt placement needs {n_bytes / 2**20:.0f} MiB more "
+                                   f"on the device, the budget has {max(room_bytes, 0) / 2**20:.0f} MiB"))
+    return PhaseMove(target, copy, n_bytes, decide_rebalance(n_tokens, t, n_bytes, copy_Bps, fixed_s))

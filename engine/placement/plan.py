@@ -66,6 +66,13 @@ class Placement:
         return sum(self.layer_bytes[i] for i in self.accel_layers)
 
 
+def device_layers(n_layers: int, llama_layers: int) -> range:
+    """The repeating layers llama.cpp's layer count puts on the device: the count's first is
+    the output layer, then the last repeating layers. The one place this rule is written."""
+    n_rep = max(0, min(llama_layers - 1, n_layers))
+    return range(n_layers - n_rep, n_layers)
+
+
 def layers_to_evict(placement: Placement, deficit_bytes: int) -> list[int]:
     """The fewest of the last accelerator layers whose weights free `deficit_bytes`."""
     out: list[int] = []
@@ -90,8 +97,7 @@ def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
     the KV cache of every layer is on the device whichever layers' weights are."""
     if n_gpu_layers <= 0 and not live:
         return {"weights": 0, "kv": 0, "compute": 0}
-    n_rep = max(0, min(n_gpu_layers - 1, model.n_layers))
-    layers = range(model.n_layers - n_rep, model.n_layers)
+    layers = device_layers(model.n_layers, n_gpu_layers)
     weights = output_bytes(model) + sum(model.layer_bytes[i] for i in layers)
     kv_layers = range(model.n_layers) if live else layers
     kv = sum(model.kv_bytes_per_token_per_layer[i] for i in kv_layers) * n_ctx
@@ -107,9 +113,8 @@ def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx:
                   n_ubatch: int, flash_attn: bool, live: bool = False) -> Placement:
     k = max(0, min(n_gpu_layers, model.n_layers + 1)) if accel else 0
     # `accel` stays named even at k == 0: the device the projector may borrow
-    n_rep = max(0, min(k - 1, model.n_layers))
-    layer_devices = tuple(accel if (accel and i >= model.n_layers - n_rep) else CPU
-                          for i in range(model.n_layers))
+    on = device_layers(model.n_layers, k)
+    layer_devices = tuple(accel if (accel and i in on) else CPU for i in range(model.n_layers))
     live = live and accel is not None
     return Placement(accel, k, layer_devices, accel if (accel and (k >= 1 or live)) else CPU,
                      accel_bytes=accel_bytes(model, k, n_ctx, n_ubatch, flash_attn, live),

@@ -20,12 +20,13 @@ from engine.placement.calibration import (
     vision_costs,
 )
 from engine.config import PhaseTuning
-from engine.placement.phases import MOVE_FIXED_S, decide_rebalance
+from engine.placement.phases import MOVE_FIXED_S, plan_phase_move
 from engine.placement.plan import (
     Costs,
     DoesNotFit,
     Placement,
     VisionPlan,
+    device_layers,
     placement_for,
     plan_placement,
     plan_vision,
@@ -195,15 +196,15 @@ def price_phases(model: ModelInfo, fits: Placement, cpu: DeviceCal, acc: DeviceC
         by_k[k] = predict_text(model, p, cpu, acc)
     gen_k = max(by_k, key=lambda k: (by_k[k]["gen_tokens_per_s"], k))
     prompt_k = max(by_k, key=lambda k: (by_k[k]["prompt_tokens_per_s"], k))
-    lo, hi = sorted((gen_k, prompt_k))
-    moved = [i for i in range(model.n_layers)
-             if model.n_layers - max(hi - 1, 0) <= i < model.n_layers - max(lo - 1, 0)]
-    move_bytes = sum(model.layer_bytes[i] for i in moved)
     t = PhaseTuning(gen_k, prompt_k, 0, 0, by_k[gen_k]["prompt_tokens_per_s"],
                     by_k[prompt_k]["prompt_tokens_per_s"])
-    # in the live layout 0 still keeps the output layer and the KV cache on the device: the
-    # repeating layers move, whatever the two counts
-    decision = decide_rebalance(n_prompt, t, move_bytes, bus_Bps, MOVE_FIXED_S)
+    # the session's rule (plan_phase_move), from generation's placement; every count up to
+    # `fits` fits the budget, so the room is what `fits` holds beyond generation's
+    at_gen = placement_for(model, fits.accel, gen_k, n_ctx, 512, True, live=True)
+    move = plan_phase_move(model.n_layers, device_layers(model.n_layers, gen_k), t, n_prompt,
+                           model.layer_bytes, bus_Bps, MOVE_FIXED_S,
+                           fits.accel_total_bytes - at_gen.accel_total_bytes)
+    decision, move_bytes = move.decision, move.n_bytes
     return {"gen_layers": gen_k, "prompt_layers": prompt_k,
             "gen_tokens_per_s": round(by_k[gen_k]["gen_tokens_per_s"], 1),
             "prompt_tokens_per_s": round(by_k[prompt_k]["prompt_tokens_per_s"], 1),
