@@ -230,10 +230,9 @@ class EngineWorker(QObject):
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
         """Autotune the model's accelerator layers, then load the session again (the tuning
         runs need the device to themselves). Stop (cancel) ends it between runs."""
-        from engine.gguf.info import model_info, projector_info, read_gguf
         from engine.llama.devices import default_budget, pick_accelerator
-        from engine.measure.autotune import Cancelled, Measurer, autotune, max_layers
-        from engine.placement.plan import projector_need_bytes
+        from engine.measure.autotune import Cancelled
+        from engine.measure.tuning import tune_for
 
         self._cancel.clear()
         # the model as it is now comes back afterwards (not `cfg` anew: a stand-in's budget is
@@ -249,26 +248,16 @@ class EngineWorker(QObject):
             if accel is None:
                 raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
                                "or use a GPU")
-            info = model_info(read_gguf(cfg.model_path))
-            proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
-            headroom = (projector_need_bytes(proj, cfg.flash_attn)
-                        if proj is not None and cfg.vision == "resident" else 0)
             budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
-            top = max_layers(info, accel, budget, cfg.n_ctx or 4096, cfg.n_batch, cfg.flash_attn,
-                             headroom, cfg.mover != "reload")
-            m = Measurer(cfg.model_path, info, accel, cfg.n_ctx or 4096, cfg.n_threads,
-                         cfg.flash_attn, cfg.n_batch, cancel=self._cancel,
-                         on_point=lambda p: self.event.emit(events.TunePoint(
-                             0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
-                             prompt_tps_by_threads=p.prompt_tps_by_threads,
-                             gen_tps_by_threads=p.gen_tps_by_threads, max_layers=top)),
-                         live=cfg.mover != "reload",
-                         # a thread count set in Settings is kept; else each phase's is searched
-                         threads=(cfg.n_threads,) if cfg.n_threads else None,
-                         image_tokens=proj.image_tokens if proj is not None else 0)
-            result = autotune(m, budget, headroom, flash_attn=True, on_flash=lambda n: self.event.emit(
-                events.TuneNote(0, text=f"Choosing flash attention: {n} more runs, each with "
-                                        "a few thousand tokens of history"))).to_dict()
+            result = tune_for(
+                cfg, accel, budget, cancel=self._cancel,
+                on_point=lambda p, top: self.event.emit(events.TunePoint(
+                    0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
+                    prompt_tps_by_threads=p.prompt_tps_by_threads,
+                    gen_tps_by_threads=p.gen_tps_by_threads, max_layers=top)),
+                on_flash=lambda n: self.event.emit(events.TuneNote(
+                    0, text=f"Choosing flash attention: {n} more runs, each with a few thousand "
+                            "tokens of history"))).to_dict()
             self.event.emit(events.TuneFinished(0, result=result))
         except Cancelled:
             self.event.emit(events.TuneFinished(0, result={"cancelled": True}))

@@ -154,6 +154,7 @@ def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_proje
     best_gen = next(p for p in out["points"] if p["layers"] == out["best_gen_layers"])
     assert out["best_gen_threads"] == best_gen["gen_threads"] in grid
     assert "layers:" in r.stderr and "threads)" in r.stderr  # progress, one line per run
+    r_tune_stderr = r.stderr
     tuning = tmp_path / "tune.json"
     tuning.write_text(r.stdout)
     r = run_cli("chat", "--rpc", shared_rpc_server.endpoint, "--vram-budget", "185MiB",
@@ -164,6 +165,12 @@ def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_proje
     assert turn["n_threads"] == out["best_gen_threads"]
     assert turn["phases"]["gen_threads"] == out["best_gen_threads"]
     assert turn["phases"]["prompt_threads"] == out["best_prompt_threads"]
+    # flash attention chosen by real turns with history at the best layers, and used (#30)
+    fa = out["flash_attn"]
+    assert fa["layers"] == out["best_gen_layers"] and fa["fill"] == 1024 - 128 - 32 - 64
+    assert fa["turn_s_on"] > 0 or fa["turn_s_off"] > 0
+    assert "choosing flash attention" in r_tune_stderr
+    assert turn["flash_attn"] is fa["on"]
     k = out["best_gen_layers"]
     r = run_cli("chat", "--rpc", shared_rpc_server.endpoint, "--vram-budget", "185MiB",
                 "--gpu-layers", str(k), "--ctx", "1024", "--prompt", "Hi", "--max-tokens", "4",

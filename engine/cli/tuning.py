@@ -105,49 +105,37 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_autotune(args: argparse.Namespace) -> int:
-    from engine.gguf.info import (
-        check_projector_matches,
-        model_info,
-        projector_info,
-        read_gguf,
-    )
+    from engine.config import SessionConfig
     from engine.gguf.models import existing_file, resolve_model_path
     from engine.llama.devices import default_budget, pick_accelerator
-    from engine.llama.runtime import check_context
-    from engine.measure.autotune import Measurer, Point, autotune
-    from engine.placement.plan import projector_need_bytes
+    from engine.measure.autotune import Point
+    from engine.measure.tuning import tune_for
     from engine.units import parse_size
 
-    model = resolve_model_path(args.model)
-    info = model_info(read_gguf(model))
-    headroom = image_tokens = 0
-    if args.mmproj:
-        proj = projector_info(read_gguf(existing_file(args.mmproj, "projector")))
-        check_projector_matches(info, proj)
-        headroom = projector_need_bytes(proj, not args.no_flash_attn)
-        image_tokens = proj.image_tokens
+    # --mmproj keeps the projector's room beside the layers: tuned as a resident projector
+    cfg = SessionConfig(resolve_model_path(args.model),
+                        existing_file(args.mmproj, "projector") if args.mmproj else None,
+                        n_ctx=args.ctx, n_threads=args.threads, flash_attn=not args.no_flash_attn,
+                        vision="resident" if args.mmproj else "auto", rpc=tuple(args.rpc))
     accel = pick_accelerator(tuple(args.rpc))
     if accel is None:
         raise EbbError("there is no accelerator to tune for", "use a GPU or pass --rpc HOST:PORT")
     budget = parse_size(args.vram_budget) if args.vram_budget else default_budget(accel)
     cancel = threading.Event()
     install_sigint(cancel)
+    print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
+          + (" (keeping the projector's room)" if args.mmproj else ""), file=sys.stderr, flush=True)
 
-    def progress(p: Point) -> None:
+    def progress(p: Point, top: int) -> None:
         print(f"  {p.layers:3d} layers: prompt {p.prompt_tps:8.1f} tok/s ({p.prompt_threads} "
               f"threads), generation {p.gen_tps:7.2f} tok/s ({p.gen_threads} threads)",
               file=sys.stderr, flush=True)
 
     # --threads fixes the count for both phases; without it each phase's best is searched
-    m = Measurer(model, info, accel, check_context(info, args.ctx), args.threads,
-                 flash_attn=not args.no_flash_attn, on_point=progress, cancel=cancel,
-                 threads=(args.threads,) if args.threads else None, image_tokens=image_tokens)
-    print(f"autotune on {accel}, budget {fmt_bytes(budget)}"
-          + (f", keeping {fmt_bytes(headroom)} for the projector" if headroom else ""),
-          file=sys.stderr, flush=True)
-    out = autotune(m, budget, headroom, flash_attn=True, on_flash=lambda n: print(
+    tuned = tune_for(cfg, accel, budget, on_point=progress, cancel=cancel, on_flash=lambda n: print(
         f"  choosing flash attention: {n} runs with history in the cache", file=sys.stderr,
-        flush=True)).to_dict()
+        flush=True))
+    out = tuned.to_dict()
     if args.json:
         print(json.dumps(out))
         return 0

@@ -1,0 +1,46 @@
+"""Autotune as a session would run (#28: the one set-up the CLI's `autotune` and the window's
+Tune share): the session's context (as `Session` picks it), batch, flash attention and mover's
+layout; room for the projector beside the layers when vision is resident; threads searched
+unless the configuration fixes them; flash attention chosen by measurement."""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from engine.config import SessionConfig
+from engine.errors import EbbError
+from engine.measure.autotune import Measurer, Point, TuneResult, autotune, max_layers
+
+
+def projector_room(cfg: SessionConfig, need_bytes: int) -> int:
+    """What the layers leave free for the projector: all it needs when it stays resident;
+    nothing when it swaps in (it borrows the layers' room) or runs on the CPU."""
+    return need_bytes if cfg.vision == "resident" else 0
+
+
+def tune_for(cfg: SessionConfig, accel: str, budget: int,
+             on_point: Callable[[Point, int], None] | None = None,
+             on_flash: Callable[[int], None] | None = None,
+             cancel: threading.Event | None = None, choose_flash_attn: bool = True) -> TuneResult:
+    """`on_point(point, max_layers)` after each run; `on_flash(runs)` before flash attention's."""
+    from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
+    from engine.llama.runtime import check_context
+    from engine.placement.plan import projector_need_bytes
+
+    info = model_info(read_gguf(cfg.model_path))
+    proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
+    if proj is not None:
+        check_projector_matches(info, proj)
+    n_ctx = check_context(info, cfg.n_ctx)
+    headroom = projector_room(cfg, projector_need_bytes(proj, cfg.flash_attn)) if proj else 0
+    live = cfg.mover != "reload"
+    top = max_layers(info, accel, budget, n_ctx, cfg.n_batch, cfg.flash_attn, headroom, live)
+    if budget <= 0:
+        raise EbbError(f"the budget on {accel} is {budget} bytes: nothing to tune")
+    m = Measurer(cfg.model_path, info, accel, n_ctx, cfg.n_threads, cfg.flash_attn, cfg.n_batch,
+                 on_point=(lambda p: on_point(p, top)) if on_point is not None else None,
+                 cancel=cancel, live=live,
+                 # a thread count the configuration sets is kept; else each phase's is searched
+                 threads=(cfg.n_threads,) if cfg.n_threads else None,
+                 image_tokens=proj.image_tokens if proj is not None else 0)
+    return autotune(m, budget, headroom, flash_attn=choose_flash_attn, on_flash=on_flash)
