@@ -107,8 +107,11 @@ class MainWindow(QMainWindow):
             events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
             events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
             events.TurnFinished: self._on_turn_finished, events.ServerTurn: self._on_server_turn,
-            events.EngineFailed: self._on_engine_failed, events.TunePoint: self._on_tune_point,
-            events.TuneFinished: self._on_tune_finished, events.TuneNote: self._on_tune_note}
+            events.EngineFailed: self._on_engine_failed}
+        from app.tune import TuneController
+
+        self.tuning = TuneController(self)  # Model → Tune layers…: its dialog and runs
+        self._handlers.update(self.tuning.handlers())
         self._build_ui()
         self._restore_layout()
         self._start_worker()
@@ -299,7 +302,7 @@ class MainWindow(QMainWindow):
                                    "penalty and seed")
         chat_settings.triggered.connect(self._on_chat_settings)
         model.addAction(chat_settings)
-        self.tune_action = QAction("Tune layers…", self, triggered=self._on_tune)
+        self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
         self.standin_action = QAction("Start a stand-in accelerator…", self)
@@ -756,26 +759,6 @@ class MainWindow(QMainWindow):
                 self.load_model(model, mmproj)
 
     @Slot()
-    def _on_tune(self) -> None:
-        from app.tune import TuneDialog
-
-        last = self.chat.last_cfg
-        if self.chat.busy or last is None:
-            self.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
-            return
-        cfg, rpc = session_config(self.store, str(last.model_path), str(last.mmproj_path or ""),
-                                  rpc=self._rpc)
-        # measure every layer count the budget allows, at every thread count of the grid
-        cfg = replace(cfg, gpu_layers=None, n_threads=None, n_threads_batch=None, phases=None)
-        self.tune_dialog = TuneDialog(self)
-        self.tune_dialog.stop.connect(self.worker.cancel)
-        self.tune_dialog.apply_result.connect(self._apply_tuning)
-        self.tune_dialog.finished.connect(self.worker.cancel)  # closing it stops the runs
-        self.chat.set_loading()
-        self.request_tune.emit(cfg, rpc)
-        self.tune_dialog.show()
-
-    @Slot()
     def _on_what_if(self) -> None:
         from app.whatif_dialog import WhatIfDialog
 
@@ -785,37 +768,9 @@ class MainWindow(QMainWindow):
                                           int(self._settings()["ctx"]), self)
         self.whatif_dialog.show()
 
-    @Slot(object)
-    def _apply_tuning(self, result: dict[str, Any]) -> None:
-        """Tune's "Use these": each phase's layers and threads, and the measured prompt speeds
-        that price a move, into Settings; the model loads again with them."""
-        from app.settings import phase_settings
-
-        chosen = phase_settings(result)
-        for key, value in chosen.items():
-            self.store.set_setting(key, value)
-        cfg = self.chat.last_cfg
-        if cfg is not None:
-            self.load_model(str(cfg.model_path), str(cfg.mmproj_path or ""))
-        self.statusBar().showMessage(
-            f"Generation: {chosen['gpu_layers']} layers, {chosen['threads'] or 'auto'} threads · "
-            f"prompt: {chosen['prompt_layers']} layers, {chosen['threads_batch'] or 'auto'} "
-            f"threads" + (f" · flash attention {'on' if chosen['flash_attn'] else 'off'}"
-                          if "flash_attn" in chosen else "") + " (Settings to change)", 15000)
-
-    def _on_tune_point(self, ev: events.TunePoint) -> None:
-        if getattr(self, "tune_dialog", None) is not None:
-            self.tune_dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps,
-                                       ev.prompt_tps_by_threads, ev.gen_tps_by_threads,
-                                       ev.max_layers)
-
-    def _on_tune_note(self, ev: events.TuneNote) -> None:
-        if getattr(self, "tune_dialog", None) is not None:
-            self.tune_dialog.note(ev.text)
-
-    def _on_tune_finished(self, ev: events.TuneFinished) -> None:
-        if getattr(self, "tune_dialog", None) is not None:
-            self.tune_dialog.finish(ev.result)
+    @property
+    def tune_dialog(self) -> Any:
+        return self.tuning.dialog
 
     def load_model(self, model: str, mmproj: str) -> None:
         try:
@@ -992,8 +947,7 @@ class MainWindow(QMainWindow):
             self.statusBar().clearMessage()
             self.transcript.setPlaceholderText("No model is loaded: File → Open model… (what went "
                                                "wrong is said above)")
-        if getattr(self, "tune_dialog", None) is not None and self.tune_dialog.stop_button.isEnabled():
-            self.tune_dialog.fail(ev.message)
+        self.tuning.failed(ev.message)
         self._update_actions()
 
     # ------------------------------------------------------------ shutdown
