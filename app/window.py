@@ -59,6 +59,7 @@ from app.settings import (
     remember_model,
     session_config,
 )
+from app.status import loaded_message, model_line
 from app.store import Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
@@ -825,24 +826,10 @@ class MainWindow(QMainWindow):
         self.chat.set_loaded()
         name = readable_model_name(ev.model_path, ev.model_name)
         self.setWindowTitle(f"Ebb — {name}")
-        by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
-        if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
-            where = (" + ".join(f"{n} on {dev}" for dev, n in by_dev.items()) + f" of {ev.n_layers} "
-                     f"layers · {d.get('mover')} mover")
-        elif d.get("accelerator"):
-            mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
-            where = (f"{d.get('n_layers_on_accel', 0)}/{ev.n_layers} layers on "
-                     f"{self._accel_name(d)} · {mover}")
-        else:
-            where = f"all {ev.n_layers} layers in RAM (no accelerator)"
-        safe = " · safe mode" if d.get("safe_mode") else ""
-        line = f"{name} · {where} · ctx {ev.n_ctx}{safe}"
         self._n_ctx = ev.n_ctx
         self.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
-        sent = d.get("rpc_bytes_sent") or 0
-        if sent:
-            line += f" · sent {sent / 2**20:.1f} MiB to remote devices while loading"
-        self.set_model_line(line, d.get("placement_reason") or "")
+        self.set_model_line(model_line(name, ev.n_layers, ev.n_ctx, d, self._accel_name(d)),
+                            d.get("placement_reason") or "")
         if d.get("requested"):
             remember_model(self.store, *d["requested"])
         self._has_accel = bool(d.get("accelerator"))
@@ -857,15 +844,14 @@ class MainWindow(QMainWindow):
             if not d.get("safe_mode") and note not in self.notice.text():  # safe mode: its banner
                 self.show_notice(note[0].upper() + note[1:] + ".")
         if not self.chat.busy:
-            started = ""
+            started = None
             if not self._said_start:  # the first load: the whole start, once (#31)
                 from engine.hw import process_age_s
 
                 self._said_start = True
-                started = f" (ready {process_age_s():.1f}s after Ebb started)"
-            self.statusBar().showMessage(f"Model loaded in {ev.load_s:.2f}s{started}"
-                                         + (f" — {d['mover_note']}" if d.get("mover_note") else ""),
-                                         15000)
+                started = process_age_s()
+            self.statusBar().showMessage(
+                loaded_message(ev.load_s, d.get("mover_note") or "", started), 15000)
         self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
         has_proj = bool(d.get("projector"))
         self.vision_switch.blockSignals(True)

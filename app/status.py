@@ -1,0 +1,38 @@
+"""What the status bar says of the loaded model: pure formatting (no Qt), so each wording is
+tested on its own and the window only shows it."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def placement_text(n_layers: int, details: dict[str, Any], accel_name: str) -> str:
+    """Where the layers are: spread over devices, on the accelerator (and by which mover), or
+    all in RAM."""
+    d = details
+    by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
+    if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
+        return (" + ".join(f"{n} on {dev}" for dev, n in by_dev.items()) + f" of {n_layers} "
+                f"layers · {d.get('mover')} mover")
+    if d.get("accelerator"):
+        mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
+        return f"{d.get('n_layers_on_accel', 0)}/{n_layers} layers on {accel_name} · {mover}"
+    return f"all {n_layers} layers in RAM (no accelerator)"
+
+
+def model_line(name: str, n_layers: int, n_ctx: int, details: dict[str, Any],
+               accel_name: str) -> str:
+    """The model label: name, placement, context, safe mode, and what a load sent to remote
+    devices."""
+    line = f"{name} · {placement_text(n_layers, details, accel_name)} · ctx {n_ctx}"
+    if details.get("safe_mode"):
+        line += " · safe mode"
+    sent = details.get("rpc_bytes_sent") or 0
+    if sent:
+        line += f" · sent {sent / 2**20:.1f} MiB to remote devices while loading"
+    return line
+
+
+def loaded_message(load_s: float, mover_note: str = "", started_s: float | None = None) -> str:
+    """The status line's transient message after a load (the whole start once, #31)."""
+    started = f" (ready {started_s:.1f}s after Ebb started)" if started_s is not None else ""
+    return f"Model loaded in {load_s:.2f}s{started}" + (f" — {mover_note}" if mover_note else "")
