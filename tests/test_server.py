@@ -463,26 +463,43 @@ def test_the_official_clients_tool_calling_loop(server):
         assert auto.message.content and not auto.message.content.lstrip().startswith("{")
 
 
-@pytest.fixture(scope="module")
-def bare(model_path):
-    """llama-cpp-python's own Llama on the same model: the peer the endpoints are checked against."""
-    from llama_cpp import Llama
+BARE = """
+import json, sys
+from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+model, threads, what, arg = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if what == "complete":
+    llm = Llama(model, n_ctx=2048, n_threads=threads, flash_attn=True, verbose=False)
+    out = llm.create_completion(arg, max_tokens=12, temperature=0)
+    print(json.dumps({"text": out["choices"][0]["text"], "n_prompt": len(llm.tokenize(arg.encode()))}))
+else:
+    llm = Llama(model, n_ctx=512, n_threads=threads, embedding=True,
+                pooling_type=LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    texts = json.loads(arg)
+    print(json.dumps({"vectors": [llm.embed(t, normalize=True) for t in texts],
+                      "n_tokens": sum(len(llm.tokenize(t.encode())) for t in texts)}))
+"""
 
-    llm = Llama(str(model_path), n_ctx=2048, n_threads=N_THREADS, flash_attn=True, verbose=False)
-    yield llm
-    llm.close()
+
+def bare(model_path, what: str, arg: str) -> dict:
+    """llama-cpp-python's own Llama on the same model, the peer the endpoints are checked
+    against, in a process of its own (this one has RPC devices registered by earlier tests,
+    which a Llama here would try to use)."""
+    r = subprocess.run([sys.executable, "-c", BARE, str(model_path), str(N_THREADS), what, arg],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_completions_equal_the_bare_librarys(server, bare):
+def test_completions_equal_the_bare_librarys(server, model_path):
     """#29: /v1/completions is the prompt as it is (no chat template), greedy token for token
     what llama-cpp-python's create_completion gives; streamed the same; echo and logprobs."""
     client = server.client()
     prompt = "The three primary colours are"
-    want = bare.create_completion(prompt, max_tokens=12, temperature=0)["choices"][0]["text"]
+    peer = bare(model_path, "complete", prompt)
+    want = peer["text"]
     done = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0)
     assert done.choices[0].text == want and done.choices[0].finish_reason == "length"
-    assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == len(
-        bare.tokenize(prompt.encode()))
+    assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == peer["n_prompt"]
     streamed = list(client.completions.create(model="m", prompt=prompt, max_tokens=12,
                                               temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == want
@@ -497,19 +514,15 @@ def test_completions_equal_the_bare_librarys(server, bare):
     assert lp.text_offset[0] == 0
 
 
-def test_embeddings_equal_the_bare_librarys_mean(server, bare, model_path):
+def test_embeddings_equal_the_bare_librarys_mean(server, model_path):
     """#29: /v1/embeddings from the loaded model, mean-pooled and unit length, as
     llama-cpp-python's embed gives them; floats or base64; the chat is unaffected."""
     import math
     import struct
 
-    from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
-
     texts = ["A red apple.", "The sea is calm tonight, and the tide is full."]
-    peer = Llama(str(model_path), n_ctx=512, n_threads=N_THREADS, embedding=True,
-                 pooling_type=LLAMA_POOLING_TYPE_MEAN, verbose=False)
-    want = [peer.embed(t, normalize=True) for t in texts]
-    peer.close()
+    peer = bare(model_path, "embed", json.dumps(texts))
+    want = peer["vectors"]
     client = server.client()
     got = client.embeddings.create(model="m", input=texts)
     assert [d.index for d in got.data] == [0, 1]
@@ -517,7 +530,7 @@ def test_embeddings_equal_the_bare_librarys_mean(server, bare, model_path):
         assert len(g.embedding) == len(w) == 576
         assert abs(math.sqrt(sum(x * x for x in g.embedding)) - 1) < 1e-4
         assert sum(a * b for a, b in zip(g.embedding, w)) > 0.999  # cosine
-    assert got.usage.prompt_tokens == sum(len(bare.tokenize(t.encode())) for t in texts)
+    assert got.usage.prompt_tokens == peer["n_tokens"]
     status, _, body = Raw(server.port).call("POST", "/v1/embeddings", {
         "model": "m", "input": texts[0], "encoding_format": "base64"}, key=KEY)
     assert status == 200
