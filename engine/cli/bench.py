@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.cli.common import flag_parser
+from engine.cli.common import flag_parser, flash_attn_arg
 from engine.errors import EbbError
 from engine.paths import engine_argv
 from engine.units import fmt_bytes
@@ -161,6 +161,94 @@ def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
     raise EbbError("the stand-in RPC server did not start")
 
 
+def cmd_bench_autotune(args: argparse.Namespace) -> int:
+    """The search against an exhaustive sweep of every layer count: runs, and the speed at the
+    search's picks as a share of the sweep's best (1.00: the search found the best)."""
+    import sys
+
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.models import resolve_model_path
+    from engine.llama.devices import connect_rpc
+    from engine.measure.autotune import Measurer, autotune, max_layers, sweep
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    info = model_info(read_gguf(model))
+    budget = parse_size(args.vram_budget)
+    server = None
+    rpc = tuple(args.rpc)
+    if not rpc:  # a stand-in accelerator of our own, computing with 2 threads
+        server = _start_rpc_server(2)
+        rpc = (server[1],)
+    try:
+        accel = connect_rpc(rpc[0])[0]
+
+        def log(p: Any) -> None:
+            print(f"  {p.layers} layers: prompt {p.prompt_tps:.0f}, gen {p.gen_tps:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+
+        def measurer() -> Measurer:
+            return Measurer(model, info, accel, args.ctx, args.threads or 1, live=False, on_point=log)
+
+        top = max_layers(info, accel, budget, args.ctx, 512, True, 0, live=False)
+        print(f"sweep 0..{top}", file=sys.stderr, flush=True)
+        full = sweep(measurer(), top)
+        print("search", file=sys.stderr, flush=True)
+        tuned = autotune(measurer(), budget, 0)
+    finally:
+        if server is not None:
+            server[0].terminate()
+            server[0].wait(30)
+    gen_of = {p.layers: p.gen_tps for p in full}
+    prompt_of = {p.layers: p.prompt_tps for p in full}
+    best_gen = max(full, key=lambda p: p.gen_tps).layers
+    best_prompt = max(full, key=lambda p: p.prompt_tps).layers
+    out = {
+        "device": accel, "budget_bytes": budget, "top": top,
+        "sweep_runs": len(full), "search_runs": len(tuned.points),
+        "sweep_best_gen_layers": best_gen, "sweep_best_prompt_layers": best_prompt,
+        "search_gen_layers": tuned.best_gen_layers, "search_prompt_layers": tuned.best_prompt_layers,
+        # the sweep's own speed at the search's pick over the sweep's best (noise included)
+        "gen_ratio": round(gen_of[tuned.best_gen_layers] / gen_of[best_gen], 3),
+        "prompt_ratio": round(prompt_of[tuned.best_prompt_layers] / prompt_of[best_prompt], 3),
+        "sweep": [p.to_dict() for p in full], "search": [p.to_dict() for p in tuned.points],
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{accel}, budget {fmt_bytes(budget)}: {out['search_runs']} runs against {out['sweep_runs']}")
+    print(f"generation  search {tuned.best_gen_layers} layers, sweep's best {best_gen}: "
+          f"{out['gen_ratio']:.3f} of the best")
+    print(f"prompt      search {tuned.best_prompt_layers} layers, sweep's best {best_prompt}: "
+          f"{out['prompt_ratio']:.3f} of the best")
+    return 0
+
+
+def cmd_bench_conversation(args: argparse.Namespace) -> int:
+    import sys
+
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.conversation_bench import RUNNERS, bench_conversation
+
+    out = bench_conversation(resolve_model_path(args.model), args.ctx, args.threads or 2,
+                             args.turns, args.reply,
+                             log=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    fa = out["flash_attn"]
+    print(f"{out['turns']} turns, replies of {out['reply_tokens']} tokens, ctx {out['n_ctx']}, "
+          f"{out['threads']} threads; Ebb ran with flash attention {'on' if fa['ebb'] else 'off'}")
+    print(f"{'turns':>7}  " + "  ".join(f"{w:>11}" for w in RUNNERS) + "   Ebb ÷ faster bare")
+    for r in out["rows"]:
+        print(f"{r['turns']:>7}  " + "  ".join(f"{r[w]:>10.3f}s" for w in RUNNERS)
+              + f"   {r['ebb_vs_faster_bare']:.3f}")
+    print(f"last {out['last_turns']} turns: Ebb ÷ the faster bare setting {out['ebb_vs_faster_bare_last']:.3f} "
+          f"(goal ≤ 1.02); the same greedy replies as bare with the same setting: "
+          f"{out['same_replies_as_bare']}")
+    return 0
+
+
 def cmd_bench_phases(args: argparse.Namespace) -> int:
     from engine.cli.chat import read_tuning
     from engine.config import SessionConfig
@@ -224,7 +312,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from engine.measure.serve_bench import bench_serve
 
     out = bench_serve(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
-                      args.max_tokens, not args.no_flash_attn,
+                      # the CPU alone: auto is off there (flash_attn_for)
+                      args.max_tokens, flash_attn_arg(args) is True,
                       log=(lambda s: None) if args.json else print)
     if args.json:
         print(json.dumps(out))
@@ -293,6 +382,21 @@ def register(sub: Any) -> None:
     p.add_argument("--fills", default="0,1024,4096,8192", help="tokens in the cache before timing")
     p.add_argument("--rounds", type=int, default=2)
     p.set_defaults(func=cmd_bench_context)
+
+    p = bench.add_parser("autotune", help="autotune's search against an exhaustive sweep of every "
+                                          "layer count (runs, and speed ratios at the picks)",
+                         parents=[flag_parser("rpc", "model", "threads", "json")])
+    p.add_argument("--vram-budget", default="180MiB", metavar="SIZE")
+    p.add_argument("--ctx", type=int, default=1024)
+    p.set_defaults(func=cmd_bench_autotune)
+
+    p = bench.add_parser("conversation", help="a long chat, Ebb against bare llama-cpp-python "
+                                              "with flash attention on and off, turn by turn (ratios)",
+                         parents=[flag_parser("model", "threads", "json")])
+    p.add_argument("--turns", type=int, default=40)
+    p.add_argument("--reply", type=int, default=24, help="tokens per reply")
+    p.add_argument("--ctx", type=int, default=8192)
+    p.set_defaults(func=cmd_bench_conversation)
 
     p = bench.add_parser("soak", help="a long session with images and swaps: memory, descriptors "
                                       "and the ledger before and after",
