@@ -103,6 +103,40 @@ def test_our_header_reader_equals_the_gguf_packages(model_path, tiny_projector):
     assert "tokenizer.ggml.tokens" not in read_gguf(model_path).metadata  # stepped over
 
 
+
+def test_our_tensor_type_table_equals_the_gguf_packages():
+    """#31: the tensor sizes come from a table of our own (importing gguf.constants costs every
+    start ~0.1 s); it must agree with gguf-py for every type both know, and name an unknown one."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from engine.gguf.ggml_types import GGML_TYPES, UnknownTensorType, tensor_bytes
+
+    theirs = {int(t): (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType
+              if t in GGML_QUANT_SIZES}
+    assert {k: v for k, v in GGML_TYPES.items() if k in theirs} == {
+        k: v for k, v in theirs.items() if k in GGML_TYPES}
+    assert len(set(theirs) & set(GGML_TYPES)) >= 30
+    assert tensor_bytes(12, 4096 * 4096) == ("Q4_K", 4096 * 4096 // 256 * 144)
+    with pytest.raises(UnknownTensorType, match="tensor type 99"):
+        tensor_bytes(99, 32)
+
+
+def test_a_tensor_type_newer_than_ours_is_named_not_called_damage(tmp_path):
+    import struct
+
+    from engine.errors import EbbError
+    from engine.gguf.info import read_gguf
+
+    name = b"blk.0.attn_q.weight"
+    head = (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", len(name)) + name
+            + struct.pack("<IQIQ", 1, 32, 99, 0))
+    f = tmp_path / "future.gguf"
+    f.write_bytes(head + bytes(-len(head) % 32) + bytes(64))
+    with pytest.raises(EbbError) as e:
+        read_gguf(f)
+    assert "ggml type 99" in e.value.what and "damaged" not in e.value.what
+    assert "update Ebb" in e.value.fix
+
 @pytest.mark.slow
 def test_bench_start_prints_ratios_against_the_bare_library():
     import json

@@ -1,4 +1,4 @@
-"""Read a GGUF's metadata and tensor table (with the `gguf` package) into plain data.
+"""Read a GGUF's metadata and tensor table into plain data (a reader of our own: see _Header).
 
 Pure data out; no llama.cpp. Any thread may call it.
 """
@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from engine.errors import EbbError
 from engine.gguf.families import pairing_problem, projector_family
+from engine.gguf.ggml_types import UnknownTensorType, tensor_bytes
 
 GGUF_MAGIC = b"GGUF"
 KV_CACHE_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is f16
@@ -109,8 +109,6 @@ _SKIPPED = object()
 
 
 def _parse(buf: Any, file_bytes: int) -> tuple[dict[str, Any], list[TensorEntry]]:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
     h = _Header(buf)
     if h.take("<4s") != GGUF_MAGIC:
         raise ValueError("no GGUF magic")
@@ -135,12 +133,11 @@ def _parse(buf: Any, file_bytes: int) -> tuple[dict[str, Any], list[TensorEntry]
     data_start = (h.pos + align - 1) // align * align
     tensors = []
     for name, dims, ttype, offset in raw:
-        qtype = GGMLQuantizationType(ttype)
-        block, size = GGML_QUANT_SIZES[qtype]
         n_elems = 1
         for d in dims:
             n_elems *= int(d)
-        tensors.append(TensorEntry(name, qtype.name, dims, n_elems // block * size, data_start + offset))
+        tname, nbytes = tensor_bytes(ttype, n_elems)
+        tensors.append(TensorEntry(name, tname, dims, nbytes, data_start + offset))
     return metadata, tensors
 
 
@@ -156,6 +153,10 @@ def read_gguf(path: Path) -> GGUFFile:
         try:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 metadata, tensors = _parse(buf, file_bytes)
+        except UnknownTensorType as exc:  # not damage: a format newer than this build
+            raise EbbError(f"{path} holds tensors of a type this version of Ebb does not know "
+                           f"(ggml type {exc.type_id})",
+                           "use a file in a common quantisation (Q4_K_M, Q8_0, F16), or update Ebb") from None
         except Exception as exc:  # a damaged file fails in many ways
             raise EbbError(f"{path} is a damaged or truncated GGUF file ({type(exc).__name__}: "
                            f"{exc})", "download the file again") from None
