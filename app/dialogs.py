@@ -71,7 +71,13 @@ class SettingsDialog(QDialog):
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
         self.overflow.addItem("stop and say so", "stop")
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(v["overflow"])))
-        self.flash = QCheckBox(checked=bool(v["flash_attn"]))
+        self.flash = QComboBox(toolTip="On a CPU, flash attention measured slower once a chat "
+                                       "has history; on a GPU it is usually faster. Model → "
+                                       "Tune… measures it on this machine.")
+        self.flash.addItem("auto: on with an accelerator, off on the CPU alone", "auto")
+        self.flash.addItem("on", True)
+        self.flash.addItem("off", False)
+        self.flash.setCurrentIndex(max(0, self.flash.findData(v["flash_attn"])))
         self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
                                 "link", checked=bool(v["spread"]))
         self.vision = QComboBox()
@@ -118,7 +124,7 @@ class SettingsDialog(QDialog):
     def values(self) -> dict[str, Any]:
         return {"vram_budget": self.budget.text().strip(), "threads": self.threads.value(),
                 "ctx": self.ctx.value(), "image_max_tokens": self.img_tokens.value(),
-                "flash_attn": self.flash.isChecked(), "vision": self.vision.currentText(),
+                "flash_attn": self.flash.currentData(), "vision": self.vision.currentText(),
                 "gpu_layers": self.gpu_layers.value(), "spread": self.spread.isChecked(),
                 "prompt_layers": self.prompt_layers.value(),
                 "threads_batch": self.threads_batch.value(), "prompt_speeds": self.prompt_speeds,
@@ -230,7 +236,7 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
         return f"cannot read {exc.filename or 'this file'}: {exc.strerror or exc}"
     m = ins.model
     ctx = min(int(settings.get("ctx", 4096)), m.n_ctx_train or 4096)
-    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, bool(settings.get("flash_attn", True)))
+    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, settings.get("flash_attn", "auto") is not False)
     text = (f"{m.architecture}, {m.n_layers} layers. All on the accelerator: "
             f"{fmt_bytes(full.accel_total_bytes)} (weights {fmt_bytes(full.accel_bytes['weights'])}, "
             f"KV cache {fmt_bytes(full.accel_bytes['kv'])} at {ctx} tokens, compute "

@@ -17,7 +17,7 @@ DEMO = "demo"
 DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a picture's colour "
               "(red, green, blue, yellow, black, white)")
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
-                            "flash_attn": True, "vision": "auto", "rpc": [], "model_folders": [],
+                            "flash_attn": "auto", "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False, "max_tokens": 0,
                             "overflow": "drop-oldest", "image_cache": "1GiB",
                             # each phase at its best (Model → Tune…): the prompt's layers (-1: as
@@ -69,6 +69,13 @@ def _of_type(kind: type, what: str) -> Any:
     return check
 
 
+def _flash(v: Any) -> Any:
+    """"auto" (on with an accelerator, off on the CPU alone), or on/off as true/false."""
+    if v == "auto" or isinstance(v, bool):
+        return v
+    raise ValueError('"auto", true or false')
+
+
 def _size(allow_empty: bool) -> Any:
     def check(v: Any) -> Any:
         if allow_empty and v == "":
@@ -93,7 +100,7 @@ _UNREADABLE = object()
 # what each saved setting may be; a value that is not is replaced by its default, with a notice
 RULES: dict[str, Any] = {
     "vram_budget": _size(allow_empty=True), "threads": _whole(0, 1024), "ctx": _whole(128, 1 << 21),
-    "image_max_tokens": _whole(0, 1 << 16), "flash_attn": _of_type(bool, "true or false"),
+    "image_max_tokens": _whole(0, 1 << 16), "flash_attn": _flash,
     "vision": _one_of("auto", "resident", "swap", "cpu"), "rpc": _strings, "model_folders": _strings,
     "gpu_layers": _whole(-1, 100_000), "spread": _of_type(bool, "true or false"),
     "max_tokens": _whole(0, 1 << 21), "overflow": _one_of("drop-oldest", "stop"),
@@ -171,7 +178,7 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
         n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
         vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
-        vision=str(s["vision"]), flash_attn=bool(s["flash_attn"]),
+        vision=str(s["vision"]), flash_attn=None if s["flash_attn"] == "auto" else bool(s["flash_attn"]),
         image_max_tokens=int(s["image_max_tokens"]),
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
         spread=bool(s["spread"]), overflow=str(s["overflow"]),

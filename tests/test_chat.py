@@ -22,6 +22,7 @@ def test_cli_answers_paris_at_temperature_zero():
                 "gen_tokens_per_s", "stop_reason"):
         assert key in out
     assert out["stop_reason"] == "stop"
+    assert out["flash_attn"] is False  # auto, on the CPU alone (#30)
     assert out["n_prompt_tokens"] > 10 and out["n_gen_tokens"] > 0
 
 

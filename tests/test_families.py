@@ -42,7 +42,7 @@ def _conversation(lm: Path, mm: Path, pictures: dict[str, Path]) -> list[tuple[s
     """Ebb's replies to TURNS (greedy, CPU), with each turn's templated prompt and images."""
     out = []
     gp = GenParams(max_tokens=N_REPLY, temperature=0)
-    with Session(SessionConfig(lm, mm, n_ctx=2048, n_threads=N_THREADS, vision="cpu")) as s:
+    with Session(SessionConfig(lm, mm, n_ctx=2048, n_threads=N_THREADS, vision="cpu", flash_attn=True)) as s:
         seen: list[Path] = []
         for text, names in TURNS:
             images = [pictures[n] for n in names]
@@ -67,7 +67,7 @@ def test_family_equals_llama_cpp_and_repeats(family, pairs, pictures):
         margins += m
         assert text == ref
     # the images reach the model: another picture, another reply
-    with Session(SessionConfig(lm, mm, n_ctx=2048, n_threads=N_THREADS, vision="cpu")) as s:
+    with Session(SessionConfig(lm, mm, n_ctx=2048, n_threads=N_THREADS, vision="cpu", flash_attn=True)) as s:
         other = s.turn(TURNS[0][0], [pictures["b.jpg"]], GenParams(max_tokens=N_REPLY, temperature=0))
     assert other.text != first[0][0]
     # the turn encoded what mtmd counts for these pictures (every chunk of a sliced image)

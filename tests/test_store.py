@@ -72,7 +72,7 @@ def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path)
     dlg.budget.setText("6GiB")
     dlg.threads.setValue(2)
     dlg.ctx.setValue(2048)
-    dlg.flash.setChecked(False)
+    dlg.flash.setCurrentIndex(dlg.flash.findData(False))
     dlg.vision.setCurrentText("swap")
     dlg.rpc.setText("127.0.0.1:50052")
     for k, v in dlg.values().items():

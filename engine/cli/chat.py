@@ -12,6 +12,7 @@ from engine.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_USER_ERROR,
     flag_parser,
+    flash_attn_arg,
     install_sigint,
 )
 from engine import testhooks
@@ -78,8 +79,10 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
         mmproj_path=existing_file(args.mmproj, "projector") if args.mmproj else None,
         n_ctx=args.ctx, n_threads=args.threads,
         vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None,
-        # --no-flash-attn wins; else what the tuning measured faster on this device
-        vision=args.vision, flash_attn=not args.no_flash_attn and tuned_fa is not False,
+        # --flash-attn on|off wins; else what the tuning measured faster on this device; else
+        # auto (the session decides by where the layers run: flash_attn_for)
+        vision=args.vision,
+        flash_attn=flash_attn_arg(args) if args.flash_attn != "auto" else tuned_fa,
         system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
         overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache))

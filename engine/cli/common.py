@@ -33,8 +33,18 @@ FLAGS: dict[str, Any] = {
     "vram-budget": lambda p: p.add_argument("--vram-budget", default=None, metavar="SIZE",
                                             help="cap on the accelerator, e.g. 150MiB, 6GiB "
                                                  "(default: free - margin)"),
-    "no-flash-attn": lambda p: p.add_argument("--no-flash-attn", action="store_true"),
+    "no-flash-attn": lambda p: (
+        p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
+                       help="auto (default): on when layers run on an accelerator, off on the "
+                            "CPU alone"),
+        p.add_argument("--no-flash-attn", dest="flash_attn", action="store_const", const="off",
+                       help="the same as --flash-attn off")),
 }
+
+
+def flash_attn_arg(args: Any) -> bool | None:
+    """--flash-attn as SessionConfig.flash_attn: None for auto."""
+    return {"on": True, "off": False}.get(args.flash_attn)
 
 
 def exit_on_interrupt() -> None:

@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import Any
 
-from engine.cli.common import flag_parser, install_sigint
+from engine.cli.common import flag_parser, flash_attn_arg, install_sigint
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 
@@ -93,7 +93,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     ctx = check_context(model_info(read_gguf(model)), args.ctx)
     out = run_calibration(model, mmproj, tuple(args.rpc),
                           parse_size(args.vram_budget) if args.vram_budget else None, ctx,
-                          args.threads, not args.no_flash_attn,
+                          args.threads, flash_attn_arg(args) is not False,  # auto: the device's
                           log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(out))
@@ -115,7 +115,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     # --mmproj keeps the projector's room beside the layers: tuned as a resident projector
     cfg = SessionConfig(resolve_model_path(args.model),
                         existing_file(args.mmproj, "projector") if args.mmproj else None,
-                        n_ctx=args.ctx, n_threads=args.threads, flash_attn=not args.no_flash_attn,
+                        n_ctx=args.ctx, n_threads=args.threads, flash_attn=flash_attn_arg(args),
                         vision="resident" if args.mmproj else "auto", rpc=tuple(args.rpc))
     accel = pick_accelerator(tuple(args.rpc))
     if accel is None:

@@ -40,10 +40,10 @@ def auto_budget(session: Session) -> int:
     s = session
     assert s.proj_info is not None and s.accel is not None
     full = placement_for(s.info, s.accel, s.info.n_layers + 1, s.n_ctx, s.cfg.n_batch,
-                         s.cfg.flash_attn, live=True)
+                         s.cfg.flash, live=True)
     layers = sum(s.info.layer_bytes)
     floor = full.accel_total_bytes - layers
-    need = projector_need_bytes(s.proj_info, s.cfg.flash_attn)
+    need = projector_need_bytes(s.proj_info, s.cfg.flash)
     return max(full.accel_total_bytes, floor + need + layers // 5)
 
 

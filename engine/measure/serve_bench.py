@@ -117,7 +117,7 @@ def bench_serve(model: Path, n_ctx: int, threads: int, rounds: int, max_tokens: 
     servers = {
         "ebb": _Server("Ebb", [sys.executable, "-m", "engine", "serve", "--model", str(model),
                                "--port", str(ebb_port), "--threads", str(threads), "--ctx",
-                               str(n_ctx)] + ([] if flash_attn else ["--no-flash-attn"]),
+                               str(n_ctx), "--flash-attn", "on" if flash_attn else "off"],
                        ebb_port, "/health"),
     }
     try:

@@ -5,9 +5,10 @@ unless the configuration fixes them; flash attention chosen by measurement."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Callable
 
-from engine.config import SessionConfig
+from engine.config import SessionConfig, flash_attn_for
 from engine.errors import EbbError
 from engine.measure.autotune import Measurer, Point, TuneResult, autotune, max_layers
 
@@ -27,17 +28,18 @@ def tune_for(cfg: SessionConfig, accel: str, budget: int,
     from engine.llama.runtime import check_context
     from engine.placement.plan import projector_need_bytes
 
+    cfg = replace(cfg, flash_attn=flash_attn_for(cfg, accel))  # auto: on (it tunes a device)
     info = model_info(read_gguf(cfg.model_path))
     proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
     if proj is not None:
         check_projector_matches(info, proj)
     n_ctx = check_context(info, cfg.n_ctx)
-    headroom = projector_room(cfg, projector_need_bytes(proj, cfg.flash_attn)) if proj else 0
+    headroom = projector_room(cfg, projector_need_bytes(proj, cfg.flash)) if proj else 0
     live = cfg.mover != "reload"
-    top = max_layers(info, accel, budget, n_ctx, cfg.n_batch, cfg.flash_attn, headroom, live)
+    top = max_layers(info, accel, budget, n_ctx, cfg.n_batch, cfg.flash, headroom, live)
     if budget <= 0:
         raise EbbError(f"the budget on {accel} is {budget} bytes: nothing to tune")
-    m = Measurer(cfg.model_path, info, accel, n_ctx, cfg.n_threads, cfg.flash_attn, cfg.n_batch,
+    m = Measurer(cfg.model_path, info, accel, n_ctx, cfg.n_threads, cfg.flash, cfg.n_batch,
                  on_point=(lambda p: on_point(p, top)) if on_point is not None else None,
                  cancel=cancel, live=live,
                  # a thread count the configuration sets is kept; else each phase's is searched

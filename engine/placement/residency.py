@@ -147,7 +147,7 @@ class ModelResidency:
                 self.close_runtime()
                 self.ledger.clear(self.accel, *MODEL_KINDS)
         placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                   cfg.n_batch, cfg.flash_attn, reserve_bytes,
+                                   cfg.n_batch, cfg.flash, reserve_bytes,
                                    max_gpu_layers=cfg.gpu_layers)
         assert isinstance(placement, Placement)
         self.placement = placement
@@ -174,15 +174,15 @@ class ModelResidency:
                 placement: Placement | DoesNotFit = DoesNotFit("")
                 if n > 0 and len(tried) == 1 and self._shrink_budget_after(exc):
                     placement = plan_placement(self.info, self.accel, self.budget_bytes,
-                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn,
+                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash,
                                                reserve_bytes, max_gpu_layers=n - 1)
                 if isinstance(placement, DoesNotFit) and n > 0:
                     placement = plan_placement(self.info, self.accel, self.budget_bytes,
-                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn,
+                                               self.n_ctx, self.cfg.n_batch, self.cfg.flash,
                                                reserve_bytes, max_gpu_layers=n // 2)
                 if isinstance(placement, DoesNotFit) or n == 0:  # not even the context's buffers
                     placement = plan_placement(self.info, None, 0, self.n_ctx, self.cfg.n_batch,
-                                               self.cfg.flash_attn)
+                                               self.cfg.flash)
                 assert isinstance(placement, Placement)
                 self.placement = placement
         self._tried_layers += tried
@@ -203,7 +203,7 @@ class ModelResidency:
         """Why one device is not enough (its budget holds only part of the model), or ""."""
         assert self.accel is not None
         one = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                             self.cfg.n_batch, self.cfg.flash_attn, live=True)
+                             self.cfg.n_batch, self.cfg.flash, live=True)
         if isinstance(one, DoesNotFit) or one.n_layers_on_accel < self.info.n_layers:
             held = 0 if isinstance(one, DoesNotFit) else one.n_layers_on_accel
             return (f"{self.accel} alone holds {held}/{self.info.n_layers} layers: spreading over "
@@ -220,7 +220,7 @@ class ModelResidency:
             bw = cal.bus_Bps if cal is not None and cal.bus_Bps else \
                 measure_bandwidth(dev.name, 16 * 2**20, repeats=1)
             offers.append(DeviceOffer(dev.name, self._budget(dev.name), bw))
-        spread = plan_spread(self.info, offers, self.n_ctx, self.cfg.n_batch, self.cfg.flash_attn)
+        spread = plan_spread(self.info, offers, self.n_ctx, self.cfg.n_batch, self.cfg.flash)
         if spread.placement.accel is None:
             raise EbbError("no accelerator can hold even the output layer: " + "; ".join(spread.reasons),
                            "raise --vram-budget")
@@ -237,7 +237,7 @@ class ModelResidency:
         """The live layout, used only when its self-test matches the reload mover's logits."""
         assert self.accel is not None
         placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
-                                   self.cfg.n_batch, self.cfg.flash_attn, reserve_bytes, live=True,
+                                   self.cfg.n_batch, self.cfg.flash, reserve_bytes, live=True,
                                    max_gpu_layers=self.cfg.gpu_layers)
         if isinstance(placement, DoesNotFit):
             raise EbbError(placement.reason)
@@ -245,7 +245,7 @@ class ModelResidency:
         toggle = placement.accel_layers[-1] if placement.accel_layers else self.info.n_layers - 1
         dev = find_device(self.accel)
         setup = Setup(Path(self.cfg.model_path), dev.name.split("[")[0], dev.identity, self.n_ctx,
-                      self.cfg.n_batch, self.cfg.flash_attn, self.n_threads)
+                      self.cfg.n_batch, self.cfg.flash, self.n_threads)
         checker = SelfTestReference(lambda layers: self.text_params(placement, layers), self.info,
                                     setup, set(placement.accel_layers), toggle)
         checker.prepare()  # reference loads first: never two copies on the device at once
@@ -274,7 +274,7 @@ class ModelResidency:
         cfg = self.cfg
         common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
                                       n_threads_batch=cfg.n_threads_batch,
-                                      flash_attn=cfg.flash_attn, n_batch=cfg.n_batch)
+                                      flash_attn=cfg.flash, n_batch=cfg.n_batch)
         if self.spread is not None and placement is self.spread.placement:
             return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers,
                               devices=tuple(name for name, _ in self.spread.split),
@@ -414,7 +414,7 @@ class ModelResidency:
             self.close_runtime()
             self.ledger.clear(accel, *MODEL_KINDS)
             placement = plan_placement(self.info, None, 0, self.n_ctx, self.cfg.n_batch,
-                                       self.cfg.flash_attn)
+                                       self.cfg.flash)
             assert isinstance(placement, Placement)
             self.placement = placement
             self.runtime = self._load_text()
