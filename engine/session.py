@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import events, stops
-from engine.config import PhaseTuning, SessionConfig, thread_plan
+from engine.config import PhaseTuning, SessionConfig, flash_attn_for, thread_plan
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
@@ -30,7 +30,7 @@ from engine.gguf.info import (
 )
 from engine.hw import physical_cores
 from engine.ledger import Ledger
-from engine.llama.devices import check_rpc_servers, rpc_bytes_sent
+from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
 from engine.llama.runtime import GenParams, GenResult, ImageSpan, PromptItem, TextRuntime, check_context
 from engine.placement.live_mover import LiveMover
 from engine.placement.plan import (
@@ -55,9 +55,12 @@ __all__ = ["HistoryTurn", "Session", "SessionConfig", "TurnResult", "turn_with_r
 
 @dataclass(frozen=True)
 class HistoryTurn:
-    role: str  # user | assistant
+    role: str  # user | assistant | tool (a function's result, with a template that has tools)
     text: str
     image_keys: tuple[str, ...] = ()
+    # more of the message for the chat template: an assistant's `tool_calls`, a result's
+    # `tool_call_id` and `name` (the local server's function calling, engine/server/tools.py)
+    extra: dict[str, Any] | None = None
 
 
 @dataclass
@@ -134,6 +137,7 @@ class Session:
             check_projector_matches(self.info, self.proj_info)
         self.abandoned = False
         self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
+        self.tools: list[dict[str, Any]] | None = None  # functions the template lists (set_tools)
         # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
         # resumes it where it stopped, without a prefill
         self._reply_open = False
@@ -146,13 +150,15 @@ class Session:
         self.last_phase: Rebalance | None = None  # the last prompt's per-phase decision
         self._phase_target: PhaseTuning | None = None  # the choice it weighed (text or images)
         events.pause_point("load")
+        if cfg.flash_attn is None:  # auto: by where the layers will run
+            cfg = self.cfg = replace(cfg, flash_attn=flash_attn_for(cfg, pick_accelerator(cfg.rpc, cfg.accel)))
         self.model = ModelResidency(cfg, self.info, self.n_ctx, self.n_threads, self._emit,
                                     lambda: self._request_id)
         self._stack = contextlib.ExitStack()
         self._stack.callback(self.model.close)
         sent0, t0 = rpc_bytes_sent(), time.monotonic()
         try:
-            reserve = (projector_need_bytes(self.proj_info, cfg.flash_attn)
+            reserve = (projector_need_bytes(self.proj_info, cfg.flash)
                        if self.proj_info is not None and cfg.vision == "resident" else 0)
             self.model.load(reserve)
             self.encoder = ImageEncoder(cfg, self.proj_info, self.threads.encode, self.model.ledger,
@@ -258,8 +264,10 @@ class Session:
 
     def turn(self, text: str, image_paths: Sequence[str | Path] = (), gp: GenParams | None = None,
              on_text: Callable[[str], None] | None = None,
-             cancel: threading.Event | None = None) -> TurnResult:
-        """One user turn. A bad input returns a result with `error`; the context is kept."""
+             cancel: threading.Event | None = None, role: str = "user",
+             extra: dict[str, Any] | None = None) -> TurnResult:
+        """One user turn (or a function's result: `role` "tool", `extra` its call's id). A bad
+        input returns a result with `error`; the context is kept."""
         tl = self._new_request()
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
         self._check_device()
@@ -270,7 +278,7 @@ class Session:
                                else "this message has images but no projector is loaded",
                                "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
             pending = self._pending_history_images()  # may drop unreadable ones from history
-            turn = HistoryTurn("user", text, tuple(self.encoder.remember(i) for i in images))
+            turn = HistoryTurn(role, text, tuple(self.encoder.remember(i) for i in images), extra)
             self._fit(turn, pending + images, res)  # before any image is encoded
             kept = {k for t in self.history for k in t.image_keys}
             pending = [i for i in pending if self.encoder.key(i) in kept]
@@ -330,7 +338,7 @@ class Session:
                     raise
                 pending = self._pending_history_images()
                 messages, keys = self._messages()
-                text, added_special = self.runtime.format_chat(messages)
+                text, added_special = self._format(messages)
                 text += before.text  # the reply so far, left open: the model goes on with it
                 prompt = (self._tokenize_text(text, not added_special, keys, pending) if keys
                           else contextlib.nullcontext(self.runtime.tokenize(text, not added_special)))
@@ -419,7 +427,7 @@ class Session:
         every image chunk's, as mtmd counts them (nothing is encoded)."""
         assert self.runtime is not None
         messages, keys = self._messages(extra)
-        text, added_special = self.runtime.format_chat(messages)
+        text, added_special = self._format(messages)
         text += open_reply
         if not keys:
             return len(self.runtime.tokenize(text, not added_special))
@@ -513,12 +521,12 @@ class Session:
         self.ledger.reset_peaks()
         return Timeline(self._request_id, self._emit, self.ledger, self.accel)
 
-    def _tokenize(self, messages: list[dict[str, str]], keys: list[str],
+    def _tokenize(self, messages: list[dict[str, Any]], keys: list[str],
                   pixels: list[LoadedImage]) -> Any:
         """The prompt of `messages` as llama.cpp's own tools tokenize it: mtmd's chunks when it
         has images (one marker per key), else the model's tokens."""
         assert self.runtime is not None
-        text, added_special = self.runtime.format_chat(messages)
+        text, added_special = self._format(messages)
         if not keys:
             return contextlib.nullcontext(self.runtime.tokenize(text, add_special=not added_special))
         return self._tokenize_text(text, not added_special, keys, pixels)
@@ -572,7 +580,7 @@ class Session:
         state_bytes = self.n_ctx * self.info.kv_bytes_per_token if self.runtime.n_positions() else 0
         with tl.step("plan", CPU):
             plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,
-                               n_tokens, state_bytes, self.cfg.flash_attn, self.costs,
+                               n_tokens, state_bytes, self.cfg.flash, self.costs,
                                resident_loaded=enc.on_device is not None,
                                reload_ok=self.cfg.mover != "live",
                                used_bytes=self.ledger.total(self.accel) if self.accel else None)
@@ -590,11 +598,11 @@ class Session:
 
     # ------------------------------------------------------------ the conversation
 
-    def set_history(self, turns: Sequence[tuple[str, str, Sequence[str | Path]]]) -> None:
-        """Replace the conversation with (role, text, image files) turns, e.g. a saved chat.
-        Images are hashed now and decoded only when the next turn's plan encodes them."""
+    def set_history(self, turns: Sequence[tuple[Any, ...]]) -> None:
+        """Replace the conversation with (role, text, image files[, extra]) turns, e.g. a saved
+        chat. Images are hashed now and decoded only when the next turn's plan encodes them."""
         history = []
-        for role, text, paths in turns:
+        for role, text, paths, *more in turns:
             keys = []
             for p in paths:
                 if self.encoder.ram is None:
@@ -603,7 +611,7 @@ class Session:
                     keys.append(self.encoder.key_of_file(Path(p)))
                 except EbbError:
                     continue  # a saved image that went missing: leave it out
-            history.append(HistoryTurn(role, text, tuple(keys)))
+            history.append(HistoryTurn(role, text, tuple(keys), more[0] if more else None))
         self.history = history
         self._reply_open = False
         self._last_stop = ""
@@ -612,10 +620,20 @@ class Session:
     def save_conversation(self) -> tuple[Any, ...]:
         """The conversation and its settings, to put back after answering someone else (the
         window's local server answers an HTTP client on the window's session)."""
-        return (list(self.history), self._reply_open, self._last_stop, self.forgotten, self.cfg)
+        return (list(self.history), self._reply_open, self._last_stop, self.forgotten, self.cfg,
+                self.tools)
 
     def restore_conversation(self, saved: tuple[Any, ...]) -> None:
-        self.history, self._reply_open, self._last_stop, self.forgotten, self.cfg = saved
+        (self.history, self._reply_open, self._last_stop, self.forgotten, self.cfg,
+         self.tools) = saved
+
+    def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
+        """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""
+        self.tools = tools or None
+
+    def _format(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
+        assert self.runtime is not None
+        return self.runtime.format_chat(messages, self.tools)
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
@@ -633,7 +651,7 @@ class Session:
                 return turn.text, [p for p in paths if p is not None]
         return None
 
-    def _messages(self, extra: HistoryTurn | None = None) -> tuple[list[dict[str, str]], list[str]]:
+    def _messages(self, extra: HistoryTurn | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages for the template, and the image keys in prompt order. With vision off,
         earlier images are left out of the prompt."""
         marker = self.encoder.marker
@@ -642,12 +660,13 @@ class Session:
         keys: list[str] = []
         for t in self.history + ([extra] if extra else []):
             images = t.image_keys if use_images else ()
-            msgs.append({"role": t.role, "content": "".join(f"{marker}\n" for _ in images) + t.text})
+            msgs.append({"role": t.role, "content": "".join(f"{marker}\n" for _ in images) + t.text,
+                         **(t.extra or {})})
             keys.extend(images)
         return msgs, keys
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         return self._messages()[0]
 
     def _pending_history_images(self) -> list[LoadedImage]:
@@ -783,7 +802,8 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
                        gp: GenParams | None = None, on_text: Callable[[str], None] | None = None,
                        cancel: threading.Event | None = None,
                        emit: Callable[[events.Event], None] | None = None,
-                       raw: bool = False) -> tuple[Session, TurnResult]:
+                       raw: bool = False, role: str = "user",
+                       extra: dict[str, Any] | None = None) -> tuple[Session, TurnResult]:
     """A turn that survives its RPC server going away between turns: the session is rebuilt on
     the devices left, with the conversation, and the turn runs there. Returns the session to
     use from now on (the same one when nothing happened). `raw`: a completion of `text` as it
@@ -792,13 +812,14 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
         if raw:
             return s.complete(text, gp, on_text, cancel)
         assert isinstance(text, str)
-        return s.turn(text, image_paths, gp, on_text, cancel)
+        return s.turn(text, image_paths, gp, on_text, cancel, role, extra)
 
     try:
         return session, run(session)
     except DeviceLost as exc:
         new = Session(replace(session.cfg, accel=None), emit=emit)
         new.adopt_conversation(session)
+        new.set_tools(session.tools)
         session.close()  # abandoned: drops its handles without touching the lost device
         res = run(new)
         res.reason = f"{exc}; now on {new.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")

@@ -198,7 +198,14 @@ def test_logprobs_are_the_models_own(server):
     streamed = [e for c in chunks for e in c.choices[0].logprobs.content]
     assert all("".join(e.token for e in c.choices[0].logprobs.content) == c.choices[0].delta.content
                for c in chunks)
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert len(streamed) == 6
+    for e in streamed:  # the same checks as above, for what the stream carried
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+    # (not compared with the first reply's: this request reuses its cached prompt and evaluates
+    # only the last token, a batch of another shape; with flash attention off, as on a CPU by
+    # default, llama.cpp's sums then differ in the last digits, and near-tied greedy picks can
+    # differ: seen "The colour I..." against "The colour is...")
 
 
 @pytest.mark.slow  # make test's time budget: CI runs it in make test-slow
@@ -468,7 +475,7 @@ import json, sys
 from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
 model, threads, what, arg = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 if what == "complete":
-    llm = Llama(model, n_ctx=2048, n_threads=threads, flash_attn=True, verbose=False)
+    llm = Llama(model, n_ctx=2048, n_threads=threads, flash_attn=False, verbose=False)  # as auto on a CPU
     out = llm.create_completion(arg, max_tokens=12, temperature=0)
     print(json.dumps({"text": out["choices"][0]["text"], "n_prompt": len(llm.tokenize(arg.encode()))}))
 else:
@@ -541,3 +548,88 @@ def test_embeddings_equal_the_bare_librarys_mean(server, model_path):
     assert status == 400 and body["error"]["param"] == "dimensions"
     models = Raw(server.port).call("GET", "/v1/models", key=KEY)[2]["data"][0]
     assert {"completions", "embeddings", "tools"} <= set(models["capabilities"])
+
+
+# ------------------------------------------------------------------ a template's own tool format
+
+HERMES_TEMPLATE = Path(__file__).parent / "templates" / "hermes-tools.jinja"
+# bounded arguments: the hermes test model has random weights, and a free string could run on
+FORECAST = {"type": "function", "function": {
+    "name": "get_forecast", "description": "Tomorrow's or today's weather in Oslo",
+    "parameters": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["C", "F"]},
+                                                    "tomorrow": {"type": "boolean"}},
+                   "required": ["unit", "tomorrow"]}}}
+
+
+@pytest.fixture(scope="module")
+def hermes_model(tmp_path_factory, model_path):
+    """A tiny model (random weights, SmolLM2's tokenizer) whose chat template lists tools itself
+    in the Hermes format, as Qwen2.5's and Qwen3's do (the template is Ebb's own)."""
+    from engine.gguf.model_gen import SHAPES, write_model
+
+    out = tmp_path_factory.mktemp("hermes") / "hermes-tiny.gguf"
+    return write_model(out, SHAPES["tiny"], model_path, chat_template=HERMES_TEMPLATE.read_text())
+
+
+def test_a_template_with_its_own_tool_format_is_given_the_tools_calls_and_results(hermes_model):
+    """#29: with a template that knows tools, the tools, the assistant's call and the tool's
+    result reach the template as they came (no universal system text), and the reply is held
+    to the template's <tool_call> block."""
+    from engine.server.api import parse_chat_request
+    from engine.server.tools import HERMES, template_format
+    from engine.server.worker import Job, answer_job
+    from engine.session import Session, SessionConfig
+
+    called = '{"unit": "C", "tomorrow": false}'
+    req = parse_chat_request({"model": "m", "tools": [FORECAST], "tool_choice": "required",
+                              "max_tokens": 60, "temperature": 0, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": called}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4 degrees, rain"},
+        {"role": "user", "content": "And tomorrow?"}]})
+    with Session(SessionConfig(hermes_model, n_ctx=1024, n_threads=N_THREADS)) as s:
+        assert s.runtime is not None and template_format(s.runtime.template_source) == HERMES
+        s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
+        prompt, _ = s.runtime.format_chat(s.messages[:-1], s.tools)  # what the reply answered
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and "<tools>\n{" in prompt
+    assert '"name": "get_forecast"' in prompt and "You can call these functions" not in prompt
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_forecast", "arguments": '
+            '{"unit": "C", "tomorrow": false}}\n</tool_call><|im_end|>') in prompt
+    assert "<|im_start|>user\n<tool_response>\n4 degrees, rain\n</tool_response>\n<|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>user\nAnd tomorrow?<|im_end|>\n<|im_start|>assistant\n")
+    assert ans.finish_reason == "tool_calls" and ans.text == ""
+    (call,) = ans.tool_calls
+    assert call["function"]["name"] == "get_forecast"
+    args = json.loads(call["function"]["arguments"])
+    assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
+
+
+def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model):
+    """#29: the same loop through HTTP: a call (streamed: one delta), its result sent back as a
+    `tool` message, then a reply the tools may not be called in."""
+    s = Server("--model", str(hermes_model), api_key=None)
+    try:
+        client = s.client(key="none")
+        msgs: list = [{"role": "user", "content": "Weather in Oslo tomorrow?"}]
+        first = client.chat.completions.create(model="m", messages=msgs, tools=[FORECAST],
+                                               tool_choice="required", temperature=0, max_tokens=60)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_forecast" and call.id
+        assert set(json.loads(call.function.arguments)) == {"unit", "tomorrow"}
+        streamed = list(client.chat.completions.create(
+            model="m", messages=msgs, tools=[FORECAST], tool_choice="required", temperature=0,
+            max_tokens=60, stream=True))
+        calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert len(calls) == 1 and calls[0].function.arguments == call.function.arguments
+        assert not any(c.choices[0].delta.content for c in streamed if c.choices)
+        msgs += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "4 degrees"}]
+        final = client.chat.completions.create(model="m", messages=msgs, tools=[FORECAST],
+                                               tool_choice="none", temperature=0, max_tokens=8)
+        assert final.choices[0].message.tool_calls is None
+        assert final.choices[0].finish_reason in ("stop", "length")
+    finally:
+        s.stop()

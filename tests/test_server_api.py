@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
@@ -228,11 +229,13 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts():
     """Each grammar compiles in llama.cpp's own parser (a broken one fails the request there)."""
     from llama_cpp.llama_grammar import LlamaGrammar
 
-    from engine.server.tools import grammar, parse_tool_choice, parse_tools
+    from engine.server.tools import HERMES, grammar, parse_tool_choice, parse_tools
 
     tools = parse_tools([WEATHER, TIME])
     for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
-        LlamaGrammar.from_string(grammar(tools, parse_tool_choice(choice, tools)), verbose=False)
+        for fmt in (None, HERMES):
+            LlamaGrammar.from_string(grammar(tools, parse_tool_choice(choice, tools), fmt),
+                                     verbose=False)
 
 
 def test_a_reply_is_a_call_only_when_it_is_one():
@@ -254,6 +257,43 @@ def test_a_reply_is_a_call_only_when_it_is_one():
     gate = CallGate(True)
     assert [gate.feed(p) for p in (" ", '{"na', 'me"')] == ["", "", ""] and gate.flush() == ' {"name"'
     assert CallGate(False).feed("{") == "{"
+
+
+def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read():
+    """#29: Hermes-format templates (Qwen2.5, Qwen3, Hermes: <tool_call> blocks) get the tools
+    themselves; a template without tools, or with a format Ebb does not know, gets the
+    universal system-prompt format."""
+    from engine.server.api import parse_chat_request
+    from engine.server.tools import HERMES, CallGate, parse_tool_choice, parse_tools, read_call, template_format
+
+    hermes = (Path(__file__).parent / "templates" / "hermes-tools.jinja").read_text()
+    assert template_format(hermes) == HERMES
+    assert template_format("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") is None
+    assert template_format("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}{% endif %}") is None
+    tools = parse_tools([WEATHER])
+    auto = parse_tool_choice("auto", tools)
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>'
+    call = read_call(block, tools, auto, HERMES)
+    assert call is not None and json.loads(call.arguments) == {"city": "Oslo", "unit": "C"}
+    assert read_call(block[:-5], tools, auto, HERMES) is None  # cut short: text
+    assert read_call('{"name": "get_weather", "arguments": {}}', tools, auto, HERMES) is None
+    assert read_call("It rains.", tools, auto, HERMES) is None
+    gate = CallGate(True, "<")
+    assert [gate.feed(p) for p in ("\n", "<tool", "_call>")] == ["", "", ""]
+    assert CallGate(True, "<").feed("{") == "{"  # bare JSON is text in this format
+    # the request keeps the messages as they came, for such a template
+    req = parse_chat_request({"model": "m", "tools": [WEATHER], "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"}]})
+    assert req.own_system == "Be brief." and [m.role for m in req.messages] == ["user", "assistant", "tool"]
+    assert req.messages[1].extra == {"tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}}]}
+    assert req.messages[2].extra == {"tool_call_id": "call_1", "name": "get_weather"}
+    assert req.messages[2].text == "4 degrees, rain"
 
 
 # ------------------------------------------------------------------ completions, embeddings (#29)

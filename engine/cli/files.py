@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import flag_parser
+from engine.errors import EbbError
 from engine.gguf.families import GENERATED as FAMILIES
 from engine.units import fmt_bytes
 
@@ -108,8 +109,14 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         from engine.gguf.models import default_model_path, fetch_default_model
 
         tok = default_model_path() if default_model_path().exists() else fetch_default_model()
+        template = None
+        if args.chat_template:
+            try:
+                template = Path(args.chat_template).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EbbError(f"cannot read the chat template {args.chat_template}: {exc}") from exc
         out = write_model(Path(args.out), SHAPES[args.shape], tok, seed=args.seed,
-                          family=args.family)
+                          family=args.family, chat_template=template)
         print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, {args.family} language model, "
               f"{args.shape}, seed {args.seed}; synthetic: random weights, SmolLM2's tokenizer)")
         return 0
@@ -162,6 +169,8 @@ def register(sub: Any) -> None:
                       help="the language model of a vision family (its architecture and tokens)")
     p.add_argument("--shape", choices=["tiny", "3b"], default="tiny", help="with --family")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat-template", metavar="FILE.jinja", default=None,
+                   help="with --family: this chat template in place of SmolLM2's")
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_make_model)
 

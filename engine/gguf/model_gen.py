@@ -69,7 +69,8 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
-def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = ()) -> int:
+def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = (),
+                    skip: tuple[str, ...] = ()) -> int:
     """Copy `src`'s tokenizer into `w`, with `extra_tokens` appended as control tokens (the
     special tokens a vision family's wrappers use). Returns the vocabulary size."""
     from gguf import GGUFReader, GGUFValueType, TokenType
@@ -77,7 +78,7 @@ def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = ()) -> in
     r = GGUFReader(src, "r")
     n_vocab = 0
     for key, f in r.fields.items():
-        if not (key.startswith("tokenizer.") or key == "general.quantization_version"):
+        if not (key.startswith("tokenizer.") or key == "general.quantization_version") or key in skip:
             continue
         vtype = f.types[0]
         sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
@@ -146,8 +147,9 @@ def _llama_writer(out: Path, shape: ModelShape, name: str, arch: str = "llama") 
 
 
 def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0,
-                family: str = "mlp") -> Path:
-    """A language model for a vision `family` (FAMILY_MODELS; "mlp" is plain llama)."""
+                family: str = "mlp", chat_template: str | None = None) -> Path:
+    """A language model for a vision `family` (FAMILY_MODELS; "mlp" is plain llama);
+    `chat_template` (Jinja) in place of the tokenizer source's."""
     import gguf
 
     if family not in FAMILY_MODELS:
@@ -156,7 +158,10 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
     w = _llama_writer(out, shape, f"Ebb synthetic {arch} for {family} (random weights)", arch)
     w.add_string("ebb.family", family)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    n_vocab = _copy_tokenizer(tokenizer_from, w, extra)
+    n_vocab = _copy_tokenizer(tokenizer_from, w, extra, skip=("tokenizer.chat_template",)
+                              if chat_template is not None else ())
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_vocab_size(n_vocab)
     specs = list(_tensors(shape, n_vocab, arch))
     for name, shp in specs:

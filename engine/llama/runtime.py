@@ -392,6 +392,7 @@ class TextRuntime:
         L = llama()
         raw = L.llama_model_chat_template(self.model, None)
         template = raw.decode("utf-8") if raw else CHATML_TEMPLATE
+        self.template_source = template
         bos = L.llama_vocab_bos(self.vocab)
         eos = L.llama_vocab_eos(self.vocab)
 
@@ -411,9 +412,11 @@ class TextRuntime:
 
     # ------------------------------------------------------------ prompt
 
-    def format_chat(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
-        """The model's chat template applied to messages, ready for the assistant's reply."""
-        res = self.template(messages=messages)
+    def format_chat(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+        """The model's chat template applied to messages, ready for the assistant's reply;
+        `tools` (OpenAI's function specs) go to a template that lists them itself."""
+        res = self.template(messages=messages, tools=tools) if tools else self.template(messages=messages)
         return res.prompt, bool(res.added_special)
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:

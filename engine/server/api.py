@@ -33,9 +33,11 @@ class ImageRef:
 
 @dataclass(frozen=True)
 class Turn:
-    role: str  # "user" or "assistant"
+    role: str  # "user" or "assistant"; in ChatRequest.messages also "tool"
     text: str
     images: tuple[ImageRef, ...] = ()
+    # in ChatRequest.messages: an assistant's `tool_calls`, a tool's `tool_call_id` and `name`
+    extra: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class ChatRequest:
     tools: tuple[Any, ...] = ()  # engine.server.tools.Tool
     tool_choice: Any = None  # engine.server.tools.ToolChoice
     extra: dict[str, Any] = field(default_factory=dict)
+    # for a chat template with a tool format of its own (tools.template_format): the client's
+    # system text alone, and every message as it came (calls and results unflattened)
+    own_system: str | None = None
+    messages: tuple[Turn, ...] = ()
 
     def callable_tools(self) -> tuple[Any, ...]:
         from engine.server.tools import offered
@@ -190,7 +196,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     tools = tl.parse_tools(body.get("tools"))
     choice = tl.parse_tool_choice(body.get("tool_choice"), tools)
     system: list[str] = []
-    turns: list[Turn] = []
+    turns: list[Turn] = []  # calls and results flattened into text (the universal format)
+    native: list[Turn] = []  # as they came, for a template that knows tools
     called: dict[str, str] = {}  # a call's id: its function's name
     for i, msg in enumerate(messages):
         param = f"messages[{i}]"
@@ -208,6 +215,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
             if not isinstance(call_id, str) or call_id not in called:
                 raise ApiError(400, "a tool message needs the 'tool_call_id' of an earlier "
                                     "assistant tool call", f"{param}.tool_call_id")
+            native.append(Turn("tool", text, (), {"tool_call_id": call_id, "name": called[call_id]}))
             result = tl.result_text(called[call_id], text)
             if turns and turns[-1].role == "user":  # results of one turn's calls: one message
                 turns[-1] = Turn("user", turns[-1].text + "\n\n" + result, turns[-1].images)
@@ -216,7 +224,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
         else:
             calls = msg.get("tool_calls") if role == "assistant" else None
             if calls is not None:
-                text = "\n".join(filter(None, [text] + _calls_text(calls, called, param)))
+                made = _calls(calls, called, param)
+                native.append(Turn("assistant", text, (), {"tool_calls": [c.for_template() for c in made]}))
+                text = "\n".join(filter(None, [text] + [tl.call_text(c.name, c.arguments) for c in made]))
+            else:
+                native.append(Turn(str(role), text, images))
             if role == "user" and turns and turns[-1].role == "user":  # after tool results
                 turns[-1] = Turn("user", turns[-1].text + "\n\n" + text,
                                  turns[-1].images + images)
@@ -224,6 +236,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
                 turns.append(Turn(str(role), text, images))
     if not turns or turns[-1].role != "user":
         raise ApiError(400, "the last message must be the user's or a tool's", "messages")
+    own_system = "\n\n".join(system) if system else None
     if tl.offered(tools, choice):
         system.append(tl.system_text(tools, choice))
     n = _integer(body, "n", 1)
@@ -257,12 +270,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
-        tools=tools, tool_choice=choice)
+        tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native))
 
 
-def _calls_text(calls: Any, called: dict[str, str], param: str) -> list[str]:
-    """An assistant's tool calls as the model wrote them; `called` learns their ids."""
-    from engine.server.tools import call_text
+def _calls(calls: Any, called: dict[str, str], param: str) -> list[Any]:
+    """An assistant's tool calls (engine.server.tools.ToolCall); `called` learns their ids."""
+    from engine.server.tools import ToolCall
 
     if not isinstance(calls, list):
         raise ApiError(400, "'tool_calls' must be a list", f"{param}.tool_calls")
@@ -277,7 +290,7 @@ def _calls_text(calls: Any, called: dict[str, str], param: str) -> list[str]:
         if not isinstance(args, str):
             raise ApiError(400, "a tool call's 'arguments' must be a JSON string", where)
         called[call["id"]] = fn["name"]
-        out.append(call_text(fn["name"], args))
+        out.append(ToolCall(call["id"], fn["name"], args))
     return out
 
 

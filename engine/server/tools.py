@@ -1,10 +1,17 @@
-"""Function calling in OpenAI's shape, for any model: the tools are described to the model in
-the system prompt, and its reply is held by llama.cpp's grammar to either plain text (it may
-not begin with "{") or one call, `{"name": ..., "arguments": {...}}`, whose arguments follow
-the function's JSON schema (llama-cpp-python's schema converter writes the grammar).
+"""Function calling in OpenAI's shape.
 
-Pure: no HTTP and no llama.cpp here. A call the model made comes back in the history as the
-assistant's JSON text; a tool's result as a user message that says which call it answers.
+- **The model's own format** where its chat template has one Ebb knows: the Hermes format
+  (Qwen2.5, Qwen3, Hermes and others: the template lists `tools` itself and teaches
+  `<tool_call>{"name": ..., "arguments": ...}</tool_call>`). The template gets the tools, the
+  assistant's `tool_calls` and the `tool` messages as they are, and the reply is held by
+  llama.cpp's grammar to plain text (it may not begin with "<") or one such block.
+- **Any other model**: the tools are described in the system prompt, and the reply is held to
+  plain text (it may not begin with "{") or one call, `{"name": ..., "arguments": {...}}`. A
+  call comes back in the history as the assistant's JSON text; a tool's result as a user
+  message that says which call it answers.
+
+Either way the arguments follow the function's JSON schema (llama-cpp-python's schema
+converter writes the grammar). Pure: no HTTP and no llama.cpp here.
 """
 from __future__ import annotations
 
@@ -26,6 +33,20 @@ class Tool:
     parameters: dict[str, Any]  # a JSON schema for the arguments object
 
 
+HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
+# where a template teaches a format, it says so by the tag it wraps calls in
+_FORMATS = ((HERMES, re.compile(r"<tool_call>")),)
+_TOOLS_VAR = re.compile(r"\btools\b")
+
+
+def template_format(source: str) -> str | None:
+    """The tool-call format a chat template teaches its model, if it lists `tools` itself and
+    its format is one Ebb knows; None: the universal format (system prompt and JSON)."""
+    if not _TOOLS_VAR.search(source):
+        return None
+    return next((name for name, pattern in _FORMATS if pattern.search(source)), None)
+
+
 @dataclass(frozen=True)
 class ToolChoice:
     mode: str  # "none", "auto", "required"
@@ -37,6 +58,14 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # JSON text, as OpenAI sends it
+
+    def for_template(self) -> dict[str, Any]:
+        """The call as chat templates read it (arguments as an object, as Hugging Face's do)."""
+        try:
+            args: Any = json.loads(self.arguments) if self.arguments.strip() else {}
+        except ValueError:
+            args = self.arguments
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
 
     def to_openai(self, index: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "type": "function",
@@ -131,9 +160,16 @@ def result_text(name: str, content: str) -> str:
     return f"The function {name} returned: {content}"
 
 
-def grammar(tools: tuple[Tool, ...], choice: ToolChoice) -> str:
-    """GBNF for the reply: one call to an offered function, or (auto) text that does not begin
-    with "{". "" when no tool may be called."""
+def spec(tool: Tool) -> dict[str, Any]:
+    """A tool as OpenAI sends it (what a chat template that lists `tools` reads)."""
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": tool.parameters}}
+
+
+def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None) -> str:
+    """GBNF for the reply: one call to an offered function (in the template's format `fmt`,
+    else bare JSON), or (auto) text that does not begin like a call. "" when no tool may be
+    called."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     usable = offered(tools, choice)
@@ -146,16 +182,32 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice) -> str:
         gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", "arguments"]))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
         raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
-    if choice.mode == "required":
+    if choice.mode == "required" and fmt is None:
         return gbnf
     call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
+    if fmt == HERMES:
+        call += '\nebb-call-block ::= "<tool_call>\\n" ebb-tool-call "\\n</tool_call>"'
+        if choice.mode == "required":
+            return call + "\nroot ::= ebb-call-block"
+        return (call + "\nroot ::= ebb-call-block | ebb-text"
+                + '\nebb-text ::= [^< \\t\\r\\n] [^\\x00]*')
     return (call + "\nroot ::= ebb-tool-call | ebb-text"
             + '\nebb-text ::= [^{ \\t\\r\\n] [^\\x00]*')
 
 
-def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice) -> ToolCall | None:
-    """The call a reply makes, or None when it is text (or no tool could be called)."""
+_HERMES_BLOCK = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.S)
+
+
+def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
+              fmt: str | None = None) -> ToolCall | None:
+    """The call a reply makes (in the template's format `fmt`, else bare JSON), or None when
+    it is text (or no tool could be called)."""
     usable = {t.name for t in offered(tools, choice)}
+    if fmt == HERMES:
+        m = _HERMES_BLOCK.match(text)
+        if not usable or m is None:
+            return None
+        text = m.group(1)
     if not usable or not text.lstrip().startswith("{"):
         return None
     try:
@@ -170,10 +222,11 @@ def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice) -> ToolCal
 
 class CallGate:
     """Streams a reply that may be a call: text goes out as it comes, unless it begins with
-    "{" (after any blank space), which may be a call: that is held to the end."""
+    `opener` ("{", or "<" for a template's <tool_call>; after any blank space), which may be a
+    call: that is held to the end."""
 
-    def __init__(self, active: bool) -> None:
-        self.active = active
+    def __init__(self, active: bool, opener: str = "{") -> None:
+        self.active, self.opener = active, opener
         self.held = ""
         self.holding = active  # until the first visible character says which
 
@@ -184,7 +237,7 @@ class CallGate:
         start = self.held.lstrip()
         if not start:
             return ""
-        if start.startswith("{"):
+        if start.startswith(self.opener):
             return ""  # held to the end
         self.holding = False
         out, self.held = self.held, ""

@@ -30,7 +30,8 @@ from engine.server.api import (
     logprobs_within,
     usage,
 )
-from engine.server.tools import CallGate, read_call
+from engine.server.tools import HERMES, CallGate, read_call, spec, template_format
+from engine.server.tools import grammar as tool_grammar
 
 @dataclass(frozen=True)
 class Answer:
@@ -160,14 +161,25 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
         return session, _embeddings(session, job, req)
     if isinstance(req, CompletionRequest):
         return _completion(session, job, req)
-    session.set_system(req.system if req.system is not None else default_system)
-    session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images])
-                         for t in req.history])
-    images = [image_path(job.image_dir, i) for i in req.last.images]
+    usable = req.callable_tools()
+    # the model's own tool format where its template has one (tools.py), else the universal one
+    fmt = template_format(session.runtime.template_source) if usable and session.runtime else None
+    if fmt is not None:
+        session.set_system(req.own_system if req.own_system is not None else default_system)
+        session.set_tools([spec(t) for t in usable])
+        *before, last = req.messages
+        grammar = tool_grammar(req.tools, req.tool_choice, fmt)
+    else:
+        session.set_system(req.system if req.system is not None else default_system)
+        session.set_tools(None)
+        before, last, grammar = list(req.history), req.last, req.grammar
+    session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images], t.extra)
+                         for t in before])
+    images = [image_path(job.image_dir, i) for i in last.images]
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
-    gp = _gen_params(req, req.grammar, pending.append if req.top_logprobs >= 0 else None)
+    gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
-    gate = CallGate(bool(req.callable_tools()))  # a call is held, not streamed as text
+    gate = CallGate(bool(usable), "<" if fmt == HERMES else "{")  # a call is held, not streamed
     shown: list[str] = []
 
     def show(text: str) -> None:
@@ -184,10 +196,10 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
         if watcher.hit:
             job.cancel.set()  # the stop sequence ends the reply, between tokens
 
-    session, res = turn_with_recovery(session, req.last.text, images, gp, on_text=on_text,
-                                      cancel=job.cancel)
+    session, res = turn_with_recovery(session, last.text, images, gp, on_text=on_text,
+                                      cancel=job.cancel, role=last.role, extra=last.extra)
     held = gate.flush() + watcher.flush()
-    call = read_call(held, req.tools, req.tool_choice) if gate.active else None
+    call = read_call(held, req.tools, req.tool_choice, fmt) if gate.active else None
     if call is None:
         show(held)
     if res.error is not None:
