@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 ARGS ?=
 
-.PHONY: setup run test test-slow dist test-dist clean
+.PHONY: setup run test test-loaded test-slow dist test-dist clean
 
 setup:
 	@$(PYTHON) packaging/bootstrap.py
@@ -13,6 +13,10 @@ run: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -m "not slow and not dist" $(ARGS)
+
+# `make test` with two busy processes beside it (a loaded CI runner): it must stay green
+test-loaded: setup
+	$(VENV)/bin/python packaging/loaded.py --hogs 2 -- -m "not slow and not dist" $(ARGS)
 
 # the long measurements (exhaustive autotune sweep, calibration, swap benchmark, a slow link):
 # CI runs them after `make test`

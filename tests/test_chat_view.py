@@ -164,6 +164,10 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     store = Store(tmp_path / "data")
     store.set_setting("threads", 2)
     store.set_setting("ctx", 512)
+    # the second chat reuses the first's cached prompt but its last token, a batch of another
+    # shape: with flash attention off (auto on a CPU) llama.cpp's sums then differ in the last
+    # digits and a long greedy story can part ways; on, they agree to the bit
+    store.set_setting("flash_attn", True)
     w = _window(qtbot, store)
     # the default: no cap; a long story runs until the model stops or the context is full
     w.gen_params = GenParams(temperature=0, max_tokens=int(w._settings()["max_tokens"]))

@@ -15,8 +15,10 @@ SCRIPT = [{"text": "What is the capital of France?"}, {"text": "Name three colou
 def _chat(tmp_path, *extra):
     script = tmp_path / "s.json"
     script.write_text(json.dumps(SCRIPT))
+    # one flash-attention setting for both placements (auto would differ: off on the CPU alone,
+    # on with layers on the device), so that only the placement differs
     r = run_cli("chat", "--script", str(script), "--temp", "0", "--max-tokens", "16", "--ctx", "1024",
-                "--threads", "2", "--json", *extra, timeout=300)
+                "--threads", "2", "--json", "--flash-attn", "on", *extra, timeout=300)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 

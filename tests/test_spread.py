@@ -32,7 +32,8 @@ def test_spread_over_two_rpc_devices_matches_cpu(tmp_path, pictures, tiny_projec
     script = tmp_path / "s.json"
     script.write_text(json.dumps(SCRIPT))
     args = ("chat", "--script", str(script), "--mmproj", str(tiny_projector), "--temp", "0",
-            "--max-tokens", "12", "--ctx", "1024", "--threads", "2", "--json")
+            "--max-tokens", "12", "--ctx", "1024", "--threads", "2", "--json",
+            "--flash-attn", "on")  # one setting for every placement (auto differs on the CPU)
     cpu = run_cli(*args, "--vision", "cpu", timeout=300)
     assert cpu.returncode == 0, cpu.stderr
     a, b = RpcServer(), RpcServer()

@@ -279,7 +279,9 @@ def cmd_bench_start(args: argparse.Namespace) -> int:
     from engine.gguf.models import resolve_model_path
     from engine.measure.start_bench import bench_start
 
-    out = bench_start(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds)
+    # the CPU alone: auto is off (flash_attn_for)
+    out = bench_start(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
+                      flash_attn_arg(args) is True)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -363,7 +365,7 @@ def register(sub: Any) -> None:
 
     p = bench.add_parser("start", help="launch to first token, Ebb against bare llama-cpp-python, "
                                        "alternating (ratios)",
-                         parents=[flag_parser("model", "threads", "json")])
+                         parents=[flag_parser("model", "threads", "json", "no-flash-attn")])
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=5)
     p.set_defaults(func=cmd_bench_start)

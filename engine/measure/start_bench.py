@@ -9,6 +9,7 @@ and to the first token. Prints the medians and their ratios (Ebb ÷ bare; the go
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,29 +41,41 @@ print(json.dumps({"start_s": ready, "first_token_s": first}))
 """
 
 
-def _ebb(model: Path, n_ctx: int, threads: int) -> dict[str, Any]:
+def _env() -> dict[str, str]:
+    """Both sides may cache their bytecode, as a user's machine does (a bundle carries it
+    compiled): with PYTHONDONTWRITEBYTECODE every start compiles each module again, and Ebb
+    has more of its own (this machine's shell sets it: 0.17 s of Ebb's start)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def _ebb(model: Path, n_ctx: int, threads: int, flash_attn: bool) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "engine", "chat", "--model", str(model),
                           "--prompt", "hi", "--max-tokens", "1", "--temp", "0", "--threads",
-                          str(threads), "--ctx", str(n_ctx), "--json"],
-                         capture_output=True, text=True, check=True)
+                          str(threads), "--ctx", str(n_ctx), "--json",
+                          "--flash-attn", "on" if flash_attn else "off"],
+                         capture_output=True, text=True, check=True, env=_env())
     d = json.loads(out.stdout.strip().splitlines()[-1])
     return {"start_s": float(d["start_s"]), "first_token_s": float(d["first_token_s"])}
 
 
 def _bare(model: Path, n_ctx: int, threads: int, flash_attn: bool) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", BARE, str(model), str(n_ctx), str(threads),
-                          "1" if flash_attn else "0"], capture_output=True, text=True, check=True)
+                          "1" if flash_attn else "0"], capture_output=True, text=True, check=True,
+                         env=_env())
     d: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return d
 
 
 def bench_start(model: Path, n_ctx: int, threads: int, rounds: int,
-                flash_attn: bool = True) -> dict[str, Any]:
+                flash_attn: bool = False) -> dict[str, Any]:
+    """`flash_attn` for both (off: Ebb's default on the CPU alone)."""
     runs: dict[str, list[dict[str, Any]]] = {"ebb": [], "bare": []}
+    _ebb(model, n_ctx, threads, flash_attn)  # not timed: bytecode written, files in the page cache
+    _bare(model, n_ctx, threads, flash_attn)
     for i in range(rounds):
         order = ("ebb", "bare") if i % 2 == 0 else ("bare", "ebb")
         for who in order:
-            runs[who].append(_ebb(model, n_ctx, threads) if who == "ebb"
+            runs[who].append(_ebb(model, n_ctx, threads, flash_attn) if who == "ebb"
                              else _bare(model, n_ctx, threads, flash_attn))
 
     def med(who: str, key: str) -> float:
