@@ -117,6 +117,10 @@ def cmd_autotune(args: argparse.Namespace) -> int:
                         existing_file(args.mmproj, "projector") if args.mmproj else None,
                         n_ctx=args.ctx, n_threads=args.threads, flash_attn=flash_attn_arg(args),
                         vision="resident" if args.mmproj else "auto", rpc=tuple(args.rpc))
+    if args.flash_history < 0:
+        raise EbbError(f"--flash-history must be 0 or more, got {args.flash_history}")
+    if args.prompt_tokens < 8 or args.gen_tokens < 4:
+        raise EbbError("--prompt-tokens must be 8 or more and --gen-tokens 4 or more")
     accel = pick_accelerator(tuple(args.rpc))
     if accel is None:
         raise EbbError("there is no accelerator to tune for", "use a GPU or pass --rpc HOST:PORT")
@@ -134,7 +138,8 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     # --threads fixes the count for both phases; without it each phase's best is searched
     tuned = tune_for(cfg, accel, budget, on_point=progress, cancel=cancel, on_flash=lambda n: print(
         f"  choosing flash attention: {n} runs with history in the cache", file=sys.stderr,
-        flush=True))
+        flush=True), flash_history=args.flash_history, prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens)
     out = tuned.to_dict()
     if args.json:
         print(json.dumps(out))
@@ -187,4 +192,11 @@ def register(sub: Any) -> None:
                                             "no-flash-attn", "json")])
     p.add_argument("--mmproj", default=None, help="keep room for this projector beside the layers")
     p.add_argument("--ctx", type=int, default=None)
+    p.add_argument("--flash-history", type=int, default=2048, metavar="TOKENS",
+                   help="tokens of history in the cache when flash attention is chosen (the "
+                        "conversations you have; at most the context less a turn)")
+    p.add_argument("--prompt-tokens", type=int, default=256, metavar="N",
+                   help="each run's timed prompt (fewer: quicker, noisier)")
+    p.add_argument("--gen-tokens", type=int, default=48, metavar="N",
+                   help="each run's timed generation (fewer: quicker, noisier)")
     p.set_defaults(func=cmd_autotune)

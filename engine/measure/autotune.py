@@ -369,12 +369,12 @@ class FlashChoice:
 
 
 def choose_flash_attn(measure: Measurer, layers: int, budget: int, headroom: int,
-                      threads: tuple[int, int], rounds: int = 2) -> FlashChoice:
+                      threads: tuple[int, int], rounds: int = 2, history: int = FA_FILL) -> FlashChoice:
     """Flash attention on or off at `layers`, by the time of a chat turn with history (see
     FA_FILL): each setting `rounds` times, alternating which goes first; each one's fastest
     run counts (a busy machine only adds time). A setting whose buffers do not fit the budget
     at `layers` is not run."""
-    fill = max(0, min(FA_FILL, measure.n_ctx - FA_PROMPT - FA_GEN - 64))
+    fill = max(0, min(history, measure.n_ctx - FA_PROMPT - FA_GEN - 64))
     fits = {fa: layers == 0 or max_layers(measure.info, measure.accel, budget, measure.n_ctx,
                                          measure.n_batch, fa, headroom, measure.live) >= layers
             for fa in (True, False)}
@@ -395,9 +395,9 @@ def choose_flash_attn(measure: Measurer, layers: int, budget: int, headroom: int
 
 
 def autotune(measure: Measurer, budget: int, headroom: int, flash_attn: bool = False,
-             on_flash: Callable[[int], None] | None = None) -> TuneResult:
-    """`flash_attn`: also choose flash attention at the best generation layers (choose_flash_attn;
-    `on_flash(runs)` is told before those runs start)."""
+             on_flash: Callable[[int], None] | None = None, flash_history: int = FA_FILL) -> TuneResult:
+    """`flash_attn`: also choose flash attention at the best generation layers (choose_flash_attn,
+    with `flash_history` tokens of history; `on_flash(runs)` is told before those runs start)."""
     info = measure.info
     top = max_layers(info, measure.accel, budget, measure.n_ctx, measure.n_batch,
                      measure.flash_attn, headroom, measure.live)
@@ -433,7 +433,8 @@ def autotune(measure: Measurer, budget: int, headroom: int, flash_attn: bool = F
         best = measure(best_gen)
         fa = choose_flash_attn(measure, best_gen, budget, headroom,
                                (best.prompt_threads or measure.n_threads or physical_cores(),
-                                best.gen_threads or measure.n_threads or physical_cores()))
+                                best.gen_threads or measure.n_threads or physical_cores()),
+                               history=flash_history)
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
                       find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps),
                       measure.image_tokens, best_image, cliff_image, fa)

@@ -10,7 +10,7 @@ from typing import Callable
 
 from engine.config import SessionConfig, flash_attn_for
 from engine.errors import EbbError
-from engine.measure.autotune import Measurer, Point, TuneResult, autotune, max_layers
+from engine.measure.autotune import FA_FILL, Measurer, Point, TuneResult, autotune, max_layers
 
 
 def projector_room(cfg: SessionConfig, need_bytes: int) -> int:
@@ -22,8 +22,12 @@ def projector_room(cfg: SessionConfig, need_bytes: int) -> int:
 def tune_for(cfg: SessionConfig, accel: str, budget: int,
              on_point: Callable[[Point, int], None] | None = None,
              on_flash: Callable[[int], None] | None = None,
-             cancel: threading.Event | None = None, choose_flash_attn: bool = True) -> TuneResult:
-    """`on_point(point, max_layers)` after each run; `on_flash(runs)` before flash attention's."""
+             cancel: threading.Event | None = None, choose_flash_attn: bool = True,
+             flash_history: int = FA_FILL, prompt_tokens: int = 256,
+             gen_tokens: int = 48) -> TuneResult:
+    """`on_point(point, max_layers)` after each run; `on_flash(runs)` before flash attention's.
+    Each run times a prompt of `prompt_tokens` and `gen_tokens` generated (fewer: a quicker,
+    noisier tune)."""
     from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
     from engine.llama.runtime import check_context
     from engine.placement.plan import projector_need_bytes
@@ -41,8 +45,9 @@ def tune_for(cfg: SessionConfig, accel: str, budget: int,
         raise EbbError(f"the budget on {accel} is {budget} bytes: nothing to tune")
     m = Measurer(cfg.model_path, info, accel, n_ctx, cfg.n_threads, cfg.flash, cfg.n_batch,
                  on_point=(lambda p: on_point(p, top)) if on_point is not None else None,
-                 cancel=cancel, live=live,
+                 cancel=cancel, live=live, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                  # a thread count the configuration sets is kept; else each phase's is searched
                  threads=(cfg.n_threads,) if cfg.n_threads else None,
                  image_tokens=proj.image_tokens if proj is not None else 0)
-    return autotune(m, budget, headroom, flash_attn=choose_flash_attn, on_flash=on_flash)
+    return autotune(m, budget, headroom, flash_attn=choose_flash_attn, on_flash=on_flash,
+                    flash_history=flash_history)
