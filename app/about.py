@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from PySide6 import __version__ as pyside_version
 from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
+
+from engine.events import LoadDetails
 
 
 def ebb_version() -> str:
@@ -40,8 +42,8 @@ def about_facts(store_path: str) -> list[tuple[str, str]]:
             ("Models and cache", f"{models_dir()} (cache {cache_dir()})")]
 
 
-def diagnostics_text(facts: list[tuple[str, str]], devices: list[dict[str, Any]],
-                     loaded: dict[str, Any], last_error: str) -> str:
+def diagnostics_text(facts: list[tuple[str, str]], devices: Sequence[dict[str, Any]],
+                     loaded: LoadDetails | None, last_error: str) -> str:
     lines = ["Ebb diagnostics"] + [f"{k}: {v}" for k, v in facts]
     lines.append("Devices at the last load:" if devices else "Devices: no model loaded yet")
     for d in devices:
@@ -49,10 +51,10 @@ def diagnostics_text(facts: list[tuple[str, str]], devices: list[dict[str, Any]]
                if d.get("total_bytes") else "memory n/a")
         lines.append(f"  {d['name']} ({d['kind']}{', remote' if d.get('remote') else ''}): "
                      f"{d['description']}, {mem}")
-    if loaded:
-        lines.append(f"Placement: {loaded.get('n_layers_on_accel', 0)} layers on "
-                     f"{loaded.get('accelerator') or 'no accelerator'}, {loaded.get('mover')} "
-                     f"mover; {loaded.get('placement_reason') or ''}")
+    if loaded is not None:
+        lines.append(f"Placement: {loaded.n_layers_on_accel} layers on "
+                     f"{loaded.accelerator or 'no accelerator'}, {loaded.mover} "
+                     f"mover; {loaded.placement_reason}")
     lines.append(f"Last error: {last_error or 'none'}")
     return "\n".join(lines)
 

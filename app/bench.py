@@ -52,7 +52,11 @@ def _window_run(args: argparse.Namespace) -> int:
             """Wait in the event loop, woken only by the chat's own changes (a polling loop
             here would take the GIL from the engine thread and slow what is measured)."""
             loop = QEventLoop()
-            w.chat.observe(lambda: cond() and loop.quit())
+            def wake() -> None:
+                if cond():
+                    loop.quit()
+
+            w.chat.observe(wake)
             if not cond():
                 loop.exec()
 
@@ -86,7 +90,9 @@ def _window_subprocess(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    win, head, gui = [], [], []
+    win: list[float] = []
+    head: list[float] = []
+    gui: list[float] = []
     for i in range(args.runs):
         for which in (("window", "headless") if i % 2 == 0 else ("headless", "window")):
             r = _window_subprocess(args) if which == "window" else _headless_run(args)

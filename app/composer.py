@@ -160,8 +160,9 @@ class Composer(QWidget):
     def _rebuild_strip(self) -> None:
         while self.strip.count() > 1:
             item = self.strip.takeAt(0)
-            if item is not None and item.widget() is not None:
-                item.widget().deleteLater()
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
         for i, path in enumerate(self.images):
             self.strip.insertWidget(i, self._thumb(path))
 

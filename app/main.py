@@ -116,7 +116,7 @@ def _test_hooks(window: Any, app: Any) -> None:
 
     QTimer.singleShot(20, say_streaming)
     hook = Hook(window)  # a child of the window: lives as long as it
-    window.worker.event.connect(hook.on_event)
+    window.worker.engine_event.connect(hook.on_event)
 
 
 def _already_running(folder: Path, lock: Any, paths: list[str]) -> int:

@@ -38,7 +38,7 @@ class Notice(QFrame):
 
     def close_notice(self) -> None:
         self.hide()
-        self.setParent(None)  # type: ignore[call-overload]
+        self.setParent(None)
         self.deleteLater()
 
 

@@ -147,7 +147,7 @@ class ElidedLabel(QLabel):
     def full_text(self) -> str:
         return self._full
 
-    def text(self) -> str:  # type: ignore[override]
+    def text(self) -> str:
         """The whole text (what is shown may be cut: `shown()`)."""
         return self._full
 

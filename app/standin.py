@@ -40,7 +40,7 @@ class StandIn:
                                       "--device-memory", str(memory_bytes)],
                                      stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
-        if log is not subprocess.DEVNULL:
+        if not isinstance(log, int):  # a file of ours, not subprocess.DEVNULL
             log.close()
 
     @property

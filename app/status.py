@@ -2,31 +2,31 @@
 tested on its own and the window only shows it."""
 from __future__ import annotations
 
-from typing import Any
+from engine.events import LoadDetails
 
 
-def placement_text(n_layers: int, details: dict[str, Any], accel_name: str) -> str:
+def placement_text(n_layers: int, details: LoadDetails, accel_name: str) -> str:
     """Where the layers are: spread over devices, on the accelerator (and by which mover), or
     all in RAM."""
     d = details
-    by_dev = {k: v for k, v in (d.get("layers_by_device") or {}).items() if k != "CPU"}
-    if d.get("accelerator") and len(by_dev) > 1:  # spread over several devices
+    by_dev = {k: v for k, v in d.layers_by_device.items() if k != "CPU"}
+    if d.accelerator and len(by_dev) > 1:  # spread over several devices
         return (" + ".join(f"{n} on {dev}" for dev, n in by_dev.items()) + f" of {n_layers} "
-                f"layers · {d.get('mover')} mover")
-    if d.get("accelerator"):
-        mover = f"{d.get('mover')} mover" + (f" ({d['mover_note']})" if d.get("mover_note") else "")
-        return f"{d.get('n_layers_on_accel', 0)}/{n_layers} layers on {accel_name} · {mover}"
+                f"layers · {d.mover} mover")
+    if d.accelerator:
+        mover = f"{d.mover} mover" + (f" ({d.mover_note})" if d.mover_note else "")
+        return f"{d.n_layers_on_accel}/{n_layers} layers on {accel_name} · {mover}"
     return f"all {n_layers} layers in RAM (no accelerator)"
 
 
-def model_line(name: str, n_layers: int, n_ctx: int, details: dict[str, Any],
+def model_line(name: str, n_layers: int, n_ctx: int, details: LoadDetails,
                accel_name: str) -> str:
     """The model label: name, placement, context, safe mode, and what a load sent to remote
     devices."""
     line = f"{name} · {placement_text(n_layers, details, accel_name)} · ctx {n_ctx}"
-    if details.get("safe_mode"):
+    if details.safe_mode:
         line += " · safe mode"
-    sent = details.get("rpc_bytes_sent") or 0
+    sent = details.rpc_bytes_sent
     if sent:
         line += f" · sent {sent / 2**20:.1f} MiB to remote devices while loading"
     return line

@@ -234,9 +234,9 @@ class Store:
         title_like = " AND ".join("title LIKE ?" for _ in words)
         by_title = {int(r[0]) for r in self.db.execute(
             f"SELECT id FROM conversations WHERE {title_like}", [f"%{w}%" for w in words])}
-        rows = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC")
+        listed = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC")
         return [Conversation(r[0], r[1], r[2], matches.get(int(r[0]), ""))
-                for r in rows if int(r[0]) in by_title or int(r[0]) in matches]
+                for r in listed if int(r[0]) in by_title or int(r[0]) in matches]
 
     def export(self, conversation_id: int, fmt: str) -> str:
         """A conversation as Markdown (`md`) or JSON (`json`): every message, images by path."""
@@ -351,7 +351,7 @@ class Store:
     def has_messages(self) -> bool:
         """Whether any conversation holds a message (the first start's welcome shows until
         one does)."""
-        return self.db.execute("SELECT EXISTS(SELECT 1 FROM messages)").fetchone()[0] == 1
+        return bool(self.db.execute("SELECT EXISTS(SELECT 1 FROM messages)").fetchone()[0] == 1)
 
     def delete_message(self, message_id: int) -> None:
         with self._writing("the deletion"):

@@ -28,7 +28,7 @@ class TuneDialog(QDialog):
         # layers -> (prompt tok/s by threads, generation tok/s by threads)
         self.points: dict[int, tuple[dict[int, float], dict[int, float]]] = {}
         self._started = time.monotonic()
-        self.result: dict[str, Any] | None = None
+        self.tuned: dict[str, Any] | None = None
         self.status = QLabel("Measuring: each run loads the model with a different number of "
                              "layers on the accelerator and times a prompt and a reply at each "
                              "thread count.")
@@ -109,7 +109,7 @@ class TuneDialog(QDialog):
         if result.get("cancelled"):
             self.status.setText(f"Stopped after {len(self.points)} runs; nothing changed.")
             return
-        self.result = result
+        self.tuned = result
         for p in result["points"]:
             self.points[p["layers"]] = (
                 {int(t): v for t, v in (p.get("prompt_tps_by_threads") or {}).items()}
@@ -130,14 +130,14 @@ class TuneDialog(QDialog):
             f"Done: {result['n_runs']} runs instead of {n_all} (every count from 0 to "
             f"{result['max_layers']}, the most that fit the budget), each at thread counts "
             f"{', '.join(str(t) for t in result.get('threads_searched') or [])}.")
-        def threads(n: Any) -> str:
+        def n_threads(n: Any) -> str:
             return f"{n} thread{'' if n == 1 else 's'}"
 
         gt, pt = result.get("best_gen_threads"), result.get("best_prompt_threads")
         self.summary.setText(
-            f"Generation: {result['best_gen_layers']} layers, {threads(gt)} "
+            f"Generation: {result['best_gen_layers']} layers, {n_threads(gt)} "
             f"({result['best_gen_tps']} tok/s) · prompt: {result['best_prompt_layers']} layers, "
-            f"{threads(pt)} ({result['best_prompt_tps']} tok/s)"
+            f"{n_threads(pt)} ({result['best_prompt_tps']} tok/s)"
             + ("" if result["best_gen_layers"] == result["best_prompt_layers"] else
                " · a long prompt moves to its layers when the move pays")
             + (flash_summary(result["flash_attn"]) if result.get("flash_attn") else ""))
@@ -155,8 +155,8 @@ class TuneDialog(QDialog):
         self.status.setText(f"Tuning failed: {message}")
 
     def _on_apply(self) -> None:
-        assert self.result is not None
-        self.apply_result.emit(self.result)
+        assert self.tuned is not None
+        self.apply_result.emit(self.tuned)
         self.accept()
 
 

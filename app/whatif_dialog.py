@@ -117,7 +117,7 @@ class WhatIfDialog(QDialog):
         lay.addWidget(self.panel, 1)
         self._future: concurrent.futures.Future[dict[str, Any]] | None = None
         self._poll = QTimer(self, interval=30, timeout=self._check)
-        self.result: dict[str, Any] | None = None
+        self.prediction: dict[str, Any] | None = None
 
     @Slot()
     def run(self) -> None:
@@ -140,7 +140,7 @@ class WhatIfDialog(QDialog):
         except (EbbError, OSError) as exc:  # a bad path, size or file: say so
             self.summary.setText(f"Cannot predict: {exc}")
             return
-        self.result = r
+        self.prediction = r
         out, m = r["out"], r["model"]
         self.telemetry = Telemetry()
         self.panel.set_telemetry(self.telemetry)

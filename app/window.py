@@ -95,10 +95,10 @@ class MainWindow(QMainWindow):
         self.chat = ChatState(store)  # the conversation and the request in flight, Qt-free
         self.chat.last_cfg = load
         self.telemetry = Telemetry()
-        self.gen_params = default_gen_params(self._settings())
+        self.gen_params: GenParams = default_gen_params(self._settings())
         self._rpc = rpc or []  # servers from the command line: kept across reloads
         self.standin: Any = None  # the stand-in accelerator (app/standin.py), while it runs
-        self._loaded: dict[str, Any] = {}  # the last load's details (About's diagnostics)
+        self._loaded: events.LoadDetails | None = None  # the last load's (About's diagnostics)
         self.last_error = ""
         self._has_accel: bool | None = None  # known once a model has loaded
         self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
@@ -282,7 +282,7 @@ class MainWindow(QMainWindow):
                                      else ""))
         if self.standin is not None:
             facts.append(("Stand-in accelerator", self.standin.label))
-        text = diagnostics_text(facts, self._loaded.get("devices") or [], self._loaded,
+        text = diagnostics_text(facts, self._loaded.devices if self._loaded else (), self._loaded,
                                 self.last_error)
         self.about_dialog = AboutDialog(facts, text, self)
         self.about_dialog.show()
@@ -324,7 +324,7 @@ class MainWindow(QMainWindow):
         self._thread.setObjectName("EngineWorker")
         self.worker = EngineWorker()
         self.worker.moveToThread(self._thread)
-        self.worker.event.connect(self._on_event)
+        self.worker.engine_event.connect(self._on_event)
         self.request_load.connect(self.worker.load)
         self.request_send.connect(self.worker.send)
         self.request_continue.connect(self.worker.continue_reply)
@@ -604,11 +604,11 @@ class MainWindow(QMainWindow):
         self.load_model(model, mmproj)
         self._update_welcome()
 
-    def _accel_name(self, d: dict[str, Any]) -> str:
+    def _accel_name(self, d: events.LoadDetails) -> str:
         """The accelerator as the user knows it: the stand-in is named so wherever it shows."""
-        if self.standin is not None and d.get("accelerator_endpoint") == self.standin.endpoint:
-            return f"{d['accelerator']}, the {self.standin.label}"
-        return str(d.get("accelerator"))
+        if self.standin is not None and d.accelerator_endpoint == self.standin.endpoint:
+            return f"{d.accelerator}, the {self.standin.label}"
+        return str(d.accelerator)
 
     def _update_actions(self) -> None:
         last = self.chat.last_message()
@@ -819,7 +819,7 @@ class MainWindow(QMainWindow):
                                      f"{images}{gone}", 8000)
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
-        self.server_backend.set_model(ev.model_path, vision=bool(ev.details.get("projector")))
+        self.server_backend.set_model(ev.model_path, vision=bool(ev.details.projector))
         d = ev.details
         self._loaded = d
         self.progress.hide()
@@ -829,19 +829,19 @@ class MainWindow(QMainWindow):
         self._n_ctx = ev.n_ctx
         self.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
         self.set_model_line(model_line(name, ev.n_layers, ev.n_ctx, d, self._accel_name(d)),
-                            d.get("placement_reason") or "")
-        if d.get("requested"):
-            remember_model(self.store, *d["requested"])
-        self._has_accel = bool(d.get("accelerator"))
-        standin = (self.standin is not None and bool(d.get("accelerator"))
-                   and d.get("accelerator_endpoint") == self.standin.endpoint)
-        self.panel.set_device_names({str(d["accelerator"]): f"stand-in {d['accelerator']}"}
+                            d.placement_reason)
+        if d.requested:
+            remember_model(self.store, *d.requested)
+        self._has_accel = bool(d.accelerator)
+        standin = (self.standin is not None and bool(d.accelerator)
+                   and d.accelerator_endpoint == self.standin.endpoint)
+        self.panel.set_device_names({str(d.accelerator): f"stand-in {d.accelerator}"}
                                     if standin else {})
         self._update_welcome()
-        if d.get("memory_note"):
-            self.show_notice(d["memory_note"] + ".")
-        for note in d.get("backend_notes") or []:
-            if not d.get("safe_mode") and note not in self.notice.text():  # safe mode: its banner
+        if d.memory_note:
+            self.show_notice(d.memory_note + ".")
+        for note in d.backend_notes:
+            if not d.safe_mode and note not in self.notice.text():  # safe mode: its banner
                 self.show_notice(note[0].upper() + note[1:] + ".")
         if not self.chat.busy:
             started = None
@@ -851,15 +851,15 @@ class MainWindow(QMainWindow):
                 self._said_start = True
                 started = process_age_s()
             self.statusBar().showMessage(
-                loaded_message(ev.load_s, d.get("mover_note") or "", started), 15000)
+                loaded_message(ev.load_s, d.mover_note, started), 15000)
         self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
-        has_proj = bool(d.get("projector"))
+        has_proj = bool(d.projector)
         self.vision_switch.blockSignals(True)
-        self.vision_switch.setChecked(bool(d.get("vision")))
+        self.vision_switch.setChecked(d.vision)
         self.vision_switch.blockSignals(False)
         self.vision_switch.setEnabled(has_proj)
         self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
-        self.demo_label.setText(DEMO_LABEL if d.get("projector_synthetic") else "")
+        self.demo_label.setText(DEMO_LABEL if d.projector_synthetic else "")
         self._send_history()
         self._update_actions()
 

@@ -43,7 +43,7 @@ class TextStream:
 
 
 class EngineWorker(QObject):
-    event = Signal(object)
+    engine_event = Signal(object)  # every engine event (not `event`: QObject.event handles QEvents)
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +76,7 @@ class EngineWorker(QObject):
 
         def answered(j: Any, a: Answer) -> None:  # before the client hears
             backend.served += 1
-            self.event.emit(events.ServerTurn(
+            self.engine_event.emit(events.ServerTurn(
                 a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
                 n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,
                 n_images=int(a.stats.get("n_images", 0)),
@@ -101,7 +101,7 @@ class EngineWorker(QObject):
         if not isinstance(exc, EbbError):
             traceback.print_exc()
         msg = str(exc) if isinstance(exc, EbbError) else f"{type(exc).__name__}: {exc}"
-        self.event.emit(events.EngineFailed(request_id, message=msg))
+        self.engine_event.emit(events.EngineFailed(request_id, message=msg))
 
     @Slot(object, object)
     def load(self, cfg: SessionConfig, rpc: list[str]) -> None:
@@ -120,7 +120,7 @@ class EngineWorker(QObject):
                 name += f" with {Path(str(cfg.mmproj_path)).name}"
             msg = (f"Could not load {name}: {reason}"
                    + (f". Loading {Path(str(previous[0].model_path)).name} again." if again and previous else ""))
-            self.event.emit(events.EngineFailed(0, message=msg))
+            self.engine_event.emit(events.EngineFailed(0, message=msg))
             if again and previous is not None:
                 try:
                     self._load(*previous)
@@ -128,14 +128,14 @@ class EngineWorker(QObject):
                     self._fail(0, exc2)
 
     def _load(self, cfg: SessionConfig, rpc: list[str]) -> None:
-        self.event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
+        self.engine_event.emit(events.ModelLoading(0, model_path=str(cfg.model_path)))
         self._close_session()
         self._loaded_with = None
         from engine.llama.devices import connect_rpc
 
         for endpoint in rpc:
             connect_rpc(endpoint)
-        s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.event.emit)
+        s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.engine_event.emit)
         self._session = s
         self._loaded_with = (cfg, list(rpc))
         self._announce(s)
@@ -147,26 +147,25 @@ class EngineWorker(QObject):
 
         proj = s.proj_info
         assert s.runtime is not None
-        self.event.emit(events.ModelLoaded(
+        self.engine_event.emit(events.ModelLoaded(
             0, model_path=str(s.cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
             n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.load_s,
-            details={"mover": s.mover_name, "mover_note": s.mover_note, "accelerator": s.accel,
-                     "budget_bytes": s.budget_bytes,
-                     "n_layers_on_accel": s.placement.n_layers_on_accel,
-                     "projector": str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
-                     "projector_synthetic": bool(proj and proj.synthetic),
-                     "vision": s.vision_enabled, "rpc_bytes_sent": s.load_rpc_bytes_sent,
-                     "layers_by_device": s.placement.layers_by_device,
-                     "placement_reason": s.placement_reason, "memory_note": s.memory_note,
-                     "accelerator_endpoint": s.model.accel_endpoint,
-                     # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
-                     "backend_notes": backend_notes(), "safe_mode": native.safe_mode(),
-                     # as asked ("default", "demo" or paths): remembered as the last used model
-                     "requested": ([str(self._loaded_with[0].model_path),
-                                    str(self._loaded_with[0].mmproj_path or "")]
-                                   if self._loaded_with else None),
-                     # this session's servers only: one registered earlier may be gone
-                     "devices": [d.to_dict() for d in list_devices(s.cfg.rpc)]}))
+            details=events.LoadDetails(
+                mover=s.mover_name, mover_note=s.mover_note, accelerator=s.accel,
+                accelerator_endpoint=s.model.accel_endpoint, budget_bytes=s.budget_bytes,
+                n_layers_on_accel=s.placement.n_layers_on_accel,
+                layers_by_device=dict(s.placement.layers_by_device),
+                placement_reason=s.placement_reason, memory_note=s.memory_note,
+                projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
+                projector_synthetic=bool(proj and proj.synthetic), vision=s.vision_enabled,
+                rpc_bytes_sent=s.load_rpc_bytes_sent,
+                # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
+                backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),
+                requested=((str(self._loaded_with[0].model_path),
+                            str(self._loaded_with[0].mmproj_path or ""))
+                           if self._loaded_with else None),
+                # this session's servers only: one registered earlier may be gone
+                devices=tuple(d.to_dict() for d in list_devices(s.cfg.rpc)))))
 
     @Slot(object)
     def set_history(self, history: Any) -> None:
@@ -187,17 +186,17 @@ class EngineWorker(QObject):
         except EbbError as exc:
             self._fail(0, exc)
             enabled = self._session.vision_enabled
-        self.event.emit(events.VisionChanged(0, enabled=enabled))
+        self.engine_event.emit(events.VisionChanged(0, enabled=enabled))
 
     @Slot(int, str, object, object)
     def send(self, request_id: int, text: str, images: list[str], gp: GenParams) -> None:
         if self._session is None:
-            self.event.emit(events.EngineFailed(request_id, message="no model is loaded"))
+            self.engine_event.emit(events.EngineFailed(request_id, message="no model is loaded"))
             return
         self._cancel.clear()
         try:
             session, res = turn_with_recovery(
-                self._session, text, images, gp, cancel=self._cancel, emit=self.event.emit,
+                self._session, text, images, gp, cancel=self._cancel, emit=self.engine_event.emit,
                 on_text=lambda s: self.stream.put(request_id, s))
         except Exception as exc:
             self._fail(request_id, exc)
@@ -207,13 +206,13 @@ class EngineWorker(QObject):
             self._announce(session)
         out: dict[str, Any] = res.to_dict()
         out["request_id"] = request_id
-        self.event.emit(events.TurnFinished(request_id, result=out))
+        self.engine_event.emit(events.TurnFinished(request_id, result=out))
 
     @Slot(int, object)
     def continue_reply(self, request_id: int, gp: GenParams) -> None:
         """Go on with the last reply (Continue): resumed from the KV cache when it can be."""
         if self._session is None:
-            self.event.emit(events.EngineFailed(request_id, message="no model is loaded"))
+            self.engine_event.emit(events.EngineFailed(request_id, message="no model is loaded"))
             return
         self._cancel.clear()
         try:
@@ -224,7 +223,7 @@ class EngineWorker(QObject):
             return
         out: dict[str, Any] = res.to_dict()
         out["request_id"] = request_id
-        self.event.emit(events.TurnFinished(request_id, result=out))
+        self.engine_event.emit(events.TurnFinished(request_id, result=out))
 
     @Slot(object, object)
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
@@ -251,16 +250,16 @@ class EngineWorker(QObject):
             budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
             result = tune_for(
                 cfg, accel, budget, cancel=self._cancel,
-                on_point=lambda p, top: self.event.emit(events.TunePoint(
+                on_point=lambda p, top: self.engine_event.emit(events.TunePoint(
                     0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
                     prompt_tps_by_threads=p.prompt_tps_by_threads,
                     gen_tps_by_threads=p.gen_tps_by_threads, max_layers=top)),
-                on_flash=lambda n: self.event.emit(events.TuneNote(
+                on_flash=lambda n: self.engine_event.emit(events.TuneNote(
                     0, text=f"Choosing flash attention: {n} more runs, each with a few thousand "
                             "tokens of history"))).to_dict()
-            self.event.emit(events.TuneFinished(0, result=result))
+            self.engine_event.emit(events.TuneFinished(0, result=result))
         except Cancelled:
-            self.event.emit(events.TuneFinished(0, result={"cancelled": True}))
+            self.engine_event.emit(events.TuneFinished(0, result={"cancelled": True}))
         except Exception as exc:
             self._fail(0, exc)
         self.load(*(before or (cfg, rpc)))

@@ -25,6 +25,29 @@ class ModelLoading(Event):
 
 
 @dataclass(frozen=True)
+class LoadDetails:
+    """Where a loaded model sits and how it got there (ModelLoaded.details)."""
+    mover: str = "reload"
+    mover_note: str = ""
+    accelerator: str | None = None
+    accelerator_endpoint: str | None = None  # the RPC server behind it, if any
+    budget_bytes: int = 0
+    n_layers_on_accel: int = 0
+    layers_by_device: dict[str, int] = field(default_factory=dict)
+    placement_reason: str = ""
+    memory_note: str = ""  # the device held less than its budget said: what was done
+    projector: str = ""  # its path; "" without one
+    projector_synthetic: bool = False
+    vision: bool = False
+    rpc_bytes_sent: int = 0
+    backend_notes: tuple[str, ...] = ()  # a GPU backend built in that cannot run here
+    safe_mode: bool = False
+    # the model and projector as asked ("default", "demo" or paths): remembered as last used
+    requested: tuple[str, str] | None = None
+    devices: tuple[dict[str, Any], ...] = ()  # this session's devices (DeviceInfo.to_dict)
+
+
+@dataclass(frozen=True)
 class ModelLoaded(Event):
     model_path: str
     model_name: str
@@ -32,7 +55,7 @@ class ModelLoaded(Event):
     n_ctx: int
     n_threads: int
     load_s: float
-    details: dict[str, Any] = field(default_factory=dict)  # mover, accelerator, projector …
+    details: LoadDetails = field(default_factory=LoadDetails)
 
 
 pause_point = testhooks.pause_point  # test hook: engine/testhooks.py

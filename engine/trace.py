@@ -7,15 +7,24 @@ from typing import Iterable, Protocol
 
 
 class Span(Protocol):
-    """Anything shaped like engine.events.Span (the telemetry model's spans too)."""
-    name: str
-    start_s: float
-    end_s: float
-    device: str
-    bytes: int
-    request_id: int
-    predicted_s: float | None
-    detail: str
+    """Anything shaped like engine.events.Span (the telemetry model's spans too); read only,
+    so frozen dataclasses fit."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def start_s(self) -> float: ...
+    @property
+    def end_s(self) -> float: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def predicted_s(self) -> float | None: ...
+    @property
+    def detail(self) -> str: ...
 
 # One row (thread) per kind of work, as the window's timeline draws them.
 ROWS = {"evict": 1, "restore": 1, "save_state": 1, "restore_state": 1,

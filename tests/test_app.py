@@ -237,9 +237,9 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     before = w.model_label.text()
     w.tune_action.trigger()
     dlg = w.tune_dialog
-    wait_for(lambda: dlg.result is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
-    assert dlg.result is not None, dlg.status.text()
-    r = dlg.result
+    wait_for(lambda: dlg.tuned is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
+    assert dlg.tuned is not None, dlg.status.text()
+    r = dlg.tuned
     assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
     from engine.hw import physical_cores
     from engine.measure.autotune import thread_grid
@@ -284,9 +284,9 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
     dlg.mmproj.setText(str(proj))
     dlg.vram.setText("8GiB")
     dlg.run()
-    wait_for(lambda: dlg.result is not None or dlg.summary.text().startswith("Cannot"))
-    assert dlg.result is not None, dlg.summary.text()
-    out = dlg.result["out"]
+    wait_for(lambda: dlg.prediction is not None or dlg.summary.text().startswith("Cannot"))
+    assert dlg.prediction is not None, dlg.summary.text()
+    out = dlg.prediction["out"]
     assert out["n_layers_on_accel"] == 32 and "32/32 layers" in dlg.summary.text()
     assert out["vision_auto"] and dlg.telemetry.spans  # the vision turn's predicted steps
     assert len(dlg.telemetry.layer_devices) == 32
@@ -296,7 +296,7 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
     dlg.vram.setText("eight gigs")  # a bad size: said, nothing lost
     dlg.run()
     wait_for(lambda: dlg.summary.text().startswith("Cannot"))
-    assert dlg.result["out"]["n_layers_on_accel"] == 32
+    assert dlg.prediction["out"]["n_layers_on_accel"] == 32
     dlg.close()
 
 

@@ -27,3 +27,11 @@ def test_engine_is_mypy_strict_clean():
     proc = subprocess.run([sys.executable, "-m", "mypy", "engine"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_app_is_mypy_clean():
+    """#28: the window's code is type-checked too (PySide6's property keywords excepted: see
+    pyproject.toml)."""
+    proc = subprocess.run([sys.executable, "-m", "mypy", "app"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -158,15 +158,16 @@ def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
 def test_the_model_line_says_where_the_layers_are():
     """#28: the status label's wording is a pure formatter (app/status.py)."""
     from app.status import loaded_message, model_line
+    from engine.events import LoadDetails
 
-    on_accel = {"accelerator": "RPC0", "mover": "live", "n_layers_on_accel": 12,
-                "rpc_bytes_sent": 3 * 2**20}
+    on_accel = LoadDetails(accelerator="RPC0", mover="live", n_layers_on_accel=12,
+                           rpc_bytes_sent=3 * 2**20)
     assert model_line("SmolLM2", 30, 4096, on_accel, "RPC0, the stand-in") == (
         "SmolLM2 · 12/30 layers on RPC0, the stand-in · live mover · ctx 4096 · sent 3.0 MiB to "
         "remote devices while loading")
-    spread = {"accelerator": "RPC0", "mover": "reload", "layers_by_device": {"RPC0": 10, "RPC1": 20}}
+    spread = LoadDetails(accelerator="RPC0", mover="reload", layers_by_device={"RPC0": 10, "RPC1": 20})
     assert "10 on RPC0 + 20 on RPC1 of 30 layers · reload mover" in model_line("m", 30, 512, spread, "x")
-    assert model_line("m", 30, 512, {"safe_mode": True}, "") == (
+    assert model_line("m", 30, 512, LoadDetails(safe_mode=True), "") == (
         "m · all 30 layers in RAM (no accelerator) · ctx 512 · safe mode")
     assert loaded_message(1.234, "", 3.21) == "Model loaded in 1.23s (ready 3.2s after Ebb started)"
     assert loaded_message(0.5, "RAM is short") == "Model loaded in 0.50s — RAM is short"
