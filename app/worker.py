@@ -71,7 +71,7 @@ class EngineWorker(QObject):
         saved = session.save_conversation()
 
         def answer(j: Any) -> Answer:
-            self._session, result = answer_job(session, j, saved[4].system)
+            self._session, result = answer_job(session, j, saved.system)
             return result
 
         def answered(j: Any, a: Answer) -> None:  # before the client hears
@@ -90,7 +90,8 @@ class EngineWorker(QObject):
             if self._session is session:
                 session.restore_conversation(saved)
             else:  # a remote device went away during it: the window's conversation moves on
-                self._session.history = saved[0]
+                # (its cache holds none of it: nothing to continue from there)
+                self._session.restore_conversation(replace(saved, reply_open=False))
                 self._announce(self._session)
 
     def cancel(self) -> None:

@@ -50,7 +50,8 @@ from engine.vision.images import LoadedImage, load_image
 from engine.vision.projector import TextPiece, TokenizedPrompt
 from engine.vision.swap import ChunkWork, PlanRun
 
-__all__ = ["HistoryTurn", "Session", "SessionConfig", "TurnResult", "turn_with_recovery"]
+__all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
+           "turn_with_recovery"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,18 @@ class HistoryTurn:
     # more of the message for the chat template: an assistant's `tool_calls`, a result's
     # `tool_call_id` and `name` (the local server's function calling, engine/server/tools.py)
     extra: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A session's conversation, to put back after answering someone else
+    (Session.save_conversation / restore_conversation)."""
+    history: tuple[HistoryTurn, ...]
+    reply_open: bool  # the last reply can be continued from the KV cache
+    last_stop: str
+    forgotten: int  # turns at the start no longer in the model's memory
+    system: str | None
+    tools: tuple[dict[str, Any], ...] | None
 
 
 @dataclass
@@ -617,15 +630,20 @@ class Session:
         self._last_stop = ""
         self.forgotten = 0
 
-    def save_conversation(self) -> tuple[Any, ...]:
-        """The conversation and its settings, to put back after answering someone else (the
-        window's local server answers an HTTP client on the window's session)."""
-        return (list(self.history), self._reply_open, self._last_stop, self.forgotten, self.cfg,
-                self.tools)
+    def save_conversation(self) -> Conversation:
+        """The conversation and its system prompt and tools, to put back after answering
+        someone else (the window's local server answers an HTTP client on the window's
+        session)."""
+        return Conversation(tuple(self.history), self._reply_open, self._last_stop,
+                            self.forgotten, self.cfg.system,
+                            tuple(self.tools) if self.tools is not None else None)
 
-    def restore_conversation(self, saved: tuple[Any, ...]) -> None:
-        (self.history, self._reply_open, self._last_stop, self.forgotten, self.cfg,
-         self.tools) = saved
+    def restore_conversation(self, saved: Conversation) -> None:
+        self.set_system(saved.system)
+        self.history = list(saved.history)
+        self._reply_open, self._last_stop, self.forgotten = (saved.reply_open, saved.last_stop,
+                                                              saved.forgotten)
+        self.tools = list(saved.tools) if saved.tools is not None else None
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""

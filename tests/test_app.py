@@ -399,12 +399,22 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
         more["text"] = client.completions.create(model="m", prompt="Once upon a time",
                                                  max_tokens=4, temperature=0).choices[0].text
         more["vector"] = client.embeddings.create(model="m", input="A red apple.").data[0].embedding
+        more["call"] = client.chat.completions.create(
+            model="m", temperature=0, max_tokens=40, tool_choice="required",
+            messages=[{"role": "system", "content": "Tools only."},
+                      {"role": "user", "content": "Is it late?"}],
+            tools=[{"type": "function", "function": {"name": "is_late", "parameters": {
+                "type": "object", "properties": {"now": {"type": "boolean"}}, "required": ["now"]}}}])
 
     t = threading.Thread(target=ask_more)
     t.start()
     wait_for(lambda: not t.is_alive(), timeout=120_000)
     assert more["text"] and len(more["vector"]) == 576
-    assert w.worker._session.history == history and "3 answered" in w.server_status.text()
+    assert more["call"].choices[0].message.tool_calls[0].function.name == "is_late"
+    # the window's conversation, system prompt and (no) tools are as they were
+    s = w.worker._session
+    assert s.history == history and "4 answered" in w.server_status.text()
+    assert s.tools is None and s.cfg.system != "Tools only." and "You can call" not in (s.cfg.system or "")
     from openai import AuthenticationError
 
     with pytest.raises(AuthenticationError):
