@@ -294,6 +294,35 @@ def _progress_line(done: int, total: int, started: float) -> str:
             f"{done}/{total} steps, {elapsed // 60}m{elapsed % 60:02d}s")
 
 
+def source_tree() -> Path:
+    """llama-cpp-python's sdist, unpacked once at a fixed path in the cache: a build directory
+    kept between runs (build_wheel) must see the same source path every time."""
+    import tarfile
+
+    root = cache_root() / "src"
+    tree = root / f"llama_cpp_python-{LLAMA_CPP_VERSION}"
+    if (tree / "pyproject.toml").is_file():
+        return tree
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ebb-sdist-", dir=root) as tmp:
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir",
+             "--no-binary", ":all:", "-d", tmp, f"llama-cpp-python=={LLAMA_CPP_VERSION}"])
+        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if not sdists:
+            raise SystemExit(f"[ebb setup] pip did not fetch llama-cpp-python {LLAMA_CPP_VERSION}'s source")
+        with tarfile.open(sdists[0]) as tf:
+            tf.extractall(Path(tmp) / "x")  # noqa: S202 (PyPI's sdist of a pinned version)
+        unpacked = next((Path(tmp) / "x").iterdir())
+        unpacked.rename(tree)
+    return tree
+
+
+def build_dir(backend: str) -> Path:
+    """Where a backend's CMake build lives while it is unfinished: a build cut off (a closed
+    terminal, a session's end; CUDA's takes hours on 2 cores) goes on from there next time."""
+    return cache_root() / "build" / wheel_dir(backend).name
+
+
 def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
     """Build llama-cpp-python from its sdist, showing progress; return the wheel path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -301,15 +330,18 @@ def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
     env = dict(os.environ, CMAKE_ARGS=shlex.join(cmake_args))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     tmp_out = Path(tempfile.mkdtemp(prefix="ebb-wheel-"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v", "--no-binary", "llama-cpp-python",
-           "-w", str(tmp_out), f"llama-cpp-python=={LLAMA_CPP_VERSION}"]
+    build = build_dir(backend)
+    resumed = (build / "CMakeCache.txt").is_file()
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-v",
+           f"--config-settings=build-dir={build}", "-w", str(tmp_out), str(source_tree())]
     say(f"building llama-cpp-python {LLAMA_CPP_VERSION} ({backend}: {' '.join(cmake_args)}); "
-        f"this takes several minutes once, log: {log_path}")
+        f"this takes several minutes once{', going on from the last unfinished build' if resumed else ''}, "
+        f"log: {log_path}")
     started = time.monotonic()
     tty = sys.stdout.isatty()
     last_decile = -1
     step_re = re.compile(r"\[\s*(\d+)/(\d+)\]")
-    with open(log_path, "w") as log:
+    with open(log_path, "a" if resumed else "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, bufsize=1)
         assert proc.stdout is not None
@@ -336,6 +368,7 @@ def build_wheel(backend: str, cmake_args: list[str], out_dir: Path) -> Path:
     final = out_dir / wheels[0].name
     shutil.move(str(wheels[0]), final)
     shutil.rmtree(tmp_out, ignore_errors=True)
+    shutil.rmtree(build, ignore_errors=True)  # the wheel is cached now; its build is gigabytes
     (out_dir / "build-info.json").write_text(json.dumps(
         {"cmake_args": cmake_args, "build_s": round(time.monotonic() - started, 1),
          "dropped_amx": dropped}, indent=1))
