@@ -53,21 +53,51 @@ def place_color(where: str) -> QColor:
 
 
 class ResidencyMap(QWidget):
-    """One cell per layer plus embeddings/output, projector, KV cache and compute buffers."""
+    """One cell per layer plus embeddings/output, projector, KV cache and compute buffers.
+
+    The named cells (embd, out, proj, KV, comp) are as wide as their names; the layers share
+    the rest. Layer numbers are in the cells where every one fits, else on a scale below (every
+    k-th layer), so every name is readable at any width; each cell has a tooltip."""
+
+    CELL_TOP, CELL_H, SCALE_H = 6.0, 30.0, 12.0
+    SCALE_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
     def __init__(self, telemetry: Telemetry, names: dict[str, str] | None = None) -> None:
         super().__init__()
         self.telemetry = telemetry
         self.names = names if names is not None else {}  # device -> what the user calls it
-        self.setMinimumHeight(64)
+        self.setMinimumHeight(int(self.CELL_TOP + self.CELL_H + self.SCALE_H + 24))
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def _rects(self) -> list[tuple[QRectF, Cell]]:
         cells = self.telemetry.cells() if self.telemetry.layer_devices else []
         if not cells:
             return []
-        w = max(3.0, (self.width() - 8) / len(cells))
-        return [(QRectF(4 + i * w, 6, w - 2, 30), c) for i, c in enumerate(cells)]
+        metrics = self.fontMetrics()
+        avail = max(1.0, self.width() - 8.0)
+        named = [c for c in cells if not c.key.startswith("layer ")]
+        n_layers = len(cells) - len(named)
+        uniform = max(3.0, avail / len(cells))
+        named_w = {c.key: metrics.horizontalAdvance(c.label) + 8.0 for c in named}
+        if all(w <= uniform for w in named_w.values()) or sum(named_w.values()) + n_layers * 3.0 > avail:
+            layer_w, named_w = uniform, dict.fromkeys(named_w, uniform)  # all alike
+        else:  # the named cells as wide as their names, the layers share the rest
+            layer_w = (avail - sum(named_w.values())) / max(n_layers, 1)
+        out, x = [], 4.0
+        for c in cells:
+            w = named_w.get(c.key, layer_w)
+            out.append((QRectF(x, self.CELL_TOP, w - 2, self.CELL_H), c))
+            x += w
+        return out
+
+    def layer_scale_step(self, rects: list[tuple[QRectF, Cell]]) -> int:
+        """1: every layer's number fits in its cell; k: the scale below names every k-th."""
+        layers = [r for r, c in rects if c.key.startswith("layer ")]
+        if not layers:
+            return 1
+        widest = self.fontMetrics().horizontalAdvance(str(len(layers) - 1)) + 4
+        cell = layers[0].width() + 2
+        return next((k for k in self.SCALE_STEPS if k * cell >= widest), self.SCALE_STEPS[-1])
 
     def paintEvent(self, event: QPaintEvent) -> None:
         rects = self._rects()
@@ -75,6 +105,8 @@ class ResidencyMap(QWidget):
             return
         p = QPainter(self)
         metrics = p.fontMetrics()
+        step = self.layer_scale_step(rects)
+        text_pen = QPen(self.palette().text().color())
         for r, cell in rects:
             color = place_color(cell.where)
             if not cell.where:  # not there (no projector, a buffer since freed): an outline
@@ -82,21 +114,29 @@ class ResidencyMap(QWidget):
                 p.drawRect(r)
             else:
                 p.fillRect(r, color)
-            # a name only where it fits whole (no single letters: "c" and "c" said nothing);
-            # dark on light, light on dark; every cell has a tooltip
+            is_layer = cell.key.startswith("layer ")
+            if is_layer and step > 1:  # the number goes on the scale below
+                i = int(cell.label)
+                if i % step == 0:
+                    p.setPen(text_pen)
+                    p.drawLine(QPointF(r.left(), r.bottom() + 1), QPointF(r.left(), r.bottom() + 4))
+                    p.drawText(QPointF(r.left(), r.bottom() + 3 + metrics.ascent()), cell.label)
+                continue
+            # dark on light, light on dark
             if metrics.horizontalAdvance(cell.label) <= r.width() - 2:
                 light = cell.where and color.lightnessF() < 0.55
-                p.setPen(QPen(QColor("#ffffff") if light else self.palette().text().color()))
+                p.setPen(QPen(QColor("#ffffff")) if light else text_pen)
                 p.drawText(r, Qt.AlignmentFlag.AlignCenter, cell.label)
         x = 6.0
+        y = self.CELL_TOP + self.CELL_H + self.SCALE_H + 4
         remote = next((n for d, n in self.names.items() if d.startswith("RPC")), "remote")
         for name, where in (("accelerator", "GPU"), ("RAM", "CPU"), (remote, "RPC"), ("moving", "moving")):
-            p.fillRect(QRectF(x, 46, 10, 10), place_color(where))
-            p.setPen(QPen(self.palette().text().color()))
-            p.drawText(QPointF(x + 14, 56), name)
-            x += 24 + p.fontMetrics().horizontalAdvance(name)
+            p.fillRect(QRectF(x, y, 10, 10), place_color(where))
+            p.setPen(text_pen)
+            p.drawText(QPointF(x + 14, y + 10), name)
+            x += 24 + metrics.horizontalAdvance(name)
         proj = self.telemetry.projector_device
-        p.drawText(QPointF(x + 8, 56), f"projector: {self.names.get(proj, proj) if proj else 'none'}")
+        p.drawText(QPointF(x + 8, y + 10), f"projector: {self.names.get(proj, proj) if proj else 'none'}")
         p.end()
 
     def cell_at(self, pos: QPointF) -> Cell | None:
@@ -199,6 +239,8 @@ class MemoryPanel(QWidget):
         self.timeline.setToolTip("Each step of a request: dashed outline, predicted; filled, "
                                  "measured. Hover a step for its numbers; the wheel zooms time")
         self.timeline.setLabel("bottom", "s")
+        for plot in (self.memory_plot, self.timeline):  # seconds, never "s (x0.001)"
+            plot.getAxis("bottom").enableAutoSIPrefix(False)
         axis = self.timeline.getAxis("left")
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
         self.timeline.setYRange(0.4, 3.6)

@@ -171,3 +171,43 @@ def test_the_model_line_says_where_the_layers_are():
         "m · all 30 layers in RAM (no accelerator) · ctx 512 · safe mode")
     assert loaded_message(1.234, "", 3.21) == "Model loaded in 1.23s (ready 3.2s after Ebb started)"
     assert loaded_message(0.5, "RAM is short") == "Model loaded in 0.50s — RAM is short"
+
+
+def test_every_residency_name_is_readable_at_any_width(qtbot):
+    """The named cells (embd, out, proj, KV, comp) show their names whole; layer numbers are in
+    the cells or, where two digits do not fit, on a scale below whose labels do not overlap."""
+    from app.panel import ResidencyMap
+    from engine.telemetry import Telemetry
+
+    tel = Telemetry()
+    for n_layers in (8, 30, 80):
+        tel.on_event(events.Residency(0, layer_devices=("RPC0",) * 4 + ("CPU",) * (n_layers - 4),
+                                      output_device="CPU", embeddings_device="CPU",
+                                      projector_device="CPU",
+                                      ledger={"RPC0": {"kv": 2**20, "compute": 2**20},
+                                              "CPU": {"kv": 2**20}}))
+        rmap = ResidencyMap(tel)
+        qtbot.addWidget(rmap)
+        for width in (300, 480, 900, 1600):
+            rmap.resize(width, rmap.minimumHeight())
+            rects = rmap._rects()
+            labels = [c.label for _, c in rects]
+            assert labels[0] == "embd" and labels.count("KV") == 2, labels
+            assert rects[-1][0].right() <= width, (n_layers, width)  # nothing past the edge
+            assert all(a.right() < b.left() for (a, _), (b, _) in zip(rects, rects[1:]))
+            metrics = rmap.fontMetrics()
+            if width >= 480:  # named cells are as wide as their names
+                for r, c in rects:
+                    if not c.key.startswith("layer "):
+                        assert metrics.horizontalAdvance(c.label) <= r.width() - 2, (c.label, width)
+            step = rmap.layer_scale_step(rects)
+            layer = [r for r, c in rects if c.key.startswith("layer ")]
+            widest = metrics.horizontalAdvance(str(n_layers - 1))
+            if step == 1:
+                assert widest <= layer[0].width() - 2
+            else:  # scale labels every `step` layers, each narrower than the gap to the next,
+                # and no sparser than needed
+                assert widest + 4 <= step * (layer[0].width() + 2)
+                smaller = rmap.SCALE_STEPS[rmap.SCALE_STEPS.index(step) - 1]
+                assert widest + 4 > smaller * (layer[0].width() + 2)
+            rmap.grab()  # paints without error
