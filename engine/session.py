@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import events, stops
-from engine.config import PhaseTuning, SessionConfig, flash_attn_for, thread_plan
+from engine.config import SessionConfig, flash_attn_for, thread_plan
+from engine.conversation import Conversation, HistoryTurn, fit_history
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
@@ -38,11 +39,10 @@ from engine.placement.plan import (
     Costs,
     DoesNotFit,
     Placement,
-    device_layers,
     plan_vision,
     projector_need_bytes,
 )
-from engine.placement.phases import MOVE_FIXED_S, Rebalance, plan_phase_move
+from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
@@ -52,28 +52,6 @@ from engine.vision.swap import ChunkWork, PlanRun
 
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
-
-
-@dataclass(frozen=True)
-class HistoryTurn:
-    role: str  # user | assistant | tool (a function's result, with a template that has tools)
-    text: str
-    image_keys: tuple[str, ...] = ()
-    # more of the message for the chat template: an assistant's `tool_calls`, a result's
-    # `tool_call_id` and `name` (the local server's function calling, engine/server/tools.py)
-    extra: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """A session's conversation, to put back after answering someone else
-    (Session.save_conversation / restore_conversation)."""
-    history: tuple[HistoryTurn, ...]
-    reply_open: bool  # the last reply can be continued from the KV cache
-    last_stop: str
-    forgotten: int  # turns at the start no longer in the model's memory
-    system: str | None
-    tools: tuple[dict[str, Any], ...] | None
 
 
 @dataclass
@@ -160,13 +138,12 @@ class Session:
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
         self.before_restore: Callable[[int], None] | None = None
-        self.last_phase: Rebalance | None = None  # the last prompt's per-phase decision
-        self._phase_target: PhaseTuning | None = None  # the choice it weighed (text or images)
         events.pause_point("load")
         if cfg.flash_attn is None:  # auto: by where the layers will run
             cfg = self.cfg = replace(cfg, flash_attn=flash_attn_for(cfg, pick_accelerator(cfg.rpc, cfg.accel)))
         self.model = ModelResidency(cfg, self.info, self.n_ctx, self.n_threads, self._emit,
                                     lambda: self._request_id)
+        self.phases = PhaseMover(self.model, self.info.n_layers, cfg.phases)
         self._stack = contextlib.ExitStack()
         self._stack.callback(self.model.close)
         sent0, t0 = rpc_bytes_sent(), time.monotonic()
@@ -450,58 +427,23 @@ class Session:
 
     def _fit(self, turn: HistoryTurn | None, pixels: list[LoadedImage], res: TurnResult,
              open_reply: str = "") -> None:
-        """Make the conversation plus `turn` fit the context with room for the reply. A
-        message that cannot fit even alone is refused with the numbers (the history is left as
-        it was); else under `drop-oldest` older turns leave the model's memory: first the
-        images of turns before the last exchange, then the oldest exchanges. Under `stop` the
-        turn is refused."""
-        n = self._count(turn, pixels, open_reply)
-        limit = self.n_ctx - self.reply_room
-        res.memory_starts_at = self.forgotten
-        if n <= limit:
-            return
-        keep = 1 if turn is None else 0  # Continue: the question of the reply stays
-        saved = self.history
-        self.history = self.history[len(self.history) - keep:] if keep else []
-        alone = self._count(turn, pixels, open_reply)
-        self.history = saved
-        what = "this message" if turn is not None else "this reply with its question"
-        if alone > limit:
-            raise EbbError(f"{what} is {alone} tokens; the context holds {self.n_ctx} and "
-                           f"keeps {self.reply_room} for the reply",
-                           "shorten it, send fewer or smaller images, or raise the context length"
-                           if turn is not None else "raise the context length to go on")
-        if self.cfg.overflow == "stop":
-            raise EbbError(f"the conversation is {n} tokens, the context holds {self.n_ctx} "
-                           f"(with {self.reply_room} kept for the reply)",
-                           "start a new conversation, raise the context length, or let the "
-                           "oldest turns go (--overflow drop-oldest)")
-        before = n
-        while n > limit:
-            self._drop_oldest(res, keep)
-            n = self._count(turn, pixels, open_reply)
-        res.n_tokens_dropped = before - n
-        res.memory_starts_at = self.forgotten
+        """Make the conversation plus `turn` (None: Continue of the last reply) fit the
+        context with room for the reply (engine/conversation.py decides what leaves)."""
+        def count(history: Sequence[HistoryTurn]) -> int:
+            saved, self.history = self.history, list(history)
+            try:
+                return self._count(turn, pixels, open_reply)
+            finally:
+                self.history = saved
 
-    def _drop_oldest(self, res: TurnResult, keep: int) -> None:
-        """One step of drop-oldest: the images of the oldest turn before the last exchange that
-        still has some, else the oldest exchange (a user turn and its replies)."""
-        h = list(self.history)
-        older = max(0, len(h) - 2 - keep)
-        for i in range(older):
-            if h[i].image_keys:
-                res.n_images_dropped += len(h[i].image_keys)
-                h[i] = replace(h[i], image_keys=())
-                self.history = h
-                return
-        end = 1
-        while end < len(h) - keep and h[end].role != "user":
-            end += 1
-        end = min(end, len(h) - keep)
-        assert end > 0, "_fit checked that the turn fits alone"
-        self.history = h[end:]
-        self.forgotten += end
-        res.n_turns_dropped += end
+        fitted = fit_history(self.history, count, self.n_ctx, self.reply_room,
+                             self.cfg.overflow, continuing=turn is None)
+        self.history = list(fitted.history)
+        self.forgotten += fitted.n_turns_dropped
+        res.n_turns_dropped += fitted.n_turns_dropped
+        res.n_images_dropped += fitted.n_images_dropped
+        res.n_tokens_dropped = fitted.n_tokens_dropped
+        res.memory_starts_at = self.forgotten
 
     def _check_device(self) -> None:
         endpoint = self.model.accel_endpoint
@@ -703,7 +645,8 @@ class Session:
                   res: TurnResult, tl: Timeline) -> None:
         self._reply_open = False
         result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl)
-        res.phases = self._phases_used()
+        assert self.runtime is not None
+        res.phases = self.phases.used(self.runtime.n_threads_batch, self.runtime.n_threads)
         res.text = result.text
         res.gen = result.to_dict()
         res.gen["flash_attn"] = self.cfg.flash_attn  # the turn says whether it was on
@@ -733,7 +676,10 @@ class Session:
             items = list(prompt)
         accel = self.placement.accel or CPU
         tl.plan = None
-        back = self._to_prompt_placement(*self.runtime.n_to_evaluate(items), tl)
+        enc = self.encoder
+        back = self.phases.to_prompt_placement(
+            *self.runtime.n_to_evaluate(items), enc.costs.bus_Bps, tl,
+            lambda dev, s, n: enc.learn("restore", dev, s, n, mover="live"))
         events.pause_point("prefill")
         t_start = time.monotonic()
 
@@ -752,68 +698,6 @@ class Session:
         t_end = time.monotonic()
         tl.add("decode", t_end - result.gen_s, t_end, accel)
         return result
-
-    # ------------------------------------------------------------ each phase at its best
-
-    def _phases_used(self) -> dict[str, Any]:
-        ph, d = self._phase_target or self.cfg.phases, self.last_phase
-        if ph is None or self.runtime is None:
-            return {}
-        gen = self.placement.n_gpu_layers
-        return {"prompt_layers": ph.prompt_layers if d is not None and d.move else gen,
-                "gen_layers": gen, "prompt_threads": self.runtime.n_threads_batch,
-                "gen_threads": self.runtime.n_threads, "moved": bool(d and d.move),
-                "reason": d.reason if d is not None else "the reload mover: one placement"}
-
-    def _phase_layers(self, llama_layers: int) -> set[int]:
-        """The repeating layers the live layout holds on the device for llama.cpp's count."""
-        return set(device_layers(self.info.n_layers, llama_layers))
-
-    def phase_decision(self, n_tokens: int, n_image_tokens: int = 0) -> Rebalance | None:
-        """Whether this prompt runs at the prompt's placement (with images to evaluate: the
-        image batch's, which keeps it off a cliff that a larger batch meets sooner): None
-        without a per-phase choice or the live mover (the reload mover never moves per
-        turn)."""
-        ph = self.cfg.phases
-        if ph is not None and n_image_tokens:
-            ph = ph.for_images()
-        self._phase_target = ph
-        mover = self.model.mover
-        if ph is None or not ph.differs or mover is None or self.accel is None:
-            return None
-        n = self.info.n_layers
-        return plan_phase_move(n, mover.on_device(), ph, n_tokens,
-                               [mover.layer_bytes(i) for i in range(n)],
-                               self.encoder.costs.bus_Bps, MOVE_FIXED_S,
-                               self.budget_bytes - self.ledger.total(self.accel)).decision
-
-    def _to_prompt_placement(self, n_tokens: int, n_image_tokens: int,
-                             tl: Timeline) -> Callable[[], None] | None:
-        """Move to the prompt's placement when it pays (a span `rebalance`); returns the move
-        back, for after the prefill, or None."""
-        decision = self.phase_decision(n_tokens, n_image_tokens)
-        self.last_phase = decision
-        if decision is None:
-            return None
-        ph = self._phase_target
-        assert ph is not None and self.model.mover is not None and self.accel is not None
-        if not decision.move:
-            return None
-        gen_set = set(self.model.mover.on_device())
-        self._rebalance(self._phase_layers(ph.prompt_layers), tl, decision.cost_s / 2,
-                        f"to {ph.prompt_layers} layers for the prompt")
-        return lambda: self._rebalance(gen_set, tl, decision.cost_s / 2,
-                                       f"back to {ph.gen_layers} layers for generation")
-
-    def _rebalance(self, target: set[int], tl: Timeline, predicted_s: float, detail: str) -> None:
-        assert self.accel is not None
-        t0 = time.monotonic()
-        copied = self.model.move_to(target)
-        t1 = time.monotonic()
-        tl.add("rebalance", t0, t1, self.accel, copied, detail, predicted_s=predicted_s)
-        if copied:
-            self.encoder.learn("restore", self.accel, t1 - t0, copied, mover="live")
-
 
 def turn_with_recovery(session: Session, text: str | Sequence[int],
                        image_paths: Sequence[str | Path] = (),

@@ -29,18 +29,25 @@ def _session(model_path: Path, projector: Path | None = None, **kw) -> Session:
                                  accel="CPU", vision="cpu", **kw))
 
 
-def test_forty_turns_at_a_small_context_run_to_the_end_dropping_the_oldest(model_path):
+def test_turns_past_a_small_context_drop_the_oldest_and_shift_the_rest(model_path):
+    """Which turns go is the pure fit's (test_conversation); here the real session carries it
+    out for three overflows in a row: the kept turns are moved in the KV cache, not evaluated
+    again, and the books (where the model's memory starts) add up."""
     with _session(model_path) as s:
-        results = [s.turn(_turn_text(i), gp=GP) for i in range(40)]
-    assert [r.error for r in results] == [None] * 40
+        results = []
+        for i in range(40):
+            results.append(s.turn(_turn_text(i), gp=GP))
+            if sum(1 for r in results if r.n_turns_dropped) == 3:
+                break
+    assert [r.error for r in results] == [None] * len(results)
     dropped = [r for r in results if r.n_turns_dropped]
-    assert dropped, "a 512-token context cannot hold 40 turns"
+    assert len(dropped) == 3, "a 512-token context cannot hold 40 turns"
     first = dropped[0]
     assert first.n_tokens_dropped > 0 and first.memory_starts_at == first.n_turns_dropped
     # the kept turns were moved in the cache, not evaluated again
     assert all(r.shifted_cells > 0 for r in dropped)
     assert all(r.gen["n_prompt_tokens_evaluated"] < 80 for r in dropped)
-    assert results[-1].memory_starts_at > 40  # messages: user and assistant, oldest first
+    assert results[-1].memory_starts_at == sum(r.n_turns_dropped for r in results)
     assert all(r.gen["n_prompt_tokens"] <= 512 - s.reply_room for r in results)
 
 
@@ -72,10 +79,12 @@ def test_the_image_conversation_runs_to_the_end_dropping_older_images_first(mode
         pictures.append(p)
     with _session(model_path, tiny_projector) as s:
         results = []
-        for i in range(40):
+        for i in range(40):  # until a whole turn has to go
             images = [pictures[i % 4]] if i % 3 == 0 else []
             results.append(s.turn(_turn_text(i), images, GP))
-    assert [r.error for r in results] == [None] * 40
+            if results[-1].n_turns_dropped:
+                break
+    assert [r.error for r in results] == [None] * len(results)
     with_images_dropped = [k for k, r in enumerate(results) if r.n_images_dropped]
     with_turns_dropped = [k for k, r in enumerate(results) if r.n_turns_dropped]
     assert with_images_dropped and with_turns_dropped
@@ -207,31 +216,40 @@ def _wait_for_line(stream, needle: str, timeout: float = 120) -> None:
 
     done = threading.Event()
     found: list[str] = []
+    before: list[str] = []  # what came before it, for the failure's message
 
     def read() -> None:
         for line in stream:
             if needle in line and not found:
                 found.append(line)
                 done.set()
+            elif not found:
+                before[:] = [*before[-30:], line]
         done.set()  # end of output: stop waiting
 
     threading.Thread(target=read, daemon=True).start()
-    done.wait(timeout)
+    ended = not done.wait(timeout)
     if not found:
-        raise AssertionError(f"never saw {needle!r}")
+        raise AssertionError(f"never saw {needle!r} ({'timed out' if ended else 'the output ended'}); "
+                             "the last lines:\n" + "".join(before))
 
 
 @pytest.mark.parametrize("moment", ["load", "prefill", "encode", "evict", "decode"])
 def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot, base_projector,
-                                                        pictures, shared_rpc_server):
+                                                        pictures):
     """SIGKILL while the window loads, prefills, encodes, swaps (evict) or streams the reply:
     the next start opens every conversation with every committed message, the interrupted
-    reply marked (with Regenerate), and the database passes integrity_check."""
+    reply marked (with Regenerate), and the database passes integrity_check.
+
+    The swap runs on an RPC server of its own: ggml's serves one client at a time, and the
+    suite's shared one may still be held by a session of this process the collector has not
+    freed yet (the window then waited for it: stop 32's and stop 33's CI failures)."""
     import signal
     import sqlite3
     import time
 
     from app.store import Store
+    from tests.conftest import RpcServer
     from tests.test_app import _open_windows, wait_for
 
     data = tmp_path / "data"
@@ -249,7 +267,6 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         env["EBB_TEST_IMAGE"] = str(pictures["a.png"])
         args = ["--model", "default", "--mmproj", str(base_projector)]
         if moment == "evict":
-            args += ["--rpc", shared_rpc_server.endpoint]
             s = Store(data)
             s.set_setting("vision", "swap")
             s.set_setting("vram_budget", "300MiB")
@@ -258,6 +275,9 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
             s = Store(data)
             s.set_setting("vision", "cpu")
             s.close()
+    own_server = RpcServer() if moment == "evict" else None
+    if own_server is not None:
+        args += ["--rpc", own_server.endpoint]
     proc = _window_process(data, env, *args)
     try:
         if moment == "decode":
@@ -271,6 +291,8 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if own_server is not None:
+            own_server.stop()
 
     db = sqlite3.connect(data / "ebb.sqlite3")
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
