@@ -606,6 +606,46 @@ def test_a_template_with_its_own_tool_format_is_given_the_tools_calls_and_result
     assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
 
 
+LLAMA3_TEMPLATE = Path(__file__).parent / "templates" / "llama3-tools.jinja"
+
+
+def test_a_llama3_template_gets_its_own_json_calls_and_ipython_results(tmp_path, model_path):
+    """#29: Llama 3.1's format: the tools in the first user turn, the earlier call written back
+    as {"name", "parameters"}, its result in an ipython turn, and the reply held to such a call
+    (read back into OpenAI's shape)."""
+    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.server.api import parse_chat_request
+    from engine.server.tools import LLAMA3, template_format
+    from engine.server.worker import Job, answer_job
+    from engine.session import Session, SessionConfig
+
+    model = write_model(tmp_path / "llama3-tiny.gguf", SHAPES["tiny"], model_path,
+                        chat_template=LLAMA3_TEMPLATE.read_text())
+    called = '{"unit": "C", "tomorrow": false}'
+    req = parse_chat_request({"model": "m", "tools": [FORECAST], "tool_choice": "required",
+                              "max_tokens": 60, "temperature": 0, "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": called}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4 degrees, rain"},
+        {"role": "user", "content": "And tomorrow?"}]})
+    with Session(SessionConfig(model, n_ctx=1024, n_threads=N_THREADS)) as s:
+        assert s.runtime is not None and template_format(s.runtime.template_source) == LLAMA3
+        s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
+        prompt, _ = s.runtime.format_chat(s.messages[:-1], s.tools)  # what the reply answered
+    assert "Environment: ipython" in prompt and '"name": "get_forecast"' in prompt
+    assert "You can call these functions" not in prompt  # not the universal system text
+    assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_forecast", '
+            '"parameters": {"unit": "C", "tomorrow": false}}<|eot_id|>') in prompt
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\n4 degrees, rain<|eot_id|>" in prompt
+    assert prompt.endswith("And tomorrow?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert ans.finish_reason == "tool_calls" and ans.text == ""
+    (call,) = ans.tool_calls
+    assert call["function"]["name"] == "get_forecast"
+    args = json.loads(call["function"]["arguments"])
+    assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
+
+
 def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model):
     """#29: the same loop through HTTP: a call (streamed: one delta), its result sent back as a
     `tool` message, then a reply the tools may not be called in."""

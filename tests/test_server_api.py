@@ -264,12 +264,23 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     themselves; a template without tools, or with a format Ebb does not know, gets the
     universal system-prompt format."""
     from engine.server.api import parse_chat_request
-    from engine.server.tools import HERMES, CallGate, parse_tool_choice, parse_tools, read_call, template_format
+    from engine.server.tools import (
+        HERMES,
+        LLAMA3,
+        CallGate,
+        grammar,
+        parse_tool_choice,
+        parse_tools,
+        read_call,
+        template_format,
+    )
 
     hermes = (Path(__file__).parent / "templates" / "hermes-tools.jinja").read_text()
     assert template_format(hermes) == HERMES
     assert template_format("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") is None
     assert template_format("{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}{% endif %}") is None
+    llama3 = (Path(__file__).parent / "templates" / "llama3-tools.jinja").read_text()
+    assert template_format(llama3) == LLAMA3
     tools = parse_tools([WEATHER])
     auto = parse_tool_choice("auto", tools)
     block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}\n</tool_call>'
@@ -278,6 +289,12 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     assert read_call(block[:-5], tools, auto, HERMES) is None  # cut short: text
     assert read_call('{"name": "get_weather", "arguments": {}}', tools, auto, HERMES) is None
     assert read_call("It rains.", tools, auto, HERMES) is None
+    # Llama 3.1's: the arguments under "parameters", bare JSON; its grammar writes that key
+    call = read_call('{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "F"}}', tools,
+                     auto, LLAMA3)
+    assert call is not None and json.loads(call.arguments) == {"city": "Oslo", "unit": "F"}
+    assert r'\"parameters\"' in grammar(tools, auto, LLAMA3) and "arguments" not in grammar(tools, auto, LLAMA3)
+    assert r'\"arguments\"' in grammar(tools, auto, None)
     gate = CallGate(True, "<")
     assert [gate.feed(p) for p in ("\n", "<tool", "_call>")] == ["", "", ""]
     assert CallGate(True, "<").feed("{") == "{"  # bare JSON is text in this format

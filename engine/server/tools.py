@@ -1,10 +1,13 @@
 """Function calling in OpenAI's shape.
 
-- **The model's own format** where its chat template has one Ebb knows: the Hermes format
-  (Qwen2.5, Qwen3, Hermes and others: the template lists `tools` itself and teaches
-  `<tool_call>{"name": ..., "arguments": ...}</tool_call>`). The template gets the tools, the
-  assistant's `tool_calls` and the `tool` messages as they are, and the reply is held by
-  llama.cpp's grammar to plain text (it may not begin with "<") or one such block.
+- **The model's own format** where its chat template has one Ebb knows (it lists `tools`
+  itself and teaches a format):
+  - Hermes (Qwen2.5, Qwen3, Hermes and others):
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>`; the reply is held by llama.cpp's
+    grammar to plain text (it may not begin with "<") or one such block;
+  - Llama 3.1, 3.2 and 3.3: `{"name": ..., "parameters": ...}`, results in `ipython` turns;
+    the reply is plain text (it may not begin with "{") or one such call.
+  The template gets the tools, the assistant's `tool_calls` and the `tool` messages as they are.
 - **Any other model**: the tools are described in the system prompt, and the reply is held to
   plain text (it may not begin with "{") or one call, `{"name": ..., "arguments": {...}}`. A
   call comes back in the history as the assistant's JSON text; a tool's result as a user
@@ -34,8 +37,12 @@ class Tool:
 
 
 HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
-# where a template teaches a format, it says so by the tag it wraps calls in
-_FORMATS = ((HERMES, re.compile(r"<tool_call>")),)
+LLAMA3 = "llama3"  # {"name": ..., "parameters": ...}: Llama 3.1, 3.2 and 3.3's JSON tool calls
+# where a template teaches a format, it says so by the tag it wraps calls in, or its wording
+_FORMATS = ((HERMES, re.compile(r"<tool_call>")),
+            (LLAMA3, re.compile(r'"name": function name, "parameters": dictionary of argument')))
+# the key a format puts a call's arguments under
+_ARGUMENTS = {LLAMA3: "parameters"}
 _TOOLS_VAR = re.compile(r"\btools\b")
 
 
@@ -175,14 +182,15 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None)
     usable = offered(tools, choice)
     if not usable:
         return ""
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-              "required": ["name", "arguments"], "additionalProperties": False} for t in usable]
+    key = _ARGUMENTS.get(fmt or "", "arguments")
+    calls = [{"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters},
+              "required": ["name", key], "additionalProperties": False} for t in usable]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     try:
-        gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", "arguments"]))
+        gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", key]))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
         raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
-    if choice.mode == "required" and fmt is None:
+    if choice.mode == "required" and fmt != HERMES:  # bare JSON: the call is the whole reply
         return gbnf
     call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
     if fmt == HERMES:
@@ -217,7 +225,7 @@ def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
     if not isinstance(obj, dict) or obj.get("name") not in usable:
         return None
     return ToolCall("call_" + secrets.token_hex(12), str(obj["name"]),
-                    json.dumps(obj.get("arguments", {})))
+                    json.dumps(obj.get(_ARGUMENTS.get(fmt or "", "arguments"), {})))
 
 
 class CallGate:
