@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import QMetaObject, Qt
 
@@ -72,3 +72,58 @@ def server_label(url: str, host: str, served: int, waiting: int) -> str:
     where = "" if is_loopback(host) else " — reachable from other machines"
     queue = f", {waiting} waiting" if waiting else ""
     return f"Local server {url}{where} ({served} answered{queue})"
+
+
+class LocalServer:
+    """The window's local server, one owner: started, restarted or stopped as Settings say
+    (`apply`), its address and count in a status-bar label, stopped when the window closes.
+    Problems go to `notify` (the window's notice area). GUI thread."""
+
+    def __init__(self, worker: Any, label: Any, notify: Callable[[str], None]) -> None:
+        self.backend = WindowBackend(worker)
+        worker.server_backend = self.backend
+        self.label = label  # a QLabel in the status bar, shown while serving
+        self.notify = notify
+        self.thread: Any = None  # engine.server.http.ServerThread, while serving
+        self._wanted: tuple[str, int, str] | None = None
+
+    def apply(self, settings: dict[str, Any]) -> None:
+        from engine.errors import EbbError
+        from engine.server.http import ServerThread, is_loopback
+
+        s = settings
+        want = (s["server_host"], int(s["server_port"]), s["server_api_key"]) if s["server"] else None
+        if want == self._wanted and (want is None or self.thread is not None):
+            return
+        self._stop_thread()
+        self._wanted = want
+        if want is None:
+            self.label.hide()
+            return
+        host, port, key = want
+        try:
+            self.thread = ServerThread(self.backend, host, port, api_key=key or None)
+        except EbbError as exc:
+            self.label.hide()
+            self.notify(f"The local server did not start: {exc}")
+            return
+        self.update_status()
+        self.label.show()
+        if not is_loopback(host):
+            self.notify(f"The local server listens on {host}: other machines that reach port "
+                        f"{port} can use the model" + ("" if key else ", and no API key is set"))
+
+    def update_status(self) -> None:
+        if self.thread is not None:
+            self.label.setText(server_label(self.thread.url, self.thread.host, self.backend.served,
+                                            self.backend.waiting()))
+
+    def _stop_thread(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    def close(self) -> None:
+        """No new requests; those waiting are told; the running one stops between tokens."""
+        self._stop_thread()
+        self.backend.close()

@@ -97,7 +97,6 @@ class MainWindow(QMainWindow):
         self.telemetry = Telemetry()
         self.gen_params: GenParams = default_gen_params(self._settings())
         self._rpc = rpc or []  # servers from the command line: kept across reloads
-        self.standin: Any = None  # the stand-in accelerator (app/standin.py), while it runs
         self._loaded: events.LoadDetails | None = None  # the last load's (About's diagnostics)
         self.last_error = ""
         self._has_accel: bool | None = None  # known once a model has loaded
@@ -280,7 +279,7 @@ class MainWindow(QMainWindow):
         where = str(self.store.folder / DB_NAME)
         facts = about_facts(where + (" (not writable: kept in memory)" if self.store.in_memory
                                      else ""))
-        if self.standin is not None:
+        if self.standin.standin is not None:
             facts.append(("Stand-in accelerator", self.standin.label))
         text = diagnostics_text(facts, self._loaded.devices if self._loaded else (), self._loaded,
                                 self.last_error)
@@ -306,11 +305,12 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
-        self.standin_action = QAction("Start a stand-in accelerator…", self)
-        self.standin_action.triggered.connect(lambda _checked=False: self.start_standin())
-        self.standin_action.setStatusTip("Serve part of this machine's RAM as a device of a "
-                                         "size you pick (loopback only), to watch the swap")
-        model.addAction(self.standin_action)
+        from app.standin_control import StandInControl
+
+        self.standin = StandInControl(self, None if self.store.in_memory else self.store.folder,
+                                      self.statusBar().showMessage, self.show_error,
+                                      self._on_standin_ready)
+        model.addAction(self.standin.action)
         self.whatif_action = QAction("What if…", self, triggered=self._on_what_if)
         self.whatif_action.setStatusTip("Predict a model on an accelerator you may not own")
         model.addAction(self.whatif_action)
@@ -334,49 +334,10 @@ class MainWindow(QMainWindow):
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
-        from app.serving import WindowBackend
+        from app.serving import LocalServer
 
-        self.server: Any = None  # engine.server.http.ServerThread, while serving
-        self.server_backend = WindowBackend(self.worker)
-        self.worker.server_backend = self.server_backend
-        self._apply_server()
-
-    def _apply_server(self) -> None:
-        """Start, restart or stop the local server as Settings say."""
-        from engine.server.http import ServerThread, is_loopback
-
-        s = self._settings()
-        want = (s["server_host"], int(s["server_port"]), s["server_api_key"]) if s["server"] else None
-        have = getattr(self, "_server_wanted", None)
-        if want == have and (want is None or self.server is not None):
-            return
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        self._server_wanted = want
-        if want is None:
-            self.server_status.hide()
-            return
-        host, port, key = want
-        try:
-            self.server = ServerThread(self.server_backend, host, port, api_key=key or None)
-        except EbbError as exc:
-            self.server_status.hide()
-            self.show_notice(f"The local server did not start: {exc}")
-            return
-        self._update_server_status()
-        self.server_status.show()
-        if not is_loopback(host):
-            self.show_notice(f"The local server listens on {host}: other machines that reach port "
-                             f"{port} can use the model" + ("" if key else ", and no API key is set"))
-
-    def _update_server_status(self) -> None:
-        from app.serving import server_label
-
-        if self.server is not None:
-            self.server_status.setText(server_label(self.server.url, self.server.host,
-                                                    self.server_backend.served,
-                                                    self.server_backend.waiting()))
+        self.local_server = LocalServer(self.worker, self.server_status, self.show_notice)
+        self.local_server.apply(self._settings())
 
     def add_banner(self, banner: QWidget) -> None:
         """A message with buttons above the chat (app/safe_mode.py), under the notice."""
@@ -538,7 +499,7 @@ class MainWindow(QMainWindow):
             self._looked = (folders, len(find_models(folders, limit=50)))
         folders, n = self._looked
         self.welcome.setText(welcome_html(folders, n, self._has_accel,
-                                          self.standin.label if self.standin else ""))
+                                          self.standin.label))
         self.welcome.show()
 
     @Slot(str)
@@ -546,69 +507,21 @@ class MainWindow(QMainWindow):
         from app.welcome import OPEN_LINK, STANDIN_LINK
 
         if link == STANDIN_LINK:
-            self.start_standin()
+            self.standin.start()
         elif link == OPEN_LINK:
             self._on_open_model()
 
     # ------------------------------------------------------------ the stand-in accelerator
 
-    def start_standin(self, size: str | None = None) -> None:
-        """Start the stand-in accelerator (a child `rpc-serve --device-memory`), then load the
-        model again with it and the demo projector if none was chosen."""
-        from PySide6.QtWidgets import QInputDialog
-
-        from app.standin import DEFAULT_BYTES, StandIn
-        from engine.units import fmt_bytes, parse_size
-
-        if self.standin is not None:
-            self.statusBar().showMessage(f"The {self.standin.label} is already running", 8000)
-            return
-        if size is None:
-            size, ok = QInputDialog.getText(
-                self, "Stand-in accelerator",
-                "Memory of the stand-in device (from this machine's RAM). The default holds "
-                "the demo model but not the model and its projector together, so the projector "
-                "borrows the layers' room:", text=fmt_bytes(DEFAULT_BYTES).replace(" ", ""))
-            if not ok:
-                return
-        try:
-            n_bytes = parse_size(size.strip())
-            log_dir = None if self.store.in_memory else self.store.folder  # its log beside ours
-            self.standin = StandIn(n_bytes, log_dir=log_dir)
-        except (EbbError, OSError) as exc:
-            self.show_error(f"Could not start the stand-in accelerator: {exc}")
-            return
-        self.standin_action.setEnabled(False)
-        self.statusBar().showMessage(f"Starting the {self.standin.label}…")
-        self._standin_poll = QTimer(self, interval=200)
-        self._standin_poll.timeout.connect(self._poll_standin)
-        self._standin_poll.start()
-
-    def _poll_standin(self) -> None:
-        try:
-            if not self.standin.ready():
-                return
-        except EbbError as exc:
-            self._standin_poll.stop()
-            self.standin = None
-            self.standin_action.setEnabled(True)
-            self.show_error(f"Could not start the stand-in accelerator: {exc}")
-            return
-        self._standin_poll.stop()
-        self._rpc = [self.standin.endpoint] + [r for r in self._rpc if r != self.standin.endpoint]
+    def _on_standin_ready(self, endpoint: str) -> None:
+        """The stand-in serves: load the model again with it first (and the demo projector if
+        none was chosen)."""
+        self._rpc = [endpoint] + [r for r in self._rpc if r != endpoint]
         cfg = self.chat.last_cfg
         model = str(cfg.model_path) if cfg is not None else "default"
         mmproj = str(cfg.mmproj_path) if cfg is not None and cfg.mmproj_path else DEMO
-        self.statusBar().showMessage(f"The {self.standin.label} is ready: loading the model "
-                                     "onto it", 15000)
         self.load_model(model, mmproj)
         self._update_welcome()
-
-    def _accel_name(self, d: events.LoadDetails) -> str:
-        """The accelerator as the user knows it: the stand-in is named so wherever it shows."""
-        if self.standin is not None and d.accelerator_endpoint == self.standin.endpoint:
-            return f"{d.accelerator}, the {self.standin.label}"
-        return str(d.accelerator)
 
     def _update_actions(self) -> None:
         last = self.chat.last_message()
@@ -738,7 +651,7 @@ class MainWindow(QMainWindow):
                 return
             after = self._settings()
             self.gen_params = replace(self.gen_params, max_tokens=int(after["max_tokens"]))
-            self._apply_server()
+            self.local_server.apply(self._settings())
             changed = reload_changes(before, after)
             cfg = self.chat.last_cfg
             if not changed:  # the reply cap, the local server: nothing to load again
@@ -784,13 +697,7 @@ class MainWindow(QMainWindow):
 
     def start_load(self, cfg: SessionConfig, rpc: list[str]) -> None:
         """Ask the engine to load `cfg` (File → Open model, a restart, safe mode's banner)."""
-        if self.standin is not None and cfg.vision == "auto":
-            # the stand-in is there to show the swap: on loopback, auto may judge the CPU as
-            # fast (it is the same CPU); a vision strategy set in Settings is kept
-            cfg = replace(cfg, vision="swap")
-        if self.standin is not None and cfg.vram_budget_bytes is None:
-            # nothing else uses its memory: the margin a shared GPU needs would take most of it
-            cfg = replace(cfg, vram_budget_bytes=int(self.standin.memory_bytes * STANDIN_SHARE))
+        cfg = self.standin.adjust(cfg)
         self.chat.set_loading(cfg)
         self.request_load.emit(cfg, rpc)
         self._send_history()
@@ -812,14 +719,14 @@ class MainWindow(QMainWindow):
                                      + (f" ({reason})" if reason else ""))
 
     def _on_server_turn(self, ev: events.ServerTurn) -> None:
-        self._update_server_status()
+        self.local_server.update_status()
         images = f", {ev.n_images} image{'s' if ev.n_images != 1 else ''} ({ev.strategy})" if ev.n_images else ""
         gone = " — the client left" if ev.client_gone else ""
         self.statusBar().showMessage(f"Local server answered {ev.client}: {ev.n_gen_tokens} tokens"
                                      f"{images}{gone}", 8000)
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
-        self.server_backend.set_model(ev.model_path, vision=bool(ev.details.projector))
+        self.local_server.backend.set_model(ev.model_path, vision=bool(ev.details.projector))
         d = ev.details
         self._loaded = d
         self.progress.hide()
@@ -828,15 +735,13 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"Ebb — {name}")
         self._n_ctx = ev.n_ctx
         self.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
-        self.set_model_line(model_line(name, ev.n_layers, ev.n_ctx, d, self._accel_name(d)),
+        self.set_model_line(model_line(name, ev.n_layers, ev.n_ctx, d, self.standin.accel_name(d)),
                             d.placement_reason)
         if d.requested:
             remember_model(self.store, *d.requested)
         self._has_accel = bool(d.accelerator)
-        standin = (self.standin is not None and bool(d.accelerator)
-                   and d.accelerator_endpoint == self.standin.endpoint)
         self.panel.set_device_names({str(d.accelerator): f"stand-in {d.accelerator}"}
-                                    if standin else {})
+                                    if self.standin.is_standin(d) else {})
         self._update_welcome()
         if d.memory_note:
             self.show_notice(d.memory_note + ".")
@@ -966,10 +871,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._save_layout()
-        if self.server is not None:  # no new requests; those waiting are told
-            self.server.stop()
-            self.server = None
-        self.server_backend.close()
+        self.local_server.close()
         self.worker.cancel()
         # A load in progress is not cut short (llama.cpp finishes it first): the window goes
         # at once rather than standing frozen until then; the process ends after it.
@@ -982,17 +884,9 @@ class MainWindow(QMainWindow):
         if self.chat.busy:  # closed during a reply: it is kept as far as it got, as stopped
             self._take_stream()
             self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
-        if self.standin is not None:  # the stand-in accelerator ends with the window
-            from engine.llama.devices import forget_server
-
-            self.standin.stop()  # after the session let go of its memory (shutdown above)
-            forget_server(self.standin.endpoint)
-            self.standin = None
+        self.standin.stop()  # after the session let go of its memory (shutdown above)
         super().closeEvent(event)
 
-
-# of the stand-in accelerator's memory, what the session may use (its own cap is exact)
-STANDIN_SHARE = 0.95
 
 
 # no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of

@@ -421,8 +421,8 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     # Settings turn it off: nothing listens there any more
     store.set_setting("server", False)
-    w._apply_server()
-    assert w.server is None and not w.server_status.isVisible()
+    w.local_server.apply(w._settings())
+    assert w.local_server.thread is None and not w.server_status.isVisible()
     import socket
 
     with pytest.raises(ConnectionRefusedError):

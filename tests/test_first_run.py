@@ -32,8 +32,8 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert w.welcome.isVisible() and "Welcome to Ebb" in text
     assert "synthetic" in text and "Open model" in text and "looked in" in text
     assert "No accelerator here" in text and "standin:start" in text
-    w.start_standin("300MiB")
-    standin = w.standin
+    w.standin.start("300MiB")
+    standin = w.standin.standin
     assert standin is not None, w.statusBar().currentMessage()
     assert standin.endpoint.startswith("127.0.0.1:")
     wait_for(lambda: "stand-in accelerator" in w.model_label.text() and w.chat.loaded,
@@ -59,7 +59,7 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert f"Memory on stand-in {dev}" in w.panel.memory_plot.plotItem.titleLabel.text
     w.close()
     assert standin.proc.poll() is not None  # the stand-in ended with the window
-    assert w.standin is None
+    assert w.standin.standin is None
 
 
 def test_about_shows_versions_and_paths_and_copies_diagnostics(qtbot, tmp_path):
@@ -102,9 +102,9 @@ def test_the_menu_and_the_welcome_link_ask_for_the_size_and_cancel_starts_nothin
     w = MainWindow(store, None, [])
     _open_windows.append(w)
     qtbot.addWidget(w)
-    w.standin_action.trigger()
+    w.standin.action.trigger()
     w.welcome.linkActivated.emit(STANDIN_LINK)
-    assert asked == ["300.00MiB", "300.00MiB"] and w.standin is None
+    assert asked == ["300.00MiB", "300.00MiB"] and w.standin.standin is None
 
 
 def test_files_opened_with_ebb_are_told_apart(model_path, tiny_projector, pictures, tmp_path):
