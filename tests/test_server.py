@@ -571,39 +571,54 @@ def hermes_model(tmp_path_factory, model_path):
     return write_model(out, SHAPES["tiny"], model_path, chat_template=HERMES_TEMPLATE.read_text())
 
 
-def test_a_template_with_its_own_tool_format_is_given_the_tools_calls_and_results(hermes_model):
-    """#29: with a template that knows tools, the tools, the assistant's call and the tool's
-    result reach the template as they came (no universal system text), and the reply is held
-    to the template's <tool_call> block."""
+def _forecast_follow_up(model, fmt: str, system: str | None = None):
+    """A follow-up after a forecast call and its result, with calls required, answered on
+    `model` (whose template teaches tool format `fmt`): the prompt the reply answered, and
+    the answer."""
     from engine.server.api import parse_chat_request
-    from engine.server.tools import HERMES, template_format
+    from engine.server.tools import template_format
     from engine.server.worker import Job, answer_job
     from engine.session import Session, SessionConfig
 
     called = '{"unit": "C", "tomorrow": false}'
     req = parse_chat_request({"model": "m", "tools": [FORECAST], "tool_choice": "required",
                               "max_tokens": 60, "temperature": 0, "messages": [
-        {"role": "system", "content": "Be brief."},
+        *([{"role": "system", "content": system}] if system else []),
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": called}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "4 degrees, rain"},
         {"role": "user", "content": "And tomorrow?"}]})
-    with Session(SessionConfig(hermes_model, n_ctx=1024, n_threads=N_THREADS)) as s:
-        assert s.runtime is not None and template_format(s.runtime.template_source) == HERMES
+    with Session(SessionConfig(model, n_ctx=1024, n_threads=N_THREADS)) as s:
+        assert s.runtime is not None and template_format(s.runtime.template_source) == fmt
         s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
         prompt, _ = s.runtime.format_chat(s.messages[:-1], s.tools)  # what the reply answered
+    return prompt, ans
+
+
+def _is_one_forecast_call(ans) -> None:
+    """The answer is one call of get_forecast, its arguments as the schema allows."""
+    assert ans.finish_reason == "tool_calls" and ans.text == ""
+    (call,) = ans.tool_calls
+    assert call["function"]["name"] == "get_forecast"
+    args = json.loads(call["function"]["arguments"])
+    assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
+
+
+def test_a_template_with_its_own_tool_format_is_given_the_tools_calls_and_results(hermes_model):
+    """#29: with a template that knows tools, the tools, the assistant's call and the tool's
+    result reach the template as they came (no universal system text), and the reply is held
+    to the template's <tool_call> block."""
+    from engine.server.tools import HERMES
+
+    prompt, ans = _forecast_follow_up(hermes_model, HERMES, system="Be brief.")
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and "<tools>\n{" in prompt
     assert '"name": "get_forecast"' in prompt and "You can call these functions" not in prompt
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_forecast", "arguments": '
             '{"unit": "C", "tomorrow": false}}\n</tool_call><|im_end|>') in prompt
     assert "<|im_start|>user\n<tool_response>\n4 degrees, rain\n</tool_response>\n<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>user\nAnd tomorrow?<|im_end|>\n<|im_start|>assistant\n")
-    assert ans.finish_reason == "tool_calls" and ans.text == ""
-    (call,) = ans.tool_calls
-    assert call["function"]["name"] == "get_forecast"
-    args = json.loads(call["function"]["arguments"])
-    assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
+    _is_one_forecast_call(ans)
 
 
 LLAMA3_TEMPLATE = Path(__file__).parent / "templates" / "llama3-tools.jinja"
@@ -614,36 +629,18 @@ def test_a_llama3_template_gets_its_own_json_calls_and_ipython_results(tmp_path,
     as {"name", "parameters"}, its result in an ipython turn, and the reply held to such a call
     (read back into OpenAI's shape)."""
     from engine.gguf.model_gen import SHAPES, write_model
-    from engine.server.api import parse_chat_request
-    from engine.server.tools import LLAMA3, template_format
-    from engine.server.worker import Job, answer_job
-    from engine.session import Session, SessionConfig
+    from engine.server.tools import LLAMA3
 
     model = write_model(tmp_path / "llama3-tiny.gguf", SHAPES["tiny"], model_path,
                         chat_template=LLAMA3_TEMPLATE.read_text())
-    called = '{"unit": "C", "tomorrow": false}'
-    req = parse_chat_request({"model": "m", "tools": [FORECAST], "tool_choice": "required",
-                              "max_tokens": 60, "temperature": 0, "messages": [
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": called}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "4 degrees, rain"},
-        {"role": "user", "content": "And tomorrow?"}]})
-    with Session(SessionConfig(model, n_ctx=1024, n_threads=N_THREADS)) as s:
-        assert s.runtime is not None and template_format(s.runtime.template_source) == LLAMA3
-        s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
-        prompt, _ = s.runtime.format_chat(s.messages[:-1], s.tools)  # what the reply answered
+    prompt, ans = _forecast_follow_up(model, LLAMA3)
     assert "Environment: ipython" in prompt and '"name": "get_forecast"' in prompt
     assert "You can call these functions" not in prompt  # not the universal system text
     assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_forecast", '
             '"parameters": {"unit": "C", "tomorrow": false}}<|eot_id|>') in prompt
     assert "<|start_header_id|>ipython<|end_header_id|>\n\n4 degrees, rain<|eot_id|>" in prompt
     assert prompt.endswith("And tomorrow?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
-    assert ans.finish_reason == "tool_calls" and ans.text == ""
-    (call,) = ans.tool_calls
-    assert call["function"]["name"] == "get_forecast"
-    args = json.loads(call["function"]["arguments"])
-    assert args["unit"] in ("C", "F") and isinstance(args["tomorrow"], bool)
+    _is_one_forecast_call(ans)
 
 
 def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model):
