@@ -780,20 +780,20 @@ class MainWindow(QMainWindow):
             self.projector_label.setText(where.get(ev.projector_device, f"projector on {ev.projector_device}"))
 
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
-        r: dict[str, Any] = ev.result
-        if r.get("device_lost"):
-            self.show_notice(f"{r['device_lost']}: the conversation goes on with the devices "
+        res = ev.result
+        if res.device_lost:
+            self.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
                              "that are left.")
         self._take_stream()  # the last pieces, before the reply is shown as saved
-        if r.get("phases") and not r.get("error"):
-            self.statusBar().showMessage(phases_line(r["phases"]), 60000)
-        failed = self.chat.finish(r)
+        if res.phases and res.error is None:
+            self.statusBar().showMessage(phases_line(res.phases), 60000)
+        failed = self.chat.finish(res.to_dict())  # the store's edge: the turn's JSON
         if self.chat.save_error:
             self.show_error(f"Could not save the reply: {self.chat.save_error}. It is kept "
                             "here and written as soon as a write succeeds.")
             self._retry_saving.start()
         if failed is not None:
-            self._give_back(failed, r["error"])
+            self._give_back(failed, res.error or "")
         else:
             self.transcript.end_reply(self.chat.saved)
             saved = self.chat.saved

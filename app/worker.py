@@ -205,9 +205,7 @@ class EngineWorker(QObject):
         if session is not self._session:  # a remote device went away: now on what is left
             self._session = session
             self._announce(session)
-        out: dict[str, Any] = res.to_dict()
-        out["request_id"] = request_id
-        self.engine_event.emit(events.TurnFinished(request_id, result=out))
+        self.engine_event.emit(events.TurnFinished(request_id, result=res))
 
     @Slot(int, object)
     def continue_reply(self, request_id: int, gp: GenParams) -> None:
@@ -222,9 +220,7 @@ class EngineWorker(QObject):
         except Exception as exc:
             self._fail(request_id, exc)
             return
-        out: dict[str, Any] = res.to_dict()
-        out["request_id"] = request_id
-        self.engine_event.emit(events.TurnFinished(request_id, result=out))
+        self.engine_event.emit(events.TurnFinished(request_id, result=res))
 
     @Slot(object, object)
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:

@@ -63,7 +63,7 @@ pause_point = testhooks.pause_point  # test hook: engine/testhooks.py
 
 @dataclass(frozen=True)
 class TurnFinished(Event):
-    result: dict[str, Any]
+    result: TurnResult
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,61 @@ class TuneNote(Event):
 @dataclass(frozen=True)
 class TuneFinished(Event):
     result: dict[str, Any]  # autotune's JSON (best_gen_layers, best_prompt_layers, points, …)
+
+
+@dataclass
+class TurnResult:
+    """What one turn (or Continue) did: the reply, the vision plan carried out, its spans and
+    figures; built by the Session as the turn goes, `to_dict` at the JSON edges."""
+    request_id: int
+    text: str = ""
+    strategy: str = "none"
+    reason: str = ""
+    spans: list[Span] = field(default_factory=list)
+    device_peak_bytes: dict[str, int] = field(default_factory=dict)
+    n_images: int = 0
+    n_images_encoded: int = 0  # the message's images encoded in this turn
+    n_images_cached: int = 0  # the message's images whose embeddings were already known
+    n_image_tokens_encoded: int = 0  # image tokens (every chunk) encoded in this turn
+    n_image_chunks_encoded: int = 0
+    gen: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    device_lost: str | None = None  # a remote device went away before this turn
+    continued: bool = False  # Continue of the last reply: `text` is what was added
+    # the context overflowed: what left the model's memory for this turn to fit
+    n_turns_dropped: int = 0  # whole turns (user and assistant messages), oldest first
+    n_images_dropped: int = 0  # images of older turns (their text stays)
+    n_tokens_dropped: int = 0
+    memory_starts_at: int = 0  # the conversation's first message still in the model's memory
+    shifted_cells: int = 0  # cells kept by moving them in the KV cache (no prefill)
+    swap_mover: str = ""  # the mover this turn's swap used (live | reload), "" without a swap
+    mover_note: str = ""  # why this turn's swap did not use the session's mover
+    # what the device could not hold in this turn and where it ran instead (also in `reason`)
+    device_notes: list[str] = field(default_factory=list)
+    # with a per-phase choice: where and with how many threads each phase ran, and why
+    phases: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        t0 = self.spans[0].start_s if self.spans else 0.0
+        d: dict[str, Any] = {"text": self.text, "strategy": self.strategy, "reason": self.reason,
+                             "spans": [s.to_dict(t0) for s in self.spans],
+                             "device_peak_bytes": self.device_peak_bytes,
+                             "n_images": self.n_images, "n_images_encoded": self.n_images_encoded,
+                             "n_images_cached": self.n_images_cached,
+                             "n_image_tokens_encoded": self.n_image_tokens_encoded,
+                             "n_image_chunks_encoded": self.n_image_chunks_encoded,
+                             "swap_mover": self.swap_mover, **self.gen}
+        if self.device_notes:
+            d["device_notes"] = self.device_notes
+        if self.phases:
+            d["phases"] = self.phases
+        if self.continued:
+            d["continued"] = True
+        d.update(n_turns_dropped=self.n_turns_dropped, n_images_dropped=self.n_images_dropped,
+                 n_tokens_dropped=self.n_tokens_dropped, memory_starts_at=self.memory_starts_at,
+                 shifted_cells=self.shifted_cells)
+        if self.error is not None:
+            d["error"] = self.error
+        if self.device_lost is not None:
+            d["device_lost"] = self.device_lost
+        return d
