@@ -11,6 +11,14 @@ from engine import events
 from tests.test_window_failures import _open
 
 
+def _layout_pass() -> None:
+    """Carry out the layout requests posted so far (an event, not a wait)."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+    QCoreApplication.processEvents()
+
+
 def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     store = Store(tmp_path / "data")
     store.set_setting("ctx", 1024)
@@ -33,7 +41,7 @@ def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     vb.setXRange(x - 1, x + 1, padding=0)
     scene = vb.mapViewToScene(QPointF(x, ROWS.get("encode", 3)))
     w.panel._on_mouse_moved(scene)
-    qtbot.wait(50)  # one layout pass: what the label asks for would show now
+    _layout_pass()  # what the label asks for would show now
     assert long_detail.strip()[:40] in w.panel.span_info.full_text()
     assert w.panel.span_info.toolTip() == w.panel.span_info.full_text()
     assert w.panel.span_info.shown().endswith("…")  # cut to fit
@@ -77,7 +85,7 @@ def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
     w.resize(1024, 700)
     w.panel.set_device_names({"RPC0": "stand-in RPC0 " + "with a very long name " * 8})
     w.panel._on_tick()
-    qtbot.wait(50)
+    _layout_pass()
     chat = w.split.widget(1)
     assert chat.width() >= CHAT_MIN_WIDTH and w.width() <= 1024
     w.split.setSizes([260, chat.width() - 60])
