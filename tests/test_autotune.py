@@ -122,7 +122,7 @@ def test_autotune_on_a_device_searches_with_fewer_runs_and_answers_what_it_measu
     assert all(p.accel_bytes <= budget and p.gen_tps > 0 and p.prompt_tps > 0 for p in tuned.points)
     assert tuned.best_gen_layers == max(tuned.points, key=lambda p: p.gen_tps).layers
     assert tuned.best_prompt_layers == max(tuned.points, key=lambda p: p.prompt_tps).layers
-    assert tuned.top == top
+    assert tuned.max_layers == top
 
 
 def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_projector, tmp_path):
