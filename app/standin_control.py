@@ -31,7 +31,7 @@ class StandInControl(QObject):
         self.action = QAction("Start a stand-in accelerator…", window)
         self.action.triggered.connect(lambda _checked=False: self.start())
         self.action.setStatusTip("Serve part of this machine's RAM as a device of a "
-                                 "chosen size, to watch layers move and the projector swap")
+                                 "size you pick (loopback only), to watch the swap")
         self._poll = QTimer(self, interval=200)
         self._poll.timeout.connect(self._on_poll)
 

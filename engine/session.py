@@ -356,12 +356,12 @@ class Session:
         """Cells a turn keeps free for its reply when the conversation is fitted."""
         return min(1024, self.n_ctx // 4)
 
-    def _count(self, extra: HistoryTurn | None, pixels: list[LoadedImage],
-               open_reply: str = "") -> int:
+    def _count(self, history: Sequence[HistoryTurn], extra: HistoryTurn | None,
+               pixels: list[LoadedImage], open_reply: str = "") -> int:
         """KV cells the conversation (with `extra`) takes as a prompt: the template's tokens and
         every image chunk's, as mtmd counts them (nothing is encoded)."""
         assert self.runtime is not None
-        messages, keys = self._messages(extra)
+        messages, keys = self._messages(extra, history)
         text, added_special = self._format(messages)
         text += open_reply
         if not keys:
@@ -375,11 +375,7 @@ class Session:
         """Make the conversation plus `turn` (None: Continue of the last reply) fit the
         context with room for the reply (engine/conversation.py decides what leaves)."""
         def count(history: Sequence[HistoryTurn]) -> int:
-            saved, self.history = self.history, list(history)
-            try:
-                return self._count(turn, pixels, open_reply)
-            finally:
-                self.history = saved
+            return self._count(history, turn, pixels, open_reply)
 
         fitted = fit_history(self.history, count, self.n_ctx, self.reply_room,
                              self.cfg.overflow, continuing=turn is None)
@@ -556,14 +552,15 @@ class Session:
                 return turn.text, [p for p in paths if p is not None]
         return None
 
-    def _messages(self, extra: HistoryTurn | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-        """Chat messages for the template, and the image keys in prompt order. With vision off,
-        earlier images are left out of the prompt."""
+    def _messages(self, extra: HistoryTurn | None = None,
+                  history: Sequence[HistoryTurn] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+        """Chat messages for the template (`history`, default the session's, then `extra`), and
+        the image keys in prompt order. With vision off, earlier images are left out."""
         marker = self.encoder.marker
         use_images = bool(marker) and self.vision_enabled
         msgs = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
         keys: list[str] = []
-        for t in self.history + ([extra] if extra else []):
+        for t in [*(self.history if history is None else history), *([extra] if extra else [])]:
             images = t.image_keys if use_images else ()
             msgs.append({"role": t.role, "content": "".join(f"{marker}\n" for _ in images) + t.text,
                          **(t.extra or {})})
