@@ -323,3 +323,19 @@ def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, A
     out["stop_reason"] = more.get("stop_reason")
     out["continued"] = int(before.get("continued") or 0) + 1
     return out
+
+
+# no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of
+# spaces or symbols of a few dozen): a message over n_ctx × this cannot fit, whatever its tokens
+MAX_BYTES_PER_TOKEN = 64
+
+
+def oversized(text: str, n_ctx: int) -> str:
+    """Why a message is too long to send, judged from its size alone (a 5 MB paste is refused
+    at once, before anything counts its tokens); "" when it may fit."""
+    n_bytes = len(text.encode("utf-8", errors="replace"))
+    if not n_ctx or n_bytes <= n_ctx * MAX_BYTES_PER_TOKEN:
+        return ""
+    return (f"This message is {n_bytes / 2**20:.1f} MiB: far more than this model's context "
+            f"({n_ctx} tokens) can hold. Shorten it, or raise the context in Settings. "
+            "Nothing was sent; the text stays here.")

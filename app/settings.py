@@ -265,3 +265,16 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
     if n_ctx is not None and trained and n_ctx > trained:
         n_ctx = trained
     return replace(cfg, model_path=model, mmproj_path=proj, n_ctx=n_ctx)
+
+
+# what a loaded session does not depend on: changed, they need no reload
+NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
+             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies"}
+
+
+def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The settings that changed and need the model loaded again ("ctx 4096 → 8192, ..."), or
+    "" when none does."""
+    out = [f"{k} {before.get(k)!r} → {after.get(k)!r}".replace("'", "")
+           for k in after if k not in NO_RELOAD and before.get(k) != after.get(k)]
+    return ", ".join(out)

@@ -2,7 +2,7 @@
 tested on its own and the window only shows it."""
 from __future__ import annotations
 
-from engine.events import LoadDetails
+from engine.events import LoadDetails, PhasesUsed
 
 
 def placement_text(n_layers: int, details: LoadDetails, accel_name: str) -> str:
@@ -36,3 +36,12 @@ def loaded_message(load_s: float, mover_note: str = "", started_s: float | None 
     """The status line's transient message after a load (the whole start once, #31)."""
     started = f" (ready {started_s:.1f}s after Ebb started)" if started_s is not None else ""
     return f"Model loaded in {load_s:.2f}s{started}" + (f" — {mover_note}" if mover_note else "")
+
+
+def phases_line(ph: PhasesUsed) -> str:
+    """Where and with how many threads each phase of the last turn ran, and why."""
+    def threads(n: int) -> str:
+        return f"{n} thread{'s' if n != 1 else ''}"
+
+    return (f"Prompt: {ph.prompt_layers} layers, {threads(ph.prompt_threads)} · "
+            f"generation: {ph.gen_layers} layers, {threads(ph.gen_threads)} — {ph.reason}")

@@ -42,24 +42,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_state import ChatHistory, ChatState, Pending
+from app.chat_state import MAX_BYTES_PER_TOKEN, ChatHistory, ChatState, Pending, oversized
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
 from app.notices import NoticeArea
 from app.panel import ElidedLabel, MemoryPanel
 from app.settings import (
     DEMO,
-    DEMO_LABEL,
     chat_params,
     checked_settings,
     default_gen_params,
     load_settings,
+    reload_changes,
     set_chat_params,
     readable_model_name,
     remember_model,
     session_config,
 )
-from app.status import loaded_message, model_line
+from app.status import loaded_message, model_line, phases_line
 from app.store import Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
@@ -103,16 +103,17 @@ class MainWindow(QMainWindow):
         self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
         self._load_reason = ""  # why the next load happens, for the status line
         self._said_start = False  # the start's time goes to the status line once
-        self._handlers: dict[type, Any] = {
-            events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
-            events.VisionChanged: self._on_vision_changed, events.Residency: self._on_residency,
-            events.TurnFinished: self._on_turn_finished, events.ServerTurn: self._on_server_turn,
-            events.EngineFailed: self._on_engine_failed}
+        self._looked: tuple[list[Path], int] | None = None  # the model folders and their models
         from app.tune import TuneController
 
         self.tuning = TuneController(self)  # Model → Tune layers…: its dialog and runs
-        self._handlers.update(self.tuning.handlers())
         self._build_ui()
+        self._handlers: dict[type, Any] = {
+            events.ModelLoading: self._on_model_loading, events.ModelLoaded: self._on_model_loaded,
+            events.VisionChanged: self.vision.vision_changed, events.Residency: self.vision.residency,
+            events.TurnFinished: self._on_turn_finished, events.ServerTurn: self._on_server_turn,
+            events.EngineFailed: self._on_engine_failed}
+        self._handlers.update(self.tuning.handlers())
         self._restore_layout()
         self._start_worker()
         # a reply a full disk kept from the store: tried again until it is written
@@ -122,7 +123,7 @@ class MainWindow(QMainWindow):
         self._redraw.timeout.connect(self._take_stream)
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
-        self._refresh_conversations()
+        self.chats.refresh()
         self._show_conversation()
         notes = [store.problem or ""]
         if store.recovered:
@@ -140,37 +141,17 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ building
 
     def _build_ui(self) -> None:
-        self._build_menu()
-        self.search = QLineEdit(placeholderText="Search chats")
-        self.search.textChanged.connect(self._refresh_conversations)
-        self.conversations = QListWidget()
-        # a long title is cut with "…" (whole in its tooltip), never scrolled sideways
-        self.conversations.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conversations.currentItemChanged.connect(self._on_conversation_selected)
-        self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.conversations.customContextMenuRequested.connect(self._on_conversation_menu)
-        new = QPushButton("New chat", clicked=self._on_new_chat)
-        side = QWidget()
-        side.setMinimumWidth(170)
-        sl = QVBoxLayout(side)
-        sl.addWidget(new)
-        sl.addWidget(self.search)
-        sl.addWidget(self.conversations, 1)
+        from app.conversation_list import ConversationList
 
-        self.vision_switch = QCheckBox("Vision", toolTip="Turn vision on and off without reloading the model")
-        self.vision_switch.toggled.connect(self._on_vision_toggled)
-        self.vision_switch.setEnabled(False)
-        self.projector_label = QLabel("")
-        # wraps rather than widening the chat area (it pushed the memory panel off the screen)
-        self.demo_label = QLabel("", wordWrap=True)
-        self.demo_label.setStyleSheet("color: #b26a00;")
-        self.demo_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        self.demo_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        top = QHBoxLayout()
-        top.addWidget(self.vision_switch)
-        top.addWidget(self.projector_label)
-        top.addWidget(self.demo_label, 1)
+        self.chats = ConversationList(self.store, self.chat, self.show_error,
+                                      self.statusBar().showMessage)
+        self.chats.opened.connect(self._on_chat_opened)
+        self._build_menu()
+
+        from app.vision_bar import VisionBar
+
+        self.vision = VisionBar()  # the Vision switch and where the projector is
+        self.vision.requested.connect(self._on_vision_toggled)
         self.notice = NoticeArea()  # errors and what happened: each until its ✕ (app/notices.py)
         self.welcome = QLabel("", wordWrap=True, openExternalLinks=False)
         self.welcome.setTextFormat(Qt.TextFormat.RichText)
@@ -206,7 +187,7 @@ class MainWindow(QMainWindow):
         chat = QWidget()
         cl = QVBoxLayout(chat)
         self._chat_layout = cl
-        cl.addLayout(top)
+        cl.addWidget(self.vision)
         cl.addWidget(self.notice)
         cl.addWidget(self.welcome)
         cl.addWidget(self.transcript, 1)
@@ -216,7 +197,7 @@ class MainWindow(QMainWindow):
         chat.setMinimumWidth(CHAT_MIN_WIDTH)
         split = QSplitter()
         self.split = split
-        split.addWidget(side)
+        split.addWidget(self.chats)
         split.addWidget(chat)
         split.setSizes([200, 700])
         split.setStretchFactor(1, 1)
@@ -288,9 +269,9 @@ class MainWindow(QMainWindow):
 
     def _build_menu(self) -> None:
         file = self.menuBar().addMenu("&File")
-        for text, key, slot in (("New chat", "Ctrl+N", self._on_new_chat),
+        for text, key, slot in (("New chat", "Ctrl+N", self.chats.new_chat),
                                 ("Open model…", "Ctrl+O", self._on_open_model),
-                                ("Export chat…", "Ctrl+E", lambda: self.export_chat(self.conv_id)),
+                                ("Export chat…", "Ctrl+E", lambda: self.chats.export_chat(self.conv_id)),
                                 ("Settings…", "Ctrl+,", self._on_settings),
                                 ("Quit", "Ctrl+Q", self.close)):
             act = QAction(text, self, shortcut=QKeySequence(key))
@@ -360,21 +341,8 @@ class MainWindow(QMainWindow):
     def conv_id(self) -> int:
         return self.chat.conv_id
 
-    def _refresh_conversations(self) -> None:
-        self.conversations.blockSignals(True)
-        self.conversations.clear()
-        for c in self.store.conversations(self.search.text()):
-            # a search shows the line that matched under the title
-            item = QListWidgetItem(f"{c.title}\n  {c.match}" if c.match else c.title, self.conversations)
-            item.setToolTip(f"{c.title}\n{c.match}" if c.match else c.title)
-            item.setData(Qt.ItemDataRole.UserRole, c.id)
-            if c.id == self.chat.conv_id:
-                self.conversations.setCurrentItem(item)
-        self.conversations.blockSignals(False)
-
-    def _on_conversation_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
-        if item is None or not self.chat.select(int(item.data(Qt.ItemDataRole.UserRole))):
-            return
+    def _on_chat_opened(self) -> None:
+        """Another conversation is open (the list, New chat, a delete): to the engine, and drawn."""
         self._send_history()
         self._show_conversation()
 
@@ -414,69 +382,6 @@ class MainWindow(QMainWindow):
         self._send_history()
         self.statusBar().showMessage("This chat's settings apply from the next reply", 8000)
 
-    @Slot()
-    def _on_new_chat(self) -> None:
-        try:
-            if not self.chat.new_conversation():
-                return
-        except EbbError as exc:  # a full disk
-            self.show_error(str(exc))
-            return
-        self._send_history()  # empty, with Settings' system prompt
-        self._refresh_conversations()
-        self._show_conversation()
-
-    def _on_conversation_menu(self, pos: Any) -> None:
-        item = self.conversations.itemAt(pos)
-        if item is None:
-            return
-        cid = int(item.data(Qt.ItemDataRole.UserRole))
-        menu = QMenu(self)
-        rename = menu.addAction("Rename…")
-        export = menu.addAction("Export…")
-        delete = menu.addAction("Delete…")
-        chosen = menu.exec(self.conversations.mapToGlobal(pos))
-        try:
-            if chosen is rename:
-                title, ok = QInputDialog.getText(self, "Rename chat", "Title", text=self.store.title(cid))
-                if ok:
-                    self.store.rename(cid, title)
-            elif chosen is export:
-                self.export_chat(cid)
-            elif chosen is delete and self.confirm_delete(cid) and self.chat.delete(cid):
-                self._send_history()  # the open one went: another is open now
-                self._show_conversation()
-        except EbbError as exc:  # a full disk
-            self.show_error(str(exc))
-        self._refresh_conversations()
-
-    def confirm_delete(self, cid: int) -> bool:
-        """Deleting cannot be undone: ask, naming the chat and its messages."""
-        n = self.store.n_messages(cid)
-        answer = QMessageBox.question(
-            self, "Delete chat", f"Delete “{self.store.title(cid)}” and its {n} message"
-            f"{'' if n == 1 else 's'}? This cannot be undone (Export… keeps a copy).",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No)
-        return answer == QMessageBox.StandardButton.Yes
-
-    def export_chat(self, cid: int, path: str | None = None) -> Path | None:
-        """The chat as Markdown or JSON (by the file's extension), where the user says."""
-        if path is None:
-            safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.store.title(cid))
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe.strip() or 'chat'}.md",
-                                                  "Markdown (*.md);;JSON (*.json)")
-            if not path:
-                return None
-        out = Path(path)
-        try:
-            out.write_text(self.store.export(cid, "json" if out.suffix.lower() == ".json" else "md"))
-        except OSError as exc:
-            self.show_error(f"Could not export the chat to {out}: {exc.strerror or exc}")
-            return None
-        self.statusBar().showMessage(f"Exported to {out}", 8000)
-        return out
-
     # ------------------------------------------------------------ rendering
 
     def _show_conversation(self) -> None:
@@ -494,7 +399,7 @@ class MainWindow(QMainWindow):
         if self.chat.busy or self.store.has_messages():
             self.welcome.hide()
             return
-        if not hasattr(self, "_looked"):  # once: a walk of the model folders
+        if self._looked is None:  # once: a walk of the model folders
             folders = model_folders(self._settings()["model_folders"])
             self._looked = (folders, len(find_models(folders, limit=50)))
         folders, n = self._looked
@@ -561,7 +466,7 @@ class MainWindow(QMainWindow):
         text, images = self.composer.text(), list(self.composer.images)
         if (not text and not images) or not self.chat.can_send():
             return
-        if images and not self.vision_switch.isChecked():
+        if images and not self.vision.on:
             self.composer.show_error("Turn vision on to send images (no reload needed).")
             return
         too_big = oversized(text, self._n_ctx)
@@ -581,7 +486,7 @@ class MainWindow(QMainWindow):
         # the composer gets back what the user gave, the engine the stored copies
         self._dispatch(Pending(text, images, pending.message_id), pending.images)
         if titled:  # the list shows the new title
-            self._refresh_conversations()
+            self.chats.refresh()
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:
         request_id = self.chat.begin(pending)
@@ -622,7 +527,6 @@ class MainWindow(QMainWindow):
             QGuiApplication.clipboard().setText(last.text)
 
     def _on_vision_toggled(self, on: bool) -> None:
-        self.projector_label.setText("switching…")
         if on and "Turn vision on" in self.composer.error.text():  # no longer true
             self.composer.error.hide()
         self.request_vision.emit(on)
@@ -758,26 +662,9 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(
                 loaded_message(ev.load_s, d.mover_note, started), 15000)
         self.transcript.setPlaceholderText("Say something. Drop or paste images to ask about them.")
-        has_proj = bool(d.projector)
-        self.vision_switch.blockSignals(True)
-        self.vision_switch.setChecked(d.vision)
-        self.vision_switch.blockSignals(False)
-        self.vision_switch.setEnabled(has_proj)
-        self.projector_label.setText("projector in RAM" if has_proj else "no projector loaded")
-        self.demo_label.setText(DEMO_LABEL if d.projector_synthetic else "")
+        self.vision.model_loaded(d)
         self._send_history()
         self._update_actions()
-
-    def _on_vision_changed(self, ev: events.VisionChanged) -> None:
-        self.vision_switch.blockSignals(True)
-        self.vision_switch.setChecked(ev.enabled)
-        self.vision_switch.blockSignals(False)
-        self.projector_label.setText("projector in RAM" if ev.enabled else "vision off")
-
-    def _on_residency(self, ev: events.Residency) -> None:
-        where = {"RAM": "projector in RAM", "loading": "projector loading…", "": ""}
-        if self.vision_switch.isChecked():
-            self.projector_label.setText(where.get(ev.projector_device, f"projector on {ev.projector_device}"))
 
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         res = ev.result
@@ -785,7 +672,7 @@ class MainWindow(QMainWindow):
             self.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
                              "that are left.")
         self._take_stream()  # the last pieces, before the reply is shown as saved
-        if res.phases and res.error is None:
+        if res.phases is not None and res.error is None:
             self.statusBar().showMessage(phases_line(res.phases), 60000)
         failed = self.chat.finish(res.to_dict())  # the store's edge: the turn's JSON
         if self.chat.save_error:
@@ -886,43 +773,3 @@ class MainWindow(QMainWindow):
             self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
         self.standin.stop()  # after the session let go of its memory (shutdown above)
         super().closeEvent(event)
-
-
-
-# no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of
-# spaces or symbols of a few dozen): a message over n_ctx × this cannot fit, whatever its tokens
-MAX_BYTES_PER_TOKEN = 64
-
-
-# what a loaded session does not depend on: changed, they need no reload
-NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
-             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies"}
-
-
-def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The settings that changed and need the model loaded again ("ctx 4096 → 8192, ..."), or
-    "" when none does."""
-    out = [f"{k} {before.get(k)!r} → {after.get(k)!r}".replace("'", "")
-           for k in after if k not in NO_RELOAD and before.get(k) != after.get(k)]
-    return ", ".join(out)
-
-
-def oversized(text: str, n_ctx: int) -> str:
-    """Why a message is too long to send, judged from its size alone (a 5 MB paste is refused
-    at once, before anything counts its tokens); "" when it may fit."""
-    n_bytes = len(text.encode("utf-8", errors="replace"))
-    if not n_ctx or n_bytes <= n_ctx * MAX_BYTES_PER_TOKEN:
-        return ""
-    return (f"This message is {n_bytes / 2**20:.1f} MiB: far more than this model's context "
-            f"({n_ctx} tokens) can hold. Shorten it, or raise the context in Settings. "
-            "Nothing was sent; the text stays here.")
-
-
-def phases_line(ph: dict[str, Any]) -> str:
-    """Where and with how many threads each phase of the last turn ran, and why."""
-    def threads(n: int) -> str:
-        return f"{n} thread{'s' if n != 1 else ''}"
-
-    return (f"Prompt: {ph['prompt_layers']} layers, {threads(ph['prompt_threads'])} · "
-            f"generation: {ph['gen_layers']} layers, {threads(ph['gen_threads'])} — "
-            f"{ph['reason']}")

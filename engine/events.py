@@ -162,6 +162,23 @@ class TuneFinished(Event):
     result: dict[str, Any]  # autotune's JSON (best_gen_layers, best_prompt_layers, points, …)
 
 
+@dataclass(frozen=True)
+class PhasesUsed:
+    """Where (device layers) and with how many threads each phase of a turn ran, and why:
+    with autotune's per-phase choice (engine/placement/phase_mover.py)."""
+    prompt_layers: int
+    gen_layers: int
+    prompt_threads: int
+    gen_threads: int
+    moved: bool  # the prompt ran at its own placement (a rebalance before and after it)
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_layers": self.prompt_layers, "gen_layers": self.gen_layers,
+                "prompt_threads": self.prompt_threads, "gen_threads": self.gen_threads,
+                "moved": self.moved, "reason": self.reason}
+
+
 @dataclass
 class TurnResult:
     """What one turn (or Continue) did: the reply, the vision plan carried out, its spans and
@@ -192,7 +209,7 @@ class TurnResult:
     # what the device could not hold in this turn and where it ran instead (also in `reason`)
     device_notes: list[str] = field(default_factory=list)
     # with a per-phase choice: where and with how many threads each phase ran, and why
-    phases: dict[str, Any] = field(default_factory=dict)
+    phases: PhasesUsed | None = None
 
     def to_dict(self) -> dict[str, Any]:
         t0 = self.spans[0].start_s if self.spans else 0.0
@@ -206,8 +223,8 @@ class TurnResult:
                              "swap_mover": self.swap_mover, **self.gen}
         if self.device_notes:
             d["device_notes"] = self.device_notes
-        if self.phases:
-            d["phases"] = self.phases
+        if self.phases is not None:
+            d["phases"] = self.phases.to_dict()
         if self.continued:
             d["continued"] = True
         d.update(n_turns_dropped=self.n_turns_dropped, n_images_dropped=self.n_images_dropped,

@@ -88,7 +88,7 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"] and "Paris" in msgs[1].text
     assert store.title(w.conv_id).startswith("What is the capital")
-    assert w.conversations.currentItem().text().startswith("What is the capital")  # the list too
+    assert w.chats.list.currentItem().text().startswith("What is the capital")  # the list too
 
 
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
@@ -122,7 +122,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
                                                                  pictures, base_projector):
     w = _window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
                 vision="swap", vram_budget="300MiB")
-    assert w.vision_switch.isChecked() and w.vision_switch.isEnabled()
+    assert w.vision.switch.isChecked() and w.vision.switch.isEnabled()
     drop = QMimeData()
     drop.setUrls([QUrl.fromLocalFile(str(pictures["a.png"]))])
     w.composer.edit.insertFromMimeData(drop)
@@ -159,14 +159,14 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
                 vision="resident")
     session = w.worker._session
     loads = session.n_model_loads
-    w.vision_switch.setChecked(False)
-    wait_for(lambda: w.projector_label.text() == "vision off", timeout=30_000)
+    w.vision.switch.setChecked(False)
+    wait_for(lambda: w.vision.label.text() == "vision off", timeout=30_000)
     w.composer.add_image(Path(pictures["a.png"]))
     w.composer.edit.setPlainText("look")
     w.send_message()
     assert "Turn vision on" in w.composer.error.text() and w.composer.images  # kept, not lost
-    w.vision_switch.setChecked(True)
-    wait_for(lambda: w.projector_label.text() == "projector in RAM", timeout=30_000)
+    w.vision.switch.setChecked(True)
+    wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
     _send(qtbot, w, "look")
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "resident"
     assert session.n_model_loads == loads

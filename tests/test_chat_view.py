@@ -176,7 +176,7 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     whole = store.messages(w.conv_id)[-1]
     assert whole.stats["stop_reason"] in ("stop", "context_full"), whole.stats
 
-    w._on_new_chat()
+    w.chats.new_chat()
     w.gen_params = GenParams(temperature=0, max_tokens=40)
     _send(qtbot, w, STORY)
     capped = store.messages(w.conv_id)[-1]

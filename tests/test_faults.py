@@ -394,7 +394,7 @@ def test_a_damaged_database_is_moved_aside_and_what_can_be_read_is_shown(tmp_pat
         # the window opens, says what happened and where, and lists what could be read
         w = _window_without_model(qtbot, store)
         assert w.notice.isVisible() and aside[0].name in w.notice.text()
-        assert w.conversations.count() == len(convs)
+        assert w.chats.list.count() == len(convs)
         # and the fresh database works
         cid = store.create_conversation("After")
         store.add_message(cid, "user", "still here")
@@ -548,7 +548,7 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     assert saved.role == "assistant" and saved.text == reply and saved.state != "streaming"
     wait_for(lambda: "not saved yet" not in w.transcript.toPlainText())
     assert "Could not save the reply" not in w.notice.text()
-    w._on_new_chat()  # New chat and Stop still answer
+    w.chats.new_chat()  # New chat and Stop still answer
     w._on_stop()
     store.close()
 

@@ -134,10 +134,11 @@ def test_a_long_prompt_runs_at_the_prompt_placement_and_replies_as_one_placement
     one, one_layers, one_ledger = _turns(model_path, shared_rpc_server.endpoint, None)
     two, two_layers, two_ledger = _turns(model_path, shared_rpc_server.endpoint, SMALL_GAIN)
     short, long = two
-    assert not short.phases["moved"] and "pays from" in short.phases["reason"]
-    assert long.phases["moved"], long.phases
-    assert long.phases["prompt_layers"] == 20 and long.phases["gen_layers"] == 5
-    assert long.phases["gen_threads"] == 1 and long.phases["prompt_threads"] == 2
+    assert short.phases is not None and long.phases is not None
+    assert not short.phases.moved and "pays from" in short.phases.reason
+    assert long.phases.moved, long.phases
+    assert long.phases.prompt_layers == 20 and long.phases.gen_layers == 5
+    assert long.phases.gen_threads == 1 and long.phases.prompt_threads == 2
     names = [sp.name for sp in long.spans]
     assert names.count("rebalance") == 2
     assert names.index("rebalance") < names.index("prefill") < len(names) - 1 - names[::-1].index("rebalance") < names.index("decode")
@@ -226,7 +227,7 @@ def test_a_prompt_with_an_image_moves_to_the_image_batchs_placement(model_path, 
     a1, b1 = run(None)
     a2, b2 = run(images_only)
     assert "rebalance" not in [sp.name for sp in a2.spans]
-    assert b2.phases["moved"] and b2.phases["prompt_layers"] == 20, b2.phases
+    assert b2.phases is not None and b2.phases.moved and b2.phases.prompt_layers == 20, b2.phases
     assert [sp.name for sp in b2.spans].count("rebalance") == 2
     assert (a2.text, b2.text) == (a1.text, b1.text)
 

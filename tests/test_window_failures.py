@@ -189,7 +189,7 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
 
 
 def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path):
-    from app.window import reload_changes
+    from app.settings import reload_changes
 
     store = _fresh_store(tmp_path)
     w = _open(qtbot, store)
@@ -227,14 +227,14 @@ def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp
     cid = store.create_conversation("Trip")
     store.add_message(cid, "user", "Which trail has the lighthouse?")
     w = _open(qtbot, store)
-    w.search.setText("lighthouse")
-    item = w.conversations.item(0)
-    assert w.conversations.count() == 1 and "Which trail has the lighthouse?" in item.text()
+    w.chats.search.setText("lighthouse")
+    item = w.chats.list.item(0)
+    assert w.chats.list.count() == 1 and "Which trail has the lighthouse?" in item.text()
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
-    assert not w.confirm_delete(cid) and store.n_messages(cid) == 1
+    assert not w.chats.confirm_delete(cid) and store.n_messages(cid) == 1
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    assert w.confirm_delete(cid)
-    out = w.export_chat(cid, str(tmp_path / "trip.md"))
+    assert w.chats.confirm_delete(cid)
+    out = w.chats.export_chat(cid, str(tmp_path / "trip.md"))
     assert out is not None and "lighthouse" in out.read_text()
     w.close()
     store.close()
@@ -263,7 +263,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     reply = store.messages(w.conv_id)[-1]
     assert reply.role == "assistant" and gp.grammar and reply.text.lstrip().startswith("{")
     # another chat has Settings' (no system prompt)
-    w._on_new_chat()
+    w.chats.new_chat()
     wait_for(lambda: w.worker._session.cfg.system is None)
     assert w.chat_gen_params() == w.gen_params
     w.close()

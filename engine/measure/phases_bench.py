@@ -34,7 +34,7 @@ def _run(cfg: SessionConfig, gen_tokens: int) -> dict[str, Any]:
                 "rebalance_s": sum(sp.end_s - sp.start_s for sp in r.spans
                                    if sp.name == "rebalance"),
                 "total_s": sum(sp.end_s - sp.start_s for sp in r.spans),
-                "phases": r.phases}
+                "phases": r.phases.to_dict() if r.phases is not None else {}}
 
 
 def bench_phases(cfg: SessionConfig, tuning: PhaseTuning, repeats: int = 2,

@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable
 
 from engine.config import PhaseTuning
+from engine.events import PhasesUsed
 from engine.placement.phases import MOVE_FIXED_S, Rebalance, plan_phase_move
 from engine.placement.plan import device_layers
 from engine.placement.residency import ModelResidency
@@ -70,13 +71,14 @@ class PhaseMover:
         if copied:
             learn(accel, t1 - t0, copied)
 
-    def used(self, n_threads_batch: int, n_threads: int) -> dict[str, Any]:
-        """Where and with how many threads each phase ran in the last turn, and why."""
+    def used(self, n_threads_batch: int, n_threads: int) -> PhasesUsed | None:
+        """Where and with how many threads each phase ran in the last turn, and why (None
+        without a per-phase choice)."""
         ph, d = self._target or self.phases, self.last
         if ph is None:
-            return {}
+            return None
         gen = self.model.placement.n_gpu_layers
-        return {"prompt_layers": ph.prompt_layers if d is not None and d.move else gen,
-                "gen_layers": gen, "prompt_threads": n_threads_batch,
-                "gen_threads": n_threads, "moved": bool(d and d.move),
-                "reason": d.reason if d is not None else "the reload mover: one placement"}
+        moved = d is not None and d.move
+        return PhasesUsed(prompt_layers=ph.prompt_layers if moved else gen, gen_layers=gen,
+                          prompt_threads=n_threads_batch, gen_threads=n_threads, moved=moved,
+                          reason=d.reason if d is not None else "the reload mover: one placement")
