@@ -147,16 +147,16 @@ class EngineWorker(QObject):
         from engine.llama.devices import list_devices
 
         proj = s.proj_info
-        assert s.runtime is not None
+        assert s.model.runtime is not None
         self.engine_event.emit(events.ModelLoaded(
             0, model_path=str(s.cfg.model_path), model_name=s.info.name, n_layers=s.info.n_layers,
             n_ctx=s.n_ctx, n_threads=s.n_threads, load_s=s.load_s,
             details=events.LoadDetails(
-                mover=s.mover_name, mover_note=s.mover_note, accelerator=s.accel,
-                accelerator_endpoint=s.model.accel_endpoint, budget_bytes=s.budget_bytes,
-                n_layers_on_accel=s.placement.n_layers_on_accel,
-                layers_by_device=dict(s.placement.layers_by_device),
-                placement_reason=s.placement_reason, memory_note=s.memory_note,
+                mover=s.model.mover_name, mover_note=s.model.mover_note, accelerator=s.model.accel,
+                accelerator_endpoint=s.model.accel_endpoint, budget_bytes=s.model.budget_bytes,
+                n_layers_on_accel=s.model.placement.n_layers_on_accel,
+                layers_by_device=dict(s.model.placement.layers_by_device),
+                placement_reason=s.model.placement_reason, memory_note=s.model.memory_note,
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                 projector_synthetic=bool(proj and proj.synthetic), vision=s.vision_enabled,
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
@@ -235,7 +235,7 @@ class EngineWorker(QObject):
         # set by the window at load), and the runs measure the budget it was loaded with (read
         # after closing, a device that frees late reported almost nothing: 1 run, 0 layers)
         before = self._loaded_with
-        session_budget = self._session.budget_bytes if self._session is not None else None
+        session_budget = self._session.model.budget_bytes if self._session is not None else None
         try:
             self._close_session()
             self._loaded_with = None

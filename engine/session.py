@@ -1,21 +1,22 @@
-"""A conversation with one model and (optionally) its vision projector held in RAM.
-
-The session composes two owners and keeps the conversation:
+"""A conversation with one model and (optionally) its vision projector held in RAM: the
+turn's orchestration. Each job has its owner; the session calls them in order:
 - `ModelResidency` (engine/placement/residency.py): the text model, where its layers live, the
-  live mover, the ledger and the Residency events;
+  live mover, the ledger and the Residency events (`session.model`);
 - `ImageEncoder` (engine/vision/encoder.py): the projectors, the embeddings cache and the
-  vision costs.
-A turn plans the encoding of its new images with the pure planner (`plan_vision`), carries the
-plan out step by step (`PlanRun`, engine/vision/swap.py), then prefills and decodes. Every step
-is a Span event. Owned by one thread (the CLI's, or the app's engine worker).
+  vision costs (`session.encoder`);
+- `TurnImages` (engine/vision/turn.py): a prompt's image chunks, and encoding the new ones in
+  one plan (the pure `plan_vision`, carried out step by step by `PlanRun`);
+- `PhaseMover` (engine/placement/phase_mover.py): the prompt at its own placement, per phase;
+- engine/conversation.py: the history (`HistoryTurn`, a `Conversation` snapshot) and the pure
+  fit of a conversation into the context.
+Every step is a Span event. Owned by one thread (the CLI's, or the app's engine worker).
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -31,25 +32,16 @@ from engine.gguf.info import (
     read_gguf,
 )
 from engine.hw import physical_cores
-from engine.ledger import Ledger
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
-from engine.llama.runtime import GenParams, GenResult, ImageSpan, PromptItem, TextRuntime, check_context
-from engine.placement.live_mover import LiveMover
-from engine.placement.plan import (
-    CPU,
-    Costs,
-    DoesNotFit,
-    Placement,
-    plan_vision,
-    projector_need_bytes,
-)
+from engine.llama.runtime import GenParams, GenResult, check_context
+from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage, load_image
-from engine.vision.projector import TextPiece, TokenizedPrompt
-from engine.vision.swap import ChunkWork, PlanRun
+from engine.vision.projector import TextPiece
+from engine.vision.turn import TurnImages
 
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
@@ -105,6 +97,7 @@ class Session:
                 # mtmd's own numbers (compute reserve, tokens per image) replace the header's
                 assert self.encoder.ram is not None
                 self.proj_info = self.encoder.info = self.encoder.ram.measured_info()
+            self.images = TurnImages(cfg, self.info, self.n_ctx, self.model, self.encoder)
         except BaseException:
             self._stack.close()
             raise
@@ -113,57 +106,6 @@ class Session:
         # what crossed to remote devices while loading (the kernel's counters of our sockets)
         self.load_rpc_bytes_sent = (sent1 or 0) - (sent0 or 0)
         self.model.emit()
-
-    # ------------------------------------------------------------ what the owners know
-
-    @property
-    def accel(self) -> str | None:
-        return self.model.accel
-
-    @property
-    def placement(self) -> Placement:
-        return self.model.placement
-
-    @property
-    def placement_reason(self) -> str:
-        return self.model.placement_reason
-
-    @property
-    def memory_note(self) -> str:
-        """Set when the device could not hold what its budget allowed (and what ran instead)."""
-        return self.model.memory_note
-
-    @property
-    def budget_bytes(self) -> int:
-        return self.model.budget_bytes
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.model.ledger
-
-    @property
-    def runtime(self) -> TextRuntime | None:
-        return self.model.runtime
-
-    @property
-    def mover(self) -> LiveMover | None:
-        return self.model.mover
-
-    @property
-    def mover_name(self) -> str:
-        return self.model.mover_name
-
-    @property
-    def mover_note(self) -> str:
-        return self.model.mover_note
-
-    @property
-    def n_model_loads(self) -> int:
-        return self.model.n_model_loads
-
-    @property
-    def costs(self) -> Costs:
-        return self.encoder.costs
 
     @property
     def vision_enabled(self) -> bool:
@@ -188,12 +130,7 @@ class Session:
         """Turn vision on or off. Never reloads the model; frees a resident projector."""
         if enabled and self.proj_info is None:
             raise EbbError("no projector is loaded", "start with --mmproj FILE.gguf")
-        self.encoder.enabled = enabled
-        if not enabled:
-            if self.encoder.free_on_device(self.accel):
-                self.model.reschedule()  # freed device buffers: plan the next graph afresh
-            self.model.projector = "RAM"
-            self.model.emit()
+        self.images.switch(enabled)
 
     # ------------------------------------------------------------ the turn
 
@@ -219,7 +156,7 @@ class Session:
             pending = [i for i in pending if self.encoder.key(i) in kept]
             messages, keys = self._messages(turn)
             with self._tokenize(messages, keys, pending + images) as prompt:
-                self._encode_new(prompt, keys, images, res, tl, cancel)
+                self.images.encode_new(prompt, keys, images, res, tl, cancel, self.before_restore)
                 self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
         except EbbError as exc:
             res.error = str(exc)
@@ -232,7 +169,7 @@ class Session:
             self._last_stop = "cancelled"
         finally:
             self.encoder.pin(set())  # the cache may keep to its limit again
-        res.device_peak_bytes = self.ledger.peaks()
+        res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
     def set_system(self, text: str | None) -> None:
@@ -256,12 +193,12 @@ class Session:
         try:
             if not self.history or self.history[-1].role != "assistant":
                 raise EbbError("there is no reply to continue", "send a message")
-            assert self.runtime is not None
+            assert self.model.runtime is not None
             before = self.history[-1]
-            accel = self.placement.accel or CPU
+            accel = self.model.placement.accel or CPU
             if self._reply_open and stops.resumes_from_cache(self._last_stop):
                 t0 = time.monotonic()
-                result = self.runtime.resume(gp, on_text, cancel)
+                result = self.model.runtime.resume(gp, on_text, cancel)
                 tl.add("decode", t0, t0 + result.gen_s, accel)
                 res.reason = "resumed from the KV cache (no prefill)"
             else:
@@ -275,11 +212,11 @@ class Session:
                 messages, keys = self._messages()
                 text, added_special = self._format(messages)
                 text += before.text  # the reply so far, left open: the model goes on with it
-                prompt = (self._tokenize_text(text, not added_special, keys, pending) if keys
-                          else contextlib.nullcontext(self.runtime.tokenize(text, not added_special)))
+                prompt = (self.images.tokenize(text, not added_special, keys, pending) if keys
+                          else contextlib.nullcontext(self.model.runtime.tokenize(text, not added_special)))
                 self.history = self.history + [before]  # kept if anything below fails
                 with prompt as p:
-                    self._encode_new(p, keys, [], res, tl, cancel)
+                    self.images.encode_new(p, keys, [], res, tl, cancel, self.before_restore)
                     result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
@@ -288,11 +225,11 @@ class Session:
             del res.gen["text"]
             # the whole reply's length in tokens: a reply that was interrupted (a crash) has no
             # count saved, so adding the new tokens to it would count only those
-            res.gen["n_reply_tokens"] = len(self.runtime.tokenize(before.text + result.text, False))
+            res.gen["n_reply_tokens"] = len(self.model.runtime.tokenize(before.text + result.text, False))
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
             self._reply_open = stops.resumes_from_cache(result.stop_reason)
             self._last_stop = result.stop_reason
-            res.shifted_cells = self.runtime.last_shift[1]
+            res.shifted_cells = self.model.runtime.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:  # the reply stays as it was
@@ -301,7 +238,7 @@ class Session:
                        "stop_reason": "cancelled"}
         finally:
             self.encoder.pin(set())
-        res.device_peak_bytes = self.ledger.peaks()
+        res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
     def complete(self, prompt: str | Sequence[int], gp: GenParams | None = None,
@@ -314,8 +251,8 @@ class Session:
         res = TurnResult(self._request_id, spans=tl.spans)
         self._check_device()
         try:
-            assert self.runtime is not None
-            tokens = (self.runtime.tokenize(prompt, add_special=True) if isinstance(prompt, str)
+            assert self.model.runtime is not None
+            tokens = (self.model.runtime.tokenize(prompt, add_special=True) if isinstance(prompt, str)
                       else list(prompt))
             if not tokens:
                 raise EbbError("the prompt is empty")
@@ -326,28 +263,28 @@ class Session:
             res.gen = result.to_dict()
             res.gen["flash_attn"] = self.cfg.flash_attn
             del res.gen["text"]
-            res.shifted_cells = self.runtime.last_shift[1]
+            res.shifted_cells = self.model.runtime.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:
             res.reason = str(exc)
             res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
                        "stop_reason": "cancelled"}
-        res.device_peak_bytes = self.ledger.peaks()
+        res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
     def embed(self, inputs: Sequence[str | Sequence[int]]) -> tuple[list[list[float]], int]:
         """Embeddings of texts (or token ids) from the loaded model, and the tokens they took;
         the conversation and its KV cache are untouched."""
-        assert self.runtime is not None
+        assert self.model.runtime is not None
         self._check_device()
-        tokens = [self.runtime.tokenize(x, add_special=True) if isinstance(x, str) else list(x)
+        tokens = [self.model.runtime.tokenize(x, add_special=True) if isinstance(x, str) else list(x)
                   for x in inputs]
         if any(not t for t in tokens):
             raise EbbError("an input has no tokens")
         if any(t >= self.info.n_vocab for ts in tokens for t in ts):
             raise EbbError(f"a token id is outside the model's vocabulary of {self.info.n_vocab}")
-        return self.runtime.embed(tokens), sum(len(t) for t in tokens)
+        return self.model.runtime.embed(tokens), sum(len(t) for t in tokens)
 
     # ------------------------------------------------------------ the context's limit
 
@@ -360,13 +297,13 @@ class Session:
                pixels: list[LoadedImage], open_reply: str = "") -> int:
         """KV cells the conversation (with `extra`) takes as a prompt: the template's tokens and
         every image chunk's, as mtmd counts them (nothing is encoded)."""
-        assert self.runtime is not None
+        assert self.model.runtime is not None
         messages, keys = self._messages(extra, history)
         text, added_special = self._format(messages)
         text += open_reply
         if not keys:
-            return len(self.runtime.tokenize(text, not added_special))
-        with self._tokenize_text(text, not added_special, keys, pixels) as prompt:
+            return len(self.model.runtime.tokenize(text, not added_special))
+        with self.images.tokenize(text, not added_special, keys, pixels) as prompt:
             return sum(len(p.tokens) if isinstance(p, TextPiece) else p.n_tokens
                        for p in prompt.pieces)
 
@@ -390,7 +327,7 @@ class Session:
         endpoint = self.model.accel_endpoint
         if endpoint and endpoint in check_rpc_servers():
             self.abandoned = True
-            raise DeviceLost(f"the RPC server {endpoint} ({self.accel}) went away",
+            raise DeviceLost(f"the RPC server {endpoint} ({self.model.accel}) went away",
                              "continuing on the devices that are left")
 
     def encode_only(self, image_paths: Sequence[str | Path]) -> TurnResult:
@@ -404,9 +341,9 @@ class Session:
         keys = [self.encoder.remember(i) for i in images]
         assert self.encoder.ram is not None
         text = "".join(f"{self.encoder.marker}\n" for _ in images)
-        with self._tokenize_text(text, False, keys, images) as prompt:
-            self._encode_new(prompt, keys, images, res, tl)
-        res.device_peak_bytes = self.ledger.peaks()
+        with self.images.tokenize(text, False, keys, images) as prompt:
+            self.images.encode_new(prompt, keys, images, res, tl, None, self.before_restore)
+        res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
     def _new_request(self, closes_reply: bool = True) -> Timeline:
@@ -414,83 +351,18 @@ class Session:
         # from the cache (its logits are gone; Continue then prefills up to it)
         self._reply_open = self._reply_open and not closes_reply
         self._request_id += 1
-        self.ledger.reset_peaks()
-        return Timeline(self._request_id, self._emit, self.ledger, self.accel)
+        self.model.ledger.reset_peaks()
+        return Timeline(self._request_id, self._emit, self.model.ledger, self.model.accel)
 
     def _tokenize(self, messages: list[dict[str, Any]], keys: list[str],
                   pixels: list[LoadedImage]) -> Any:
         """The prompt of `messages` as llama.cpp's own tools tokenize it: mtmd's chunks when it
         has images (one marker per key), else the model's tokens."""
-        assert self.runtime is not None
+        assert self.model.runtime is not None
         text, added_special = self._format(messages)
         if not keys:
-            return contextlib.nullcontext(self.runtime.tokenize(text, add_special=not added_special))
-        return self._tokenize_text(text, not added_special, keys, pixels)
-
-    def _tokenize_text(self, text: str, add_special: bool, keys: list[str],
-                       pixels: list[LoadedImage]) -> TokenizedPrompt:
-        """mtmd's chunks of `text`: an image's pixels go in when one of its chunks is not
-        encoded yet, else only its size (a placeholder)."""
-        enc = self.encoder
-        assert enc.ram is not None
-        by_key = {enc.key(i): i for i in pixels}
-        if missing := [k for k in keys if not enc.is_cached(k) and k not in by_key]:
-            raise EbbError(f"{len(missing)} earlier image(s) of this conversation cannot be read",
-                           "start a new conversation")
-        bitmaps = [enc.bitmap(k, None if enc.is_cached(k) else by_key[k]) for k in keys]
-        prompt = enc.ram.tokenize(text, bitmaps, add_special)
-        counts = collections.Counter(p.image for p in prompt.images())
-        for i, (k, b) in enumerate(zip(keys, bitmaps)):
-            enc.note_layout(k, b, counts[i])
-        return prompt
-
-    def _encode_new(self, prompt: Any, keys: list[str], images: list[LoadedImage],
-                    res: TurnResult, tl: Timeline, cancel: threading.Event | None = None) -> None:
-        """Encode every image chunk of the prompt that is not cached yet (the message's images
-        and any earlier ones, e.g. after a conversation is reopened), in one plan."""
-        if not isinstance(prompt, TokenizedPrompt):
-            return
-        enc = self.encoder
-        # every chunk of this prompt stays in the cache until the turn ends (see turn)
-        enc.pin({enc.chunk_key(keys[p.image], p.index) for p in prompt.images()})
-        names = {enc.key(i): (Path(i.path).name, len(i.rgb)) for i in images}
-        todo: dict[str, ChunkWork] = {}
-        for piece in prompt.images():
-            key = keys[piece.image]
-            ck = enc.chunk_key(key, piece.index)
-            if piece.placeholder or ck in todo or enc.is_chunk_cached(ck):
-                continue
-            name, n_bytes = names.get(key) or (Path(enc.path_of(key) or key).name, 0)
-            todo[ck] = ChunkWork(piece, ck, name, n_bytes)
-        new_images = {w.key.rsplit("#", 1)[0] for w in todo.values()}
-        message_keys = {enc.key(i) for i in images}
-        res.n_images_encoded = len(message_keys & new_images)
-        res.n_images_cached = len(images) - sum(1 for i in images if enc.key(i) in new_images)
-        if not todo:
-            if images:
-                res.reason = f"all {len(images)} images already encoded (cache)"
-            return
-        assert self.proj_info is not None and self.runtime is not None
-        n_tokens = sum(w.piece.n_tokens for w in todo.values())
-        res.n_image_tokens_encoded, res.n_image_chunks_encoded = n_tokens, len(todo)
-        state_bytes = self.n_ctx * self.info.kv_bytes_per_token if self.runtime.n_positions() else 0
-        with tl.step("plan", CPU):
-            plan = plan_vision(self.cfg.vision, self.placement, self.proj_info, self.budget_bytes,
-                               n_tokens, state_bytes, self.cfg.flash, self.costs,
-                               resident_loaded=enc.on_device is not None,
-                               reload_ok=self.cfg.mover != "live",
-                               used_bytes=self.ledger.total(self.accel) if self.accel else None)
-        if isinstance(plan, DoesNotFit):
-            raise EbbError(plan.reason)
-        res.strategy, res.reason = plan.strategy, plan.reason
-        res.swap_mover, res.mover_note = plan.mover, plan.mover_note
-        tl.plan = plan
-        run = PlanRun(plan, list(todo.values()), self.model, enc, tl, self.before_restore, cancel)
-        try:
-            run.run()
-        finally:
-            res.reason += "".join(f"; {note}" for note in run.notes)
-            res.device_notes = list(run.notes)
+            return contextlib.nullcontext(self.model.runtime.tokenize(text, add_special=not added_special))
+        return self.images.tokenize(text, not added_special, keys, pixels)
 
     # ------------------------------------------------------------ the conversation
 
@@ -533,8 +405,8 @@ class Session:
         self.tools = tools or None
 
     def _format(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
-        assert self.runtime is not None
-        return self.runtime.format_chat(messages, self.tools)
+        assert self.model.runtime is not None
+        return self.model.runtime.format_chat(messages, self.tools)
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
@@ -587,14 +459,14 @@ class Session:
                   res: TurnResult, tl: Timeline) -> None:
         self._reply_open = False
         result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl)
-        assert self.runtime is not None
-        res.phases = self.phases.used(self.runtime.n_threads_batch, self.runtime.n_threads)
+        assert self.model.runtime is not None
+        res.phases = self.phases.used(self.model.runtime.n_threads_batch, self.model.runtime.n_threads)
         res.text = result.text
         res.gen = result.to_dict()
         res.gen["flash_attn"] = self.cfg.flash_attn  # the turn says whether it was on
         del res.gen["text"]
-        assert self.runtime is not None
-        res.shifted_cells = self.runtime.last_shift[1]
+        assert self.model.runtime is not None
+        res.shifted_cells = self.model.runtime.last_shift[1]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
         self._reply_open = stops.resumes_from_cache(result.stop_reason)
         self._last_stop = result.stop_reason
@@ -603,24 +475,14 @@ class Session:
                     on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                     tl: Timeline) -> GenResult:
         """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode."""
-        assert self.runtime is not None
-        items: list[PromptItem] = []
-        if isinstance(prompt, TokenizedPrompt):
-            enc = self.encoder
-            for piece in prompt.pieces:
-                if isinstance(piece, TextPiece):
-                    items.extend(piece.tokens)
-                    continue
-                ck = enc.chunk_key(keys[piece.image], piece.index)
-                items.append(ImageSpan(ck, enc.embeddings(ck), piece.chunk, prompt.mctx,
-                                       piece.n_pos))
-        else:
-            items = list(prompt)
-        accel = self.placement.accel or CPU
+        runtime = self.model.runtime
+        assert runtime is not None
+        items = self.images.prompt_items(prompt, keys)
+        accel = self.model.placement.accel or CPU
         tl.plan = None
         enc = self.encoder
         back = self.phases.to_prompt_placement(
-            *self.runtime.n_to_evaluate(items), enc.costs.bus_Bps, tl,
+            *runtime.n_to_evaluate(items), enc.costs.bus_Bps, tl,
             lambda dev, s, n: enc.learn("restore", dev, s, n, mover="live"))
         events.pause_point("prefill")
         t_start = time.monotonic()
@@ -633,7 +495,7 @@ class Session:
                 pending.pop()()
 
         try:
-            result = self.runtime.generate_from(items, gp, on_text, cancel, after_prefill)
+            result = runtime.generate_from(items, gp, on_text, cancel, after_prefill)
         finally:
             while pending:  # the prefill failed: back to generation's placement all the same
                 pending.pop()()
@@ -666,6 +528,6 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
         new.set_tools(session.tools)
         session.close()  # abandoned: drops its handles without touching the lost device
         res = run(new)
-        res.reason = f"{exc}; now on {new.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")
+        res.reason = f"{exc}; now on {new.model.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")
         res.device_lost = str(exc)
         return new, res

@@ -158,7 +158,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     w = _window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
                 vision="resident")
     session = w.worker._session
-    loads = session.n_model_loads
+    loads = session.model.n_model_loads
     w.vision.switch.setChecked(False)
     wait_for(lambda: w.vision.label.text() == "vision off", timeout=30_000)
     w.composer.add_image(Path(pictures["a.png"]))
@@ -169,7 +169,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
     _send(qtbot, w, "look")
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "resident"
-    assert session.n_model_loads == loads
+    assert session.model.n_model_loads == loads
 
 
 def test_close_during_reply_shuts_down_cleanly(qtbot, store):

@@ -49,8 +49,8 @@ def _conversation(lm: Path, mm: Path, pictures: dict[str, Path]) -> list[tuple[s
             res = s.turn(text, images, gp)
             assert res.error is None, res.error
             seen += images
-            assert s.runtime is not None
-            prompt, _ = s.runtime.format_chat(s.messages[:-1])  # up to this user turn
+            assert s.model.runtime is not None
+            prompt, _ = s.model.runtime.format_chat(s.messages[:-1])  # up to this user turn
             out.append((res.text, prompt, list(seen), res.to_dict()))
     return out
 

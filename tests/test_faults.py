@@ -99,10 +99,10 @@ def test_a_message_larger_than_the_context_is_refused_before_anything_runs(model
     with _session(model_path, tiny_projector) as s:
         s.turn("Hello.", gp=GP)
         history = list(s.history)
-        n_cells = s.runtime.n_positions()
+        n_cells = s.model.runtime.n_positions()
         res = s.turn("word " * 600, [picture], GP)
         assert res.error and "this message is" in res.error and "the context holds 512" in res.error
-        assert s.history == history and s.runtime.n_positions() == n_cells
+        assert s.history == history and s.model.runtime.n_positions() == n_cells
         assert res.n_images_encoded == 0 and not [sp for sp in res.spans if sp.name == "encode"]
 
 
@@ -592,7 +592,7 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
                         rpc=(shared_rpc_server.endpoint,))
     with Session(cfg, emit=emit) as s:
         s.turn("Hello.", gp=GP)
-        placed, ledger = _layers_on_device(s), s.ledger.total(s.accel)
+        placed, ledger = _layers_on_device(s), s.model.ledger.total(s.model.accel)
         assert placed
         on_text = (lambda t: cancel.set()) if stop_after == "decode" else None
         res = s.turn("What is in these pictures?", [pictures["a.png"], pictures["b.jpg"]],
@@ -604,11 +604,11 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
         if stop_after == "evict":
             assert "encode" not in seen
         assert _layers_on_device(s) == placed
-        assert s.ledger.total(s.accel) == ledger
+        assert s.model.ledger.total(s.model.accel) == ledger
         cancel.clear()
         again = s.turn("Thanks. And now?", gp=GP)
         assert again.error is None and again.gen["n_gen_tokens"] > 0
-        assert _layers_on_device(s) == placed and s.ledger.total(s.accel) == ledger
+        assert _layers_on_device(s) == placed and s.model.ledger.total(s.model.accel) == ledger
 
 
 # ------------------------------------------------------------ bounded memory
@@ -762,12 +762,12 @@ def test_a_device_smaller_than_its_budget_loads_fewer_layers_and_says_so(model_p
     with _promised_a_gib(model_path, "200MiB") as s:
         reason = s.model.placement_reason
         assert "could not allocate" in reason and "it reports" in reason, reason
-        assert s.memory_note and s.memory_note in reason  # the window shows it as a notice
+        assert s.model.memory_note and s.model.memory_note in reason  # the window shows it as a notice
         assert 0 < s.model.placement.n_layers_on_accel < 30
         for text in ("Hello.", "Tell me about the sea."):
             r = s.turn(text, gp=GP)
             assert r.error is None and r.gen["n_gen_tokens"] > 0
-        assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
+        assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel))
 
 
 def test_a_device_without_room_for_the_context_runs_on_the_cpu(model_path):
@@ -776,7 +776,7 @@ def test_a_device_without_room_for_the_context_runs_on_the_cpu(model_path):
         assert s.model.placement.n_gpu_layers == 0
         r = s.turn("Hello.", gp=GP)
         assert r.error is None and r.gen["n_gen_tokens"] > 0
-        assert _device_used(s.accel) == 0
+        assert _device_used(s.model.accel) == 0
 
 
 def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_projector,
@@ -796,10 +796,10 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
                             rpc=(server.endpoint,))
         with Session(cfg) as s:
             s.turn("Hello.", gp=GP)
-            placed, ledger = _layers_on_device(s), s.ledger.total(s.accel)
+            placed, ledger = _layers_on_device(s), s.model.ledger.total(s.model.accel)
             assert placed
-            hog.device = s.accel
-            hog.take(400 * 2**20 - _device_used(s.accel) - 2 * 2**20)  # 2 MiB left
+            hog.device = s.model.accel
+            hog.take(400 * 2**20 - _device_used(s.model.accel) - 2 * 2**20)  # 2 MiB left
             r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
             assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
             assert "could not take the projector" in r.reason and "on the CPU" in r.reason, r.reason
@@ -807,8 +807,8 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
             assert r.n_image_chunks_encoded > 0
             hog.release()
             assert _layers_on_device(s) == placed
-            assert s.ledger.total(s.accel) == ledger
-            assert _agrees(ledger, _device_used(s.accel))
+            assert s.model.ledger.total(s.model.accel) == ledger
+            assert _agrees(ledger, _device_used(s.model.accel))
             again = s.turn("And now?", gp=GP)
             assert again.error is None and again.gen["n_gen_tokens"] > 0
     finally:
@@ -836,7 +836,7 @@ def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, mo
         def emit(ev) -> None:
             if getattr(ev, "name", None) == "free_projector" and not taken:
                 room = cap - _device_used(hog.device)
-                evicted = layer_bytes - sessions[0].ledger.snapshot().get(hog.device, {}).get("layers", 0)
+                evicted = layer_bytes - sessions[0].model.ledger.snapshot().get(hog.device, {}).get("layers", 0)
                 keep = evicted // 2 if mover == "live" else 2**20
                 taken.append(room - keep)
                 hog.take(room - keep)
@@ -848,9 +848,9 @@ def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, mo
             sessions.append(s)
             s.turn("Hello.", gp=GP)
             placed = _layers_on_device(s)
-            hog.device = s.accel
-            layer_bytes = s.ledger.snapshot()[s.accel].get("layers") or \
-                s.ledger.snapshot()[s.accel].get("weights", 0)
+            hog.device = s.model.accel
+            layer_bytes = s.model.ledger.snapshot()[s.model.accel].get("layers") or \
+                s.model.ledger.snapshot()[s.model.accel].get("weights", 0)
             r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
             assert taken, "no swap ran"
             assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
@@ -858,15 +858,15 @@ def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, mo
             if mover == "live":
                 assert "could not bring every layer back" in r.reason, r.reason
                 assert 0 < len(now) < len(placed) and set(now) <= set(placed)
-                assert all(state in ("CPU", s.accel) for state in s.model.layer_state)
+                assert all(state in ("CPU", s.model.accel) for state in s.model.layer_state)
             else:
                 assert "could not bring the model back" in r.reason, r.reason
                 assert now == []
-            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel) - taken[0])
+            assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel) - taken[0])
             hog.release()
             again = s.turn("And now?", gp=GP)
             assert again.error is None and again.gen["n_gen_tokens"] > 0
-            assert _agrees(s.ledger.total(s.accel), _device_used(s.accel))
+            assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel))
     finally:
         hog.release()
         server.stop()

@@ -64,19 +64,19 @@ def rss():
             return int(line.split()[1]) * 1024
 samples = []
 with Session(SessionConfig(**{**cfg.__dict__, "vram_budget_bytes": budget})) as s:
-    assert s.mover_name == "live", s.mover_note
+    assert s.model.mover_name == "live", s.model.mover_note
     for i in range(int(sys.argv[4])):
         res = s.encode_only([sys.argv[3]])
         assert res.strategy == "swap", res.reason
         if i in (4, int(sys.argv[4]) - 1):
-            sys.stdout.write(json.dumps({"cycle": i, "ledger": s.ledger.total(s.accel),
-                                         "rss": rss(), "peak": res.device_peak_bytes[s.accel],
+            sys.stdout.write(json.dumps({"cycle": i, "ledger": s.model.ledger.total(s.model.accel),
+                                         "rss": rss(), "peak": res.device_peak_bytes[s.model.accel],
                                          "budget": budget}) + "\\n")
             sys.stdout.flush()
             input()
-    st = s.mover.stats
-    print(json.dumps({"allocs": st.n_allocs, "frees": st.n_frees, "held": s.mover.n_buffers(),
-                      "layers_on_device": len(s.mover.on_device()),
+    st = s.model.mover.stats
+    print(json.dumps({"allocs": st.n_allocs, "frees": st.n_frees, "held": s.model.mover.n_buffers(),
+                      "layers_on_device": len(s.model.mover.on_device()),
                       "evicted_layers": [sp.detail for sp in res.spans if sp.name == "evict"]}))
 """
 
@@ -198,7 +198,7 @@ cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threa
                     mover="live", rpc=(sys.argv[1],), vram_budget_bytes=300 * 2**20)
 with Session(cfg) as s:
     res = s.turn("What is this?", [sys.argv[3]], GenParams(max_tokens=6, temperature=0))
-    print(json.dumps({"mover": s.mover_name, "note": s.mover_note, "text": res.text,
+    print(json.dumps({"mover": s.model.mover_name, "note": s.model.mover_note, "text": res.text,
                       "error": res.error, "spans": [sp.name for sp in res.spans]}))
 """
 

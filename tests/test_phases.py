@@ -123,7 +123,7 @@ def _turns(model_path, endpoint, phases):
             assert r.error is None, r.error
             out.append(r)
         on_device = sorted(s.model.mover.on_device()) if s.model.mover else []
-        return out, on_device, s.ledger.total(s.accel)
+        return out, on_device, s.model.ledger.total(s.model.accel)
 
 
 def test_a_long_prompt_runs_at_the_prompt_placement_and_replies_as_one_placement(model_path,

@@ -140,10 +140,10 @@ gp = GenParams(max_tokens=8, temperature=0)
 s = Session(SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
                           vision="cpu", rpc=(sys.argv[1],)))
 s, first = turn_with_recovery(s, "What is the capital of France? Answer in one word.", [], gp)
-print(json.dumps({"accel": s.accel, "text": first.text}), flush=True)
+print(json.dumps({"accel": s.model.accel, "text": first.text}), flush=True)
 input()  # the test kills the server now
 s, second = turn_with_recovery(s, "And of Italy?", [sys.argv[3]], gp)
-out = {"accel": s.accel, "lost": second.device_lost, "error": second.error,
+out = {"accel": s.model.accel, "lost": second.device_lost, "error": second.error,
        "strategy": second.strategy, "history": [t.role for t in s.history],
        "n_prompt_tokens": second.gen.get("n_prompt_tokens")}
 s.close()

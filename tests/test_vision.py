@@ -120,12 +120,12 @@ cfg = SessionConfig(default_model_path(), Path("{base_projector}"), n_ctx=1024, 
                     vision="resident", rpc=("{rpc_server.endpoint}",))
 gp = GenParams(max_tokens=4, temperature=0)
 with Session(cfg) as s:
-    loads = [s.n_model_loads]
+    loads = [s.model.n_model_loads]
     s.set_vision(False); r1 = s.turn("hello", [], gp)
     s.set_vision(True); r2 = s.turn("look", ["{pictures['a.png']}"], gp)
     s.set_vision(False); r3 = s.turn("bye", [], gp)
     refused = s.turn("look again", ["{pictures['a.png']}"], gp)
-    loads.append(s.n_model_loads)
+    loads.append(s.model.n_model_loads)
 print(json.dumps({{"loads": loads, "strategies": [r1.strategy, r2.strategy, r3.strategy],
                   "errors": [r1.error, r2.error, r3.error], "refused": refused.error}}))
 """

@@ -136,13 +136,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
             all_spans.extend(res.spans)
             out = res.to_dict()
             out.update(model=str(cfg.model_path), n_threads=session.n_threads,
-                       n_ctx=session.n_ctx, accelerator=session.accel,
-                       n_gpu_layers=session.placement.n_gpu_layers,
-                       n_layers_on_accel=session.placement.n_layers_on_accel,
-                       layers_by_device=session.placement.layers_by_device,
-                       placement_reason=session.placement_reason,
-                       mover=session.mover_name,
-                       mover_note="; ".join(n for n in (session.mover_note, res.mover_note) if n),
+                       n_ctx=session.n_ctx, accelerator=session.model.accel,
+                       n_gpu_layers=session.model.placement.n_gpu_layers,
+                       n_layers_on_accel=session.model.placement.n_layers_on_accel,
+                       layers_by_device=session.model.placement.layers_by_device,
+                       placement_reason=session.model.placement_reason,
+                       mover=session.model.mover_name,
+                       mover_note="; ".join(n for n in (session.model.mover_note, res.mover_note) if n),
                        rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3),
                        notes=notes, start_s=round(start_s, 3),
                        first_token_s=round(first_token[0], 3) if first_token else None)

@@ -38,8 +38,8 @@ def auto_budget(session: Session) -> int:
     """A budget that holds the whole model but makes the projector take most of its layers:
     room beside the non-movable parts for the projector and a fifth of the layers."""
     s = session
-    assert s.proj_info is not None and s.accel is not None
-    full = placement_for(s.info, s.accel, s.info.n_layers + 1, s.n_ctx, s.cfg.n_batch,
+    assert s.proj_info is not None and s.model.accel is not None
+    full = placement_for(s.info, s.model.accel, s.info.n_layers + 1, s.n_ctx, s.cfg.n_batch,
                          s.cfg.flash, live=True)
     layers = sum(s.info.layer_bytes)
     floor = full.accel_total_bytes - layers
@@ -55,8 +55,8 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
          before_restore: Callable[[int], None] | None = None) -> dict[str, Any]:
     gp = GenParams(max_tokens=8, temperature=0)
     with Session(replace(cfg, mover=mover, vision="swap")) as s:
-        if s.mover_name != mover:
-            raise EbbError(f"the {mover} mover is not available: {s.mover_note}")
+        if s.model.mover_name != mover:
+            raise EbbError(f"the {mover} mover is not available: {s.model.mover_note}")
         s.before_restore = before_restore
         texts = [s.turn("Say hello.", [], gp).text]
         swaps, moved, peak = [], [], 0
@@ -69,9 +69,9 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             steps = [sp for sp in res.spans if sp.name in SWAP_STEPS]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
-            peak = res.device_peak_bytes.get(s.accel or "", 0)
+            peak = res.device_peak_bytes.get(s.model.accel or "", 0)
         return {"swaps_s": swaps, "bytes_moved": int(statistics.median(moved)) if moved else 0,
-                "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.placement.n_layers_on_accel}
+                "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.model.placement.n_layers_on_accel}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -80,12 +80,12 @@ def _ratio(a: float, b: float) -> float | None:
 
 def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
     with Session(replace(cfg, mover="reload", vision="cpu")) as probe:
-        if probe.accel is None:
+        if probe.model.accel is None:
             raise EbbError("bench swap needs an accelerator", "pass --rpc HOST:PORT or use a GPU")
         if probe.proj_info is None:
             raise EbbError("bench swap needs a projector", "pass --mmproj FILE.gguf")
         budget = cfg.vram_budget_bytes or auto_budget(probe)
-        accel = probe.accel
+        accel = probe.model.accel
     cfg = replace(cfg, vram_budget_bytes=budget)
     # the piece size the link copies fastest in: what an ideal mover would send
     scan = {p: measure_bandwidth(accel, pieces=(p,)) for p in COPY_PIECES}

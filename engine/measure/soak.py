@@ -90,7 +90,7 @@ def soak(cfg: SessionConfig, n_turns: int, pictures: list[Path], image_every: in
         def sample(turn: int) -> None:
             gc.collect()  # garbage of others (a test's pipes) must not count as this session's
             out.samples.append(Sample(turn, rss_bytes(), rss_bytes(server_pid) if server_pid else 0,
-                                      open_fds(), s.ledger.total(s.accel) if s.accel else 0,
+                                      open_fds(), s.model.ledger.total(s.model.accel) if s.model.accel else 0,
                                       s.encoder.cache_bytes))
             log(f"turn {turn}: rss {out.samples[-1].rss / 2**20:.1f} MiB, fds {out.samples[-1].fds.total()}")
 

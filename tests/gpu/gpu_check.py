@@ -68,7 +68,7 @@ def main() -> int:
     Image.fromarray((np.random.default_rng(0).random((336, 336, 3)) * 255).astype(np.uint8)).save(picture)
     t1 = time.monotonic()
     with Session(cfg, emit=on_event) as s:
-        summary["self_test"] = {"mover": s.mover_name, "note": s.mover_note,
+        summary["self_test"] = {"mover": s.model.mover_name, "note": s.model.mover_note,
                                 "start_s": round(time.monotonic() - t1, 2)}
         baseline = nvml_readings()
         cycles = []
@@ -86,7 +86,7 @@ def main() -> int:
     assert isinstance(b, dict)
     print(f"reload/live {b['reload_vs_live']}x, live/limit {b['live_vs_limit']}x "
           f"(paired {b['live_vs_limit_paired']}x, median {b['live_vs_limit_median']}x), "
-          f"replies equal {b['replies_equal']}, self-test: {s.mover_name} {s.mover_note}")
+          f"replies equal {b['replies_equal']}, self-test: {s.model.mover_name} {s.model.mover_note}")
     return 0
 
 
