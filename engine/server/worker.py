@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -32,6 +32,9 @@ from engine.server.api import (
 )
 from engine.server.tools import HERMES, CallGate, read_call, spec, template_format
 from engine.server.tools import grammar as tool_grammar
+
+if TYPE_CHECKING:
+    from engine.session import Session
 
 @dataclass(frozen=True)
 class Answer:
@@ -150,7 +153,7 @@ class JobQueue:
         return left
 
 
-def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any, Answer]:
+def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[Session, Answer]:
     """Answer one request on `session` (on the thread that owns it). Returns the session to
     use from now on (another when a remote device went away) and the result. The session's
     conversation becomes the request's."""
@@ -163,7 +166,7 @@ def answer_job(session: Any, job: Job, default_system: str | None) -> tuple[Any,
         return _completion(session, job, req)
     usable = req.callable_tools()
     # the model's own tool format where its template has one (tools.py), else the universal one
-    fmt = template_format(session.runtime.template_source) if usable and session.runtime else None
+    fmt = template_format(session.model.runtime.template_source) if usable and session.model.runtime else None
     if fmt is not None:
         session.set_system(req.own_system if req.own_system is not None else default_system)
         session.set_tools([spec(t) for t in usable])
@@ -227,7 +230,7 @@ def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
                      grammar=grammar, top_logprobs=req.top_logprobs, on_logprob=on_logprob)
 
 
-def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, Answer]:
+def _completion(session: Session, job: Job, req: CompletionRequest) -> tuple[Session, Answer]:
     """/v1/completions: the prompt as it is, on the session's model (its conversation stays)."""
     from engine.session import turn_with_recovery
 
@@ -245,7 +248,9 @@ def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, An
             job.cancel.set()
 
     if req.echo:
-        show(req.prompt if isinstance(req.prompt, str) else session.runtime.detokenize(req.prompt))
+        runtime = session.model.runtime
+        assert runtime is not None
+        show(req.prompt if isinstance(req.prompt, str) else runtime.detokenize(req.prompt))
     echoed = "".join(shown)
     session, res = turn_with_recovery(session, req.prompt, (), _gen_params(req), on_text=on_text,
                                       cancel=job.cancel, raw=True)
@@ -262,7 +267,7 @@ def _completion(session: Any, job: Job, req: CompletionRequest) -> tuple[Any, An
                                         len(echoed)))
 
 
-def _embeddings(session: Any, job: Job, req: EmbeddingRequest) -> Answer:
+def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:
     try:
         vectors, n_tokens = session.embed(req.inputs)
     except EbbError as exc:
@@ -318,7 +323,7 @@ class ServeWorker:
         self.jobs = JobQueue(max_queue)
         self.ready = threading.Event()
         self.load_error: str | None = None
-        self.session: Any = None
+        self.session: Session | None = None
         self.model_id = cfg.model_path.stem
         self.model_path = cfg.model_path
         self.vision = cfg.mmproj_path is not None
@@ -379,5 +384,6 @@ class ServeWorker:
             self.on_turn(job, result)
 
     def _answer(self, job: Job) -> Answer:
+        assert self.session is not None  # loaded before the first job is taken
         self.session, result = answer_job(self.session, job, self.cfg.system)
         return result
