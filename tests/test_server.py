@@ -571,10 +571,11 @@ def hermes_model(tmp_path_factory, model_path):
     return write_model(out, SHAPES["tiny"], model_path, chat_template=HERMES_TEMPLATE.read_text())
 
 
-def _forecast_follow_up(model, fmt: str, system: str | None = None):
+def _forecast_follow_up(model, fmt: str, system: str | None = None, last_user: bool = True):
     """A follow-up after a forecast call and its result, with calls required, answered on
     `model` (whose template teaches tool format `fmt`): the prompt the reply answered, and
-    the answer."""
+    the answer. `last_user`: a user message after the result (else the result is last, as
+    Mistral's template wants: it allows no two user messages without a reply between)."""
     from engine.server.api import parse_chat_request
     from engine.server.tools import template_format
     from engine.server.worker import Job, answer_job
@@ -588,7 +589,7 @@ def _forecast_follow_up(model, fmt: str, system: str | None = None):
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": called}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "4 degrees, rain"},
-        {"role": "user", "content": "And tomorrow?"}]})
+        *([{"role": "user", "content": "And tomorrow?"}] if last_user else [])]})
     with Session(SessionConfig(model, n_ctx=1024, n_threads=N_THREADS)) as s:
         assert s.model.runtime is not None and template_format(s.model.runtime.template_source) == fmt
         s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
@@ -641,6 +642,36 @@ def test_a_llama3_template_gets_its_own_json_calls_and_ipython_results(tmp_path,
     assert "<|start_header_id|>ipython<|end_header_id|>\n\n4 degrees, rain<|eot_id|>" in prompt
     assert prompt.endswith("And tomorrow?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
     _is_one_forecast_call(ans)
+
+
+MISTRAL_TEMPLATE = Path(__file__).parent / "templates" / "mistral-tools.jinja"
+
+
+def test_a_mistral_template_gets_its_tool_calls_with_ids_it_accepts(tmp_path, model_path):
+    """#29: Mistral's format: the tools in [AVAILABLE_TOOLS], the earlier call written back as
+    [TOOL_CALLS] with a 9-character id (the client's "c1" mapped; the template raises on any
+    other length), its result in [TOOL_RESULTS] under the same id, and the reply held to one
+    [TOOL_CALLS] call, read back into OpenAI's shape."""
+    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.server.tools import MISTRAL, template_format, template_id
+
+    source = MISTRAL_TEMPLATE.read_text()
+    assert template_format(source) == MISTRAL
+    # Mistral's later format ([TOOL_CALLS]name[ARGS]{...}) is not this one: the universal format
+    assert template_format(source.replace("[TOOL_CALLS] [", "[TOOL_CALLS]' + name + '[ARGS]")) is None
+    model = write_model(tmp_path / "mistral-tiny.gguf", SHAPES["tiny"], model_path,
+                        chat_template=source)
+    prompt, ans = _forecast_follow_up(model, MISTRAL, last_user=False)
+    cid = template_id(MISTRAL, "c1")
+    assert len(cid) == 9 and cid.isalnum()
+    assert '[AVAILABLE_TOOLS] [{"type": "function", "function": {"name": "get_forecast"' in prompt
+    assert "You can call these functions" not in prompt  # not the universal system text
+    assert ('[TOOL_CALLS] [{"name": "get_forecast", "arguments": {"unit": "C", "tomorrow": false}'
+            f', "id": "{cid}"}}]') in prompt
+    assert prompt.endswith(f'[TOOL_RESULTS] {{"content": 4 degrees, rain, "call_id": "{cid}"}}'
+                           "[/TOOL_RESULTS]")
+    _is_one_forecast_call(ans)
+    assert len(ans.tool_calls[0]["id"]) == 9  # an id the template takes when the client sends it back
 
 
 def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model):

@@ -267,12 +267,14 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     from engine.server.tools import (
         HERMES,
         LLAMA3,
+        MISTRAL,
         CallGate,
         grammar,
         parse_tool_choice,
         parse_tools,
         read_call,
         template_format,
+        template_id,
     )
 
     hermes = (Path(__file__).parent / "templates" / "hermes-tools.jinja").read_text()
@@ -295,6 +297,20 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     assert call is not None and json.loads(call.arguments) == {"city": "Oslo", "unit": "F"}
     assert r'\"parameters\"' in grammar(tools, auto, LLAMA3) and "arguments" not in grammar(tools, auto, LLAMA3)
     assert r'\"arguments\"' in grammar(tools, auto, None)
+    # Mistral's: a [TOOL_CALLS] list of one call; a real model writes [TOOL_CALLS] as a control
+    # token, which is not in the reply's text
+    for text in ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]',
+                 ' [{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]'):
+        call = read_call(text, tools, auto, MISTRAL)
+        assert call is not None and json.loads(call.arguments) == {"city": "Oslo", "unit": "C"}
+        assert len(call.id) == 9 and call.id.isalnum()  # what Mistral's template takes back
+    assert read_call('[TOOL_CALLS] [{"name": "get_weather", "argu', tools, auto, MISTRAL) is None
+    assert read_call("[1] is a footnote", tools, auto, MISTRAL) is None
+    assert '"[TOOL_CALLS]"' in grammar(tools, auto, MISTRAL)
+    assert template_id(MISTRAL, "call_1") == template_id(MISTRAL, "call_1") != "call_1"
+    assert template_id(MISTRAL, "abc123XYZ") == "abc123XYZ" and template_id(HERMES, "call_1") == "call_1"
+    gate = CallGate(True, "[")
+    assert [gate.feed(p) for p in (" ", "[{", '"name"')] == ["", "", ""]
     gate = CallGate(True, "<")
     assert [gate.feed(p) for p in ("\n", "<tool", "_call>")] == ["", "", ""]
     assert CallGate(True, "<").feed("{") == "{"  # bare JSON is text in this format

@@ -6,7 +6,13 @@
     `<tool_call>{"name": ..., "arguments": ...}</tool_call>`; the reply is held by llama.cpp's
     grammar to plain text (it may not begin with "<") or one such block;
   - Llama 3.1, 3.2 and 3.3: `{"name": ..., "parameters": ...}`, results in `ipython` turns;
-    the reply is plain text (it may not begin with "{") or one such call.
+    the reply is plain text (it may not begin with "{") or one such call;
+  - Mistral (7B v0.3, Nemo and others of that template): `[TOOL_CALLS] [{"name": ...,
+    "arguments": ...}]`, results in `[TOOL_RESULTS]`; the reply is plain text (it may not begin
+    with "[") or one such call. `[TOOL_CALLS]` is a control token: llama.cpp's grammar matches it
+    by its text, and the reply's text leaves it out. Its template takes call ids of exactly 9
+    letters and digits: a client's other ids are mapped to such ids (`template_id`).
+    Mistral's later format (`[TOOL_CALLS]name[ARGS]{...}`) gets the universal one below.
   The template gets the tools, the assistant's `tool_calls` and the `tool` messages as they are.
 - **Any other model**: the tools are described in the system prompt, and the reply is held to
   plain text (it may not begin with "{") or one call, `{"name": ..., "arguments": {...}}`. A
@@ -18,6 +24,7 @@ converter writes the grammar). Pure: no HTTP and no llama.cpp here.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -38,12 +45,37 @@ class Tool:
 
 HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": ...}</tool_call>
 LLAMA3 = "llama3"  # {"name": ..., "parameters": ...}: Llama 3.1, 3.2 and 3.3's JSON tool calls
+MISTRAL = "mistral"  # [TOOL_CALLS] [{"name": ..., "arguments": ...}]
 # where a template teaches a format, it says so by the tag it wraps calls in, or its wording
 _FORMATS = ((HERMES, re.compile(r"<tool_call>")),
-            (LLAMA3, re.compile(r'"name": function name, "parameters": dictionary of argument')))
+            (LLAMA3, re.compile(r'"name": function name, "parameters": dictionary of argument')),
+            (MISTRAL, re.compile(r"\[TOOL_CALLS\](?![\s\S]*\[ARGS\])")))
+# the text a call in each format opens with, after any blank space (CallGate holds such a reply)
+OPENERS = {HERMES: "<", MISTRAL: "["}
 # the key a format puts a call's arguments under
 _ARGUMENTS = {LLAMA3: "parameters"}
 _TOOLS_VAR = re.compile(r"\btools\b")
+
+
+def template_id(fmt: str | None, call_id: str) -> str:
+    """A call's id as the template `fmt` takes it: Mistral's takes 9 letters and digits only,
+    so any other id becomes 9 hex digits of its hash (the same for the call and its result)."""
+    if fmt != MISTRAL or re.fullmatch(r"[A-Za-z0-9]{9}", call_id):
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+
+def template_extra(fmt: str | None, extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A message's calls or call id (its `extra`) with the ids as the template takes them."""
+    if fmt != MISTRAL or not extra:
+        return extra
+    out = dict(extra)
+    if "tool_call_id" in out:
+        out["tool_call_id"] = template_id(fmt, str(out["tool_call_id"]))
+    if "tool_calls" in out:
+        out["tool_calls"] = [{**c, "id": template_id(fmt, str(c.get("id", "")))}
+                             for c in out["tool_calls"]]
+    return out
 
 
 def template_format(source: str) -> str | None:
@@ -190,20 +222,25 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None)
         gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", key]))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
         raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
-    if choice.mode == "required" and fmt != HERMES:  # bare JSON: the call is the whole reply
+    if choice.mode == "required" and fmt not in OPENERS:  # bare JSON: the call is the whole reply
         return gbnf
     call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
-    if fmt == HERMES:
-        call += '\nebb-call-block ::= "<tool_call>\\n" ebb-tool-call "\\n</tool_call>"'
+    if fmt in OPENERS:
+        block = {HERMES: '"<tool_call>\\n" ebb-tool-call "\\n</tool_call>"',
+                 MISTRAL: '"[TOOL_CALLS]" " "? "[" ebb-tool-call "]"'}[fmt]
+        call += f"\nebb-call-block ::= {block}"
         if choice.mode == "required":
             return call + "\nroot ::= ebb-call-block"
+        opener = "\\[" if fmt == MISTRAL else OPENERS[fmt]  # "[" is escaped in a GBNF class
         return (call + "\nroot ::= ebb-call-block | ebb-text"
-                + '\nebb-text ::= [^< \\t\\r\\n] [^\\x00]*')
+                + f'\nebb-text ::= [^{opener} \\t\\r\\n] [^\\x00]*')
     return (call + "\nroot ::= ebb-tool-call | ebb-text"
             + '\nebb-text ::= [^{ \\t\\r\\n] [^\\x00]*')
 
 
 _HERMES_BLOCK = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.S)
+# the reply's text has no [TOOL_CALLS] when the model wrote the control token (it is not text)
+_MISTRAL_BLOCK = re.compile(r"^\s*(?:\[TOOL_CALLS\])?\s*\[\s*(.*?)\s*\]\s*$", re.S)
 
 
 def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
@@ -211,8 +248,8 @@ def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
     """The call a reply makes (in the template's format `fmt`, else bare JSON), or None when
     it is text (or no tool could be called)."""
     usable = {t.name for t in offered(tools, choice)}
-    if fmt == HERMES:
-        m = _HERMES_BLOCK.match(text)
+    if fmt in OPENERS:
+        m = (_HERMES_BLOCK if fmt == HERMES else _MISTRAL_BLOCK).match(text)
         if not usable or m is None:
             return None
         text = m.group(1)
@@ -224,7 +261,8 @@ def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
         return None  # cut short (max_tokens): the client gets the text and finish "length"
     if not isinstance(obj, dict) or obj.get("name") not in usable:
         return None
-    return ToolCall("call_" + secrets.token_hex(12), str(obj["name"]),
+    call_id = secrets.token_hex(5)[:9] if fmt == MISTRAL else "call_" + secrets.token_hex(12)
+    return ToolCall(call_id, str(obj["name"]),
                     json.dumps(obj.get(_ARGUMENTS.get(fmt or "", "arguments"), {})))
 
 

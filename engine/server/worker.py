@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -30,7 +30,7 @@ from engine.server.api import (
     logprobs_within,
     usage,
 )
-from engine.server.tools import HERMES, CallGate, read_call, spec, template_format
+from engine.server.tools import OPENERS, CallGate, read_call, spec, template_extra, template_format
 from engine.server.tools import grammar as tool_grammar
 
 if TYPE_CHECKING:
@@ -170,7 +170,8 @@ def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[
     if fmt is not None:
         session.set_system(req.own_system if req.own_system is not None else default_system)
         session.set_tools([spec(t) for t in usable])
-        *before, last = req.messages
+        # call ids as the template takes them (Mistral's: 9 letters and digits)
+        *before, last = [replace(t, extra=template_extra(fmt, t.extra)) for t in req.messages]
         grammar = tool_grammar(req.tools, req.tool_choice, fmt)
     else:
         session.set_system(req.system if req.system is not None else default_system)
@@ -182,7 +183,7 @@ def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
-    gate = CallGate(bool(usable), "<" if fmt == HERMES else "{")  # a call is held, not streamed
+    gate = CallGate(bool(usable), OPENERS.get(fmt or "", "{"))  # a call is held, not streamed
     shown: list[str] = []
 
     def show(text: str) -> None:
