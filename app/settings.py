@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import PhaseTuning, SessionConfig
 from engine.units import parse_size
+
+if TYPE_CHECKING:
+    from engine.llama.runtime import GenParams
 
 DEMO = "demo"
 DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a picture's colour "
@@ -136,6 +139,20 @@ def default_gen_params(s: dict[str, Any]) -> Any:
     return GenParams(max_tokens=int(s["max_tokens"]), temperature=float(s["temperature"]),
                      top_p=float(s["top_p"]), repeat_penalty=float(s["repeat_penalty"]),
                      seed=int(s["seed"]))
+
+
+def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
+    """A reply's sampling (GenParams): `base` (the window's, from Settings), with the chat's
+    own on top where it has them (Model → Chat settings…)."""
+    own = store.setting(f"chat:{conv_id}") if conv_id else None
+    if not isinstance(own, dict):
+        return base
+    p = chat_params(store, conv_id)
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return replace(base, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                   repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]),
+                   grammar=str(JSON_GBNF) if p["json_replies"] else "")
 
 
 def set_chat_params(store: Any, conv_id: int, params: dict[str, Any]) -> None:

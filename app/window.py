@@ -49,6 +49,7 @@ from app.notices import NoticeArea
 from app.panel import ElidedLabel, MemoryPanel
 from app.settings import (
     DEMO,
+    chat_gen_params,
     chat_params,
     checked_settings,
     default_gen_params,
@@ -352,16 +353,7 @@ class MainWindow(QMainWindow):
         self.request_history.emit(ChatHistory(self.chat.history(), system))
 
     def chat_gen_params(self) -> GenParams:
-        """The reply's sampling: the window's (Settings'), with the open chat's own on top."""
-        own = self.store.setting(f"chat:{self.conv_id}") if self.conv_id else None
-        if not isinstance(own, dict):
-            return self.gen_params
-        p = chat_params(self.store, self.conv_id)
-        from llama_cpp.llama_grammar import JSON_GBNF
-
-        return replace(self.gen_params, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
-                       repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]),
-                       grammar=str(JSON_GBNF) if p["json_replies"] else "")
+        return chat_gen_params(self.store, self.conv_id, self.gen_params)
 
     def _on_chat_settings(self) -> None:
         from app.chat_settings import ChatSettingsDialog
