@@ -158,7 +158,7 @@ class EngineWorker(QObject):
                 layers_by_device=dict(s.model.placement.layers_by_device),
                 placement_reason=s.model.placement_reason, memory_note=s.model.memory_note,
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
-                projector_synthetic=bool(proj and proj.synthetic), vision=s.vision_enabled,
+                projector_synthetic=bool(proj and proj.synthetic), vision=s.encoder.enabled,
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
                 # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                 backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),
@@ -186,7 +186,7 @@ class EngineWorker(QObject):
             self._session.set_vision(enabled)
         except EbbError as exc:
             self._fail(0, exc)
-            enabled = self._session.vision_enabled
+            enabled = self._session.encoder.enabled
         self.engine_event.emit(events.VisionChanged(0, enabled=enabled))
 
     @Slot(int, str, object, object)

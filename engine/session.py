@@ -107,10 +107,6 @@ class Session:
         self.load_rpc_bytes_sent = (sent1 or 0) - (sent0 or 0)
         self.model.emit()
 
-    @property
-    def vision_enabled(self) -> bool:
-        return self.encoder.enabled
-
     def close(self) -> None:
         if self.abandoned:  # its buffers live on a server that is gone: freeing would abort
             self._stack.pop_all()
@@ -145,7 +141,7 @@ class Session:
         self._check_device()
         try:
             images = [load_image(Path(p)) for p in image_paths]
-            if images and (self.encoder.ram is None or not self.vision_enabled):
+            if images and (self.encoder.ram is None or not self.encoder.enabled):
                 raise EbbError("this message has images but vision is off" if self.proj_info
                                else "this message has images but no projector is loaded",
                                "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
@@ -429,7 +425,7 @@ class Session:
         """Chat messages for the template (`history`, default the session's, then `extra`), and
         the image keys in prompt order. With vision off, earlier images are left out."""
         marker = self.encoder.marker
-        use_images = bool(marker) and self.vision_enabled
+        use_images = bool(marker) and self.encoder.enabled
         msgs = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
         keys: list[str] = []
         for t in [*(self.history if history is None else history), *([extra] if extra else [])]:
@@ -446,7 +442,7 @@ class Session:
     def _pending_history_images(self) -> list[LoadedImage]:
         """Earlier images not encoded yet (a saved conversation, reopened). One that can no
         longer be read leaves the conversation: its place in the prompt goes with it."""
-        if not self.vision_enabled:
+        if not self.encoder.enabled:
             return []
         images, lost = self.encoder.pending([k for t in self.history for k in t.image_keys])
         if lost:
