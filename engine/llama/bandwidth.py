@@ -5,13 +5,14 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import EbbError
 from engine.llama import ggml
 from engine.llama.devices import find_device, wait_until_done
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
 
 
 def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: int) -> float:
@@ -36,6 +37,8 @@ def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
     By default the best the link gives: copies of each size in `pieces` (0: one whole copy),
     the best rate of `repeats` tries of each (a limit). `typical`: the median of `repeats` tries
     in 4 MiB copies, as a restore copies (a prediction)."""
+    import numpy as np
+
     g = ggml.lib()
     buft = g.base.ggml_backend_dev_buffer_type(find_device(device).handle)
     src = np.resize(np.arange(256, dtype=np.uint8), n_bytes)  # any bytes: nothing compresses

@@ -27,9 +27,9 @@ class GgmlLibs:
 
 
 def _lib_dir() -> Path:
-    import llama_cpp
+    from engine.llama.lib import binding
 
-    return Path(llama_cpp.__file__).parent / "lib"
+    return Path(binding().__file__).parent / "lib"
 
 
 def _sig(lib: Any, name: str, res: Any, *args: Any) -> None:

@@ -51,10 +51,11 @@ def install() -> None:
     global _callback
     if _callback is not None:
         return
-    import llama_cpp
+    from engine.llama.lib import binding
 
-    _callback = llama_cpp.llama_log_callback(_on_log)
-    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+    L = binding()
+    _callback = L.llama_log_callback(_on_log)
+    L.llama_log_set(_callback, ctypes.c_void_p(0))
 
 
 def callback() -> Any:

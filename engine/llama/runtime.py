@@ -15,16 +15,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from engine import stops
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
 from engine.llama import log as llama_log
+from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import llama
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
 
 DEFAULT_CTX = 4096
 MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept
@@ -325,6 +327,8 @@ class TextRuntime:
         which), else the mean over the tokens, L2-normalised. Computed in a context of its own
         on the loaded weights, so the conversation's KV cache is untouched, with its KV cache in
         RAM and freed before returning: no device memory stays taken."""
+        import numpy as np
+
         L = llama()
         longest = max(len(t) for t in inputs)
         if longest > self.n_ctx:
@@ -377,6 +381,8 @@ class TextRuntime:
 
     def logits_for(self, tokens: list[int]) -> np.ndarray:
         """Last-position logits of `tokens` from an empty context (the KV cache is cleared)."""
+        import numpy as np
+
         L = llama()
         self.reset()
         self._decode_tokens(tokens)
@@ -386,9 +392,7 @@ class TextRuntime:
         self.reset()
         return out
 
-    def _chat_template(self) -> Any:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
+    def _chat_template(self) -> ChatTemplate:
         L = llama()
         raw = L.llama_model_chat_template(self.model, None)
         template = raw.decode("utf-8") if raw else CHATML_TEMPLATE
@@ -399,7 +403,7 @@ class TextRuntime:
         def text(t: int) -> str:
             return str(L.llama_vocab_get_text(self.vocab, t).decode()) if t >= 0 else ""
 
-        return Jinja2ChatFormatter(template=template, eos_token=text(eos), bos_token=text(bos))
+        return ChatTemplate(template, eos_token=text(eos), bos_token=text(bos))
 
     def close(self) -> None:
         self._stack.close()
@@ -416,8 +420,8 @@ class TextRuntime:
                     tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
         """The model's chat template applied to messages, ready for the assistant's reply;
         `tools` (OpenAI's function specs) go to a template that lists them itself."""
-        res = self.template(messages=messages, tools=tools) if tools else self.template(messages=messages)
-        return res.prompt, bool(res.added_special)
+        # (prompt, add_special): BOS as the model's vocabulary says, as llama-cpp-python does
+        return self.template(messages=messages, tools=tools or None), True
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         L = llama()
@@ -435,6 +439,8 @@ class TextRuntime:
 
     def _logprobs(self, token: int, k: int) -> dict[str, Any]:
         """The sampled token's log-probability and the `k` most likely, from the last logits."""
+        import numpy as np
+
         L = llama()
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1),
                                        shape=(self.info.n_vocab,)).astype(np.float64)
@@ -514,6 +520,8 @@ class TextRuntime:
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
         step of greedy generation, as measurements time it. Returns the token."""
+        import numpy as np
+
         L = llama()
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.info.n_vocab,))
         token = int(np.argmax(logits))
@@ -526,6 +534,7 @@ class TextRuntime:
         (M-RoPE's four per embedding), its attention (non-causal for Gemma 3) and its advance
         (`n_pos`) are llama.cpp's."""
         import llama_cpp.mtmd_cpp as M
+        import numpy as np
 
         emb = np.ascontiguousarray(img.embeddings, dtype=np.float32)
         n = emb.shape[0]

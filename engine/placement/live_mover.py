@@ -17,12 +17,13 @@ from __future__ import annotations
 import ctypes
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import EbbError
 from engine.llama import ggml
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
 
 _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
 
@@ -124,7 +125,7 @@ def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
 def discover_layer_weights(decode_one: Callable[[Any], None]) -> dict[int, list[int]]:
     """Run one decode through `decode_one(cb_eval)` and collect, per layer, the host weight
     tensors its graph reads. Keyed by pointer (tied embeddings share a name)."""
-    import llama_cpp
+    from engine.llama.lib import binding
 
     g = ggml.lib()
     found: dict[int, int] = {}
@@ -143,7 +144,7 @@ def discover_layer_weights(decode_one: Callable[[Any], None]) -> dict[int, list[
                     found[src] = int(m.group(1))
         return False
 
-    cb = llama_cpp.ggml_backend_sched_eval_callback(on_node)
+    cb = binding().ggml_backend_sched_eval_callback(on_node)
     decode_one(cb)
     layers: dict[int, list[int]] = {}
     for ptr, layer in found.items():
@@ -163,7 +164,7 @@ class LiveMover:
         self.align = int(self.g.base.ggml_backend_buft_get_alignment(self.buft))
         self._reschedule = reschedule
         self._moved: dict[int, _Moved] = {}
-        self._staging = np.zeros(0, dtype=np.uint8)
+        self._staging: np.ndarray | None = None
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
         # what does not change while the model lives, asked once: each tensor's view, each
@@ -279,7 +280,9 @@ class LiveMover:
         return sum(nbytes.values())
 
     def _zeros(self, n_bytes: int) -> np.ndarray:
-        if self._staging.size < n_bytes:
+        import numpy as np
+
+        if self._staging is None or self._staging.size < n_bytes:
             self._staging = np.zeros(n_bytes, dtype=np.uint8)
         return self._staging
 

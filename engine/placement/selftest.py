@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-
 from engine import testhooks
 from engine.gguf.info import ModelInfo
 from engine.llama.runtime import LoadParams, TextRuntime
 from engine.paths import cache_dir
 
 if TYPE_CHECKING:
+    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+
     from engine.placement.live_mover import LiveMover
 
 FAIL_ENV = testhooks.BREAK_LIVE_MOVER  # test-only hook: "1" makes the comparison fail
@@ -31,6 +31,8 @@ PROMPT = "Ebb self-test: the quick brown fox jumps over the lazy dog."
 
 
 def _digest(a: np.ndarray) -> str:
+    import numpy as np
+
     return hashlib.sha256(np.ascontiguousarray(a, dtype=np.float32).tobytes()).hexdigest()
 
 

@@ -11,9 +11,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import EbbError
 from engine.gguf.info import (
@@ -26,6 +24,9 @@ from engine.gguf.info import (
 from engine.llama import log as llama_log
 from engine.llama.lib import llama
 from engine.vision.images import LoadedImage
+
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
 # bigger than any family's cap, in the shapes that tile differently: they size a dynamic or
@@ -251,6 +252,8 @@ class ProjectorRuntime:
             raise EbbError(f"encoding image {name} failed (code {rc}): {llama_log.last_error('')}")
         out = M.mtmd_get_output_embd(self.ctx)
         n = piece.n_tokens
+        import numpy as np
+
         emb = np.ctypeslib.as_array(out, shape=(n * self.n_embd,)).copy()
         return Encoded(n, emb.reshape(n, self.n_embd), encode_s)
 

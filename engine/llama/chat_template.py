@@ -1,0 +1,61 @@
+"""A model's chat template (Jinja), rendered as llama-cpp-python's `Jinja2ChatFormatter` renders
+it: the same sandbox, options, filters and globals, which follow Transformers' chat templates.
+
+Ours because that formatter lives in `llama_cpp.llama_chat_format`, which imports the library's
+whole high-level API (numpy, diskcache, ...) on the way to the first token (#31). A test renders
+every template the suite has through both and compares.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class _IgnoreGenerationTags(jinja2.ext.Extension):
+    """Pass-through for HuggingFace's `{% generation %}` chat-template tag."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _raise_exception(message: str) -> None:
+    raise ValueError(message)
+
+
+class ChatTemplate:
+    """`template(messages=[...], tools=[...])` is the prompt, ready for the assistant's reply."""
+
+    def __init__(self, source: str, eos_token: str, bos_token: str) -> None:
+        self.source = source
+        self.eos_token = eos_token
+        self.bos_token = bos_token
+        env = ImmutableSandboxedEnvironment(
+            loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+            extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        self._template = env.from_string(source)
+
+    def __call__(self, *, messages: list[dict[str, Any]],
+                 tools: list[dict[str, Any]] | None = None) -> str:
+        return self._template.render(
+            messages=messages, eos_token=self.eos_token, bos_token=self.bos_token,
+            raise_exception=_raise_exception, add_generation_prompt=True, functions=None,
+            function_call=None, tools=tools, tool_choice=None, strftime_now=_strftime_now)

@@ -1,0 +1,136 @@
+"""#31: what a start imports on the way to its first token, and the pieces that let it skip the
+library's high-level API (llama_cpp.llama: numpy, diskcache, ...)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# the Transformers extras a template may use: {% generation %}, loop controls, tojson's
+# arguments, strftime_now and raise_exception
+EXTRAS_TEMPLATE = """{%- for m in messages -%}
+{%- if m.role == 'stop' %}{% break %}{% endif -%}
+{%- if m.role == 'skip' %}{% continue %}{% endif -%}
+{%- if m.role == 'bad' %}{{ raise_exception('roles must alternate: ' ~ m.content) }}{% endif -%}
+[{{ m.role }}]{% generation %}{{ m.content }}{% endgeneration %}{{ eos_token }}
+{% endfor -%}
+{%- if tools %}{{ tools | tojson(indent=2, sort_keys=True) }}{% endif -%}
+{{ bos_token }}{{ strftime_now('%Y') }}{% if add_generation_prompt %}[assistant]{% endif %}"""
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city, «today»",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "and ünicode ✓?"}],
+    [{"role": "user", "content": "weather in Oslo?"},
+     {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "abcdefghi", "type": "function",
+          "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+     {"role": "tool", "tool_call_id": "abcdefghi", "content": '{"temp": -3}'}],
+    [{"role": "user", "content": "a"}, {"role": "skip", "content": "x"},
+     {"role": "stop", "content": "y"}, {"role": "user", "content": "never"}],
+]
+
+
+def _templates(model_path: Path) -> dict[str, str]:
+    from engine.gguf.info import read_gguf
+    from engine.llama.runtime import CHATML_TEMPLATE
+
+    out = {p.name: p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))}
+    out["SmolLM2's own"] = read_gguf(model_path).metadata["tokenizer.chat_template"]
+    out["ChatML (no template in the file)"] = CHATML_TEMPLATE
+    out["Transformers extras"] = EXTRAS_TEMPLATE
+    return out
+
+
+def test_a_chat_template_renders_as_the_librarys_formatter(model_path):
+    """Ebb renders templates itself (the library's formatter imports its whole high-level API):
+    every template the suite has, with and without tools, gives the library's prompt exactly."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from engine.llama.chat_template import ChatTemplate
+
+    compared = 0
+    for name, source in _templates(model_path).items():
+        ours = ChatTemplate(source, eos_token="<|im_end|>", bos_token="<s>")
+        theirs = Jinja2ChatFormatter(template=source, eos_token="<|im_end|>", bos_token="<s>")
+        for messages in CONVERSATIONS:
+            for tools in (None, TOOLS):
+                try:
+                    want = theirs(messages=messages, tools=tools).prompt
+                except Exception as exc:  # noqa: BLE001 - a template may refuse a conversation
+                    with pytest.raises(type(exc), match=None):
+                        ours(messages=messages, tools=tools)
+                    continue
+                assert ours(messages=messages, tools=tools) == want, (name, messages, tools)
+                compared += 1
+    assert compared >= 30
+
+
+def test_raise_exception_in_a_template_is_a_value_error_with_its_words():
+    from engine.llama.chat_template import ChatTemplate
+
+    t = ChatTemplate(EXTRAS_TEMPLATE, eos_token="", bos_token="")
+    with pytest.raises(ValueError, match="roles must alternate: x"):
+        t(messages=[{"role": "bad", "content": "x"}])
+
+
+_CHAT_THEN_REPORT = """
+import json, sys
+from engine.cli import main
+rc = main(["chat", "--model", sys.argv[1], "--prompt", "hi", "--max-tokens", "1", "--temp", "0",
+           "--threads", "2", "--ctx", "512", "--json"])
+print(json.dumps({"rc": rc, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in
+                                             ("numpy", "llama_cpp", "diskcache", "PIL"))}))
+"""
+
+
+def test_a_chat_reaches_its_first_token_without_the_librarys_high_level_api(model_path):
+    """`ebb-engine chat` answers with only the ctypes bindings of llama-cpp-python loaded: not
+    `llama_cpp.llama` and what it brings (numpy, diskcache), which cost 0.1-0.15 s of every
+    start on 2 cores."""
+    proc = subprocess.run([sys.executable, "-c", _CHAT_THEN_REPORT, str(model_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    turn, report = json.loads(lines[-2]), json.loads(lines[-1])
+    assert report["rc"] == 0 and turn["n_gen_tokens"] == 1 and turn["first_token_s"] > 0
+    assert "llama_cpp.llama_cpp" in report["loaded"]
+    assert not {"llama_cpp.llama", "llama_cpp.llama_chat_format", "numpy", "diskcache",
+                "PIL"} & set(report["loaded"]), report["loaded"]
+
+
+_PACKAGE_ON_FIRST_USE = """
+import json, sys
+from engine.llama.lib import binding
+b = binding()
+before = "llama_cpp.llama" in sys.modules
+import llama_cpp
+still = "llama_cpp.llama" in sys.modules
+from llama_cpp import Llama
+print(json.dumps({"before": before, "after_import": still, "version": llama_cpp.__version__,
+                  "Llama": Llama.__module__, "same_binding": llama_cpp.llama_cpp is b,
+                  "backend_init": llama_cpp.llama_backend_init is b.llama_backend_init}))
+"""
+
+
+def test_the_rest_of_the_library_loads_when_first_asked_for():
+    """The package skipped at start is whole for whoever wants it: `from llama_cpp import
+    Llama` and `llama_cpp.__version__` run its own __init__ then, over the same binding."""
+    proc = subprocess.run([sys.executable, "-c", _PACKAGE_ON_FIRST_USE], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    import llama_cpp
+
+    assert out == {"before": False, "after_import": False, "version": llama_cpp.__version__,
+                   "Llama": "llama_cpp.llama", "same_binding": True, "backend_init": True}
