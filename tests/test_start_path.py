@@ -111,13 +111,19 @@ def test_a_chat_reaches_its_first_token_without_the_librarys_high_level_api(mode
 
 _PACKAGE_ON_FIRST_USE = """
 import json, sys
-from engine.llama.lib import binding
+from engine.llama.binding import binding
 b = binding()
 before = "llama_cpp.llama" in sys.modules
 import llama_cpp
 still = "llama_cpp.llama" in sys.modules
+from engine.llama.lib import llama
+from engine.llama import log
+llama()  # Ebb's log routing in place, as in a session
 from llama_cpp import Llama
-print(json.dumps({"before": before, "after_import": still, "version": llama_cpp.__version__,
+log.clear()
+assert not b.llama_model_load_from_file(b"/nonexistent/model.gguf", b.llama_model_default_params())
+print(json.dumps({"log_still_ours": any("/nonexistent/model.gguf" in line for _, line in log.recent()),
+"before": before, "after_import": still, "version": llama_cpp.__version__,
                   "Llama": Llama.__module__, "same_binding": llama_cpp.llama_cpp is b,
                   "backend_init": llama_cpp.llama_backend_init is b.llama_backend_init}))
 """
@@ -125,12 +131,40 @@ print(json.dumps({"before": before, "after_import": still, "version": llama_cpp.
 
 def test_the_rest_of_the_library_loads_when_first_asked_for():
     """The package skipped at start is whole for whoever wants it: `from llama_cpp import
-    Llama` and `llama_cpp.__version__` run its own __init__ then, over the same binding."""
+    Llama` and `llama_cpp.__version__` run its own __init__ then, over the same binding; and
+    llama.cpp's log stays routed through Ebb (the library sets its own logger on import: the
+    live mover's layer discovery reads that log)."""
     proc = subprocess.run([sys.executable, "-c", _PACKAGE_ON_FIRST_USE], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     import llama_cpp
 
-    assert out == {"before": False, "after_import": False, "version": llama_cpp.__version__,
+    assert out == {"log_still_ours": True, "before": False, "after_import": False, "version": llama_cpp.__version__,
                    "Llama": "llama_cpp.llama", "same_binding": True, "backend_init": True}
+
+
+_HIGH_LEVEL_FIRST_BY_ITS_MODULE = """
+import json, sys
+from engine.llama.lib import llama
+from engine.llama import log
+L = llama()
+import llama_cpp.llama_chat_format  # a submodule of the high-level API, not the package's name
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+import llama_cpp
+log.clear()
+assert not L.llama_model_load_from_file(b"/nonexistent/model.gguf", L.llama_model_default_params())
+print(json.dumps({"log_still_ours": any("/nonexistent/model.gguf" in line for _, line in log.recent()),
+                  "Llama": llama_cpp.Llama.__name__}))
+"""
+
+
+def test_importing_a_high_level_module_directly_keeps_the_package_whole():
+    """`import llama_cpp.llama_chat_format` on its own (it imports llama_cpp.llama, whose logger
+    module asks the package for the binding's names mid-import): the package still ends whole,
+    and llama.cpp's log still comes to Ebb."""
+    proc = subprocess.run([sys.executable, "-c", _HIGH_LEVEL_FIRST_BY_ITS_MODULE],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"log_still_ours": True,
+                                                                 "Llama": "Llama"}

@@ -27,7 +27,7 @@ class GgmlLibs:
 
 
 def _lib_dir() -> Path:
-    from engine.llama.lib import binding
+    from engine.llama.binding import binding
 
     return Path(binding().__file__).parent / "lib"
 

@@ -3,17 +3,14 @@ Every module that calls llama.cpp gets it from `llama()`. Engine thread (any thr
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from engine.llama import log as llama_log
+from engine.llama.binding import binding
 
 _backend_ready = False
-_package_lock = threading.Lock()
 
 
 def llama() -> Any:
@@ -31,36 +28,6 @@ def llama() -> Any:
         load_backend_modules(Path(L.__file__).parent / "lib")
         _backend_ready = True
     return L
-
-
-def binding() -> Any:
-    """`llama_cpp.llama_cpp`, the ctypes binding, without the rest of the package (#31).
-
-    The package's `__init__` also imports its high-level API (`llama_cpp.llama`: numpy, jinja2,
-    diskcache, multiprocessing, ...), 0.1-0.15 s of every start on 2 cores, and Ebb calls
-    none of it before the first token. So when nothing has imported the package yet, it goes
-    into `sys.modules` unexecuted (its submodules import as usual), and the first of its own
-    names anyone asks for (`llama_cpp.Llama`, `__version__`) runs the real `__init__` then."""
-    if "llama_cpp" not in sys.modules:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is not None and spec.loader is not None and spec.submodule_search_locations:
-            sys.modules["llama_cpp"] = _unexecuted_package(spec)
-    import llama_cpp.llama_cpp
-
-    return llama_cpp.llama_cpp
-
-
-def _unexecuted_package(spec: Any) -> Any:
-    pkg = importlib.util.module_from_spec(spec)
-
-    def rest_of_package(name: str) -> Any:  # PEP 562: called only for a name not there yet
-        with _package_lock:
-            if pkg.__dict__.pop("__getattr__", None) is not None:
-                spec.loader.exec_module(pkg)  # `from .llama_cpp import *; from .llama import *`
-        return getattr(pkg, name)
-
-    pkg.__getattr__ = rest_of_package  # type: ignore[method-assign]
-    return pkg
 
 
 def load_backend_modules(lib_dir: Path) -> list[str]:

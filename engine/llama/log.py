@@ -51,7 +51,7 @@ def install() -> None:
     global _callback
     if _callback is not None:
         return
-    from engine.llama.lib import binding
+    from engine.llama.binding import binding
 
     L = binding()
     _callback = L.llama_log_callback(_on_log)

@@ -125,7 +125,7 @@ def layout_copies(entries: list[Entry], align: int, chunk_bytes: int,
 def discover_layer_weights(decode_one: Callable[[Any], None]) -> dict[int, list[int]]:
     """Run one decode through `decode_one(cb_eval)` and collect, per layer, the host weight
     tensors its graph reads. Keyed by pointer (tied embeddings share a name)."""
-    from engine.llama.lib import binding
+    from engine.llama.binding import binding
 
     g = ggml.lib()
     found: dict[int, int] = {}

@@ -1,0 +1,51 @@
+"""llama-cpp-python's ctypes binding, imported without the library's high-level API (#31)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from typing import Any
+
+_package_lock = threading.RLock()
+
+
+def binding() -> Any:
+    """`llama_cpp.llama_cpp`, the ctypes binding, without the rest of the package (#31).
+
+    The package's `__init__` also imports its high-level API (`llama_cpp.llama`: numpy, jinja2,
+    diskcache, multiprocessing, ...), 0.1-0.15 s of every start on 2 cores, and Ebb calls
+    none of it before the first token. So when nothing has imported the package yet, it goes
+    into `sys.modules` unexecuted: its submodules import as usual, the binding's names are
+    served from the binding (as its `from .llama_cpp import *` would), and the first other
+    name anyone asks for (`llama_cpp.Llama`, `__version__`) runs the real `__init__` then.
+
+    `llama_cpp._logger` comes with it: on import it sets the library's own llama.cpp logger,
+    so it is imported now, before Ebb routes the log (engine/llama/log.py), not later by
+    whoever imports the high-level API."""
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is not None and spec.loader is not None and spec.submodule_search_locations:
+            sys.modules["llama_cpp"] = _unexecuted_package(spec)
+    import llama_cpp.llama_cpp
+    import llama_cpp._logger  # noqa: F401 - after the binding, whose names it uses; see above
+
+    return llama_cpp.llama_cpp
+
+
+def _unexecuted_package(spec: Any) -> Any:
+    pkg = importlib.util.module_from_spec(spec)
+
+    def rest_of_package(name: str) -> Any:  # PEP 562: called only for a name not there yet
+        bound = sys.modules.get("llama_cpp.llama_cpp")
+        if bound is not None and not name.startswith("_") and hasattr(bound, name):
+            return getattr(bound, name)
+        submodule = sys.modules.get(f"llama_cpp.{name}")  # one importing now (`import a.b as c`
+        if submodule is not None:                         # inside a's own circular imports)
+            return submodule
+        with _package_lock:
+            if pkg.__dict__.pop("__getattr__", None) is not None:
+                spec.loader.exec_module(pkg)  # `from .llama_cpp import *; from .llama import *`
+        return getattr(pkg, name)
+
+    pkg.__getattr__ = rest_of_package  # type: ignore[method-assign]
+    return pkg
