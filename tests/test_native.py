@@ -269,3 +269,33 @@ def test_the_cli_names_a_crash_once_and_offers_safe_mode(monkeypatch, tmp_path):
     assert "Last time, llama.cpp" in after.stderr and "--safe-mode" in after.stderr
     again = subprocess.run(args, capture_output=True, text=True)
     assert again.returncode == 0 and "Last time" not in again.stderr
+
+
+TOO_OLD_DRIVER = """
+/* a stand-in NVIDIA driver that reports CUDA 12.4 (drivers before 580 cannot run CUDA 13) */
+int cuDriverGetVersion(int *v) { *v = 12040; return 0; }
+"""
+
+
+def test_a_driver_too_old_for_the_cuda_build_is_named_with_both_versions(tmp_path):
+    """A CUDA build with a driver that is there but older than its runtime finds no GPU; the note
+    says which CUDA each has and what to do, not "no usable GPU". (Checked once end to end on
+    the CUDA build with this stand-in as libcuda.so.1: `ebb-engine chat` said it and answered.)"""
+    import ctypes
+
+    from engine.llama.about import _cuda_version, cuda_no_device_reason
+
+    assert cuda_no_device_reason(12040, 13000) == (
+        "the NVIDIA driver supports CUDA 12.4, older than the CUDA 13.0 this build uses "
+        "(update the NVIDIA driver)")
+    assert cuda_no_device_reason(13010, 13000) == "the NVIDIA driver reports no usable GPU"
+    assert cuda_no_device_reason(12080, None) == "the NVIDIA driver reports no usable GPU"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver")
+    (tmp_path / "fake.c").write_text(TOO_OLD_DRIVER)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
+    assert _cuda_version(ctypes.CDLL(str(lib)), "cuDriverGetVersion") == 12040
+    assert _cuda_version(ctypes.CDLL(str(lib)), "cuNoSuchFunction") is None
+    assert _cuda_version(None, "cudaRuntimeGetVersion") is None

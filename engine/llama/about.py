@@ -84,11 +84,53 @@ def _no_device_reason(name: str) -> str:
 
     if name == "CUDA":
         try:
-            ctypes.CDLL("libcuda.so.1")
+            cuda = ctypes.CDLL("libcuda.so.1")
         except OSError:
             return "no NVIDIA driver was found (libcuda.so.1 is missing)"
-        return "the NVIDIA driver reports no usable GPU"
+        return cuda_no_device_reason(_cuda_version(cuda, "cuDriverGetVersion"),
+                                     _cuda_version(_loaded_cudart(), "cudaRuntimeGetVersion"))
     return f"{name} found no device"
+
+
+def cuda_no_device_reason(driver: int | None, runtime: int | None) -> str:
+    """Why a driver is there and CUDA still has no device. Versions as CUDA gives them
+    (12040: 12.4). A driver older than the runtime the build uses (CUDA 13 wants driver 580
+    or newer) is the common case on a desktop, and the user can fix it."""
+    def v(n: int) -> str:
+        return f"{n // 1000}.{n % 1000 // 10}"
+
+    if driver is not None and runtime is not None and driver < runtime:
+        return (f"the NVIDIA driver supports CUDA {v(driver)}, older than the CUDA {v(runtime)} "
+                "this build uses (update the NVIDIA driver)")
+    return "the NVIDIA driver reports no usable GPU"
+
+
+def _cuda_version(lib: object, fn: str) -> int | None:
+    import ctypes
+
+    out = ctypes.c_int(0)
+    try:
+        rc = getattr(lib, fn)(ctypes.byref(out))
+    except (AttributeError, OSError):
+        return None
+    return out.value if rc == 0 and out.value > 0 else None
+
+
+def _loaded_cudart() -> object:
+    """The CUDA runtime ggml's CUDA module loaded (from the process's memory map), or None."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = sorted({line.split()[-1] for line in fh if "/libcudart.so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
 
 
 def cpu_backend_file() -> str:
