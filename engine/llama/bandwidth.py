@@ -3,7 +3,6 @@ deal layers over devices, by calibration and by the swap benchmark. Engine threa
 from __future__ import annotations
 
 import ctypes
-import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,8 @@ def measure_bandwidth(device: str, n_bytes: int = 64 * 2**20, repeats: int = 3,
     By default the best the link gives: copies of each size in `pieces` (0: one whole copy),
     the best rate of `repeats` tries of each (a limit). `typical`: the median of `repeats` tries
     in 4 MiB copies, as a restore copies (a prediction)."""
+    import statistics
+
     import numpy as np
 
     g = ggml.lib()

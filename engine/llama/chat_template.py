@@ -8,7 +8,6 @@ every template the suite has through both and compares.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 import jinja2
@@ -33,6 +32,8 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 def _strftime_now(fmt: str) -> str:
+    from datetime import datetime
+
     return datetime.now().strftime(fmt)
 
 

@@ -5,13 +5,15 @@ Missing data is "not available" (None), never an exception. Called from the engi
 from __future__ import annotations
 
 import atexit
-import socket
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from engine.errors import EbbError
 from engine.llama import ggml
+
+if TYPE_CHECKING:
+    import socket  # imported where used: only RPC needs it (#31: ~5 ms of every start)
 
 _rpc_lock = threading.Lock()
 _rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added
@@ -88,6 +90,8 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
     """Add an RPC server's devices to llama.cpp's registry (once per endpoint). Returns names."""
+    import socket
+
     host, port = parse_endpoint(endpoint)
     with _rpc_lock:
         if endpoint in _rpc_endpoints:
@@ -115,6 +119,7 @@ def connect_rpc(endpoint: str, timeout_s: float = 3.0) -> list[str]:
 def _our_sockets() -> list[socket.socket]:
     """Duplicates of this process's TCP sockets (close them after use)."""
     import os
+    import socket
 
     out: list[socket.socket] = []
     try:
@@ -135,6 +140,8 @@ def _our_sockets() -> list[socket.socket]:
 
 
 def _peers(endpoint: str) -> set[tuple[str, int]]:
+    import socket
+
     host, port = parse_endpoint(endpoint)
     try:
         return {(str(ai[4][0]), port) for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
@@ -144,6 +151,8 @@ def _peers(endpoint: str) -> set[tuple[str, int]]:
 
 def _connection_alive(sock: socket.socket) -> bool:
     """False when the peer closed the connection or it broke (looks without reading)."""
+    import socket
+
     try:
         return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
     except BlockingIOError:
@@ -164,6 +173,10 @@ def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
     Our open connections to a server tell, without a new connection (a busy ggml server
     accepts one client at a time and its backlog is short): a server that died has closed them.
     """
+    if not _rpc_endpoints:
+        return []
+    import socket
+
     gone = []
     socks = _our_sockets()
     try:
@@ -199,6 +212,8 @@ def check_rpc_servers(timeout_s: float = 1.0) -> list[str]:
 def refused_endpoints(timeout_s: float = 0.5) -> list[str]:
     """Registered RPC servers that refuse a fresh connection (nothing listens any more). A busy
     live server may not answer in time: only a refusal counts."""
+    import socket
+
     out = []
     for endpoint in list(_rpc_endpoints):
         host, port = parse_endpoint(endpoint)
@@ -265,6 +280,9 @@ _TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_
 def rpc_bytes_sent() -> int | None:
     """Bytes this process has sent (and had acknowledged) to the RPC servers it connected to,
     from the kernel's statistics of its own TCP sockets; None where they are not available."""
+    if not _rpc_endpoints:
+        return None
+    import socket
     import struct
 
     peers: set[tuple[str, int]] = set()

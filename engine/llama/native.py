@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import functools
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +40,17 @@ _session_safe_mode = ""  # why safe mode is on for this process ("": off); see s
 
 # ------------------------------------------------------------------ identities
 
-def _cpuinfo() -> tuple[str, set[str]]:
-    """(model name, flags) of the first processor in /proc/cpuinfo (empty elsewhere)."""
-    name, flags = platform.processor() or platform.machine(), set[str]()
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first processor in /proc/cpuinfo; elsewhere, or without a
+    model name, what `platform` says (its `processor()` runs `uname -p`: ~7 ms, so only then)."""
+    name, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key == "model name" and name in ("", platform.machine(), platform.processor()):
+                if key == "model name" and not name:
                     name = value.strip()
                 elif key in ("flags", "Features") and not flags:
                     flags = set(value.split())
@@ -56,7 +58,11 @@ def _cpuinfo() -> tuple[str, set[str]]:
                     break
     except OSError:
         pass
-    return name, flags
+    if not name:
+        import platform
+
+        name = platform.processor() or platform.machine()
+    return name, frozenset(flags)
 
 
 def cpu_name() -> str:
