@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError, is_allocation_failure
 from engine.gguf.info import ModelInfo
 from engine.ledger import Ledger
-from engine.llama.bandwidth import measure_bandwidth
 from engine.llama.devices import (
     default_budget,
     find_device,
@@ -29,7 +28,6 @@ from engine.llama.devices import (
 )
 from engine.llama.runtime import LoadedModel, LoadParams, TextRuntime
 from engine.placement import calibration
-from engine.placement.live_mover import LiveMover, discover_layer_weights
 from engine.placement.plan import (
     CPU,
     DeviceOffer,
@@ -39,8 +37,10 @@ from engine.placement.plan import (
     plan_placement,
     plan_spread,
 )
-from engine.placement.selftest import SelfTestReference, Setup
 from engine.units import fmt_bytes
+
+if TYPE_CHECKING:  # the live mover and its self-test are imported when an accelerator needs them
+    from engine.placement.live_mover import LiveMover  # (#31: ~7 ms of every start)
 
 log = logging.getLogger("ebb.residency")
 _KIND = {"model": "weights", "kv": "kv", "compute": "compute", "output": "output"}
@@ -214,6 +214,8 @@ class ModelResidency:
         """Several accelerators: the planner deals layers out by each device's measured link
         (calibration's, else a quick timed copy) and budget; llama.cpp's tensor split places
         them. The reload mover swaps (the live mover moves layers on one device)."""
+        from engine.llama.bandwidth import measure_bandwidth
+
         offers = []
         for dev in session_accelerators(self.cfg.rpc):
             cal = calibration.load(calibration.device_key(dev.name, dev.description))
@@ -235,6 +237,8 @@ class ModelResidency:
 
     def _load_live_checked(self, reserve_bytes: int) -> None:
         """The live layout, used only when its self-test matches the reload mover's logits."""
+        from engine.placement.selftest import SelfTestReference, Setup
+
         assert self.accel is not None
         placement = plan_placement(self.info, self.accel, self.budget_bytes, self.n_ctx,
                                    self.cfg.n_batch, self.cfg.flash, reserve_bytes, live=True,
@@ -259,6 +263,8 @@ class ModelResidency:
     def _load_live(self) -> None:
         """Load the live layout (every layer's weights in RAM), find the layers' weight
         tensors, and promote the placement's layers to the accelerator."""
+        from engine.placement.live_mover import LiveMover, discover_layer_weights
+
         assert self.accel is not None
         self.runtime = self._load_text()
         layers = discover_layer_weights(self.runtime.decode_once_with)
