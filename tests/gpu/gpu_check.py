@@ -31,6 +31,9 @@ def main() -> int:
     ap.add_argument("--shape", default="3b", choices=sorted(SHAPES))
     ap.add_argument("--rpc", action="append", default=[])
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--tokenizer-from", default=None,
+                    help="a GGUF whose tokenizer the generated model takes (default: the default "
+                         "model; packaging/gpu-pack.py packs a tokenizer-only one)")
     args = ap.parse_args()
     for ep in args.rpc:
         connect_rpc(ep)
@@ -40,7 +43,8 @@ def main() -> int:
     model = out / f"llama-{args.shape}.gguf"
     shape = SHAPES[args.shape]
     if not model.exists():
-        write_model(model, shape, default_model_path())
+        write_model(model, shape, Path(args.tokenizer_from) if args.tokenizer_from
+                    else default_model_path())
     proj = out / f"mmproj-large-{shape.n_embd}.gguf"
     if not proj.exists():
         write_projector(proj, shape.n_embd, size="large")
