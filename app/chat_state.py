@@ -205,11 +205,7 @@ class ChatState:
                 self.saved = self.store.message(old.id) or self.saved
             elif result.get("error") and pending is not None:
                 failed = pending
-                if self.reply_id:
-                    self.store.delete_message(self.reply_id)
-                self.store.delete_message(pending.message_id)
-                if not self.store.n_messages(self.conv_id):  # the refused text names no chat
-                    self.store.rename(self.conv_id, "New chat")
+                self._take_back(pending)
             elif pending is not None:
                 stats = self._remembered(result, reply_stats(result))
                 self.saved = Message(self.reply_id, "assistant", result.get("text", ""), [], stats)
@@ -261,6 +257,15 @@ class ChatState:
                 stats["memory_from"] = ids[start]
         return stats
 
+    def _take_back(self, pending: Pending) -> None:
+        """A message the engine did not answer leaves the store with its reply so far; a chat
+        it had named is "New chat" again (the refused text names no chat)."""
+        if self.reply_id:
+            self.store.delete_message(self.reply_id)
+        self.store.delete_message(pending.message_id)
+        if not self.store.n_messages(self.conv_id):
+            self.store.rename(self.conv_id, "New chat")
+
     def fail(self) -> Pending | None:
         """The engine failed outside a turn's result: take the user's message back."""
         if not self.busy or self.pending is None:
@@ -268,9 +273,7 @@ class ChatState:
         pending, self.pending = self.pending, None
         try:
             if pending.continues is None:
-                if self.reply_id:
-                    self.store.delete_message(self.reply_id)
-                self.store.delete_message(pending.message_id)
+                self._take_back(pending)
         except StoreError as exc:
             self.save_error = str(exc)
         finally:
@@ -328,6 +331,14 @@ def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, A
 # no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of
 # spaces or symbols of a few dozen): a message over n_ctx × this cannot fit, whatever its tokens
 MAX_BYTES_PER_TOKEN = 64
+
+
+def users_names(text: str, copies: dict[str, str]) -> str:
+    """`text` (an engine's error) with each image copy's name in the store (its content hash)
+    replaced by the name of the user's file it was copied from."""
+    for copy, user in copies.items():
+        text = text.replace(copy, user)
+    return text
 
 
 def oversized(text: str, n_ctx: int) -> str:

@@ -42,7 +42,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_state import MAX_BYTES_PER_TOKEN, ChatHistory, ChatState, Pending, oversized
+from app.chat_state import (
+    MAX_BYTES_PER_TOKEN,
+    ChatHistory,
+    ChatState,
+    Pending,
+    oversized,
+    users_names,
+)
 from app.composer import Composer
 from app.dialogs import ModelPicker, SettingsDialog
 from app.notices import NoticeArea
@@ -100,6 +107,7 @@ class MainWindow(QMainWindow):
         self._rpc = rpc or []  # servers from the command line: kept across reloads
         self._loaded: events.LoadDetails | None = None  # the last load's (About's diagnostics)
         self.last_error = ""
+        self._copy_names: dict[str, str] = {}  # the store's copy → the user's file, per request
         self._has_accel: bool | None = None  # known once a model has loaded
         self._n_ctx = 0  # the loaded model's context (0: none loaded yet)
         self._load_reason = ""  # why the next load happens, for the status line
@@ -481,6 +489,8 @@ class MainWindow(QMainWindow):
             self.chats.refresh()
 
     def _dispatch(self, pending: Pending, images: list[Path]) -> None:
+        # the engine reads the store's copies; an error about one names the user's file
+        self._copy_names = {Path(c).name: Path(u).name for c, u in zip(images, pending.images)}
         request_id = self.chat.begin(pending)
         self.welcome.hide()
         self.worker.stream.take()  # nothing left over from an earlier request
@@ -696,6 +706,7 @@ class MainWindow(QMainWindow):
         """A message the engine could not answer: out of the engine's history, back in the
         composer (nothing the user wrote is lost), with the reason. A Continue that failed
         leaves the reply as it was."""
+        error = users_names(error, self._copy_names)
         self.last_error = error
         if pending.continues is not None:
             self.transcript.end_reply(pending.continues)
@@ -705,6 +716,7 @@ class MainWindow(QMainWindow):
         self.composer.restore(pending.text, pending.images)
         self.composer.show_error(error)
         self._show_conversation()
+        self.chats.refresh()  # a chat this message had named is "New chat" again
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:
         self.last_error = ev.message

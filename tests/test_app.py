@@ -106,6 +106,27 @@ def test_bad_image_is_named_and_never_attached(qtbot, store, tmp_path):
     assert w.composer.images == [] and "notes.png" in w.composer.error.text()
 
 
+def test_a_message_the_engine_refuses_comes_back_under_the_users_names(qtbot, store, tmp_path,
+                                                                         pictures, base_projector):
+    """A picture damaged between attaching and sending: the engine cannot read the copy the
+    store made. The message comes back to the composer; the error names the user's file, not
+    the copy's hash; the chat it had named is "New chat" again, in the list too."""
+    import shutil
+
+    w = _window(qtbot, store, mmproj=str(base_projector), vision="cpu")
+    pic = tmp_path / "holiday.png"
+    shutil.copy(pictures["a.png"], pic)
+    assert w.composer.add_image(pic)
+    pic.write_bytes(pic.read_bytes()[:300])  # cut short after it was attached
+    _send(qtbot, w, "What is in this picture?")
+    error = w.composer.error.text()
+    assert w.composer.error.isVisible() and "holiday.png" in error, error
+    assert not any(f.stem in error for f in store.images_dir.iterdir()), error
+    assert w.composer.images == [pic] and "What is in this picture?" in w.composer.text()
+    assert store.n_messages(w.conv_id) == 0 and store.title(w.conv_id) == "New chat"
+    assert w.chats.list.currentItem().text() == "New chat"
+
+
 def test_reopened_app_shows_the_conversation(qtbot, store, tmp_path):
     w = _window(qtbot, store)
     _send(qtbot, w, QUESTION)
