@@ -188,3 +188,39 @@ def test_a_command_builds_only_its_groups_parser_and_every_command_is_listed():
             assert commands(build_parser(c)) == set(cs), c
     args = build_parser("chat").parse_args(["chat", "--prompt", "hi", "--max-tokens", "1"])
     assert args.prompt == "hi" and args.func.__name__ == "cmd_chat"
+
+
+_THREADS_AT_ONCE = """
+import sys, threading
+from engine.llama.binding import binding
+barrier = threading.Barrier(6)
+errors = []
+
+def first_use(i):
+    barrier.wait()
+    try:
+        if i % 2:
+            binding().llama_log_callback
+        else:
+            import llama_cpp
+            llama_cpp.__version__, llama_cpp.Llama, llama_cpp.llama_log_set
+    except Exception as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=first_use, args=(i,)) for i in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(errors or "ok")
+"""
+
+
+def test_threads_that_reach_the_library_at_once_all_get_it():
+    """The window's main thread and its engine worker may reach llama_cpp at the same moment:
+    one running the package's own __init__ must not leave the others a half-made package."""
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", _THREADS_AT_ONCE], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == "ok", proc.stdout

@@ -22,18 +22,20 @@ def binding() -> Any:
     `llama_cpp._logger` comes with it: on import it sets the library's own llama.cpp logger,
     so it is imported now, before Ebb routes the log (engine/llama/log.py), not later by
     whoever imports the high-level API."""
-    if "llama_cpp" not in sys.modules:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is not None and spec.loader is not None and spec.submodule_search_locations:
-            sys.modules["llama_cpp"] = _unexecuted_package(spec)
-    import llama_cpp.llama_cpp
-    import llama_cpp._logger  # noqa: F401 - after the binding, whose names it uses; see above
+    with _package_lock:  # the window's threads may both get here first
+        if "llama_cpp" not in sys.modules:
+            spec = importlib.util.find_spec("llama_cpp")
+            if spec is not None and spec.loader is not None and spec.submodule_search_locations:
+                sys.modules["llama_cpp"] = _unexecuted_package(spec)
+        import llama_cpp.llama_cpp
+        import llama_cpp._logger  # noqa: F401 - after the binding, whose names it uses; see above
 
     return llama_cpp.llama_cpp
 
 
 def _unexecuted_package(spec: Any) -> Any:
     pkg = importlib.util.module_from_spec(spec)
+    executed = threading.Event()
 
     def rest_of_package(name: str) -> Any:  # PEP 562: called only for a name not there yet
         bound = sys.modules.get("llama_cpp.llama_cpp")
@@ -42,10 +44,14 @@ def _unexecuted_package(spec: Any) -> Any:
         submodule = sys.modules.get(f"llama_cpp.{name}")  # one importing now (`import a.b as c`
         if submodule is not None:                         # inside a's own circular imports)
             return submodule
-        with _package_lock:
-            if pkg.__dict__.pop("__getattr__", None) is not None:
+        with _package_lock:  # another thread asking meanwhile waits for the whole package
+            if not executed.is_set():
+                executed.set()  # first: a name asked for during the run is looked up, not run
                 spec.loader.exec_module(pkg)  # `from .llama_cpp import *; from .llama import *`
-        return getattr(pkg, name)
+        try:
+            return pkg.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'llama_cpp' has no attribute {name!r}") from None
 
     pkg.__getattr__ = rest_of_package  # type: ignore[method-assign]
     return pkg
