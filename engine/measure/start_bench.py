@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -71,17 +72,20 @@ def _ready_s(cmd: list[str]) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["start_s"])
 
 
-def _first_token_s(cmd: list[str]) -> float:
-    """Seconds from starting `cmd` to the first byte it streams on stdout (the token)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
-    assert proc.stdout is not None
-    first = proc.stdout.read(1)
-    t = time.monotonic() - t0
-    _out, err = proc.communicate()
-    if proc.returncode != 0 or not first:
-        raise RuntimeError(f"{cmd[2]} ... exited {proc.returncode} before a token: "
-                           f"{err.decode(errors='replace').strip()[-500:]}")
+def _first_token_s(who: str, cmd: list[str]) -> float:
+    """Seconds from starting `cmd` to the first byte it streams on stdout (the token). Its
+    stderr goes to a file: a pipe nobody reads could fill and stall it before that byte."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=_env())
+        assert proc.stdout is not None
+        first = proc.stdout.read(1)
+        t = time.monotonic() - t0
+        proc.communicate()
+        if proc.returncode != 0 or not first:
+            err.seek(0)
+            raise RuntimeError(f"{who} exited {proc.returncode} before a token: "
+                               f"{err.read().decode(errors='replace').strip()[-500:]}")
     return t
 
 
@@ -91,14 +95,14 @@ def bench_start(model: Path, n_ctx: int, threads: int, rounds: int,
     runs: dict[str, list[dict[str, Any]]] = {"ebb": [], "bare": []}
     cmds = {"ebb": _ebb_cmd, "bare": _bare_cmd}
     for who in ("ebb", "bare"):  # not timed: bytecode written, files in the page cache
-        _first_token_s(cmds[who](model, n_ctx, threads, flash_attn, False))
+        _first_token_s(who, cmds[who](model, n_ctx, threads, flash_attn, False))
     for i in range(rounds):
         order = ("ebb", "bare") if i % 2 == 0 else ("bare", "ebb")
         for who in order:
             runs[who].append({"start_s": _ready_s(cmds[who](model, n_ctx, threads, flash_attn, True))})
         for who in order[::-1]:
             runs[who][-1]["first_token_s"] = _first_token_s(
-                cmds[who](model, n_ctx, threads, flash_attn, False))
+                who, cmds[who](model, n_ctx, threads, flash_attn, False))
 
     def med(who: str, key: str) -> float:
         return float(statistics.median(float(r[key]) for r in runs[who]))
