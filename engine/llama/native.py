@@ -22,9 +22,9 @@ Which thread: the guard runs on the thread that decodes (the engine's); the rest
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
-import functools
 import os
 import time
 from dataclasses import dataclass
