@@ -11,8 +11,9 @@ setup:
 run: setup
 	$(VENV)/bin/ebb $(ARGS)
 
+# --durations: the slowest tests are named at the end of every run
 test: setup
-	$(VENV)/bin/python -m pytest -m "not slow and not dist" $(ARGS)
+	$(VENV)/bin/python -m pytest -m "not slow and not dist" --durations=20 $(ARGS)
 
 # `make test` with two busy processes beside it (a loaded CI runner): it must stay green
 test-loaded: setup

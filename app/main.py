@@ -83,9 +83,7 @@ def _test_hooks(window: Any, app: Any) -> None:
     EBB_TEST_PRINT_NOTICE prints the notice and quits."""
     from PySide6.QtCore import QTimer
 
-    from engine import events
-
-    from engine import testhooks
+    from engine import events, testhooks
 
     if testhooks.value(testhooks.PRINT_NOTICE) and os.environ.get("EBB_NOTICE"):
         print(f"notice: {window.notice.text()}", flush=True)
@@ -217,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.resources import resource_path
     from app.settings import DEMO, session_config
     from app.store import Store
+    from engine import testhooks
     from engine.gguf.models import DEFAULT_NAME
     from engine.paths import data_dir
 
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for image in args.images:  # a picture opened with Ebb waits in the composer
         window.composer.add_image(image)
     _test_hooks(window, app)
-    if os.environ.get("EBB_QUIT_WHEN_SHOWN") == "1":  # for the start-up time test
+    if testhooks.value(testhooks.QUIT_WHEN_SHOWN) == "1":  # for the start-up time test
 
         def shown() -> None:  # runs once the event loop has mapped and painted the window
             print(f"shown {time.monotonic() - STARTED:.3f} {window.isVisible()}", flush=True)

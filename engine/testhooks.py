@@ -9,6 +9,8 @@ process; unset (as for every user), each does nothing. Any thread.
 | EBB_TEST_NATIVE_CRASH=1, =always | a model's first decode | the process dies by SIGSEGV, as a bad native build kills it (=1: not in safe mode) |
 | EBB_TEST_SEND=TEXT, EBB_TEST_IMAGE=PATH | the window | send TEXT (with the picture) once the model is loaded; print "streaming" at the first reply token |
 | EBB_TEST_PRINT_NOTICE=1 | the window | print the notice and quit |
+| EBB_QUIT_WHEN_SHOWN=1 | the window | print "shown SECONDS VISIBLE" once it is painted, and quit (the start-up time test) |
+| EBB_CALIBRATION=PATH | the calibration store | read and write this file instead of the cache's (each test run keeps its own) |
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ NATIVE_CRASH = "EBB_TEST_NATIVE_CRASH"
 SEND = "EBB_TEST_SEND"
 IMAGE = "EBB_TEST_IMAGE"
 PRINT_NOTICE = "EBB_TEST_PRINT_NOTICE"
+QUIT_WHEN_SHOWN = "EBB_QUIT_WHEN_SHOWN"
+CALIBRATION = "EBB_CALIBRATION"
 
 
 def value(name: str) -> str:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ os.environ["EBB_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ebb-cal-")) / 
 os.environ["EBB_NATIVE_DIR"] = tempfile.mkdtemp(prefix="ebb-native-")
 
 from engine.gguf.models import fetch_default_model  # noqa: E402
+from tests.helpers import N_THREADS, RpcServer, close_open_windows, fresh_store  # noqa: E402
 
 # The suite's own cache (the self-test references, tuning results, ...) stays out of the user's
 # ~/.cache/ebb; the models folder is the user's (linked), so nothing is fetched twice.
@@ -27,9 +27,6 @@ if not os.environ.get("EBB_TEST_KEEP_CACHE"):
     _suite_cache = Path(tempfile.mkdtemp(prefix="ebb-cache-"))
     (_suite_cache / "models").symlink_to(_user_models, target_is_directory=True)
     os.environ["EBB_CACHE_DIR"] = str(_suite_cache)
-
-N_THREADS = 2  # ggml spins: never more threads than the CI machine's cores
-
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
@@ -55,75 +52,6 @@ def text_runtime(model_path: Path):
     rt = TextRuntime(LoadParams(model_path, n_ctx=2048, n_threads=N_THREADS))
     yield rt
     rt.close()
-
-
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run `python -m engine ARGS` as a user would; returns the finished process."""
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RpcServer:
-    """`ebb-engine rpc-serve` on loopback in its own process: the stand-in accelerator."""
-
-    def __init__(self, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
-                 ready_line: str | None = None) -> None:
-        import socket
-        import time
-
-        self.port = free_port()
-        self.endpoint = f"{host}:{self.port}"
-        self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "engine", "rpc-serve", "--host", host, "--port",
-             str(self.port), "--threads", str(N_THREADS), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.output: list[str] = []
-        if ready_line is not None:  # e.g. after warming its cache
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if ready_line in line:
-                    return
-            raise RuntimeError("rpc-serve ended early:\n" + "".join(self.output))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection((host, self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("rpc-serve did not start")
-
-    def _status(self, key: str) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-        raise KeyError(key)
-
-    def rss_bytes(self) -> int:
-        return self._status("VmRSS")
-
-    def reset_peak(self) -> None:
-        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
-
-    def peak_rss_bytes(self) -> int:
-        return self._status("VmHWM")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 @pytest.fixture
@@ -173,7 +101,14 @@ def close_windows():
     import gc
 
     yield
-    test_app = sys.modules.get("tests.test_app")
-    if test_app is not None:
-        test_app.close_open_windows()
+    if "PySide6.QtWidgets" in sys.modules:
+        close_open_windows()
         gc.collect()
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh data folder's store with a small context and the suite's thread count."""
+    s = fresh_store(tmp_path)
+    yield s
+    s.close()

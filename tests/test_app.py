@@ -8,70 +8,22 @@ import pytest
 from PySide6.QtCore import QMimeData, QTimer, QUrl
 from PySide6.QtGui import QImage
 
-from app.settings import session_config
 from app.store import Store
-from app.window import MainWindow
 from engine.llama.runtime import GenParams
+from tests.helpers import (
+    RpcServer,
+    free_port,
+    open_window,
+    send,
+    wait_for,
+)
 
 QUESTION = "What is the capital of France? Answer in one word."
 
 
-def wait_for(condition, timeout=120_000):
-    """Spin the Qt event loop until `condition()` holds. Unlike QTest.qWait (which pytest-qt's
-    waitUntil uses), QEventLoop.exec releases the GIL, so the engine thread's Python runs."""
-    from PySide6.QtCore import QEventLoop
-
-    deadline = time.monotonic() + timeout / 1000
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} ms waiting for {condition}")
-        loop = QEventLoop()
-        QTimer.singleShot(10, loop.quit)
-        loop.exec()
-
-
-_open_windows: list[MainWindow] = []
-
-
-def close_open_windows() -> None:
-    """Close every window a test opened (conftest's autouse fixture calls it, pass or fail)."""
-    while _open_windows:
-        w = _open_windows.pop()
-        if w.isVisible() or not w._thread.isFinished():
-            w.close()
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "data")
-    s.set_setting("ctx", 1024)
-    s.set_setting("threads", 2)
-    yield s
-    s.close()
-
-
-def _window(qtbot, store, model="default", mmproj="", rpc=None, **settings):
-    for k, v in settings.items():
-        store.set_setting(k, v)
-    cfg, rpc = session_config(store, model, mmproj, rpc=rpc or [])
-    w = MainWindow(store, cfg, rpc)
-    _open_windows.append(w)
-    qtbot.addWidget(w)
-    w.show()
-    w.gen_params = GenParams(temperature=0, max_tokens=24)
-    wait_for(lambda: w.chat.loaded, timeout=120_000)
-    return w
-
-
-def _send(qtbot, w, text, timeout=120_000):
-    w.composer.edit.setPlainText(text)
-    w.send_message()
-    wait_for(lambda: not w.chat.busy, timeout=timeout)
-
-
 def _long_reply(qtbot, store, text, parts):
     """A window with a long reply under way (more than `parts` pieces streamed)."""
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     w.gen_params = GenParams(temperature=0, max_tokens=400)
     w.composer.edit.setPlainText(text)
     w.send_message()
@@ -80,9 +32,9 @@ def _long_reply(qtbot, store, text, parts):
 
 
 def test_window_title_and_a_streamed_text_reply(qtbot, store):
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     assert w.windowTitle().startswith("Ebb")
-    _send(qtbot, w, QUESTION)
+    send(qtbot, w, QUESTION)
     text = w.transcript.toPlainText()
     assert "Paris" in text and "tok/s" in text
     msgs = store.messages(w.conv_id)
@@ -99,7 +51,7 @@ def test_stop_in_the_middle_of_a_reply(qtbot, store):
 
 
 def test_bad_image_is_named_and_never_attached(qtbot, store, tmp_path):
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
     assert not w.composer.add_image(bad)
@@ -113,12 +65,12 @@ def test_a_message_the_engine_refuses_comes_back_under_the_users_names(qtbot, st
     the copy's hash; the chat it had named is "New chat" again, in the list too."""
     import shutil
 
-    w = _window(qtbot, store, mmproj=str(base_projector), vision="cpu")
+    w = open_window(qtbot, store, mmproj=str(base_projector), vision="cpu")
     pic = tmp_path / "holiday.png"
     shutil.copy(pictures["a.png"], pic)
     assert w.composer.add_image(pic)
     pic.write_bytes(pic.read_bytes()[:300])  # cut short after it was attached
-    _send(qtbot, w, "What is in this picture?")
+    send(qtbot, w, "What is in this picture?")
     error = w.composer.error.text()
     assert w.composer.error.isVisible() and "holiday.png" in error, error
     assert not any(f.stem in error for f in store.images_dir.iterdir()), error
@@ -128,21 +80,29 @@ def test_a_message_the_engine_refuses_comes_back_under_the_users_names(qtbot, st
 
 
 def test_reopened_app_shows_the_conversation(qtbot, store, tmp_path):
-    w = _window(qtbot, store)
-    _send(qtbot, w, QUESTION)
+    w = open_window(qtbot, store)
+    send(qtbot, w, QUESTION)
     conv = w.conv_id
     w.close()
     again = Store(tmp_path / "data")
-    w2 = _window(qtbot, again)
+    w2 = open_window(qtbot, again)
     assert w2.conv_id == conv
     assert QUESTION in w2.transcript.toPlainText() and "Paris" in w2.transcript.toPlainText()
     again.close()
 
 
 def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, shared_rpc_server,
-                                                                 pictures, base_projector):
-    w = _window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
-                vision="swap", vram_budget="300MiB")
+                                                                 pictures, base_projector,
+                                                                 monkeypatch):
+    """Each encode waits, on the engine thread, until the GUI thread's 10 ms heartbeat has
+    answered it: were the engine's work on the GUI thread, the heartbeat could not run and the
+    wait would end unanswered. The longest gap between beats is printed, not asserted."""
+    import threading
+
+    from engine.vision.encoder import ImageEncoder
+
+    w = open_window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
+                    vision="swap", vram_budget="300MiB")
     assert w.vision.switch.isChecked() and w.vision.switch.isEnabled()
     drop = QMimeData()
     drop.setUrls([QUrl.fromLocalFile(str(pictures["a.png"]))])
@@ -151,6 +111,19 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     paste.setImageData(QImage(str(pictures["b.jpg"])))
     w.composer.edit.insertFromMimeData(paste)
     assert len(w.composer.images) == 2
+    in_encode, answered = threading.Event(), threading.Event()
+    unanswered: list[str] = []
+    encode = ImageEncoder.encode
+
+    def encode_once_the_gui_answers(self, *args, **kwargs):
+        answered.clear()
+        in_encode.set()
+        if not answered.wait(60):  # a deadlock guard, not a time limit: the GUI never ran
+            unanswered.append(threading.current_thread().name)
+        in_encode.clear()
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(ImageEncoder, "encode", encode_once_the_gui_answers)
     gaps: list[float] = []
     last = [time.monotonic()]
 
@@ -158,25 +131,25 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
         now = time.monotonic()
         gaps.append(now - last[0])
         last[0] = now
+        if in_encode.is_set():
+            answered.set()
 
     heart = QTimer(interval=10)
     heart.timeout.connect(beat)
     heart.start()
-    _send(qtbot, w, "What is in these pictures?")
+    send(qtbot, w, "What is in these pictures?")
     heart.stop()
+    assert unanswered == [], "the GUI thread did not run while the engine encoded"
     request = w.chat.request_id
     names = [s.name for s in w.telemetry.spans_of(request)]
     assert names.count("encode") == 2 and "evict" in names and "restore" in names
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "swap"
     assert len(store.messages(w.conv_id)[-2].images) == 2
     print(f"\nlongest gap between 10 ms heartbeats during the vision turn: {max(gaps) * 1000:.0f} ms")
-    # the figure is printed; the bound only catches the engine's work landing on the GUI thread
-    # (a whole swap and encode: seconds), never a busy machine's scheduling (tens of ms)
-    assert max(gaps) < 0.5
 
 
 def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_projector, pictures):
-    w = _window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
+    w = open_window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
                 vision="resident")
     session = w.worker._session
     loads = session.model.n_model_loads
@@ -188,7 +161,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     assert "Turn vision on" in w.composer.error.text() and w.composer.images  # kept, not lost
     w.vision.switch.setChecked(True)
     wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
-    _send(qtbot, w, "look")
+    send(qtbot, w, "look")
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "resident"
     assert session.model.n_model_loads == loads
 
@@ -222,8 +195,8 @@ def test_window_appears_fast(tmp_path):
 
 
 def test_regenerate_and_copy(qtbot, store):
-    w = _window(qtbot, store)
-    _send(qtbot, w, QUESTION)
+    w = open_window(qtbot, store)
+    send(qtbot, w, QUESTION)
     first = store.messages(w.conv_id)[-1].text
     w.regen_button.click()
     wait_for(lambda: not w.chat.busy)
@@ -236,17 +209,16 @@ def test_regenerate_and_copy(qtbot, store):
 
 
 def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
-    from tests.conftest import RpcServer
 
     server = RpcServer()
     try:
-        w = _window(qtbot, store, rpc=[server.endpoint])
+        w = open_window(qtbot, store, rpc=[server.endpoint])
         assert "on RPC" in w.model_label.text()
         assert "MiB to remote devices while loading" in w.model_label.text()
-        _send(qtbot, w, QUESTION)
+        send(qtbot, w, QUESTION)
     finally:
         server.stop()
-    _send(qtbot, w, "And of Italy?")
+    send(qtbot, w, "And of Italy?")
     assert "went away" in w.notice.text() and w.notice.isVisible()
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
     assert "in RAM (no accelerator)" in w.model_label.text()
@@ -254,7 +226,7 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
 
 @pytest.mark.slow  # every layer count at two thread counts: `make test-slow` (CI runs it)
 def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_server, tmp_path):
-    w = _window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
+    w = open_window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
     before = w.model_label.text()
     w.tune_action.trigger()
     dlg = w.tune_dialog
@@ -288,7 +260,7 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
              w.chat.last_cfg.gpu_layers == r["best_gen_layers"])
     wait_for(lambda: w.chat.loaded)
     assert w.chat.last_cfg.gpu_layers == r["best_gen_layers"]
-    _send(qtbot, w, QUESTION)
+    send(qtbot, w, QUESTION)
     assert w.store.messages(w.conv_id)[-1].role == "assistant"
 
 
@@ -298,7 +270,7 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
 
     header = write_sparse_model(tmp_path / "llama-8b.gguf", "llama-8b")
     proj = write_projector(tmp_path / "mmproj-8b.gguf", 4096, "base")
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     w.whatif_action.trigger()
     dlg = w.whatif_dialog
     dlg.model.setText(str(header))
@@ -323,18 +295,17 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
 
 def test_spread_over_two_rpc_servers_shows_both_devices(qtbot, store, tmp_path):
     from engine.llama.devices import connect_rpc
-    from tests.conftest import RpcServer
 
     a, b = RpcServer(), RpcServer()
     w = None
     try:
         names = [connect_rpc(a.endpoint)[0], connect_rpc(b.endpoint)[0]]  # RPC<n> in this process
-        w = _window(qtbot, store, rpc=[a.endpoint, b.endpoint], vram_budget="170MiB", spread=True)
+        w = open_window(qtbot, store, rpc=[a.endpoint, b.endpoint], vram_budget="170MiB", spread=True)
         label = w.model_label.text()
         assert all(f" on {n}" in label for n in names), label
         assert "measured link" in w.model_label.toolTip()
         assert set(names) <= set(w.telemetry.layer_devices)
-        _send(qtbot, w, QUESTION)
+        send(qtbot, w, QUESTION)
         assert w.store.messages(w.conv_id)[-1].role == "assistant"
         w.resize(1500, 900)
         wait_for(lambda: w.panel._drawn_version == w.telemetry.version)
@@ -384,12 +355,11 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
 
     from openai import OpenAI
 
-    from tests.conftest import free_port
 
     port = free_port()
-    w = _window(qtbot, store, server=True, server_port=port, server_api_key="k")
+    w = open_window(qtbot, store, server=True, server_port=port, server_api_key="k")
     assert w.server_status.isVisible() and f"127.0.0.1:{port}/v1" in w.server_status.text()
-    _send(qtbot, w, "Hello! What is your name?")
+    send(qtbot, w, "Hello! What is your name?")
     window_history = list(w.worker._session.history)
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=120)
     answers: list[str] = []
@@ -402,7 +372,7 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
 
     t = threading.Thread(target=ask)
     t.start()
-    _send(qtbot, w, "And how old are you?")  # the window's turn and the client's share the worker
+    send(qtbot, w, "And how old are you?")  # the window's turn and the client's share the worker
     wait_for(lambda: not t.is_alive(), timeout=120_000)
     assert answers and answers[0]
     assert "1 answered" in w.server_status.text()

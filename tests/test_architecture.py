@@ -35,3 +35,12 @@ def test_app_is_mypy_clean():
     proc = subprocess.run([sys.executable, "-m", "mypy", "app"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_unused_or_undefined_names_in_the_code_or_the_suite():
+    """ruff's pyflakes rules (pyproject.toml: [tool.ruff.lint]): an import nobody uses, a
+    variable never read, a name never defined."""
+    ruff = Path(sys.executable).with_name("ruff")
+    proc = subprocess.run([str(ruff), "check", "--output-format", "concise", "engine", "app", "tests",
+                           "packaging"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ from engine.measure.autotune import (
     max_layers,
     planned_runs,
 )
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 MiB = 2**20
 
@@ -246,7 +246,7 @@ def test_choosing_flash_attention_times_real_turns(model_path):
     from engine.measure.autotune import FlashChoice, choose_flash_attn
 
     info = model_info(read_gguf(model_path))
-    from tests.conftest import N_THREADS
+    from tests.helpers import N_THREADS
 
     m = Measurer(model_path, info, "RPC0", 512, N_THREADS, live=False)
     fa = choose_flash_attn(m, 0, 180 * MiB, 0, (N_THREADS, N_THREADS))

@@ -9,7 +9,8 @@ import pytest
 from engine.gguf.info import model_info, read_gguf
 from engine.placement.calibration import DeviceCal, fit, predict_text
 from engine.placement.plan import placement_for
-from tests.conftest import run_cli
+from tests.helpers import run_cli
+
 
 def test_fit_recovers_known_costs(model_path):
     """Pure: runs made from known costs give those costs back."""

@@ -8,7 +8,7 @@ import sys
 import threading
 
 from engine.llama.runtime import GenParams
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 QUESTION = "What is the capital of France? Answer in one word."
 

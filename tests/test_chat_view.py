@@ -15,7 +15,7 @@ from app.markdown import split_all, split_finished
 from app.store import Message, Store
 from app.transcript import FIRST_MESSAGES, Transcript
 from engine.llama.runtime import GenParams
-from tests.test_app import _send, _window, store, wait_for  # noqa: F401 (store: a fixture)
+from tests.helpers import open_window, send, wait_for
 
 REPLY = """Here is a plan:
 
@@ -168,17 +168,17 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     # shape: with flash attention off (auto on a CPU) llama.cpp's sums then differ in the last
     # digits and a long greedy story can part ways; on, they agree to the bit
     store.set_setting("flash_attn", True)
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     # the default: no cap; a long story runs until the model stops or the context is full
     w.gen_params = GenParams(temperature=0, max_tokens=int(w._settings()["max_tokens"]))
     assert w.gen_params.max_tokens == 0
-    _send(qtbot, w, STORY)
+    send(qtbot, w, STORY)
     whole = store.messages(w.conv_id)[-1]
     assert whole.stats["stop_reason"] in ("stop", "context_full"), whole.stats
 
     w.chats.new_chat()
     w.gen_params = GenParams(temperature=0, max_tokens=40)
-    _send(qtbot, w, STORY)
+    send(qtbot, w, STORY)
     capped = store.messages(w.conv_id)[-1]
     assert capped.stats["stop_reason"] == "length"
     assert w.continue_button.isVisible()
@@ -201,7 +201,7 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
 
 
 def test_stop_then_continue(qtbot, store):
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     w.gen_params = GenParams(temperature=0, max_tokens=300)
     w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
     w.send_message()
@@ -220,7 +220,7 @@ def test_stop_then_continue(qtbot, store):
 
 
 def test_the_window_streams_into_its_one_transcript(qtbot, store):
-    w = _window(qtbot, store)
+    w = open_window(qtbot, store)
     assert not hasattr(w, "live_reply")
     w.gen_params = GenParams(temperature=0, max_tokens=200)
     w.composer.edit.setPlainText(STORY)
@@ -237,8 +237,8 @@ def test_the_window_streams_into_its_one_transcript(qtbot, store):
 
 
 def test_continue_never_shown_for_a_finished_reply(qtbot, store):
-    w = _window(qtbot, store)
-    _send(qtbot, w, "What is the capital of France? Answer in one word.")
+    w = open_window(qtbot, store)
+    send(qtbot, w, "What is the capital of France? Answer in one word.")
     assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "stop"
     assert not w.continue_button.isVisible()
     assert w.chat.continue_last() is None

@@ -1,5 +1,5 @@
-"""The colour projector: closed-form weights that map a picture's mean colour onto the model's
-own word for it. SmolLM2-135M names the colour of a solid picture from it, so the right
+"""The colour projector: closed-form weights that map a picture's colour onto a phrase in the
+model's own words. SmolLM2-135M names the colour of a solid picture from it, so the right
 answer is a semantic check that a strategy delivered the right picture to the model (not just
 the same bytes as another strategy)."""
 from __future__ import annotations
@@ -11,13 +11,12 @@ import pytest
 from PIL import Image
 
 from engine.gguf.projector_gen import COLOURS, write_colour_projector
+from engine.measure.colour_check import QUESTION, SHADES, check_colours, named_and_gap
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
-from tests.conftest import N_THREADS
+from tests.helpers import N_THREADS
 
-QUESTION = "What colour is this picture? Answer with one word."
-RGB = {"red": (220, 20, 30), "green": (20, 200, 40), "blue": (20, 30, 220),
-       "yellow": (240, 230, 20), "black": (5, 5, 5), "white": (250, 250, 250)}
+RGB = {colour: shades[0] for colour, shades in SHADES.items()}
 
 
 def first_colour(text: str) -> str | None:
@@ -54,12 +53,49 @@ def _answers(cfg: SessionConfig, solids: dict[str, Path], names: list[str]) -> d
     return out
 
 
-def test_colour_projector_names_the_colour_on_the_cpu(model_path, colour_projector, solids):
-    answers = _answers(SessionConfig(model_path, colour_projector, n_ctx=1024,
-                                     n_threads=N_THREADS, vision="cpu"), solids, list(RGB))
-    named = {name: first_colour(text) for name, text in answers.items()}
-    print("\n" + "\n".join(f"{n}: {a!r}" for n, a in answers.items()))
-    assert named == {name: name for name in RGB}, answers
+def _named_every_shade(report) -> None:
+    print(f"\n{report.n_threads} threads, batch {report.n_batch}: {len(report.answers)} pictures, "
+          f"smallest logit gap {report.smallest_gap:.2f}")
+    assert report.wrong == [], [(a.colour, a.rgb, a.text) for a in report.wrong]
+    assert report.smallest_gap > 1.0  # a margin no CPU's rounding comes near
+
+
+def test_the_demo_projector_names_every_shade_on_this_cpu(model_path):
+    """The projector `make run` opens, every shade of each colour, with the suite's threads."""
+    from engine.gguf.models import default_projector_path
+
+    _named_every_shade(check_colours(model_path, default_projector_path(model_path), N_THREADS))
+
+
+@pytest.mark.parametrize("n_threads,n_batch", [(1, 512), (3, 512), (N_THREADS, 7)])
+def test_the_demo_names_colours_with_other_threads_and_batches(model_path, n_threads, n_batch):
+    """Other thread counts and a batch smaller than a picture's tokens split the arithmetic
+    differently; two shades of each colour (the pure one and a dark or light one)."""
+    from engine.gguf.models import default_projector_path
+
+    two = {colour: (shades[0], shades[2]) for colour, shades in SHADES.items()}
+    _named_every_shade(check_colours(model_path, default_projector_path(model_path), n_threads,
+                                     n_batch, shades=two))
+
+
+def test_a_colour_is_named_by_the_first_token_that_can_only_begin_it():
+    """The logit gap's arithmetic: "B" could begin black or blue, so the gap is read where the
+    reply's word is decided; with no wrong colour among the candidates, the lowest one bounds
+    the gap from below."""
+    def entry(token, logprob, *others):
+        return {"token": token, "logprob": logprob,
+                "top_logprobs": [{"token": token, "logprob": logprob}]
+                + [{"token": t, "logprob": lp} for t, lp in others]}
+
+    reply = [entry("This", -0.1, (" The", -2.0)), entry(" Bl", -0.2, (" B", -1.5)),
+             entry("ue", -0.3, ("ack", -2.5), ("ossom", -4.0))]
+    assert named_and_gap(reply, "blue") == ("blue", pytest.approx(2.2))  # decided at "ue"
+    reply = [entry(" blue", -0.2, (" black", -3.0), (" red", -3.5))]
+    assert named_and_gap(reply, "blue") == ("blue", pytest.approx(2.8))
+    assert named_and_gap(reply, "black") == ("blue", pytest.approx(-2.8))
+    reply = [entry(" white", -0.1, (" bright", -5.0))]
+    assert named_and_gap(reply, "white") == ("white", pytest.approx(4.9))
+    assert named_and_gap([entry("Hello", -0.1)], "red") == (None, 0.0)
 
 
 @pytest.mark.parametrize("vision,mover", [("cpu", "auto"), ("resident", "auto"),

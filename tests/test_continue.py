@@ -8,7 +8,7 @@ import pytest
 from engine.config import SessionConfig
 from engine.llama.runtime import GenParams
 from engine.session import Session
-from tests.conftest import N_THREADS
+from tests.helpers import N_THREADS
 
 STORY = "Write a long story about a lighthouse keeper and a storm."
 

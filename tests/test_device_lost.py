@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import RpcServer
+from tests.helpers import RpcServer
 
 LONG = "Write a long story about a lighthouse keeper, with many chapters."
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from engine.llama.rpc_server import is_loopback
-from tests.conftest import free_port, run_cli
+from tests.helpers import free_port, run_cli
 
 
 def test_local_devices_and_nvml_not_available_here():

@@ -10,11 +10,11 @@ points of the bundle's venv are run. Sizes and the cold start time are printed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,6 +93,50 @@ def test_bundle_llama_cpp_forces_no_native_only_instructions(bundle):
         assert _ymm_zmm(lib / name) == 0, f"{name} uses AVX registers"
     assert _ymm_zmm(lib / "libggml-cpu-haswell.so") > 0  # the check can see AVX when it is there
     print(f"\nCPU variants in the bundle: {', '.join(variants)}")
+
+
+def _cpu_variants_this_machine_runs(lib: Path) -> list[str]:
+    """The bundle's CPU variants whose own score says this CPU can run them (ggml asks each the
+    same way before it loads one: 0 means the CPU lacks an instruction set it uses)."""
+    code = ("import ctypes, sys; score = ctypes.CDLL(sys.argv[1]).ggml_backend_score; "
+            "score.restype = ctypes.c_int; print(score())")
+    runs = []
+    for variant in sorted(lib.glob("libggml-cpu-*.so")):
+        r = subprocess.run([sys.executable, "-c", code, str(variant)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        if int(r.stdout.strip()) > 0:
+            runs.append(variant.name)
+    return runs
+
+
+def test_the_demo_names_every_colour_on_each_cpu_variant_this_machine_runs(bundle, tmp_path):
+    """A user's CPU picks another variant than this machine's best: each one this CPU can run,
+    loaded alone (a copy of the bundle, hard-linked, with the other variants taken out), names
+    the demo's colours in every shade, with two threads."""
+    lib = Path("_internal") / "llama_cpp" / "lib"
+    variants = _cpu_variants_this_machine_runs(bundle / lib)
+    assert "libggml-cpu-x64.so" in variants and "libggml-cpu-sse42.so" in variants
+    gaps = {}
+    for variant in variants:
+        copy = tmp_path / variant
+        subprocess.run(["cp", "-al", str(bundle), str(copy)], check=True)
+        for other in (copy / lib).glob("libggml-cpu-*.so"):
+            if other.name != variant:
+                other.unlink()
+        r = subprocess.run([str(copy / "ebb-engine"), "colour-check", "--threads", "2", "--json"],
+                           env=user_env(tmp_path / "home"), capture_output=True, text=True,
+                           timeout=600)
+        assert r.stdout.strip(), r.stderr[-2000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["cpu_backend"] == variant, out["cpu_backend"]
+        wrong = [(a["rgb"], a["text"]) for a in out["answers"] if a["named"] != a["colour"]]
+        assert r.returncode == 0 and not wrong, (variant, wrong)
+        gaps[variant] = out["smallest_gap"]
+    print("\nsmallest logit gap per CPU variant: "
+          + ", ".join(f"{v.removeprefix('libggml-cpu-').removesuffix('.so')} {g:.2f}"
+                      for v, g in gaps.items()))
+    assert min(gaps.values()) > 1.0
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.gguf.projector_gen import write_projector
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def _assert_user_error(proc, *words):

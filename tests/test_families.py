@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.families import GENERATED as FAMILIES
+from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_projector
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 from engine.vision.projector import probe_projector
-from tests.conftest import N_THREADS, run_cli
+from tests.helpers import N_THREADS, run_cli
 from tests.mtmd_reference import reference_reply
 
 SHAPE = ModelShape(n_layers=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_ctx_train=4096)

@@ -9,7 +9,7 @@ from app.settings import session_config
 from app.store import Store
 from app.window import MainWindow
 from engine.llama.runtime import GenParams
-from tests.test_app import _open_windows, wait_for
+from tests.helpers import track_window, wait_for
 
 
 def _fresh_window(qtbot, tmp_path):
@@ -18,7 +18,7 @@ def _fresh_window(qtbot, tmp_path):
     store.set_setting("threads", 2)
     cfg, rpc = session_config(store, "default", "")
     w = MainWindow(store, cfg, rpc)
-    _open_windows.append(w)
+    track_window(w)
     qtbot.addWidget(w)
     w.show()
     w.gen_params = GenParams(temperature=0, max_tokens=16)
@@ -100,7 +100,7 @@ def test_the_menu_and_the_welcome_link_ask_for_the_size_and_cancel_starts_nothin
                         staticmethod(lambda *a, **k: (asked.append(k["text"]), ("", False))[1]))
     store = Store(tmp_path / "data")
     w = MainWindow(store, None, [])
-    _open_windows.append(w)
+    track_window(w)
     qtbot.addWidget(w)
     w.standin.action.trigger()
     w.welcome.linkActivated.emit(STANDIN_LINK)

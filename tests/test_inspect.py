@@ -1,15 +1,14 @@
 """Inspection numbers against the file's own tensor table (read independently here)."""
 from __future__ import annotations
 
-import pytest
-
 import json
 import re
 from collections import defaultdict
 
+import pytest
 from gguf import GGUFReader
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def _table(path):
@@ -141,7 +140,7 @@ def test_a_tensor_type_newer_than_ours_is_named_not_called_damage(tmp_path):
 def test_bench_start_prints_ratios_against_the_bare_library():
     import json
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     proc = run_cli("bench", "start", "--rounds", "1", "--threads", "2", "--ctx", "1024", "--json",
                    timeout=300)
@@ -156,7 +155,7 @@ def test_bench_start_prints_ratios_against_the_bare_library():
 def test_bench_context_prints_flash_attention_ratios_per_fill():
     import json
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     proc = run_cli("bench", "context", "--fills", "0,256", "--rounds", "1", "--threads", "2",
                    "--json", timeout=600)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 def _one_image_turn(rpc_server, base_projector, pictures, *extra, env=None):

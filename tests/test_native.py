@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packaging"))
 import bootstrap  # noqa: E402
 
 from engine.llama import native  # noqa: E402
-from tests.conftest import N_THREADS  # noqa: E402
+from tests.helpers import N_THREADS  # noqa: E402
 
 AMX_SOURCE = """
 #include <immintrin.h>
@@ -115,10 +115,9 @@ def test_the_amx_buffer_type_is_never_asked_for(monkeypatch, model_path):
     loads without extra buffer types; without AMX, or with a build that has none, CPU_REPACK
     stays. Then the real thing: this build registers no AMX buffer type, and a real load's
     log names none."""
+    from engine.llama import ggml
     from engine.llama import log as llama_log
     from engine.llama.runtime import LoadedModel, LoadParams
-
-    from engine.llama import ggml
 
     assert "AMX" not in ggml.cpu_extra_buffer_types()
     monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
@@ -209,7 +208,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
     from app.main import open_window
     from app.settings import session_config
     from app.store import Store
-    from tests.test_app import _open_windows, wait_for
+    from tests.helpers import track_window, wait_for
 
     data, records = tmp_path / "data", tmp_path / "native"
     monkeypatch.setenv("EBB_NATIVE_DIR", str(records))
@@ -227,7 +226,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
     cfg, rpc = session_config(store, "default", "")
     try:
         w = open_window(store, cfg, rpc)
-        _open_windows.append(w)
+        track_window(w)
         qtbot.addWidget(w)
         w.show()
         from PySide6.QtWidgets import QFrame

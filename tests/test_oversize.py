@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 MiB = 2**20
 SCRIPT = [{"text": "What is the capital of France?"}, {"text": "Name three colours."}]

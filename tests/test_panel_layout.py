@@ -8,7 +8,7 @@ from PySide6.QtCore import QPointF
 
 from app.store import Store
 from engine import events
-from tests.test_window_failures import _open
+from tests.helpers import open_window
 
 
 def _layout_pass() -> None:
@@ -22,7 +22,7 @@ def _layout_pass() -> None:
 def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     store = Store(tmp_path / "data")
     store.set_setting("ctx", 1024)
-    w = _open(qtbot, store)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.resize(1024, 700)
     qtbot.waitExposed(w)
     now = time.monotonic()
@@ -51,7 +51,7 @@ def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
 
 
 def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tmp_path):
-    from tests.test_app import wait_for
+    from tests.helpers import wait_for
 
     store = Store(tmp_path / "data")
     store.set_setting("ctx", 1024)
@@ -60,7 +60,7 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
         store.add_message(cid, "user", f"Question {i}: " + "words " * 40)
         store.add_message(cid, "assistant", f"Answer {i}: " + "more words " * 40,
                           stats={"stop_reason": "stop", "n_gen_tokens": 40})
-    w = _open(qtbot, store)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.resize(1024, 700)
     bar = w.transcript.verticalScrollBar()
     wait_for(lambda: bar.maximum() > 0)
@@ -75,11 +75,11 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
 
 def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
     from app.window import CHAT_MIN_WIDTH, MainWindow
-    from tests.test_app import _open_windows
+    from tests.helpers import track_window
 
     store = Store(tmp_path / "data")
     w = MainWindow(store, None, [])
-    _open_windows.append(w)
+    track_window(w)
     qtbot.addWidget(w)
     w.show()
     w.resize(1024, 700)
@@ -93,7 +93,7 @@ def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
     sizes, size = w.split.sizes(), w.size()
     w.close()
     again = MainWindow(store, None, [])
-    _open_windows.append(again)
+    track_window(again)
     qtbot.addWidget(again)
     again.show()
     assert again.size() == size and again.split.sizes() == sizes
@@ -104,15 +104,14 @@ def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
 def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, tmp_path):
     """#27: memory as steps; the plots show the latest request unless "Whole session"; wheel
     zoom is time only; every residency cell has a tooltip and cells keep their places."""
-    from PySide6.QtCore import QPointF as P
 
     store = Store(tmp_path / "data")
     store.set_setting("ctx", 1024)
-    w = _open(qtbot, store)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.panel.show()
     w.composer.edit.setPlainText("Hi")
     w.send_message()
-    from tests.test_app import wait_for
+    from tests.helpers import wait_for
 
     wait_for(lambda: not w.chat.busy)
     w.panel._on_tick()

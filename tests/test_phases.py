@@ -8,7 +8,7 @@ from engine.config import PhaseTuning, SessionConfig
 from engine.llama.runtime import GenParams
 from engine.placement.phases import decide_rebalance
 from engine.session import Session
-from tests.conftest import N_THREADS
+from tests.helpers import N_THREADS
 
 GP = GenParams(max_tokens=24, temperature=0)
 # measured on some machine: prompts run 4x faster with 20 layers on the device than with 5

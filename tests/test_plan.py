@@ -88,7 +88,7 @@ def test_auto_follows_the_costs(model, proj):
 def test_plan_from_the_header_of_8b_and_70b_models_on_an_8_gib_card(tmp_path):
     import json
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     out = {}
     for like in ("llama-8b", "llama-70b"):

@@ -9,7 +9,7 @@ from engine.gguf.info import projector_info, read_gguf
 from engine.gguf.projector_gen import write_projector
 from engine.vision.images import load_image
 from engine.vision.projector import ProjectorRuntime
-from tests.conftest import N_THREADS, run_cli
+from tests.helpers import N_THREADS, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from engine.gguf.model_gen import ModelShape, write_model
 from engine.llama.rpc_server import cacheable_bytes
-from tests.conftest import RpcServer, run_cli
+from tests.helpers import RpcServer, run_cli
 
 # Two layers of width 2304 in f16: every weight matrix is over ggml's 10 MiB hash threshold.
 WIDE = ModelShape(n_layers=2, n_embd=2304, n_ff=6144, n_head=18, n_head_kv=18)

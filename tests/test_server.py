@@ -4,6 +4,7 @@ model; the accelerator is an RPC server on loopback."""
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import subprocess
 import sys
@@ -11,10 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-import http.client
 import pytest
 
-from tests.conftest import N_THREADS, RpcServer, free_port, run_cli
+from tests.helpers import N_THREADS, RpcServer, free_port, run_cli
 
 KEY = "test-key-123"
 

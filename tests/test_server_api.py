@@ -225,17 +225,27 @@ def test_a_bad_tool_request_is_a_400_naming_the_field(bad, param):
     assert exc.value.status == 400 and exc.value.param == param
 
 
-def test_the_tool_grammars_are_ones_llama_cpp_accepts():
-    """Each grammar compiles in llama.cpp's own parser (a broken one fails the request there)."""
-    from llama_cpp.llama_grammar import LlamaGrammar
+def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
+    """Each format's grammar, for every kind of tool choice, compiles in llama.cpp's own parser:
+    the grammar sampler a request would build (NULL for a grammar llama.cpp refuses, as the
+    broken one beside them shows)."""
+    from engine.llama.lib import llama
+    from engine.server.tools import HERMES, LLAMA3, MISTRAL, grammar, parse_tool_choice, parse_tools
 
-    from engine.server.tools import HERMES, grammar, parse_tool_choice, parse_tools
+    L = llama()
 
+    def compiles(gbnf: str) -> bool:
+        sampler = L.llama_sampler_init_grammar(text_runtime.vocab, gbnf.encode(), b"root")
+        if sampler:
+            L.llama_sampler_free(sampler)
+        return bool(sampler)
+
+    assert not compiles('root ::= "unclosed')  # the check can fail
     tools = parse_tools([WEATHER, TIME])
     for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
-        for fmt in (None, HERMES):
-            LlamaGrammar.from_string(grammar(tools, parse_tool_choice(choice, tools), fmt),
-                                     verbose=False)
+        for fmt in (None, HERMES, LLAMA3, MISTRAL):
+            gbnf = grammar(tools, parse_tool_choice(choice, tools), fmt)
+            assert gbnf and compiles(gbnf), (choice, fmt, gbnf)
 
 
 def test_a_reply_is_a_call_only_when_it_is_one():
@@ -332,7 +342,11 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
 # ------------------------------------------------------------------ completions, embeddings (#29)
 
 def test_a_completion_request_is_checked():
-    from engine.server.api import DEFAULT_COMPLETION_TOKENS, ApiError, parse_completion_request
+    from engine.server.api import (
+        DEFAULT_COMPLETION_TOKENS,
+        ApiError,
+        parse_completion_request,
+    )
 
     req = parse_completion_request({"model": "m", "prompt": "Once upon"})
     assert req.prompt == "Once upon" and req.max_tokens == DEFAULT_COMPLETION_TOKENS and req.top_logprobs == -1

@@ -2,16 +2,16 @@
 small fixes found while splitting the session into owners."""
 from __future__ import annotations
 
-from pathlib import Path
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from engine.config import SessionConfig
 from engine.llama.runtime import GenParams
 from engine.session import Session
-from tests.conftest import N_THREADS
+from tests.helpers import N_THREADS
 
 GP = GenParams(max_tokens=4, temperature=0)
 

@@ -5,7 +5,7 @@ import json
 
 from engine.gguf.info import model_info, read_gguf
 from engine.placement.plan import DeviceOffer, plan_spread
-from tests.conftest import RpcServer, run_cli
+from tests.helpers import RpcServer, run_cli
 
 MiB = 2**20
 SCRIPT = [{"text": "What is the capital of France?"},

@@ -32,7 +32,7 @@ class StopOnceEvaluated(threading.Event):
 def small_batches(model_path):
     """Batches of 32 tokens: a prompt is many batches, quick to evaluate again and again."""
     from engine.llama.runtime import LoadParams, TextRuntime
-    from tests.conftest import N_THREADS
+    from tests.helpers import N_THREADS
 
     rt = TextRuntime(LoadParams(model_path, n_ctx=1024, n_threads=N_THREADS, n_batch=32))
     yield rt

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 MiB = 2**20
 BUDGET = 300 * MiB  # holds SmolLM2 on the device (~234 MiB) but not beside the base projector

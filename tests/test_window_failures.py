@@ -10,38 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.settings import session_config
 from app.store import Store
-from app.window import MainWindow
-from engine.llama.runtime import GenParams
-from tests.conftest import N_THREADS
-from tests.test_app import _open_windows, wait_for
-
-
-def _open(qtbot, store, model="default", mmproj="", wait=True):
-    cfg, rpc = session_config(store, model, mmproj)
-    w = MainWindow(store, cfg, rpc)
-    _open_windows.append(w)
-    qtbot.addWidget(w)
-    w.show()
-    w.gen_params = GenParams(temperature=0, max_tokens=8)
-    if wait:
-        wait_for(lambda: w.chat.loaded or bool(w.last_error))
-    return w
-
-
-def _fresh_store(tmp_path):
-    s = Store(tmp_path / "data")
-    s.set_setting("ctx", 1024)
-    s.set_setting("threads", N_THREADS)
-    return s
+from tests.helpers import N_THREADS, fresh_store, open_window, wait_for, wait_for_line
 
 
 def test_a_damaged_model_is_said_above_the_chat_and_stays_until_closed(qtbot, tmp_path, model_path):
     half = tmp_path / "half-of-a-model.gguf"
     half.write_bytes(model_path.read_bytes()[: model_path.stat().st_size // 2])
-    store = _fresh_store(tmp_path)
-    w = _open(qtbot, store, str(half))
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, str(half), max_tokens=8, wait="settled")
     assert not w.chat.loaded and not w.send_button.isEnabled()
     assert w.notice.isVisible(), "the error must be visible in the window"
     text = w.notice.text()
@@ -64,8 +41,8 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     from engine.gguf.projector_gen import write_projector
 
     wrong = write_projector(tmp_path / "mmproj-for-a-wider-model.gguf", 896, size="tiny", seed=3)
-    store = _fresh_store(tmp_path)
-    w = _open(qtbot, store)
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     assert w.chat.loaded and store.setting("model") == "default"
     label = w.model_label.text()
     w.last_error = ""
@@ -85,12 +62,12 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
 
 
 def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
-    store = _fresh_store(tmp_path)
+    store = fresh_store(tmp_path)
     bad = {"ctx": "lots", "threads": "abc", "vram_budget": "-5GiB", "image_cache": "-1",
            "vision": "turbo", "overflow": "explode", "rpc": "notalist"}
     for k, v in bad.items():
         store.set_setting(k, v)
-    w = _open(qtbot, store)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     assert w.chat.loaded, w.last_error
     text = w.notice.text()
     for key, value in bad.items():
@@ -121,7 +98,6 @@ def _window_process(data: Path, *args: str, **env: str) -> subprocess.Popen[str]
 
 
 def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pictures):
-    from tests.test_faults import _wait_for_line
 
     data = tmp_path / "data"
     s = Store(data)
@@ -130,7 +106,7 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
     s.close()
     first = _window_process(data, EBB_TEST_SEND="Write a long story about a lighthouse keeper.")
     try:
-        _wait_for_line(first.stdout, "streaming")
+        wait_for_line(first.stdout, "streaming")
         second = subprocess.run([sys.executable, "-m", "app", str(pictures["a.png"])],
                                 capture_output=True, text=True, timeout=120,
                                 env=dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(data)))
@@ -156,8 +132,8 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
 
 
 def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, tmp_path):
-    store = _fresh_store(tmp_path)
-    w = _open(qtbot, store)
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     huge = "All work and no play makes Jack a dull boy. " * 120_000  # 5.3 MB
     w.composer.edit.setPlainText(huge)
     w.send_message()
@@ -191,8 +167,8 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
 def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path):
     from app.settings import reload_changes
 
-    store = _fresh_store(tmp_path)
-    w = _open(qtbot, store)
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     before = w._settings()
     assert reload_changes(before, {**before, "max_tokens": 64, "server_port": 9000}) == ""
     assert reload_changes(before, {**before, "ctx": 2048}) == "ctx 1024 → 2048"
@@ -223,10 +199,10 @@ def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
 def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp_path, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    store = _fresh_store(tmp_path)
+    store = fresh_store(tmp_path)
     cid = store.create_conversation("Trip")
     store.add_message(cid, "user", "Which trail has the lighthouse?")
-    w = _open(qtbot, store)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.chats.search.setText("lighthouse")
     item = w.chats.list.item(0)
     assert w.chats.list.count() == 1 and "Which trail has the lighthouse?" in item.text()
@@ -245,8 +221,8 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     and each reply its sampling (greedy here, so the reply is the one greedy gives)."""
     from app.settings import chat_params, set_chat_params
 
-    store = _fresh_store(tmp_path)
-    w = _open(qtbot, store)
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, max_tokens=8, wait="settled")
     assert chat_params(store, w.conv_id)["temperature"] == 0.7  # Settings' default
     set_chat_params(store, w.conv_id, {"system_prompt": "You are a pirate.", "temperature": 0.0,
                                        "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,

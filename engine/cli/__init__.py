@@ -21,7 +21,7 @@ __all__ = ["GROUPS", "build_parser", "main"]
 # each module of engine/cli and the commands it registers (a test holds this to what they do)
 GROUPS = {"chat": ("chat",), "serve": ("serve",),
           "files": ("inspect", "make-projector", "make-model", "fetch-model"),
-          "devices": ("devices", "about", "rpc-serve", "native-check"),
+          "devices": ("devices", "about", "rpc-serve", "native-check", "colour-check"),
           "tuning": ("plan", "calibrate", "autotune"), "bench": ("bench",)}
 
 

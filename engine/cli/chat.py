@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from engine.cli.common import (
     EXIT_INTERRUPTED,

@@ -98,6 +98,33 @@ def register(sub: Any) -> None:
                         "with the C compiler once)")
     p.set_defaults(func=cmd_rpc_serve)
     _register_native_check(sub)
+    p = sub.add_parser("colour-check", help="the demo projector names six colours in shades across "
+                       "their range on this machine's CPU; prints the smallest logit gap",
+                       parents=[flag_parser("model", "threads", "json")])
+    p.add_argument("--batch", type=int, default=512, help="the batch size (default 512)")
+    p.set_defaults(func=cmd_colour_check)
+
+
+def cmd_colour_check(args: argparse.Namespace) -> int:
+    """Exit 0 when every shade is named right, 1 when one is not (each wrong one is listed)."""
+    from engine.gguf.models import default_projector_path, resolve_model_path
+    from engine.hw import physical_cores
+    from engine.llama.about import cpu_backend_file
+    from engine.measure.colour_check import check_colours
+
+    model = resolve_model_path(args.model)
+    report = check_colours(model, default_projector_path(model), args.threads or physical_cores(),
+                           args.batch)
+    out = {**report.to_dict(), "cpu_backend": cpu_backend_file()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for a in report.wrong:
+            print(f"wrong: {a.colour} {a.rgb} was answered {a.text.strip()!r}")
+        print(f"{len(report.answers) - len(report.wrong)} of {len(report.answers)} pictures named "
+              f"right with {report.n_threads} threads, batch {report.n_batch}, on "
+              f"{out['cpu_backend']}; smallest logit gap {report.smallest_gap:.2f}")
+    return 0 if not report.wrong else 1
 
 
 def cmd_native_check(args: argparse.Namespace) -> int:

@@ -106,11 +106,11 @@ def default_projector_path(model: Path, size: str = "base") -> Path:
     (it names a picture's colour with the model's own words) when the model's vocabulary has
     the colour words, else one with random weights."""
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.projector_gen import write_colour_projector, write_projector
+    from engine.gguf.projector_gen import COLOUR_VERSION, write_colour_projector, write_projector
 
     info = model_info(read_gguf(model))
     tag = sha256_file(model)[:12] if model.stat().st_size < 2**30 else f"{model.stat().st_size}"
-    out = models_dir() / f"ebb-colour-mmproj-{size}-{info.n_embd}-{tag}.gguf"
+    out = models_dir() / f"ebb-colour{COLOUR_VERSION}-mmproj-{size}-{info.n_embd}-{tag}.gguf"
     if out.exists():
         return out
     part = out.with_suffix(".part")

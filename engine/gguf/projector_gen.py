@@ -262,23 +262,40 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (1, -1, -1), "green": (-1, 1, -1), "blue": (-1, -1, 1),
     "yellow": (1, 1, -1), "black": (-1, -1, -1), "white": (1, 1, 1),
 }
-COLOUR_GAIN = 8.0  # how sharply a colour unit switches on at its own corner
-COLOUR_GRID = 4
-# p.x is 3 at a colour's own corner and 1 at a neighbouring one: a unit switches on past 1 (a
-# real picture's colour is off the corner, and llava pads a picture square with grey).
-# Measured on SmolLM2-135M: 1.5 and 2.0 name fewer colours than 1.0
-COLOUR_THRESHOLD = 1.0
+LLAVA_PAD_RGB = (122, 116, 104)  # clip.cpp pads an "mlp" projector's picture square with it
+COLOUR_GRID = 4  # 4x4 patches whatever the size: 16 image tokens
+# What a picture of colour C reads as, a token per patch in reading order (C: " red", ...):
+# SmolLM2-135M names the colour after it by a logit gap of 3.4 or more, where 16 copies of the
+# word alone gave 0.4 to -1 (it answered "blue" for white)
+COLOUR_PHRASE = ("(", "a", " solid", None, " picture", ")", " (", "a", " solid", None, " picture", ")")
+# How each stage switches: a pair of GELU units, the second shifted by the ramp, whose
+# difference is 0 below the threshold and exactly 1 past threshold + ramp. Saturated units
+# make every shade of a colour the same image tokens, so the model's answer does not ride on
+# the last bits of one CPU's arithmetic.
+SIGN_GAIN, SIGN_THRESHOLD, SIGN_RAMP = 20.0, 0.1, 0.2  # in layer-normed units
+# in matching signs (3) plus the patch's own position (1)
+CORNER_GAIN, CORNER_THRESHOLD, CORNER_RAMP = 40.0, 3.5, 0.25
+POSITION_CODE = 0.01  # the position channels' value: small beside any colour
+COLOUR_AMPLITUDE = 1.5  # each image token is its word's embedding, a little louder (gap 3.1, 2.9 at 1.0)
+COLOUR_VERSION = 2  # in the cached demo projector's name: a new design makes a new file
+# the residual stream's channels: the colour, its signs, then the position code
+_SIGNS, _BALANCE, _POSITIONS = 3, 9, 10
 
 
-def write_colour_projector(out: Path, model: Path, size: str = "tiny") -> Path:
+def write_colour_projector(out: Path, model: Path, size: str = "tiny",
+                           amplitude: float = COLOUR_AMPLITUDE, grid: int = COLOUR_GRID) -> Path:
     """An "mlp" (LLaVA) projector with closed-form weights that sees one thing: a picture's
-    colour. The patch embedding takes each patch's mean R, G and B; the blocks pass it through
-    unchanged (their attention output and FFN down-projection are zero; their other weights
-    random, so the file has its size's weight and cost); the first MLP layer has one unit per
-    colour, on only at its corner of the RGB cube (red, green, blue, yellow, black, white); the
-    second maps that unit onto the language model's own embedding of the colour's word (" red",
-    ...), read from `model`'s token table. Every image token of a solid picture is then that
-    word, and the model can name it."""
+    colour, as the sign of each channel against llava's pad grey, (122, 116, 104) (red: R over
+    122, G under 116 and B under 104). The patch embedding takes each patch's mean R, G and B;
+    the position table gives each patch a zero-mean code of its index; the first block's FFN
+    turns the layer-normed colour into six sign indicators (R+, R-, G+, ...), and every other
+    weight that could change the stream is zero (the rest random, so the file has its size's
+    weight and cost); the first MLP layer has a unit pair per colour and position, on only when
+    all three of the colour's signs match there (red, green, blue, yellow, black, white: six
+    of the cube's eight corners); the second maps the pair onto the language model's own
+    embedding of that position's token of COLOUR_PHRASE, read from `model`'s token table. A
+    picture of that colour, in any shade, then reads "(a solid red picture) (a solid red
+    picture)" (grey padding is no colour: no tokens), and the model can name it."""
     import gguf
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -287,45 +304,25 @@ def write_colour_projector(out: Path, model: Path, size: str = "tiny") -> Path:
 
     info = model_info(read_gguf(model))
     s = _size_for("mlp", size)
-    # 4x4 patches whatever the size: 16 image tokens (hundreds of copies of one word drown
-    # a small model's answer)
-    s = replace(s, patch_size=s.image_size // COLOUR_GRID)
-    words = _colour_word_embeddings(model, GGUFReader, dequantize)
+    s = replace(s, patch_size=s.image_size // grid)
+    pieces = {piece for piece in COLOUR_PHRASE if piece} | {f" {c}" for c in COLOURS}
+    words = _token_embeddings(model, pieces, GGUFReader, dequantize)
     rng = np.random.default_rng(0)
-    d, p, hidden = s.n_embd, s.patch_size, max(s.mm_hidden, len(COLOURS))
+    d, p, n_pos = s.n_embd, s.patch_size, grid * grid
+    if _POSITIONS + n_pos > d:
+        raise EbbError(f"a {grid}x{grid} colour projector needs a wider vision model than '{size}'",
+                       "use a smaller grid")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), arch="clip")
-    w.add_name(f"Ebb colour projector ({size}): sees a picture's colour")
-    w.add_description("Generated by Ebb: closed-form weights that map a picture's mean colour "
-                      "onto the model's word for it (red, green, blue, yellow, black, white).")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_bool("ebb.synthetic", True)
-    w.add_string("ebb.size", size)
-    w.add_string("ebb.kind", "colour")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.has_text_encoder", False)
-    w.add_bool("clip.has_llava_projector", True)
-    w.add_string("clip.projector_type", "mlp")
-    w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", s.image_size)
-    w.add_uint32("clip.vision.patch_size", p)
-    w.add_uint32("clip.vision.embedding_length", d)
-    w.add_uint32("clip.vision.feed_forward_length", s.n_ff)
-    w.add_uint32("clip.vision.projection_dim", info.n_embd)
-    w.add_uint32("clip.vision.attention.head_count", s.n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
-    w.add_uint32("clip.vision.block_count", s.n_layers)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])  # pixels to [-1, 1]
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-
+    _colour_metadata(w, gguf, s, size, info.n_embd)
     patch = np.zeros((d, 3, p, p), dtype=np.float32)
     for ch in range(3):
         patch[ch, ch] = 1.0 / (p * p)  # embedding channel ch = the patch's mean of colour ch
     w.add_tensor("v.patch_embd.weight", patch.astype(np.float16))
     zeros, ones = np.zeros(d, dtype=np.float32), np.ones(d, dtype=np.float32)
     w.add_tensor("v.patch_embd.bias", zeros)
-    w.add_tensor("v.position_embd.weight", np.zeros(((s.image_size // p) ** 2, d), dtype=np.float32))
+    w.add_tensor("v.position_embd.weight", _position_code(n_pos, d))
     for i in range(s.n_layers):
         b = f"v.blk.{i}"
         for name in ("attn_q", "attn_k", "attn_v"):
@@ -334,15 +331,14 @@ def write_colour_projector(out: Path, model: Path, size: str = "tiny") -> Path:
         for ln in ("ln1", "ln2"):
             w.add_tensor(f"{b}.{ln}.weight", ones)
             w.add_tensor(f"{b}.{ln}.bias", zeros)
-        w.add_tensor(f"{b}.ffn_up.weight", _weight(rng, s.n_ff, d))
-        w.add_tensor(f"{b}.ffn_down.weight", np.zeros((d, s.n_ff), dtype=np.float16))
-    mm0 = np.zeros((hidden, d), dtype=np.float32)
-    mm0_b = np.zeros(hidden, dtype=np.float32)
-    mm2 = np.zeros((info.n_embd, hidden), dtype=np.float32)
-    for c, (name, corner) in enumerate(COLOURS.items()):
-        mm0[c, :3] = COLOUR_GAIN * np.array(corner, dtype=np.float32)
-        mm0_b[c] = -COLOUR_THRESHOLD * COLOUR_GAIN
-        mm2[:, c] = words[name] / COLOUR_GAIN
+        up, down = _weight(rng, s.n_ff, d), np.zeros((d, s.n_ff), dtype=np.float16)
+        if i == 0:  # clip.cpp runs every block but the last: the first always runs
+            up, up_b, down = _sign_ffn(up, down)
+            w.add_tensor(f"{b}.ffn_up.bias", up_b)
+        w.add_tensor(f"{b}.ffn_up.weight", up)
+        w.add_tensor(f"{b}.ffn_down.weight", down)
+    hidden = max(s.mm_hidden, 2 * len(COLOURS) * len(COLOUR_PHRASE))
+    mm0, mm0_b, mm2 = _phrase_mlp(d, hidden, words, amplitude)
     w.add_tensor("mm.0.weight", mm0.astype(np.float16))
     w.add_tensor("mm.0.bias", mm0_b)
     w.add_tensor("mm.2.weight", mm2.astype(np.float16))
@@ -354,23 +350,109 @@ def write_colour_projector(out: Path, model: Path, size: str = "tiny") -> Path:
     return out
 
 
-def _colour_word_embeddings(model: Path, reader: Any, dequantize: Any) -> dict[str, np.ndarray]:
-    """The model's input embedding of " red", " green", ... (each one token in SmolLM2's and
-    most BPE vocabularies)."""
+def _position_code(n_pos: int, d: int) -> np.ndarray:
+    """Patch j: POSITION_CODE in its own channel, less as much in a shared one. The code's mean
+    is 0, so a grey patch (no colour) still layer-norms to 0 in the colour channels."""
+    table = np.zeros((n_pos, d), dtype=np.float32)
+    for j in range(n_pos):
+        table[j, _POSITIONS + j] = POSITION_CODE
+        table[j, _BALANCE] = -POSITION_CODE
+    return table
+
+
+def _colour_metadata(w: Any, gguf: Any, s: ProjectorSize, size: str, llm_n_embd: int) -> None:
+    w.add_name(f"Ebb colour projector ({size}): sees a picture's colour")
+    w.add_description("Generated by Ebb: closed-form weights that map a picture's colour onto "
+                      "the model's word for it (red, green, blue, yellow, black, white).")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_bool("ebb.synthetic", True)
+    w.add_string("ebb.size", size)
+    w.add_string("ebb.kind", "colour")
+    w.add_uint32("ebb.colour_version", COLOUR_VERSION)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_string("clip.projector_type", "mlp")
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.image_size", s.image_size)
+    w.add_uint32("clip.vision.patch_size", s.patch_size)
+    w.add_uint32("clip.vision.embedding_length", s.n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", s.n_ff)
+    w.add_uint32("clip.vision.projection_dim", llm_n_embd)
+    w.add_uint32("clip.vision.attention.head_count", s.n_head)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_uint32("clip.vision.block_count", s.n_layers)
+    # a channel's middle is llava's pad colour: padding normalises to 0 and is no colour
+    w.add_array("clip.vision.image_mean", [c / 255 for c in LLAVA_PAD_RGB])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+
+def _sign_ffn(up: np.ndarray, down: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first block's FFN: units 4i..4i+3 read layer-normed channel i (0-2: R, G, B) and
+    write its sign indicators, in [0, 1], into channels 3 + 2i (over the middle) and 4 + 2i
+    (under). A grey patch (all channels 0) normalises to 0: no sign, no colour."""
+    up, down = up.astype(np.float32), down.astype(np.float32)
+    up[:12] = 0.0
+    up_b = np.zeros(up.shape[0], dtype=np.float32)
+    for ch in range(3):
+        for k, sign in enumerate((1.0, -1.0)):
+            on, full, out = 4 * ch + 2 * k, 4 * ch + 2 * k + 1, 3 + 2 * ch + k
+            up[on, ch] = up[full, ch] = SIGN_GAIN * sign
+            up_b[on] = -SIGN_GAIN * SIGN_THRESHOLD
+            up_b[full] = -SIGN_GAIN * (SIGN_THRESHOLD + SIGN_RAMP)
+            down[out, on], down[out, full] = _pair_scale(SIGN_GAIN, SIGN_RAMP, 1.0)
+    return up.astype(np.float16), up_b, down.astype(np.float16)
+
+
+def _phrase_mlp(d: int, hidden: int, words: dict[str, np.ndarray],
+                amplitude: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """mm.0 and mm.2: a unit pair per colour c and phrase position j, on when c's three signs
+    all match at patch j, writing `amplitude` times the embedding of COLOUR_PHRASE[j]."""
+    n_embd = len(next(iter(words.values())))
+    mm0 = np.zeros((hidden, d), dtype=np.float32)
+    mm0_b = np.zeros(hidden, dtype=np.float32)
+    mm2 = np.zeros((n_embd, hidden), dtype=np.float32)
+    on_w, full_w = _pair_scale(CORNER_GAIN, CORNER_RAMP, amplitude)
+    for c, (name, corner) in enumerate(COLOURS.items()):
+        for j, piece in enumerate(COLOUR_PHRASE):
+            on = 2 * (c * len(COLOUR_PHRASE) + j)
+            for unit in (on, on + 1):
+                for ch, sign in enumerate(corner):
+                    mm0[unit, _SIGNS + 2 * ch + (sign < 0)] = CORNER_GAIN
+                mm0[unit, _POSITIONS + j] = CORNER_GAIN / POSITION_CODE
+            mm0_b[on] = -CORNER_GAIN * CORNER_THRESHOLD
+            mm0_b[on + 1] = -CORNER_GAIN * (CORNER_THRESHOLD + CORNER_RAMP)
+            word = words[piece or f" {name}"]
+            mm2[:, on], mm2[:, on + 1] = word * on_w, word * full_w
+    return mm0, mm0_b, mm2
+
+
+def _pair_scale(gain: float, ramp: float, amplitude: float) -> tuple[float, float]:
+    """The weights that read a GELU pair (on, full = on shifted by gain * ramp) as a switch:
+    on - full is gain * ramp once saturated, so the pair reads as `amplitude` there."""
+    return amplitude / (gain * ramp), -amplitude / (gain * ramp)
+
+
+def _token_embeddings(model: Path, pieces: set[str], reader: Any,
+                      dequantize: Any) -> dict[str, np.ndarray]:
+    """The model's input embedding of each piece of text (" red", "(", ...), each one token in
+    SmolLM2's and most BPE vocabularies."""
     r = reader(model, "r")
     tokens = [bytes(r.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8", "replace")
               for i in r.fields["tokenizer.ggml.tokens"].data]
+    index = {t: i for i, t in reversed(list(enumerate(tokens)))}
     table = next((t for t in r.tensors if t.name == "token_embd.weight"), None)
     if table is None:
         raise EbbError(f"{model.name} has no token embedding table", "pass a language model")
     emb = np.asarray(dequantize(table.data, table.tensor_type), dtype=np.float32)
     out = {}
-    for name in COLOURS:
-        for form in ("Ġ" + name, "▁" + name, " " + name):  # BPE and SentencePiece spellings
-            if form in tokens:
-                out[name] = emb[tokens.index(form)]
-                break
-        else:
-            raise EbbError(f"{model.name}'s vocabulary has no single token for ' {name}'",
+    for piece in pieces:
+        body = piece[1:] if piece.startswith(" ") else None
+        # BPE (GPT-2's byte spelling) and SentencePiece spellings of a leading space
+        forms = ("Ġ" + body, "▁" + body, piece) if body is not None else (piece,)
+        found = next((index[f] for f in forms if f in index), None)
+        if found is None:
+            raise EbbError(f"{model.name}'s vocabulary has no single token for {piece!r}",
                            "the colour projector needs a model whose vocabulary has the words")
+        out[piece] = emb[found]
     return out

@@ -20,7 +20,6 @@ Stored as JSON in the platformdirs cache (`calibration.json`), one entry per dev
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -52,7 +51,9 @@ def device_key(name: str, description: str = "") -> str:
 
 
 def path() -> Path:
-    env = os.environ.get("EBB_CALIBRATION")  # tests keep their own
+    from engine import testhooks
+
+    env = testhooks.value(testhooks.CALIBRATION)  # tests keep their own
     return Path(env) if env else cache_dir() / FILE
 
 

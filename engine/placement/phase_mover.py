@@ -4,7 +4,7 @@ after the prefill. An owner of one job, held by the Session; one thread (the ses
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from engine.config import PhaseTuning
 from engine.events import PhasesUsed

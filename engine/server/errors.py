@@ -8,7 +8,8 @@ class ApiError(Exception):
     """A request the server refuses: HTTP status, message, and the field at fault."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             405: "invalid_request_error", 413: "invalid_request_error", 503: "server_busy",
+             403: "permission_error", 405: "invalid_request_error", 413: "invalid_request_error",
+             415: "invalid_request_error", 503: "server_busy",
              500: "server_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None,

@@ -1,0 +1,180 @@
+"""What the tests share beyond fixtures: the suite's thread count, the CLI as a user runs it,
+a free loopback port, the stand-in accelerator in its own process, and the real window opened,
+waited on and closed. Qt is imported only by the window helpers, so engine-only tests never
+load it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+N_THREADS = 2  # ggml spins: never more threads than the CI machine's cores
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `python -m engine ARGS` as a user would; returns the finished process."""
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RpcServer:
+    """`ebb-engine rpc-serve` on loopback in its own process: the stand-in accelerator."""
+
+    def __init__(self, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 ready_line: str | None = None) -> None:
+        import socket
+        import time
+
+        self.port = free_port()
+        self.endpoint = f"{host}:{self.port}"
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "engine", "rpc-serve", "--host", host, "--port",
+             str(self.port), "--threads", str(N_THREADS), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        if ready_line is not None:  # e.g. after warming its cache
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if ready_line in line:
+                    return
+            raise RuntimeError("rpc-serve ended early:\n" + "".join(self.output))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((host, self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("rpc-serve did not start")
+
+    def _status(self, key: str) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    def rss_bytes(self) -> int:
+        return self._status("VmRSS")
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+
+    def peak_rss_bytes(self) -> int:
+        return self._status("VmHWM")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def wait_for_line(stream, needle: str, timeout: float = 120) -> None:
+    """Wait for a line holding ``needle``; a thread keeps reading the pipe afterwards so the
+    child never blocks on a full pipe. (select() on the buffered stream missed a line that
+    arrived in the same read as the one before it: the CI failure of stop 22.)"""
+    import threading
+
+    done = threading.Event()
+    found: list[str] = []
+    before: list[str] = []  # what came before it, for the failure's message
+
+    def read() -> None:
+        for line in stream:
+            if needle in line and not found:
+                found.append(line)
+                done.set()
+            elif not found:
+                before[:] = [*before[-30:], line]
+        done.set()  # end of output: stop waiting
+
+    threading.Thread(target=read, daemon=True).start()
+    ended = not done.wait(timeout)
+    if not found:
+        raise AssertionError(f"never saw {needle!r} ({'timed out' if ended else 'the output ended'}); "
+                             "the last lines:\n" + "".join(before))
+
+
+# ------------------------------------------------------------------------------ the window
+
+_open_windows: list[Any] = []
+
+
+def wait_for(condition, timeout=120_000):
+    """Spin the Qt event loop until `condition()` holds. Unlike QTest.qWait (which pytest-qt's
+    waitUntil uses), QEventLoop.exec releases the GIL, so the engine thread's Python runs."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    deadline = time.monotonic() + timeout / 1000
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} ms waiting for {condition}")
+        loop = QEventLoop()
+        QTimer.singleShot(10, loop.quit)
+        loop.exec()
+
+
+def track_window(w: Any) -> Any:
+    """Close `w` after the test, pass or fail (conftest's autouse fixture)."""
+    _open_windows.append(w)
+    return w
+
+
+def close_open_windows() -> None:
+    """Close every window a test opened."""
+    while _open_windows:
+        w = _open_windows.pop()
+        if w.isVisible() or not w._thread.isFinished():
+            w.close()
+
+
+def fresh_store(tmp_path: Path) -> Any:
+    """A store in a fresh data folder, with a small context and the suite's thread count."""
+    from app.store import Store
+
+    s = Store(tmp_path / "data")
+    s.set_setting("ctx", 1024)
+    s.set_setting("threads", N_THREADS)
+    return s
+
+
+def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=24, wait="loaded",
+                **settings):
+    """The real window over `store` (settings written first), shown; waits until the model is
+    loaded (`wait="loaded"`), loaded or refused with an error (`"settled"`), or not at all."""
+    from app.settings import session_config
+    from app.window import MainWindow
+    from engine.llama.runtime import GenParams
+
+    for k, v in settings.items():
+        store.set_setting(k, v)
+    cfg, rpc = session_config(store, model, mmproj, rpc=rpc or [])
+    w = track_window(MainWindow(store, cfg, rpc))
+    qtbot.addWidget(w)
+    w.show()
+    w.gen_params = GenParams(temperature=0, max_tokens=max_tokens)
+    if wait == "loaded":
+        wait_for(lambda: w.chat.loaded, timeout=120_000)
+    elif wait == "settled":
+        wait_for(lambda: w.chat.loaded or bool(w.last_error))
+    return w
+
+
+def send(qtbot, w, text, timeout=120_000):
+    """Type `text` into the composer, send it and wait until the reply has finished."""
+    w.composer.edit.setPlainText(text)
+    w.send_message()
+    wait_for(lambda: not w.chat.busy, timeout=timeout)
