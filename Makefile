@@ -13,6 +13,7 @@ run: setup
 
 # --durations: the slowest tests are named at the end of every run
 test: setup
+	@$(PYTHON) packaging/bootstrap.py --test-tools
 	$(VENV)/bin/python -m pytest -m "not slow and not dist" --durations=20 $(ARGS)
 
 # `make test` with two busy processes beside it (a loaded CI runner): it must stay green

@@ -579,10 +579,32 @@ def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
     return result
 
 
+def ensure_test_browser() -> None:
+    """`make test` opens a hostile page in headless Chromium against the local endpoint
+    (tests/test_server.py): install it where we can (root with apt), else say how; without
+    it that one test is skipped."""
+    if shutil.which("chromium"):
+        return
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        say("installing chromium for the endpoint's browser test (once)")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env,
+                       stdout=subprocess.DEVNULL)
+    if not shutil.which("chromium"):
+        say("chromium is not installed: the endpoint's browser test will be skipped "
+            "(sudo apt-get install chromium)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-model", action="store_true", help="do not fetch the default model")
+    ap.add_argument("--test-tools", action="store_true",
+                    help="only install what `make test` uses beside the venv (chromium)")
     args = ap.parse_args(argv)
+    if args.test_tools:
+        ensure_test_browser()
+        return 0
     if sys.version_info < (3, 10):
         raise SystemExit("[ebb setup] Python 3.10 or newer is needed")
     backend, cmake_args, why = detect_backend()

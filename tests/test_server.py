@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from tests.helpers import N_THREADS, RpcServer, free_port, run_cli
 
@@ -135,6 +137,11 @@ def cli_reply(*flags: str) -> str:
 def test_models_and_a_greedy_reply_equal_the_cli(server):
     client = server.client()
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert client.models.retrieve("SmolLM2-135M-Instruct.Q4_1").id == "SmolLM2-135M-Instruct.Q4_1"
+    from openai import NotFoundError
+
+    with pytest.raises(NotFoundError):
+        client.models.retrieve("gpt-4")
     prompt = "Write a short poem about the sea."
     done = client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}],
                                           temperature=0, max_tokens=12, seed=1)
@@ -151,6 +158,11 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert [c.usage is not None for c in chunks].count(True) == 1  # once: a client sums chunks
+    plain = list(client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=2,
+        stream=True))
+    assert all(c.usage is None for c in plain)  # not asked for: not sent
 
 
 def test_a_json_schema_reply_parses_and_follows_the_schema(server):
@@ -248,7 +260,7 @@ def test_a_bad_image_is_a_400_and_the_server_keeps_serving(server, tmp_path):
     for url, says in ((data_url(broken), "image"),
                       ("https://example.com/cat.png", "does not fetch"),
                       ("data:image/png;base64,@@@@", "base64"),
-                      (f"file://{tmp_path}/missing.png", "no such image file")):
+                      (f"file://{tmp_path}/missing.png", "takes no file:// images")):
         with pytest.raises(BadRequestError) as err:
             client.chat.completions.create(model="m", max_tokens=4, messages=[{"role": "user", "content": [
                 {"type": "text", "text": "What is this?"},
@@ -257,6 +269,177 @@ def test_a_bad_image_is_a_400_and_the_server_keeps_serving(server, tmp_path):
     ok = client.chat.completions.create(model="m", max_tokens=3, temperature=0,
                                         messages=[{"role": "user", "content": "Hello"}])
     assert ok.choices[0].message.content
+
+
+def _hostile(port: int, method: str, path: str, headers: dict[str, str],
+             body: bytes = b"") -> tuple[int, dict]:
+    """A request as a web page's browser (or anything else) sends it, headers as given."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for k, v in {**headers, "Content-Length": str(len(body))}.items():
+            conn.putheader(k, v)
+        conn.endheaders(body)
+        r = conn.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else {}
+    finally:
+        conn.close()
+
+
+def test_web_pages_and_rebound_host_names_get_nothing(server):
+    """What a page on another site can send without a preflight, and a DNS-rebound host name,
+    are refused before any model work; the server's own names and JSON bodies still work."""
+    me = f"127.0.0.1:{server.port}"
+    chat = json.dumps({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 2})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    before = Raw(server.port).call("GET", "/health")[2]["served"]
+    cases = [  # (headers, expected status, error code)
+        ({"Host": me, "Origin": "http://evil.example", "Content-Type": "text/plain"}, 403,
+         "origin_not_allowed"),
+        ({"Host": me, "Origin": "null", "Content-Type": "application/json"}, 403,
+         "origin_not_allowed"),
+        ({"Host": me, "Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        ({"Host": me, "Content-Type": "application/x-www-form-urlencoded"}, 415,
+         "unsupported_media_type"),
+        ({"Host": f"evil.example:{server.port}", "Content-Type": "application/json"}, 403,
+         "host_not_allowed"),
+        ({"Host": "", "Content-Type": "application/json"}, 403, "host_not_allowed"),
+    ]
+    for headers, status, code in cases:
+        got, body = _hostile(server.port, "POST", "/v1/chat/completions", {**headers, **auth},
+                             chat.encode())
+        assert (got, body["error"]["code"]) == (status, code), (headers, body)
+    got, body = _hostile(server.port, "GET", "/v1/models",
+                         {"Host": me, "Origin": "http://evil.example", **auth})
+    assert got == 403 and body["error"]["code"] == "origin_not_allowed"
+    assert Raw(server.port).call("GET", "/health")[2]["served"] == before  # nothing ran
+    for host in (me, f"localhost:{server.port}", "localhost"):
+        got, body = _hostile(server.port, "POST", "/v1/chat/completions",
+                             {"Host": host, "Content-Type": "application/json; charset=utf-8",
+                              **auth}, chat.encode())
+        assert got == 200 and body["choices"][0]["message"]["content"] is not None, (host, body)
+
+
+def test_file_images_are_off_and_say_nothing_of_what_exists(server, tmp_path):
+    """A file:// URL is refused with one message whether the file exists, is a picture, or
+    not; a data URL that is no picture says so without a server path."""
+    pic = tmp_path / "pic.png"
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(pic)
+    messages = []
+    for url in ("file:///etc/passwd", f"file://{tmp_path}/missing.png", f"file://{pic}"):
+        status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]},
+            key=KEY)
+        assert status == 400 and body["error"]["code"] == "file_images_off", body
+        messages.append(body["error"]["message"])
+    assert len(set(messages)) == 1 and "/" not in messages[0].replace("data:image/png;base64", "")
+    junk = "data:image/png;base64," + base64.b64encode(b"root:x:0:0:root:/root:/bin/bash\n").decode()
+    status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": junk}}]}]},
+        key=KEY)
+    assert status == 400 and "not a picture" in body["error"]["message"]
+    assert "/tmp" not in body["error"]["message"] and ".img" not in body["error"]["message"]
+
+
+def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
+    """--allow-files FOLDER: a picture inside it is used; outside it, through a link out of
+    it, or missing: one message."""
+    from engine.server.api import ImageRef, parse_chat_request
+    from engine.server.errors import ApiError
+    from engine.server.worker import Job, image_path
+
+    folder, outside = tmp_path / "shared", tmp_path / "private"
+    folder.mkdir()
+    outside.mkdir()
+    Image.new("RGB", (8, 8)).save(folder / "in.png")
+    Image.new("RGB", (8, 8)).save(outside / "out.png")
+    (folder / "link.png").symlink_to(outside / "out.png")
+    job = Job(parse_chat_request({"messages": [{"role": "user", "content": "x"}]}), "c",
+              lambda ev: None, image_folder=folder)
+    assert image_path(job, ImageRef(path=folder / "in.png")) == (folder / "in.png").resolve()
+    refused = set()
+    for path in (outside / "out.png", folder / "link.png", folder / "missing.png",
+                 folder / ".." / "private" / "out.png", folder):
+        with pytest.raises(ApiError) as err:
+            image_path(job, ImageRef(path=path))
+        refused.add((err.value.status, err.value.message))
+    assert len(refused) == 1
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+def test_a_page_on_another_origin_in_a_real_browser_gets_nothing(server, tmp_path):
+    """Headless Chromium opens a page from another origin that tries what a hostile page
+    would: a "simple" text/plain POST (no preflight), a JSON POST (preflight) and a GET. No
+    request runs the model and the page reads nothing back."""
+    import http.server
+    import socketserver
+
+    page = tmp_path / "index.html"
+    target = f"http://127.0.0.1:{server.port}"
+    page.write_text(f"""<!doctype html><title>hostile</title><body><pre id=out>pending</pre><script>
+const body = JSON.stringify({{messages: [{{role: "user", content: "Say yes."}}], max_tokens: 2}});
+const tries = [
+  fetch("{target}/v1/chat/completions", {{method: "POST", mode: "no-cors",
+        headers: {{"Content-Type": "text/plain"}}, body}}).then(r => "status unreadable, " + r.type),
+  fetch("{target}/v1/chat/completions", {{method: "POST",
+        headers: {{"Content-Type": "application/json", "Authorization": "Bearer {KEY}"}}, body}})
+        .then(r => r.text()),
+  fetch("{target}/v1/models").then(r => r.text()),
+];
+Promise.all(tries.map(p => p.then(v => "read: " + v, e => "blocked: " + e)))
+  .then(rs => {{ document.getElementById("out").textContent = rs.join("\\n"); }});
+</script></body>""")
+    before = Raw(server.port).call("GET", "/health")[2]["served"]
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    handler = lambda *a, **k: Quiet(*a, directory=str(tmp_path), **k)  # noqa: E731
+    with socketserver.TCPServer(("127.0.0.1", 0), handler) as site:
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+        r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                            "--virtual-time-budget=15000", "--dump-dom",
+                            f"http://127.0.0.1:{site.server_address[1]}/index.html"],
+                           capture_output=True, text=True, timeout=120)
+        site.shutdown()
+    out = r.stdout[r.stdout.find("<pre"):r.stdout.find("</pre>")]
+    print("\nthe page saw:", out)
+    lines = out.split(">", 1)[-1].splitlines()
+    assert lines[0] == "read: status unreadable, opaque", r.stdout[-3000:]  # no-cors: a blind send
+    assert len(lines) == 3 and all(ln.startswith("blocked: ") for ln in lines[1:]), lines
+    assert Raw(server.port).call("GET", "/health")[2]["served"] == before  # nothing ran
+
+
+def test_llama_cpp_sampler_fields_are_honoured(server, text_runtime):
+    """What clients tuned for local servers send: logit_bias changes a greedy reply as asked,
+    grammar shapes it, penalties and top_k / min_p are taken; a bias on a token the model does
+    not have and a grammar llama.cpp refuses are 400s."""
+    client = server.client()
+    ask = {"model": "m", "temperature": 0, "max_tokens": 6,
+           "messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]}
+    plain = client.chat.completions.create(**ask, logprobs=True, top_logprobs=1)
+    first = plain.choices[0].logprobs.content[0].token
+    (first_id,) = text_runtime.tokenize(first, add_special=False)  # the same model's vocabulary
+    banned = client.chat.completions.create(**ask, logprobs=True, top_logprobs=1,
+                                            logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.content[0].token != first  # the greedy pick is gone
+    knobs = client.chat.completions.create(**ask, extra_body={
+        "top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1, "presence_penalty": 0.5,
+        "frequency_penalty": 0.5})
+    assert knobs.choices[0].message.content  # every knob at once is taken
+    forced = client.chat.completions.create(**ask, extra_body={"grammar": 'root ::= "maybe" "."'})
+    assert forced.choices[0].message.content == "maybe."
+    status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
+        **ask, "logit_bias": {"99999999": -100}}, key=KEY)
+    assert status == 400 and "vocabulary" in body["error"]["message"], body
+    status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
+        **ask, "grammar": 'root ::= "unclosed'}, key=KEY)
+    assert status == 400 and "grammar" in body["error"]["message"], body
+    status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
+        **ask, "presence_penalty": 3}, key=KEY)
+    assert status == 400 and body["error"]["param"] == "presence_penalty"
 
 
 BAD_BODIES = [

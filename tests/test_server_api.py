@@ -15,8 +15,14 @@ def user(content):
 
 
 def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
+    import io
+
+    from PIL import Image
+
     pic = tmp_path / "p.png"
     pic.write_bytes(b"png")
+    png = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(png, "PNG")
     req = parse_chat_request({
         "messages": [{"role": "system", "content": "Be brief."},
                      {"role": "developer", "content": "Use English."},
@@ -27,13 +33,13 @@ def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
                          {"type": "image_url", "image_url": {"url": f"file://{pic}"}},
                          {"type": "text", "text": "this?"},
                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
-                                                             + base64.b64encode(b"abc").decode()}}]}],
+                                                             + base64.b64encode(png.getvalue()).decode()}}]}],
         "temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "END", "seed": 3,
         "stream": True, "stream_options": {"include_usage": True}, "user": "ed"})
     assert req.system == "Be brief.\n\nUse English."
     assert [(t.role, t.text) for t in req.history] == [("user", "Hi"), ("assistant", "")]
     assert req.last.text == "What is\nthis?"
-    assert req.last.images[0].path == pic and req.last.images[1].data == b"abc"
+    assert req.last.images[0].path == pic and req.last.images[1].data == png.getvalue()
     assert (req.temperature, req.top_p, req.max_tokens, req.stop, req.seed) == (0.0, 0.5, 7, ("END",), 3)
     assert req.stream and req.include_usage and req.user == "ed"
     assert parse_chat_request({**user("x"), "max_completion_tokens": 9}).max_tokens == 9
@@ -94,7 +100,7 @@ def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     for name, value in (("response_format", {"type": "xml"}), ("functions", [{"name": "f"}]),
-                        ("top_logprobs", 3), ("frequency_penalty", 0.5),
+                        ("top_logprobs", 3), ("frequency_penalty", "high"),
                         ("tool_choice", "required"), ("something_new", 1)):
         with pytest.raises(ApiError) as exc:
             parse_chat_request({**base, name: value})
@@ -112,6 +118,10 @@ def test_response_format_becomes_a_grammar():
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     assert parse_chat_request({**base, "response_format": {"type": "text"}}).grammar == ""
     assert "root" in parse_chat_request({**base, "response_format": {"type": "json_object"}}).grammar
+    # llama-server's json_object with a schema follows the schema, not just any object
+    shaped = parse_chat_request({**base, "response_format": {"type": "json_object", "schema": {
+        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}}})
+    assert "answer" in shaped.grammar
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green"]}},
               "required": ["colour"]}
     g = parse_chat_request({**base, "response_format": {"type": "json_schema",
@@ -140,9 +150,9 @@ def test_cors_is_off_unless_an_origin_is_allowed():
             return 0
 
     pre = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}
-    closed = TestClient(build_app(Idle()))
+    closed = TestClient(build_app(Idle()), base_url="http://127.0.0.1")
     assert "access-control-allow-origin" not in closed.options("/v1/chat/completions", headers=pre).headers
-    opened = TestClient(build_app(Idle(), cors=("http://localhost:3000",)))
+    opened = TestClient(build_app(Idle(), cors=("http://localhost:3000",)), base_url="http://127.0.0.1")
     r = opened.options("/v1/chat/completions", headers=pre)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
     other = opened.options("/v1/chat/completions", headers={**pre, "Origin": "http://evil.example"})
@@ -379,3 +389,61 @@ def test_an_embedding_request_is_checked():
     packed = embedding_list("m", [[0.5, -1.0]], 3, True)["data"][0]["embedding"]
     import struct
     assert struct.unpack("<2f", base64.b64decode(packed)) == (0.5, -1.0)
+
+
+def test_the_host_header_must_name_where_the_server_listens():
+    """Loopback: only loopback names and addresses; every interface: any address literal (a
+    rebinding needs a name); one address: that one; --allow-host adds names."""
+    from engine.server.guard import Policy, host_name, refusal
+
+    assert host_name("[::1]:8089") == "::1" and host_name("LocalHost:1") == "localhost"
+    loop = Policy("127.0.0.1")
+    assert all(loop.host_allowed(h) for h in ("127.0.0.1:8089", "localhost", "[::1]:80", "127.0.0.2"))
+    assert not any(loop.host_allowed(h) for h in ("evil.example:8089", "192.168.1.4", "", "[::1"))
+    every = Policy("0.0.0.0")
+    assert every.host_allowed("192.168.1.4:8089") and every.host_allowed("[fe80::1]:8089")
+    assert not every.host_allowed("rebound.example:8089")
+    lan = Policy("192.168.1.4", allow_hosts=("box.local",))
+    assert lan.host_allowed("192.168.1.4:8089") and lan.host_allowed("BOX.local:8089")
+    assert not lan.host_allowed("127.0.0.1:8089") and not lan.host_allowed("other.local")
+    named = Policy("localhost")
+    assert named.host_allowed("127.0.0.1:1") and not named.host_allowed("evil.example")
+    json_post = {"host": "127.0.0.1:8089", "content-type": "application/json"}
+    assert refusal("POST", json_post, loop) is None
+    assert refusal("GET", {"host": "127.0.0.1:8089"}, loop) is None  # no body, no type needed
+    assert refusal("POST", {**json_post, "origin": "http://127.0.0.1:8089"}, loop) is None  # its own
+    for headers, status in (({**json_post, "origin": "https://evil.example"}, 403),
+                            ({**json_post, "content-type": "text/plain"}, 415),
+                            ({**json_post, "content-type": "multipart/form-data; boundary=x"}, 415),
+                            ({**json_post, "host": "evil.example"}, 403)):
+        error = refusal("POST", headers, loop)
+        assert error is not None and error.status == status, headers
+    allowed = Policy("127.0.0.1", origins=("http://localhost:3000",))
+    assert refusal("POST", {**json_post, "origin": "http://localhost:3000"}, allowed) is None
+
+
+def test_llama_cpp_sampler_fields_are_read_and_checked():
+    from engine.server.api import ApiError, parse_chat_request, parse_completion_request
+
+    base = {"messages": [{"role": "user", "content": "Hi"}]}
+    req = parse_chat_request({**base, "top_k": 0, "min_p": 0.05, "repeat_penalty": 1.1,
+                              "presence_penalty": -0.5, "frequency_penalty": 1,
+                              "logit_bias": {"15": -100, "16": 5.5}})
+    assert req.sampling.gen_overrides() == {
+        "top_k": 0, "min_p": 0.05, "repeat_penalty": 1.1, "presence_penalty": -0.5,
+        "frequency_penalty": 1.0, "logit_bias": ((15, -100.0), (16, 5.5))}
+    assert parse_chat_request(base).sampling.gen_overrides() == {
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": ()}  # defaults kept
+    assert parse_chat_request({**base, "logit_bias": [[15, 1]]}).sampling.logit_bias == ((15, 1.0),)
+    assert parse_chat_request({**base, "grammar": 'root ::= "a"'}).grammar == 'root ::= "a"'
+    assert parse_completion_request({"prompt": "x", "grammar": 'root ::= "a"', "top_k": 3}
+                                    ).sampling.grammar == 'root ::= "a"'
+    for bad, param in (({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"min_p": 2}, "min_p"),
+                       ({"repeat_penalty": 0}, "repeat_penalty"),
+                       ({"presence_penalty": 2.5}, "presence_penalty"),
+                       ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"1": 500}}, "logit_bias"),
+                       ({"grammar": 5}, "grammar"),
+                       ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar")):
+        with pytest.raises(ApiError) as err:
+            parse_chat_request({**base, **bad})
+        assert err.value.status == 400 and err.value.param == param, bad

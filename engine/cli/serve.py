@@ -28,6 +28,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"ebb-engine: warning: serving on {args.host}, not only this machine: anyone who "
               f"can reach port {args.port} can use the model"
               + ("" if api_key else " (no --api-key set)"), file=sys.stderr, flush=True)
+    image_folder = Path(args.allow_files).expanduser() if args.allow_files else None
+    if image_folder is not None and not image_folder.is_dir():
+        raise EbbError(f"--allow-files must name a folder: {image_folder} is not one")
     cfg = session_config(args)
     image_dir = Path(tempfile.mkdtemp(prefix="ebb-serve-images-"))
 
@@ -46,7 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         serve(worker, args.host, args.port, api_key=api_key,
-              max_body=parse_size(args.max_body), ready=announce, cors=tuple(args.cors))
+              max_body=parse_size(args.max_body), ready=announce, cors=tuple(args.cors),
+              allow_hosts=tuple(args.allow_host), image_folder=image_folder)
     finally:
         worker.close()
         for f in image_dir.glob("*"):
@@ -64,6 +68,13 @@ def register(sub: Any) -> None:
     p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN (e.g. http://localhost:3000) call the API; "
                         "off by default; repeat for more")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to host NAME (a proxy's or a LAN name; "
+                        "by default only the address listened on: names a web page could "
+                        "rebind to this machine are refused); repeat for more")
+    p.add_argument("--allow-files", default=None, metavar="FOLDER",
+                   help="let file:// image URLs name pictures inside FOLDER (off by default: "
+                        "pictures come as data URLs)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every request (or EBB_API_KEY)")
     p.add_argument("--queue", type=int, default=8,

@@ -89,6 +89,9 @@ class GenParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already used
+    frequency_penalty: float = 0.0  # ... and this much per use
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
     top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
     # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
@@ -768,11 +771,15 @@ class TextRuntime:
             if not g:
                 L.llama_sampler_free(chain)
                 raise EbbError(f"llama.cpp could not use the reply's grammar: "
-                               f"{llama_log.last_error('no detail')}", "check the JSON schema")
+                               f"{llama_log.last_error('no detail')}",
+                               "check the grammar (or the JSON schema it was made from)")
             L.llama_sampler_chain_add(chain, g)
-        if gp.repeat_penalty != 1.0:
+        if gp.logit_bias:
+            L.llama_sampler_chain_add(chain, self._logit_bias_sampler(gp.logit_bias, chain))
+        if gp.repeat_penalty != 1.0 or gp.presence_penalty or gp.frequency_penalty:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                self.info.n_vocab, REPEAT_LAST_N, gp.repeat_penalty, 0.0, 0.0))
+                self.info.n_vocab, REPEAT_LAST_N, gp.repeat_penalty, gp.frequency_penalty,
+                gp.presence_penalty))
         if gp.temperature <= 0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
         else:
@@ -782,6 +789,17 @@ class TextRuntime:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(gp.temperature))
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(gp.seed & 0xFFFFFFFF))
         return chain
+
+    def _logit_bias_sampler(self, biases: tuple[tuple[int, float], ...], chain: Any) -> Any:
+        L = llama()
+        n_vocab = self.info.n_vocab
+        outside = [t for t, _ in biases if not 0 <= t < n_vocab]
+        if outside:
+            L.llama_sampler_free(chain)
+            raise EbbError(f"logit_bias names token {outside[0]}, and this model's vocabulary "
+                           f"has {n_vocab} tokens (0 to {n_vocab - 1})", "use this model's token ids")
+        entries = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
+        return L.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)  # copies them
 
     def generate(self, messages: list[dict[str, str]], gp: GenParams,
                  on_text: Callable[[str], None] | None = None,

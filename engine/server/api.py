@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
+from engine.server.sampling import FIELDS as SAMPLING_FIELDS
+from engine.server.sampling import Sampling, parse_sampling
 
 MAX_STOPS = 4
 
@@ -62,6 +64,7 @@ class ChatRequest:
     # system text alone, and every message as it came (calls and results unflattened)
     own_system: str | None = None
     messages: tuple[Turn, ...] = ()
+    sampling: Sampling = field(default_factory=Sampling)  # llama.cpp's other sampler knobs
 
     def callable_tools(self) -> tuple[Any, ...]:
         from engine.server.tools import offered
@@ -105,20 +108,37 @@ def image_from_url(url: Any, param: str) -> ImageRef:
             raise ApiError(400, "the image data URL's base64 is invalid", param) from None
         if not data:
             raise ApiError(400, "the image data URL is empty", param)
+        if not _is_picture(data):
+            raise ApiError(400, "the image data URL is not a picture Ebb can read (PNG, JPEG, "
+                                "WebP, GIF, BMP, ...)", param)
         return ImageRef(data=data)
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ApiError(400, f"a file:// URL must name a local file, not host {parsed.netloc!r}", param)
-        path = Path(urllib.parse.unquote(parsed.path))
-        if not path.is_file():
-            raise ApiError(400, f"no such image file: {path}", param)
-        return ImageRef(path=path)
+        # whether it may be read, and exists, is the server's to decide (worker.image_path)
+        return ImageRef(path=Path(urllib.parse.unquote(parsed.path)))
     if parsed.scheme in ("http", "https"):
         raise ApiError(400, "Ebb does not fetch images from the network: send the picture as a "
                             "data URL (data:image/png;base64,...) or a local file:// path", param)
     raise ApiError(400, f"unsupported image URL scheme {parsed.scheme or url[:16]!r}: use a data "
                         "URL or a local file:// path", param)
+
+
+def _is_picture(data: bytes) -> bool:
+    """Whether Pillow recognises the bytes as an image format (the header only: nothing is
+    decoded here; a damaged picture is found when it is)."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)):
+            return True
+    except Image.DecompressionBombError:  # a picture, refused later with its size
+        return True
+    except (UnidentifiedImageError, OSError, ValueError):
+        return False
 
 
 def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, ...]]:
@@ -156,13 +176,12 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
                      "response_format", "logprobs", "top_logprobs", "tools", "tool_choice",
-                     "parallel_tool_calls"})
+                     "parallel_tool_calls"}) | SAMPLING_FIELDS
 # Ebb does nothing with these and the reply is the same as if it did: they are accepted.
 SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
 # other value is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
     "functions": ([],), "function_call": ("none", "auto"), "modalities": (["text"],),
 }
 
@@ -250,6 +269,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
     seed = _integer(body, "seed", -(2**63))
     user = body.get("user", "")
     grammar = response_grammar(body.get("response_format"))
+    sampling = parse_sampling(body)
+    if sampling.grammar:
+        if grammar or tl.offered(tools, choice):
+            raise ApiError(400, "'grammar' cannot be followed beside 'response_format' or "
+                                "'tools': ask for one of them", "grammar")
+        grammar = sampling.grammar
     if tl.offered(tools, choice):
         if grammar:
             raise ApiError(400, "Ebb cannot follow 'response_format' and offer 'tools' in one "
@@ -270,7 +295,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
-        tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native))
+        tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
+        sampling=sampling)
 
 
 def _calls(calls: Any, called: dict[str, str], param: str) -> list[Any]:
@@ -306,12 +332,15 @@ def response_grammar(fmt: Any) -> str:
 
     if fmt["type"] == "text":
         return ""
-    if fmt["type"] == "json_object":
+    if fmt["type"] == "json_object" and fmt.get("schema") is None:
         return str(JSON_GBNF)
-    spec = fmt.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if fmt["type"] == "json_object":  # llama-server's form: {"type": "json_object", "schema": {...}}
+        schema = fmt["schema"]
+    else:
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
-        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema object",
+        raise ApiError(400, "the response_format's schema must be a JSON schema object",
                        "response_format")
     try:
         return str(json_schema_to_gbnf(json.dumps(schema)))
@@ -414,11 +443,8 @@ def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None
 
 COMPLETION_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "stop", "max_tokens",
                                "seed", "user", "temperature", "top_p", "echo", "logprobs", "n",
-                               "best_of"})
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
-    "suffix": ("",),
-}
+                               "best_of"}) | SAMPLING_FIELDS
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"suffix": ("",)}
 MAX_COMPLETION_LOGPROBS = 5  # as OpenAI's legacy endpoint
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -437,6 +463,7 @@ class CompletionRequest:
     user: str = ""
     echo: bool = False
     top_logprobs: int = -1  # -1: none; else the legacy `logprobs` count
+    sampling: Sampling = field(default_factory=Sampling)
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -515,7 +542,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         max_tokens=DEFAULT_COMPLETION_TOKENS if max_tokens is None else max_tokens,
         stop=_stops(body), seed=_integer(body, "seed", -(2**63)),
         user=user if isinstance(user, str) else "", echo=echo,
-        top_logprobs=-1 if top_logprobs is None else top_logprobs)
+        top_logprobs=-1 if top_logprobs is None else top_logprobs, sampling=parse_sampling(body))
 
 
 def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dict[str, Any] | None:

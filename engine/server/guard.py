@@ -37,7 +37,7 @@ def host_name(header: str) -> str:
     """The name in a Host header, without its port: "[::1]:8080" -> "::1"."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
+        return header[1:header.find("]")] if "]" in header else ""  # "[::1" is no name
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 

@@ -13,9 +13,11 @@ import hmac
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's rule, re-exported
+from engine.server.guard import Policy, RequestGuard
 from engine.server.api import (
     ApiError,
     chunk,
@@ -34,8 +36,13 @@ KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so se
 
 
 def build_app(worker: Backend, api_key: str | None = None,
-              max_body: int = DEFAULT_MAX_BODY, cors: tuple[str, ...] = ()) -> Any:
-    """The routes; `cors`: origins whose browser pages may call the API (none by default)."""
+              max_body: int = DEFAULT_MAX_BODY, cors: tuple[str, ...] = (),
+              listen_host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = (),
+              image_folder: Path | None = None) -> Any:
+    """The routes behind the request guard (guard.py): `cors`, origins whose browser pages may
+    call the API (none by default); `listen_host` and `allow_hosts`, the names a request may be
+    addressed to; `image_folder`, the one folder whose pictures file:// URLs may name (None:
+    file:// images are refused)."""
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -78,13 +85,26 @@ def build_app(worker: Backend, api_key: str | None = None,
             check_key(request)
         except ApiError as exc:
             return error(exc)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    def model_card() -> dict[str, Any]:
         created = int(worker.model_path.stat().st_mtime) if worker.model_path.exists() else 0
         # what the model answers here (not OpenAI's: a client that does not know it ignores it)
         can = ["chat.completions", "completions", "embeddings", "tools", "response_format",
                "logprobs"] + (["vision"] if worker.vision else [])
-        return JSONResponse({"object": "list", "data": [
-            {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb",
-             "capabilities": can}]})
+        return {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb",
+                "capabilities": can}
+
+    async def one_model(request: Request) -> Response:
+        try:
+            check_key(request)
+        except ApiError as exc:
+            return error(exc)
+        name = request.path_params["name"]
+        if name != worker.model_id:
+            return error(ApiError(404, f"no model {name!r} here: this server serves "
+                                       f"{worker.model_id!r}", "model", code="model_not_found"))
+        return JSONResponse(model_card())
 
     async def answer(request: Request, parse: Callable[[Any], Any],
                      reply: Callable[[Answer, str, str], dict[str, Any]],
@@ -107,7 +127,7 @@ def build_app(worker: Backend, api_key: str | None = None,
             except RuntimeError:  # the server stopped (its loop is closed): nobody to tell
                 cancel.set()
 
-        job = Job(req, client, on_event, cancel=cancel)
+        job = Job(req, client, on_event, cancel=cancel, image_folder=image_folder)
         try:
             worker.submit(job)
         except ApiError as exc:
@@ -170,7 +190,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                 if a.tool_calls:  # held to the end: one delta with the whole call
                     yield sse(chunk(cid, model, {"tool_calls": [
                         {"index": i, **c} for i, c in enumerate(a.tool_calls)]}))
-                yield sse(chunk(cid, model, {}, a.finish_reason, a.usage))
+                yield sse(chunk(cid, model, {}, a.finish_reason))  # usage: only when asked, once
                 if getattr(job.request, "include_usage", False):
                     yield sse(chunk(cid, model, {}, use=a.usage, choices=False))
             else:
@@ -216,6 +236,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                              "served": worker.served, "time": time.time()})
 
     routes = [Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{name:path}", one_model, methods=["GET"]),
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/embeddings", embeddings, methods=["POST"]),
@@ -232,15 +253,17 @@ def build_app(worker: Backend, api_key: str | None = None,
     app.add_exception_handler(404, not_found)
     app.add_exception_handler(405, lambda req, exc: error(ApiError(
         405, f"{req.method} is not allowed on {req.url.path}")))
-    return app
+    return RequestGuard(app, Policy(listen_host, allow_hosts, cors))
 
 
 def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
-          max_body: int = DEFAULT_MAX_BODY, ready: Any = None, cors: tuple[str, ...] = ()) -> None:
+          max_body: int = DEFAULT_MAX_BODY, ready: Any = None, cors: tuple[str, ...] = (),
+          allow_hosts: tuple[str, ...] = (), image_folder: Path | None = None) -> None:
     """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
     import uvicorn
 
-    config = uvicorn.Config(build_app(worker, api_key, max_body, cors), host=host, port=port,
+    app = build_app(worker, api_key, max_body, cors, host, allow_hosts, image_folder)
+    config = uvicorn.Config(app, host=host, port=port,
                             log_level="warning", timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(config)
     if ready is not None:
@@ -272,7 +295,8 @@ class ServerThread:
             raise EbbError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                            "pick another port in Settings → Local server") from None
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(build_app(worker, api_key, max_body), log_level="warning",
+        config = uvicorn.Config(build_app(worker, api_key, max_body, listen_host=host),
+                                log_level="warning",
                                 timeout_graceful_shutdown=2, access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="ebb-http", daemon=True)

@@ -84,6 +84,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.monotonic)
     image_dir: Path = field(default_factory=lambda: Path("."))  # where its data URLs are written
+    image_folder: Path | None = None  # the one folder file:// images may come from (None: none)
 
 
 class Backend(Protocol):
@@ -177,9 +178,9 @@ def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[
         session.set_system(req.system if req.system is not None else default_system)
         session.set_tools(None)
         before, last, grammar = list(req.history), req.last, req.grammar
-    session.set_history([(t.role, t.text, [image_path(job.image_dir, i) for i in t.images], t.extra)
+    session.set_history([(t.role, t.text, [image_path(job, i) for i in t.images], t.extra)
                          for t in before])
-    images = [image_path(job.image_dir, i) for i in last.images]
+    images = [image_path(job, i) for i in last.images]
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
@@ -228,7 +229,8 @@ def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
                      temperature=defaults.temperature if req.temperature is None else req.temperature,
                      top_p=defaults.top_p if req.top_p is None else req.top_p,
                      seed=req.seed % 2**32 if req.seed is not None else random.getrandbits(32),
-                     grammar=grammar, top_logprobs=req.top_logprobs, on_logprob=on_logprob)
+                     grammar=grammar, top_logprobs=req.top_logprobs, on_logprob=on_logprob,
+                     **req.sampling.gen_overrides())
 
 
 def _completion(session: Session, job: Job, req: CompletionRequest) -> tuple[Session, Answer]:
@@ -253,7 +255,8 @@ def _completion(session: Session, job: Job, req: CompletionRequest) -> tuple[Ses
         assert runtime is not None
         show(req.prompt if isinstance(req.prompt, str) else runtime.detokenize(req.prompt))
     echoed = "".join(shown)
-    session, res = turn_with_recovery(session, req.prompt, (), _gen_params(req), on_text=on_text,
+    session, res = turn_with_recovery(session, req.prompt, (), _gen_params(req, req.sampling.grammar),
+                                      on_text=on_text,
                                       cancel=job.cancel, raw=True)
     show(watcher.flush())
     if res.error is not None:
@@ -279,19 +282,37 @@ def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:
     return Answer(session._request_id, "stop", n_tokens, vectors=vectors, base64=req.base64)
 
 
-def image_path(image_dir: Path, ref: ImageRef) -> Path:
+def image_path(job: Job, ref: ImageRef) -> Path:
     """A request's picture as a file the session can read: data URLs are written once, named
-    by their content (sent again, the encoder's cache knows them)."""
+    by their content (sent again, the encoder's cache knows them); a file:// picture only from
+    inside the server's image folder. A refused path gets one message whatever the reason, so
+    a client learns nothing of what exists on this machine."""
     if ref.path is not None:
-        return ref.path
+        return _allowed_file(ref.path, job.image_folder)
     assert ref.data is not None
-    path = image_dir / f"{ref.key()}.img"
+    path = job.image_dir / f"{ref.key()}.img"
     if not path.exists():
-        image_dir.mkdir(parents=True, exist_ok=True)
+        job.image_dir.mkdir(parents=True, exist_ok=True)
         part = path.with_suffix(f".{threading.get_ident()}.part")
         part.write_bytes(ref.data)
         part.replace(path)
     return path
+
+
+def _allowed_file(path: Path, folder: Path | None) -> Path:
+    if folder is None:
+        raise ApiError(400, "this server takes no file:// images: send the picture as a data URL "
+                            "(data:image/png;base64,...), or start it with --allow-files FOLDER",
+                       "messages", code="file_images_off")
+    try:
+        real, root = path.resolve(), folder.resolve()
+        usable = real.is_relative_to(root) and real.is_file()
+    except (OSError, RuntimeError, ValueError):
+        usable = False
+    if not usable:
+        raise ApiError(400, "a file:// image must be a picture inside the folder this server "
+                            "allows (--allow-files)", "messages", code="file_image_refused")
+    return real
 
 
 def run_job(job: Job, answer: Callable[[Job], Answer],
