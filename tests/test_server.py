@@ -333,7 +333,8 @@ def test_file_images_are_off_and_say_nothing_of_what_exists(server, tmp_path):
             key=KEY)
         assert status == 400 and body["error"]["code"] == "file_images_off", body
         messages.append(body["error"]["message"])
-    assert len(set(messages)) == 1 and "/" not in messages[0].replace("data:image/png;base64", "")
+    assert len(set(messages)) == 1  # the same whether it exists, is a picture, or not
+    assert str(tmp_path) not in messages[0] and "/etc" not in messages[0]
     junk = "data:image/png;base64," + base64.b64encode(b"root:x:0:0:root:/root:/bin/bash\n").decode()
     status, _, body = Raw(server.port).call("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": junk}}]}]},
