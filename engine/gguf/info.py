@@ -130,6 +130,8 @@ def _parse(buf: Any, file_bytes: int) -> tuple[dict[str, Any], list[TensorEntry]
         name = h.string()
         dims = tuple(h.take("<Q") for _ in range(h.take("<I")))
         raw.append((name, dims, h.take("<I"), h.take("<Q")))
+    if h.pos > len(buf):  # stepped over an array past the end
+        raise ValueError("the header ends inside an array")
     align = int(metadata.get("general.alignment", 32) or 32)
     data_start = (h.pos + align - 1) // align * align
     tensors = []
@@ -140,6 +142,34 @@ def _parse(buf: Any, file_bytes: int) -> tuple[dict[str, Any], list[TensorEntry]
         tname, nbytes = tensor_bytes(ttype, n_elems)
         tensors.append(TensorEntry(name, tname, dims, nbytes, data_start + offset))
     return metadata, tensors
+
+
+class HeaderIncomplete(Exception):
+    """The bytes given end before the header and tensor table do: fetch more."""
+
+
+def parse_gguf_prefix(prefix: bytes, file_bytes: int, name: str) -> GGUFFile:
+    """The header and tensor table from the first bytes of a GGUF of `file_bytes` bytes (a
+    remote file read by HTTP ranges). Raises HeaderIncomplete when `prefix` ends inside them,
+    EbbError when the file is not a GGUF or is damaged; the result is what `read_gguf` gives
+    for the whole file."""
+    if prefix[:4] != GGUF_MAGIC[:len(prefix[:4])]:
+        raise EbbError(f"{name} is not a GGUF file (it starts with {bytes(prefix[:4])!r}, not "
+                       "b'GGUF')", "pick a .gguf file in llama.cpp's format")
+    try:
+        metadata, tensors = _parse(prefix, file_bytes)
+    except UnknownTensorType as exc:
+        raise EbbError(f"{name} holds tensors of a type this version of Ebb does not know (ggml "
+                       f"type {exc.type_id})", "pick another quantisation, or update Ebb") from None
+    except (struct.error, ValueError, IndexError) as exc:
+        if len(prefix) < file_bytes:
+            raise HeaderIncomplete(str(exc)) from None
+        raise EbbError(f"{name} is a damaged GGUF file ({exc})", "pick another file") from None
+    end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
+    if end > file_bytes:
+        raise EbbError(f"{name} is truncated: its tensors need {end} bytes, the file has "
+                       f"{file_bytes}", "pick another file")
+    return GGUFFile(Path(name), file_bytes, metadata, tuple(tensors))
 
 
 def read_gguf(path: Path) -> GGUFFile:

@@ -1,0 +1,143 @@
+"""Whether a model (and its projector) fits *this* machine, and how it would run, judged from
+its header alone: the same `ModelInfo` and planner (`placement/whatif.py`) a local file gets,
+so a verdict before the download and one after it cannot disagree.
+
+`judge` is pure (the machine comes in as `Machine`); `this_machine` reads the devices,
+calibration and free RAM (any thread that may call llama.cpp's device API).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from engine.gguf.info import ModelInfo, ProjectorInfo
+from engine.placement.calibration import DeviceCal
+from engine.units import fmt_bytes
+
+STRATEGY_WORDS = {"resident": "pictures on {accel} (the projector stays there)",
+                  "swap": "pictures by swap (the projector waits in RAM)",
+                  "cpu": "pictures encoded on the CPU"}
+
+
+@dataclass(frozen=True)
+class Machine:
+    accel: str | None  # llama.cpp's device name ("CUDA0", "RPC0[...]"); None: the CPU alone
+    accel_budget_bytes: int  # what Ebb may use there
+    ram_available_bytes: int
+    n_threads: int
+    cpu_cal: DeviceCal | None = None
+    accel_cal: DeviceCal | None = None
+    can_stream: bool = True  # a local GPU can run ops on host weights; an RPC device cannot
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool  # False: the weights that stay in RAM are more than the RAM available
+    n_layers: int
+    n_layers_on_accel: int
+    accel: str | None
+    gen_tokens_per_s: float
+    pictures: str | None  # resident, swap or cpu: the fastest that fits; None without projector
+    picture_s: float | None  # predicted seconds per picture that way
+    ram_needed_bytes: int
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def judge(model: ModelInfo, proj: ProjectorInfo | None, machine: Machine,
+          n_ctx: int = 4096) -> Verdict:
+    """One verdict, in words a user reads beside the file."""
+    from engine.placement.whatif import what_if
+
+    n_ctx = min(n_ctx, model.n_ctx_train or n_ctx)
+    budget = machine.accel_budget_bytes if machine.accel else 0
+    w = what_if(model, proj, budget, 16e9, 40e9, 300e9, n_ctx, machine.n_threads,
+                machine.cpu_cal, machine.accel_cal, machine.accel or "GPU",
+                can_stream=machine.can_stream)
+    on = w.placement.n_layers_on_accel if machine.accel else 0
+    ram = w.ram_weight_bytes + (proj.weight_bytes if proj is not None else 0)
+    pictures = w.vision_plan.strategy if w.vision_plan is not None else None  # the session's choice
+    picture_s = w.vision.get(pictures) if pictures is not None else None
+    fits = ram <= machine.ram_available_bytes
+    return Verdict(fits, model.n_layers, on, machine.accel, w.gen_tokens_per_s, pictures,
+                   picture_s, ram, _words(model, machine, on, w.gen_tokens_per_s, pictures,
+                                          ram, fits))
+
+
+def _words(model: ModelInfo, machine: Machine, on: int, tps: float, pictures: str | None,
+           ram: int, fits: bool) -> str:
+    if not fits:
+        return (f"does not fit in RAM: {fmt_bytes(ram)} of weights would stay in RAM, "
+                f"{fmt_bytes(machine.ram_available_bytes)} is free")
+    accel = machine.accel or "CPU"
+    if machine.accel is None:
+        where = "on the CPU"
+    elif on == model.n_layers:
+        where = f"all {on} layers on {accel}"
+    else:
+        where = f"{on} of {model.n_layers} layers on {accel}"
+    parts = [where, f"about {tps:.0f} tokens/s"]
+    if pictures is not None:
+        parts.append(STRATEGY_WORDS[pictures].format(accel=accel))
+    return "; ".join(parts)
+
+
+def this_machine(n_threads: int | None = None) -> Machine:
+    """The first accelerator Ebb would use, its budget and calibration, and the RAM free."""
+    from engine.hw import physical_cores
+    from engine.llama.devices import default_budget, find_device, pick_accelerator
+    from engine.placement import calibration
+
+    accel = pick_accelerator()
+    budget, accel_cal, can_stream = 0, None, True
+    if accel is not None:
+        dev = find_device(accel)
+        budget, can_stream = default_budget(accel), not dev.remote
+        accel_cal = calibration.load(calibration.device_key(dev.name, dev.description))
+    return Machine(accel, budget, ram_available_bytes(), n_threads or physical_cores(),
+                   calibration.load("CPU"), accel_cal, can_stream)
+
+
+def ram_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo; elsewhere the physical memory (a generous guess)."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def judge_remote(repo: str, quant: Any, projector: Any, machine: Machine,
+                 endpoint: str | None = None, token: str | None = None,
+                 n_ctx: int = 4096) -> Verdict:
+    """The verdict for a quantisation on the Hub (`catalog.Quant`: every part's header is
+    read, a split model's tensors are in all of them) with a projector (`catalog.HubFile`)."""
+    from engine.gguf.info import model_info, projector_info
+    from engine.hub.remote import remote_gguf
+
+    parts = [remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts]
+    whole = merge_parts(parts)
+    proj = None
+    if projector is not None:
+        proj = projector_info(remote_gguf(repo, projector.name, endpoint=endpoint, token=token))
+    return judge(model_info(whole), proj, machine, n_ctx)
+
+
+def merge_parts(parts: list[Any]) -> Any:
+    """A split GGUF's parts as one file: the first part's metadata, every part's tensors."""
+    from dataclasses import replace
+
+    if len(parts) == 1:
+        return parts[0]
+    return replace(parts[0], file_bytes=sum(p.file_bytes for p in parts),
+                   tensors=tuple(t for p in parts for t in p.tensors))

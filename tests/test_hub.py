@@ -1,0 +1,210 @@
+"""Models from the Hub (engine/hub), through the real `huggingface_hub` client against a hub of
+our own on loopback (tests/hub.py): search, a repo's quantisations and projectors, the verdict
+from a remote header (the same as from the downloaded file, for every generated family), and
+downloads that survive cut connections, a damaged byte, a pause, a second download of the
+same file and a gated repo."""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.errors import EbbError
+from engine.gguf.families import GENERATED
+from engine.gguf.info import model_info, projector_info, read_gguf
+from engine.gguf.model_gen import ModelShape, write_model
+from engine.gguf.projector_gen import write_projector
+from engine.hub.catalog import HubFile, repo_files, search, sort_files
+from engine.hub.download import DownloadPaused, download_file, part_path
+from engine.hub.remote import remote_gguf
+from engine.hub.verdict import Machine, judge
+from tests.helpers import run_cli
+from tests.hub import LoopbackHub
+
+SHAPE = ModelShape(n_layers=4, n_embd=128, n_ff=256, n_head=2, n_head_kv=1)
+MACHINES = [Machine(None, 0, 64 << 30, 2), Machine("CUDA0", 8 << 30, 64 << 30, 8),
+            Machine("CUDA0", 3 << 20, 64 << 30, 8), Machine(None, 0, 1 << 20, 2)]
+
+
+@pytest.fixture(scope="module")
+def families(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    d = tmp_path_factory.mktemp("hub-families")
+    return {f: (write_model(d / f"lm-{f}-Q8_0.gguf", SHAPE, model_path, family=f),
+                write_projector(d / f"mmproj-{f}-f16.gguf", SHAPE.n_embd, family=f))
+            for f in GENERATED}
+
+
+@pytest.fixture
+def hub():
+    with LoopbackHub() as h:
+        yield h
+
+
+def test_the_verdict_from_the_remote_header_is_the_verdict_from_the_file(hub, families):
+    """Every generated family: the ranged header parses to the same file as the download, so
+    every machine's verdict is the same before and after; only the front of the file moved."""
+    for family, (lm, mm) in families.items():
+        repo = f"ebb/{family}-GGUF"
+        hub.add(repo, {lm.name: lm, mm.name: mm}, tags=["gguf"])
+        for path in (lm, mm):
+            remote = remote_gguf(repo, path.name, endpoint=hub.endpoint)
+            local = read_gguf(path)
+            assert (remote.metadata, remote.tensors, remote.file_bytes) == \
+                (local.metadata, local.tensors, local.file_bytes), (family, path.name)
+        r_model = model_info(remote_gguf(repo, lm.name, endpoint=hub.endpoint))
+        r_proj = projector_info(remote_gguf(repo, mm.name, endpoint=hub.endpoint))
+        l_model, l_proj = model_info(read_gguf(lm)), projector_info(read_gguf(mm))
+        for machine in MACHINES:
+            assert judge(r_model, r_proj, machine) == judge(l_model, l_proj, machine), family
+    served = sum(int(r.split("-")[1]) - int(r.split("=")[1].split("-")[0]) + 1
+                 for _, path, r in hub.requests if r and "/cdn/" in path)
+    whole = sum(p.stat().st_size for pair in families.values() for p in pair)
+    print(f"\nranged reads: {served / 2**20:.1f} MiB asked for {whole / 2**20:.1f} MiB of files")
+    verdicts = {m.accel or "CPU": judge(model_info(read_gguf(families["mlp"][0])),
+                                        projector_info(read_gguf(families["mlp"][1])), m).text
+                for m in MACHINES[1:3]}
+    assert verdicts["CUDA0"]  # both GPU machines have words; the split one says how many
+    assert judge(l_model, l_proj, MACHINES[3]).text.startswith("does not fit in RAM")
+
+
+def test_search_filters_sorts_and_lists_quants_and_projectors(hub, families, model_path):
+    lm, mm = families["gemma3"]
+    hub.add("ebb/gemma-vision-GGUF", {lm.name: lm, mm.name: mm, "README.md": lm}, tags=["gguf"],
+            downloads=10, last_modified="2026-03-01T00:00:00.000Z")
+    hub.add("ebb/smol-text-GGUF", {"smol-Q4_1.gguf": model_path}, tags=["gguf"], downloads=99)
+    hub.add("ebb/not-gguf", {"model.safetensors": lm}, tags=["safetensors"], downloads=500)
+    by_downloads = [h.repo for h in search("", endpoint=hub.endpoint)]
+    assert by_downloads == ["ebb/smol-text-GGUF", "ebb/gemma-vision-GGUF"]  # GGUF only
+    assert [h.repo for h in search("", sort="updated", endpoint=hub.endpoint)][0] == \
+        "ebb/gemma-vision-GGUF"
+    seeing = search("", sees_images=True, endpoint=hub.endpoint)
+    assert [(h.repo, h.sees_images) for h in seeing] == [("ebb/gemma-vision-GGUF", True)]
+    files = repo_files("ebb/gemma-vision-GGUF", endpoint=hub.endpoint)
+    assert [q.label for q in files.quants] == ["Q8_0"] and files.projectors[0].name == mm.name
+    assert files.quants[0].parts[0].sha256 == hashlib.sha256(lm.read_bytes()).hexdigest()
+    hub.add("ebb/mmproj-only", {mm.name: mm}, tags=["gguf"])
+    with pytest.raises(EbbError, match="only projector files"):
+        repo_files("ebb/mmproj-only", endpoint=hub.endpoint)
+    with pytest.raises(EbbError, match="no GGUF files"):
+        repo_files("ebb/not-gguf", endpoint=hub.endpoint)
+    with pytest.raises(EbbError, match="not found"):
+        repo_files("ebb/missing", endpoint=hub.endpoint)
+
+
+def test_split_files_are_one_quantisation_and_an_incomplete_set_is_none():
+    def f(name: str, size: int = 10) -> HubFile:
+        return HubFile(name, size, None)
+
+    files = [f("m-Q4_K_M-00002-of-00002.gguf"), f("m-Q4_K_M-00001-of-00002.gguf"),
+             f("m-Q8_0-00001-of-00003.gguf"), f("m-Q8_0-00003-of-00003.gguf"),
+             f("m-IQ4_XS.gguf", 5), f("mmproj-m-f16.gguf", 9), f("mmproj-m-Q8_0.gguf", 5),
+             f("README.md")]
+    out = sort_files("r", files)
+    assert [(q.label, [p.name for p in q.parts]) for q in out.quants] == [
+        ("IQ4_XS", ["m-IQ4_XS.gguf"]),
+        ("Q4_K_M", ["m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf"])]
+    assert [p.name for p in out.projectors] == ["mmproj-m-f16.gguf", "mmproj-m-Q8_0.gguf"]
+
+
+def test_a_download_survives_cut_connections_and_a_pause(hub, families, tmp_path):
+    """Twenty cuts at random bytes, then a pause: the file ends byte-identical, each resume
+    asking only for the rest."""
+    import random
+
+    lm, _ = families["qwen2.5vl"]
+    hub.add("ebb/q-GGUF", {lm.name: lm}, tags=["gguf"])
+    [quant] = repo_files("ebb/q-GGUF", endpoint=hub.endpoint).quants
+    size = lm.stat().st_size
+    hub.cuts = sorted(random.Random(7).sample(range(1, size), 20))
+    dest = tmp_path / "models" / lm.name
+    cancel = threading.Event()
+    seen: list[int] = []
+
+    def pause_half_way(p) -> None:
+        seen.append(p.done_bytes)
+        if p.done_bytes > size // 2:
+            cancel.set()
+
+    with pytest.raises(DownloadPaused):
+        download_file("ebb/q-GGUF", quant.parts[0], dest, hub.endpoint, on_progress=pause_half_way,
+                      cancel=cancel, retries=30, backoff_s=0.01)
+    assert part_path(dest).exists() and not dest.exists()
+    kept = part_path(dest).stat().st_size
+    assert 0 < kept < size
+    download_file("ebb/q-GGUF", quant.parts[0], dest, hub.endpoint, retries=30, backoff_s=0.01)
+    assert dest.read_bytes() == lm.read_bytes() and not part_path(dest).exists()
+    ranges = [r for _, path, r in hub.requests if "/cdn/" in path and r]
+    assert f"bytes={kept}-" in ranges  # the resume asked for the rest only
+    assert not hub.cuts  # every cut was met and survived
+
+
+def test_a_damaged_byte_is_said_and_the_file_kept_aside(hub, families, tmp_path):
+    lm, _ = families["gemma3"]
+    hub.add("ebb/g-GGUF", {lm.name: lm}, tags=["gguf"])
+    hub.flip[lm.name] = lm.stat().st_size // 3
+    [quant] = repo_files("ebb/g-GGUF", endpoint=hub.endpoint).quants
+    dest = tmp_path / lm.name
+    with pytest.raises(EbbError, match="does not match the Hub's sha256") as err:
+        download_file("ebb/g-GGUF", quant.parts[0], dest, hub.endpoint)
+    aside = dest.with_name(dest.name + ".sha256-mismatch")
+    assert aside.exists() and aside.stat().st_size == lm.stat().st_size and not dest.exists()
+    assert aside.name in str(err.value)
+    del hub.flip[lm.name]
+    download_file("ebb/g-GGUF", quant.parts[0], dest, hub.endpoint)  # again: a good copy
+    assert dest.read_bytes() == lm.read_bytes()
+
+
+def test_two_downloads_of_one_file_one_wins_and_a_gated_repo_says_what_to_do(hub, families,
+                                                                              tmp_path):
+    lm, _ = families["idefics3"]
+    hub.add("ebb/i-GGUF", {lm.name: lm}, tags=["gguf"])
+    [quant] = repo_files("ebb/i-GGUF", endpoint=hub.endpoint).quants
+    dest = tmp_path / lm.name
+    started, release = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def slow(p) -> None:
+        started.set()
+        release.wait(60)
+
+    first = threading.Thread(target=lambda: results.append(download_file(
+        "ebb/i-GGUF", quant.parts[0], dest, hub.endpoint, on_progress=slow)))
+    first.start()
+    assert started.wait(60)
+    with pytest.raises(EbbError, match="being downloaded already"):
+        download_file("ebb/i-GGUF", quant.parts[0], dest, hub.endpoint)
+    release.set()
+    first.join(60)
+    assert results == [dest] and dest.read_bytes() == lm.read_bytes()
+    hub.add("ebb/gated-GGUF", {lm.name: lm}, tags=["gguf"], gated=True)
+    with pytest.raises(EbbError, match="accept the licence"):
+        repo_files("ebb/gated-GGUF", endpoint=hub.endpoint)
+    assert repo_files("ebb/gated-GGUF", endpoint=hub.endpoint, token="hf_test").quants
+
+
+def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tmp_path,
+                                                               monkeypatch):
+    """The terminal: search, show with this machine's verdict, get the pair (the projector
+    beside its model), and a file that is not a GGUF said plainly."""
+    lm, mm = families["mlp"]
+    hub.add("ebb/llava-GGUF", {lm.name: lm, mm.name: mm, "broken-Q2_K.gguf": tmp_path / "x"},
+            tags=["gguf"])
+    (tmp_path / "x").write_bytes(b"<html>not a model</html>" * 10)
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)  # a mirror, as a user sets one
+    shown = run_cli("models", "show", "ebb/llava-GGUF", "--json")
+    got = run_cli("models", "get", "ebb/llava-GGUF", "Q8_0", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = {r["quant"]: r["verdict"] for r in json.loads(shown.stdout)["quants"]}
+    assert rows["Q8_0"]["fits"] and "on the CPU" in rows["Q8_0"]["text"]
+    assert rows["Q2_K"]["text"].startswith("cannot judge") and "not a GGUF" in rows["Q2_K"]["text"]
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
+    model, proj = Path(out["model"]), Path(out["projector"])
+    assert model.parent == proj.parent == tmp_path / "cache" / "models" / "hub" / "ebb" / "llava-GGUF"
+    assert model.read_bytes() == lm.read_bytes() and proj.read_bytes() == mm.read_bytes()
+    note = json.loads((model.parent / "ebb-pair.json").read_text())
+    assert note[model.name]["projector"] == proj.name
