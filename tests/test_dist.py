@@ -98,12 +98,13 @@ def test_bundle_llama_cpp_forces_no_native_only_instructions(bundle):
 def _cpu_variants_this_machine_runs(lib: Path) -> list[str]:
     """The bundle's CPU variants whose own score says this CPU can run them (ggml asks each the
     same way before it loads one: 0 means the CPU lacks an instruction set it uses)."""
-    code = ("import ctypes, sys; score = ctypes.CDLL(sys.argv[1]).ggml_backend_score; "
+    code = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+            "score = ctypes.CDLL(sys.argv[2]).ggml_backend_score; "
             "score.restype = ctypes.c_int; print(score())")
     runs = []
     for variant in sorted(lib.glob("libggml-cpu-*.so")):
-        r = subprocess.run([sys.executable, "-c", code, str(variant)], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run([sys.executable, "-c", code, str(lib / "libggml-base.so.0"), str(variant)],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr[-2000:]
         if int(r.stdout.strip()) > 0:
             runs.append(variant.name)
@@ -119,7 +120,7 @@ def test_the_demo_names_every_colour_on_each_cpu_variant_this_machine_runs(bundl
     assert "libggml-cpu-x64.so" in variants and "libggml-cpu-sse42.so" in variants
     gaps = {}
     for variant in variants:
-        copy = tmp_path / variant
+        copy = tmp_path / ("bundle-" + variant.removeprefix("libggml-cpu-").removesuffix(".so"))
         subprocess.run(["cp", "-al", str(bundle), str(copy)], check=True)
         for other in (copy / lib).glob("libggml-cpu-*.so"):
             if other.name != variant:
