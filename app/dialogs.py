@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -183,8 +184,9 @@ def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
         if not folder.is_dir():
             continue
         for p in folder.rglob("*.gguf"):
-            if not is_projector_name(p):
-                out.append(p)
+            split = re.search(r"-(\d{5})-of-\d{5}\.gguf$", p.name)
+            if not is_projector_name(p) and (split is None or int(split[1]) == 1):
+                out.append(p)  # a split model once, by its first part (llama.cpp finds the rest)
             if len(out) >= limit:
                 return out
     return out

@@ -35,7 +35,10 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "server_api_key": "",
                             # a new chat's system prompt and sampling (each chat may have its own)
                             "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
-                            "repeat_penalty": 1.0, "seed": 0, "json_replies": False}
+                            "repeat_penalty": 1.0, "seed": 0, "json_replies": False,
+                            # Model → Get models…: a Hub mirror ("" : HF_ENDPOINT, else the
+                            # Hub) and a token for gated repos ("": HF_TOKEN)
+                            "hub_endpoint": "", "hub_token": ""}
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -115,6 +118,7 @@ RULES: dict[str, Any] = {
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
     "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(0, 2**32 - 1),
     "json_replies": _of_type(bool, "true or false"),
+    "hub_endpoint": _of_type(str, "a URL, or empty"), "hub_token": _of_type(str, "a text"),
 }
 CHAT_KEYS = ("system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies")
 

@@ -280,6 +280,10 @@ class MainWindow(QMainWindow):
             act.triggered.connect(slot)
             file.addAction(act)
         model = self.menuBar().addMenu("&Model")
+        self.get_models_action = QAction("Get models…", self, triggered=self._on_get_models)
+        self.get_models_action.setStatusTip("Find GGUF models on the Hugging Face Hub, see how each "
+                                            "would run here, download one with its projector")
+        model.addAction(self.get_models_action)
         chat_settings = QAction("Chat settings…", self, shortcut=QKeySequence("Ctrl+Shift+,"))
         chat_settings.setStatusTip("This chat's system prompt, temperature, top-p, repeat "
                                    "penalty and seed")
@@ -570,6 +574,29 @@ class MainWindow(QMainWindow):
             model, mmproj = dlg.choice()
             if model:
                 self.load_model(model, mmproj)
+
+    @Slot()
+    def _on_get_models(self) -> None:
+        from app.hub_dialog import HubDialog
+        from engine.hub.verdict import machine_from_devices
+
+        settings = self._settings()
+        from engine.hw import physical_cores
+
+        threads = int(settings["threads"]) or physical_cores()
+        devices = list(self._loaded.devices) if self._loaded else []
+        self.hub_dialog = HubDialog(settings, machine_from_devices(devices, threads),
+                                    self.store.set_setting, self)
+        self.hub_dialog.open_pair.connect(self._on_open_pair)
+        self.hub_dialog.show()
+
+    @Slot(str, str)
+    def _on_open_pair(self, model: str, mmproj: str) -> None:
+        if self.chat.busy:
+            self.show_error("A reply is under way: open the downloaded model from File → Open "
+                            "model once it has finished")
+            return
+        self.load_model(model, mmproj)
 
     @Slot()
     def _on_what_if(self) -> None:

@@ -208,3 +208,110 @@ def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tm
     assert model.read_bytes() == lm.read_bytes() and proj.read_bytes() == mm.read_bytes()
     note = json.loads((model.parent / "ebb-pair.json").read_text())
     assert note[model.name]["projector"] == proj.name
+
+
+def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_picture(
+        qtbot, store, model_path, tmp_path, monkeypatch, pictures):
+    """The real window: Model → Get models…, search with the images filter, the verdict beside
+    each file, download the pair, Open now, and a picture answered by the downloaded pair."""
+    from PIL import Image
+
+    from engine.gguf.projector_gen import write_colour_projector
+    from tests.helpers import open_window, send, wait_for
+
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "models").mkdir(parents=True)
+    for f in model_path.parent.glob(model_path.stem + ".*"):  # the default model, not fetched again
+        (tmp_path / "cache" / "models" / f.name).symlink_to(f)
+    projector = write_colour_projector(tmp_path / "mmproj-smol-f16.gguf", model_path)
+    red = tmp_path / "red.png"
+    Image.new("RGB", (300, 200), (220, 20, 30)).save(red)
+    with LoopbackHub() as hub:
+        hub.add("ebb/smol-colour-GGUF", {"smol-Q4_1.gguf": model_path, projector.name: projector},
+                tags=["gguf"], downloads=3)
+        hub.add("ebb/smol-text-GGUF", {"smol-Q4_1.gguf": model_path}, tags=["gguf"], downloads=7)
+        store.set_setting("hub_endpoint", hub.endpoint)
+        w = open_window(qtbot, store)
+        w.get_models_action.trigger()
+        dlg = w.hub_dialog
+        assert dlg.mirror.text() == hub.endpoint
+        dlg.query.setText("smol")
+        dlg.search()
+        wait_for(lambda: dlg.results.count() == 1)  # "can see images" leaves the text-only repo out
+        dlg.results.setCurrentRow(0)
+        wait_for(lambda: dlg.table.rowCount() == 1 and dlg.table.item(0, 2) is not None
+                 and "reading" not in dlg.table.item(0, 2).text())
+        verdict = dlg.table.item(0, 2).text()
+        assert "on the CPU" in verdict and "pictures" in verdict, verdict
+        dlg.table.selectRow(0)
+        assert dlg.download.isEnabled() and dlg.projector.currentData() == projector.name
+        dlg.start_download()
+        wait_for(lambda: dlg.open_now.isEnabled() or dlg.error.isVisible())
+        assert not dlg.error.isVisible(), dlg.error.text()
+        folder = tmp_path / "cache" / "models" / "hub" / "ebb" / "smol-colour-GGUF"
+        assert (folder / projector.name).read_bytes() == projector.read_bytes()
+        dlg.open_now.click()
+        wait_for(lambda: w.chat.loaded and w.chat.last_cfg is not None
+                 and w.chat.last_cfg.model_path.parent == folder)
+        assert w.chat.last_cfg.mmproj_path == folder / projector.name
+        w.composer.add_image(str(red))
+        send(qtbot, w, "What colour is this picture? Answer with one word.")
+        reply = store.messages(w.conv_id)[-1].text.lower()
+        assert "red" in reply, reply
+
+
+def test_a_disk_that_fills_keeps_the_part_and_the_download_goes_on_once_there_is_room(
+        hub, families, tmp_path, monkeypatch):
+    """A small tmpfs as the models disk: once the download has begun, something else fills
+    the disk; the part is kept, the message says so, and after room is made it resumes. With
+    too little room from the start, nothing begins."""
+    import subprocess
+
+    import engine.hub.download as dl
+
+    lm, _ = families["gemma3"]
+    size = lm.stat().st_size
+    room_mib = size // 2**20 + 4  # the file fits; the file and a ballast as big do not
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room_mib}m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
+    try:
+        hub.add("ebb/d-GGUF", {lm.name: lm}, tags=["gguf"])
+        [quant] = repo_files("ebb/d-GGUF", endpoint=hub.endpoint).quants
+        dest = disk / lm.name
+        with pytest.raises(EbbError, match="not enough free disk"):
+            download_file("ebb/d-GGUF", quant.parts[0], dest, hub.endpoint)  # 256 MiB margin
+        monkeypatch.setattr(dl, "FREE_MARGIN_BYTES", 0)
+        ballast = disk / "ballast"
+
+        def fill_the_disk(p) -> None:
+            if not ballast.exists():
+                with open(ballast, "wb") as fh:
+                    try:
+                        fh.write(b"\0" * (room_mib << 20))
+                    except OSError:
+                        pass  # as much as there was room for
+
+        with pytest.raises(EbbError, match="the disk filled"):
+            download_file("ebb/d-GGUF", quant.parts[0], dest, hub.endpoint,
+                          on_progress=fill_the_disk)
+        kept = part_path(dest).stat().st_size
+        assert 0 < kept < size and not dest.exists()
+        ballast.unlink()
+        download_file("ebb/d-GGUF", quant.parts[0], dest, hub.endpoint)
+        assert dest.read_bytes() == lm.read_bytes()
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_no_network_is_one_line_at_once():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: refused
+    with pytest.raises(EbbError, match="cannot reach the Hub") as err:
+        search("qwen", endpoint=closed)
+    assert "mirror" in str(err.value)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import EbbError
-from engine.hub.remote import hub_error
+from engine.hub.remote import check_reachable, hub_error
 
 SORTS = {"downloads": "downloads", "updated": "lastModified"}
 IMAGE_PIPELINES = frozenset({"image-text-to-text", "image-to-text", "visual-question-answering"})
@@ -98,6 +98,7 @@ def search(query: str, sees_images: bool = False, sort: str = "downloads", limit
 
     if sort not in SORTS:
         raise EbbError(f"unknown sort '{sort}'", f"use one of {', '.join(SORTS)}")
+    check_reachable(endpoint or constants.ENDPOINT)
     try:
         found = list(_api(endpoint, token).list_models(
             search=query or None, filter="gguf", sort=SORTS[sort], limit=limit,
@@ -121,6 +122,7 @@ def repo_files(repo: str, endpoint: str | None = None, token: str | None = None)
     from huggingface_hub import constants
     from huggingface_hub.hf_api import RepoFile
 
+    check_reachable(endpoint or constants.ENDPOINT)
     try:
         tree = list(_api(endpoint, token).list_repo_tree(repo, recursive=True, expand=True))
     except Exception as exc:  # noqa: BLE001 - HTTP and network errors of many kinds

@@ -19,19 +19,41 @@ MAX_HEADER_BYTES = 64 << 20  # a header past this is not one Ebb will read remot
 TIMEOUT_S = 30.0
 
 
+def check_reachable(endpoint: str, timeout_s: float = 3.0) -> None:
+    """Fail at once, in one line, when the Hub's host does not answer at all (no network): the
+    client's own retries would take half a minute to say the same. Behind a proxy the client
+    goes through it, so nothing is checked here."""
+    import os
+    import socket
+    import urllib.parse
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                                       "ALL_PROXY", "all_proxy")):
+        return
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise EbbError(f"cannot reach the Hub at {endpoint} ({exc.strerror or exc})",
+                       "check the network, or set a mirror (HF_ENDPOINT, or the Mirror field "
+                       "in Model → Get models…)") from None
+
+
 def hub_error(exc: Exception, what: str, endpoint: str) -> EbbError:
     """One clear line for what went wrong talking to the Hub."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status in (401, 403):
         return EbbError(f"{what} is gated or private ({status})",
                         "accept the licence on the model's page, then add a token "
-                        "(HF_TOKEN, or Settings → Hub token)")
+                        "(HF_TOKEN, or the Token field in Model → Get models…)")
     if status == 404:
         return EbbError(f"{what} was not found on {endpoint} (404)", "check the name")
     if status is not None:
         return EbbError(f"the Hub answered {status} for {what}", "try again later")
     return EbbError(f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc})",
-                    "check the network, or set a mirror (HF_ENDPOINT, or Settings → Hub mirror)")
+                    "check the network, or set a mirror (HF_ENDPOINT, or the Mirror field in "
+                    "Model → Get models…)")
 
 
 def _read_range(session: Any, url: str, headers: dict[str, str], start: int,

@@ -100,6 +100,22 @@ def this_machine(n_threads: int | None = None) -> Machine:
                    calibration.load("CPU"), accel_cal, can_stream)
 
 
+def machine_from_devices(devices: list[dict[str, Any]], n_threads: int) -> Machine:
+    """The machine as a loaded session saw it (LoadDetails.devices: DeviceInfo.to_dict), for
+    a caller that must not ask llama.cpp itself (the window's GUI thread)."""
+    from engine.llama.devices import SAFETY_MARGIN_BYTES
+    from engine.placement import calibration
+
+    accel = next((d for d in devices if d.get("kind") != "cpu"), None)
+    if accel is None:
+        return Machine(None, 0, ram_available_bytes(), n_threads, calibration.load("CPU"))
+    free = int(accel.get("free_bytes") or 0)
+    budget = max(0, free - max(SAFETY_MARGIN_BYTES, free // 20))
+    cal = calibration.load(calibration.device_key(accel["name"], accel.get("description", "")))
+    return Machine(accel["name"], budget, ram_available_bytes(), n_threads,
+                   calibration.load("CPU"), cal, not accel.get("remote", False))
+
+
 def ram_available_bytes() -> int:
     """MemAvailable from /proc/meminfo; elsewhere the physical memory (a generous guess)."""
     import os

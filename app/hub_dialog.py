@@ -1,0 +1,322 @@
+"""Model → Get models…: search the Hugging Face Hub (or a mirror) for GGUF models, see each
+quantisation judged for this machine from its remote header before downloading, and download
+a model with its projector, resumable, then open the pair.
+
+The network work runs on short-lived Python threads (never the GUI thread, never the engine's
+worker, which owns llama.cpp: the machine comes from the loaded session's devices); results come
+back to the GUI thread through `_Jobs`' queued signals. Closing the dialog pauses a download
+(its part is kept; Download again goes on from there).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.errors import EbbError
+from engine.units import fmt_bytes
+
+
+class _Jobs(QObject):
+    """Signals from the worker threads (Qt queues them to the GUI thread)."""
+    found = Signal(object)  # list[RepoHit]
+    listed = Signal(object)  # RepoFiles
+    judged = Signal(int, object)  # row, Verdict or an error's text
+    progress = Signal(object)  # engine.hub.download.Progress
+    fetched = Signal(object)  # engine.hub.fetch.Fetched
+    failed = Signal(str)  # one line for the user
+    paused = Signal()
+
+
+def _run(target: Callable[[], None]) -> threading.Thread:
+    t = threading.Thread(target=target, name="ebb-hub", daemon=True)
+    t.start()
+    return t
+
+
+class HubDialog(QDialog):
+    open_pair = Signal(str, str)  # model, projector ("" for none)
+
+    def __init__(self, settings: dict[str, Any], machine: Any,
+                 save_setting: Callable[[str, Any], None], parent: Any = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Get models")
+        self.resize(980, 600)
+        self.machine, self._save = machine, save_setting
+        self.jobs = _Jobs(self)
+        self.files: Any = None  # the chosen repo's RepoFiles
+        self.repo = ""
+        self.cancel = threading.Event()
+        self.fetched: Any = None
+        self._generation = 0  # a newer listing makes an older one's verdicts stale
+        self._build(settings)
+        self.jobs.found.connect(self._on_found)
+        self.jobs.listed.connect(self._on_listed)
+        self.jobs.judged.connect(self._on_judged)
+        self.jobs.progress.connect(self._on_progress)
+        self.jobs.fetched.connect(self._on_fetched)
+        self.jobs.failed.connect(self._on_failed)
+        self.jobs.paused.connect(self._on_paused)
+
+    # ---------------------------------------------------------------- layout
+
+    def _build(self, settings: dict[str, Any]) -> None:
+        self.query = QLineEdit(placeholderText="search GGUF models, e.g. qwen2.5-vl, gemma-3, smolvlm")
+        self.query.returnPressed.connect(self.search)
+        self.images = QCheckBox("Can see images", checked=True)
+        self.sort = QComboBox()
+        self.sort.addItem("Most downloaded", "downloads")
+        self.sort.addItem("Recently updated", "updated")
+        go = QPushButton("Search", clicked=self.search)
+        top = QHBoxLayout()
+        for w in (self.query, self.images, self.sort, go):
+            top.addWidget(w, 1 if w is self.query else 0)
+        self.mirror = QLineEdit(settings.get("hub_endpoint", ""),
+                                placeholderText="mirror URL (default: HF_ENDPOINT, else huggingface.co)")
+        self.token = QLineEdit(settings.get("hub_token", ""), placeholderText="token for gated models "
+                               "(default: HF_TOKEN)", echoMode=QLineEdit.EchoMode.Password)
+        hub_row = QHBoxLayout()
+        hub_row.addWidget(QLabel("Mirror"))
+        hub_row.addWidget(self.mirror, 2)
+        hub_row.addWidget(QLabel("Token"))
+        hub_row.addWidget(self.token, 1)
+        self.error = QLabel("", wordWrap=True, visible=False,
+                            styleSheet="QLabel { color: white; background: #b3261e; padding: 6px; }")
+        self.results = QListWidget()
+        self.results.currentItemChanged.connect(self._on_repo)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["Quantisation", "Size", "On this machine"])
+        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.projector = QComboBox()
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        self.repo_label = QLabel("Pick a model on the left.", wordWrap=True)
+        rl.addWidget(self.repo_label)
+        rl.addWidget(self.table, 1)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Projector"))
+        row.addWidget(self.projector, 1)
+        rl.addLayout(row)
+        split = QSplitter()
+        split.addWidget(self.results)
+        split.addWidget(right)
+        split.setSizes([330, 650])
+        self.bar = QProgressBar(visible=False)
+        self.status = QLabel("", wordWrap=True)
+        self.download = QPushButton("Download", clicked=self.start_download, enabled=False)
+        self.pause = QPushButton("Pause", enabled=False)
+        self.pause.clicked.connect(lambda _checked=False: self.cancel.set())
+        self.open_now = QPushButton("Open now", clicked=self._on_open, enabled=False)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.status, 1)
+        for b in (self.download, self.pause, self.open_now, QPushButton("Close", clicked=self.close)):
+            buttons.addWidget(b)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addLayout(hub_row)
+        lay.addWidget(self.error)
+        lay.addWidget(split, 1)
+        lay.addWidget(self.bar)
+        lay.addLayout(buttons)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+
+    def _hub(self) -> tuple[str | None, str | None]:
+        endpoint, token = self.mirror.text().strip() or None, self.token.text().strip() or None
+        self._save("hub_endpoint", endpoint or "")
+        self._save("hub_token", token or "")
+        return endpoint, token
+
+    def _say(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.setVisible(bool(text))
+
+    # ---------------------------------------------------------------- search and listing
+
+    def search(self) -> None:
+        from engine.hub.catalog import search
+
+        endpoint, token = self._hub()
+        query, images, sort = self.query.text().strip(), self.images.isChecked(), self.sort.currentData()
+        self._say("")
+        self.status.setText("Searching…")
+        self._try(lambda: self.jobs.found.emit(search(query, images, sort, 40, endpoint, token)))
+
+    def _try(self, work: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                work()
+            except EbbError as exc:
+                self.jobs.failed.emit(str(exc))
+            except Exception as exc:  # noqa: BLE001 - nothing escapes a worker thread unsaid
+                self.jobs.failed.emit(f"{type(exc).__name__}: {exc}")
+        _run(run)
+
+    def _on_found(self, hits: list[Any]) -> None:
+        self.results.clear()
+        for h in hits:
+            item = QListWidgetItem(f"{h.repo}\n    {h.downloads:,} downloads · {h.last_modified[:10]}"
+                                   + (" · sees images" if h.sees_images else ""), self.results)
+            item.setData(Qt.ItemDataRole.UserRole, h.repo)
+        self.status.setText(f"{len(hits)} found" if hits else "Nothing found: try other words"
+                            + (", or untick Can see images" if self.images.isChecked() else ""))
+
+    def _on_repo(self, item: Any, _previous: Any = None) -> None:
+        from engine.hub.catalog import repo_files
+
+        if item is None:
+            return
+        self.repo = str(item.data(Qt.ItemDataRole.UserRole))
+        self.files = None
+        self.table.setRowCount(0)
+        self.projector.clear()
+        self.repo_label.setText(f"{self.repo}: reading its files…")
+        self._say("")
+        endpoint, token = self._hub()
+        repo = self.repo
+        self._try(lambda: self.jobs.listed.emit(repo_files(repo, endpoint, token)))
+
+    def _on_listed(self, files: Any) -> None:
+        if files.repo != self.repo:
+            return  # the user picked another repo meanwhile
+        self.files = files
+        self._generation += 1
+        self.repo_label.setText(f"{files.repo}: judged for this machine "
+                                f"({self.machine.accel or 'CPU only'}) from each file's header")
+        self.table.setRowCount(len(files.quants))
+        for row, q in enumerate(files.quants):
+            parts = f" ({len(q.parts)} parts)" if len(q.parts) > 1 else ""
+            for col, text in enumerate((q.label, fmt_bytes(q.size_bytes) + parts, "reading the header…")):
+                self.table.setItem(row, col, QTableWidgetItem(text))
+        for p in files.projectors:
+            self.projector.addItem(f"{p.name} ({fmt_bytes(p.size_bytes)})", p.name)
+        self.projector.addItem("none: text only", "")
+        self._judge_all(files, self._generation)
+        self._update_buttons()
+
+    def _judge_all(self, files: Any, generation: int) -> None:
+        from engine.hub.verdict import judge_remote
+
+        endpoint, token = self._hub()
+        projector = files.projectors[0] if files.projectors else None
+
+        def work() -> None:
+            for row, q in enumerate(files.quants):
+                if generation != self._generation:
+                    return
+                try:
+                    v: Any = judge_remote(files.repo, q, projector, self.machine, endpoint, token)
+                except EbbError as exc:
+                    v = f"cannot judge: {exc}"
+                self.jobs.judged.emit(row, (generation, v))
+        _run(work)
+
+    def _on_judged(self, row: int, payload: Any) -> None:
+        generation, v = payload
+        if generation != self._generation or row >= self.table.rowCount():
+            return
+        text = v if isinstance(v, str) else v.text
+        item = QTableWidgetItem(text)
+        item.setToolTip(text)
+        if isinstance(v, str) or not v.fits:
+            item.setForeground(Qt.GlobalColor.darkRed)
+        self.table.setItem(row, 2, item)
+
+    # ---------------------------------------------------------------- download
+
+    def _update_buttons(self) -> None:
+        busy = self.pause.isEnabled()
+        self.download.setEnabled(bool(self.files) and bool(self.table.selectedItems()) and not busy)
+
+    def chosen(self) -> tuple[Any, Any]:
+        rows = {i.row() for i in self.table.selectedItems()}
+        quant = self.files.quants[min(rows)] if self.files and rows else None
+        name = self.projector.currentData()
+        proj = next((p for p in self.files.projectors if p.name == name), None) if self.files else None
+        return quant, proj
+
+    def start_download(self) -> None:
+        from engine.hub.download import DownloadPaused
+        from engine.hub.fetch import fetch_pair
+
+        quant, proj = self.chosen()
+        if quant is None:
+            return
+        endpoint, token = self._hub()
+        self.cancel.clear()
+        self._say("")
+        self.bar.setVisible(True)
+        self.pause.setEnabled(True)
+        self.download.setEnabled(False)
+        self.open_now.setEnabled(False)
+        self.status.setText(f"Downloading {quant.label}…")
+        repo = self.files.repo
+
+        def work() -> None:
+            try:
+                self.jobs.fetched.emit(fetch_pair(repo, quant, proj, endpoint, token,
+                                                  self.jobs.progress.emit, self.cancel))
+            except DownloadPaused:
+                self.jobs.paused.emit()
+        self._try(work)
+
+    def _on_progress(self, p: Any) -> None:
+        self.bar.setRange(0, 1000)
+        self.bar.setValue(int(1000 * p.done_bytes / max(p.total_bytes, 1)))
+        left = f", about {p.left_s:.0f} s left" if p.left_s is not None else ""
+        retry = f" (try {p.attempt})" if p.attempt > 1 else ""
+        self.status.setText(f"{p.name}: {fmt_bytes(p.done_bytes)} of {fmt_bytes(p.total_bytes)}, "
+                            f"{fmt_bytes(int(p.rate_Bps))}/s{left}{retry}")
+
+    def _on_fetched(self, got: Any) -> None:
+        self.fetched = got
+        self.pause.setEnabled(False)
+        self.open_now.setEnabled(True)
+        self._update_buttons()
+        self.status.setText(f"Downloaded {got.model.name}"
+                            + (f" with {got.projector.name}" if got.projector else "")
+                            + f" to {got.model.parent}. Open it now, or later from File → Open model.")
+
+    def _on_paused(self) -> None:
+        self.pause.setEnabled(False)
+        self._update_buttons()
+        self.status.setText("Paused: Download goes on from where it stopped (also after a restart).")
+
+    def _on_failed(self, text: str) -> None:
+        self.pause.setEnabled(False)
+        self._update_buttons()
+        self.status.setText("")
+        self._say(text)
+
+    def _on_open(self) -> None:
+        if self.fetched is not None:
+            self.open_pair.emit(str(self.fetched.model),
+                                str(self.fetched.projector) if self.fetched.projector else "")
+            self.accept()
+
+    def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        self.cancel.set()  # a download pauses; its part stays for the next time
+        super().closeEvent(event)
