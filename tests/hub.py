@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class LoopbackHub:
         # faults: the next file responses drop the connection at these absolute byte offsets
         self.cuts: list[int] = []
         self.flip: dict[str, int] = {}  # file name -> offset of a byte served wrong
+        self.stall: tuple[int, float] | None = None  # (offset, seconds): the next body stops there
         self._sha: dict[Path, str] = {}
         hub = self
 
@@ -149,6 +151,13 @@ class LoopbackHub:
                    "Content-Type": "application/octet-stream"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        stall, self.stall = (self.stall, None) if self.stall and start < self.stall[0] <= end \
+            and not head else (None, self.stall)
+        if stall is not None:  # the first bytes, then nothing for a while (a stalled link)
+            self._send(h, status, body[:stall[0] - start], headers, length=length)
+            time.sleep(stall[1])
+            h.close_connection = True
+            return
         self._send(h, status, b"" if head else body, headers,
                    length=length if not head else end - start + 1)
         if cut is not None:

@@ -315,3 +315,28 @@ def test_no_network_is_one_line_at_once():
     with pytest.raises(EbbError, match="cannot reach the Hub") as err:
         search("qwen", endpoint=closed)
     assert "mirror" in str(err.value)
+
+
+def test_a_stalled_link_is_dropped_and_tried_again_and_a_split_model_comes_whole(
+        hub, families, tmp_path, monkeypatch):
+    """A link that stops sending is given up after the stall time and the rest asked for; a
+    split model's parts all come, side by side, the first one named as the model."""
+    import engine.hub.download as dl
+    from engine.hub.fetch import fetch_pair
+
+    monkeypatch.setattr(dl, "STALL_S", 0.5)
+    a, _ = families["mlp"]
+    b, mm = families["internvl"]
+    hub.add("ebb/split-GGUF", {"m-Q8_0-00001-of-00002.gguf": a, "m-Q8_0-00002-of-00002.gguf": b,
+                               "mmproj-m-f16.gguf": mm}, tags=["gguf"])
+    files = repo_files("ebb/split-GGUF", endpoint=hub.endpoint)
+    [quant] = files.quants
+    assert quant.label == "Q8_0" and len(quant.parts) == 2
+    hub.stall = (a.stat().st_size // 2, 3.0)  # the server goes quiet half-way through part 1
+    attempts: list[int] = []
+    got = fetch_pair("ebb/split-GGUF", quant, files.projectors[0], hub.endpoint,
+                     on_progress=lambda p: attempts.append(p.attempt), root=tmp_path)
+    assert got.model.name == "m-Q8_0-00001-of-00002.gguf" and max(attempts) >= 2
+    assert got.model.read_bytes() == a.read_bytes()
+    assert (got.model.parent / "m-Q8_0-00002-of-00002.gguf").read_bytes() == b.read_bytes()
+    assert got.projector is not None and got.projector.parent == got.model.parent
