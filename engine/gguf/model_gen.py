@@ -20,6 +20,8 @@ top-1/top-2 margins and replies do not flip on rounding noise.
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,16 +75,12 @@ def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = (),
                     skip: tuple[str, ...] = ()) -> int:
     """Copy `src`'s tokenizer into `w`, with `extra_tokens` appended as control tokens (the
     special tokens a vision family's wrappers use). Returns the vocabulary size."""
-    from gguf import GGUFReader, GGUFValueType, TokenType
+    from gguf import GGUFValueType, TokenType
 
-    r = GGUFReader(src, "r")
     n_vocab = 0
-    for key, f in r.fields.items():
-        if not (key.startswith("tokenizer.") or key == "general.quantization_version") or key in skip:
+    for key, vtype, sub, value in _tokenizer_fields(str(src), Path(src).stat().st_mtime_ns):
+        if key in skip:
             continue
-        vtype = f.types[0]
-        sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
-        value = f.contents()
         if key == "tokenizer.ggml.tokens":
             value = list(value) + [t for t in extra_tokens if t not in value]
             n_vocab = len(value)
@@ -90,10 +88,26 @@ def _copy_tokenizer(src: Path, w: Any, extra_tokens: tuple[str, ...] = (),
             value = list(value) + [int(TokenType.CONTROL)] * len(extra_tokens)
         elif key == "tokenizer.ggml.scores":
             value = list(value) + [0.0] * len(extra_tokens)
-        w.add_key_value(key, value, vtype, sub)
+        w.add_key_value(key, value, vtype, sub if vtype == GGUFValueType.ARRAY else None)
     if not n_vocab:
         raise EbbError(f"{src} has no tokenizer to copy", "pass a llama.cpp chat model")
     return n_vocab
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_fields(src: str, mtime_ns: int) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """`src`'s tokenizer keys, read once per file and process (gguf's reader takes seconds to
+    open a real vocabulary; the suite writes dozens of models from one)."""
+    from gguf import GGUFReader, GGUFValueType
+
+    out = []
+    for key, f in GGUFReader(src, "r").fields.items():
+        if key.startswith("tokenizer.") or key == "general.quantization_version":
+            vtype = f.types[0]
+            sub = f.types[1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
+            value = f.contents()
+            out.append((key, vtype, sub, tuple(value) if isinstance(value, list) else value))
+    return tuple(out)
 
 
 def _tensors(s: ModelShape, n_vocab: int, arch: str = "llama") -> Iterator[tuple[str, tuple[int, ...]]]:

@@ -135,14 +135,7 @@ def write_projector(out: Path, llm_n_embd: int, size: str = "tiny", seed: int = 
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", PROJECTOR_TYPE[family])
-    w.add_uint32("clip.vision.image_size", s.image_size)
-    w.add_uint32("clip.vision.patch_size", s.patch_size)
-    w.add_uint32("clip.vision.embedding_length", s.n_embd)
-    w.add_uint32("clip.vision.feed_forward_length", s.n_ff)
-    w.add_uint32("clip.vision.projection_dim", llm_n_embd)
-    w.add_uint32("clip.vision.attention.head_count", s.n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.block_count", s.n_layers)
+    _vit_metadata(w, s, llm_n_embd, 1e-6)
     if family in ("mlp",):
         w.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
         w.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
@@ -374,17 +367,22 @@ def _colour_metadata(w: Any, gguf: Any, s: ProjectorSize, size: str, llm_n_embd:
     w.add_bool("clip.has_llava_projector", True)
     w.add_string("clip.projector_type", "mlp")
     w.add_bool("clip.use_gelu", True)
+    _vit_metadata(w, s, llm_n_embd, 1e-5)
+    # a channel's middle is llava's pad colour: padding normalises to 0 and is no colour
+    w.add_array("clip.vision.image_mean", [c / 255 for c in LLAVA_PAD_RGB])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+
+def _vit_metadata(w: Any, s: ProjectorSize, llm_n_embd: int, eps: float) -> None:
+    """The vision tower's shape, as every family's projector states it."""
     w.add_uint32("clip.vision.image_size", s.image_size)
     w.add_uint32("clip.vision.patch_size", s.patch_size)
     w.add_uint32("clip.vision.embedding_length", s.n_embd)
     w.add_uint32("clip.vision.feed_forward_length", s.n_ff)
     w.add_uint32("clip.vision.projection_dim", llm_n_embd)
     w.add_uint32("clip.vision.attention.head_count", s.n_head)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)
     w.add_uint32("clip.vision.block_count", s.n_layers)
-    # a channel's middle is llava's pad colour: padding normalises to 0 and is no colour
-    w.add_array("clip.vision.image_mean", [c / 255 for c in LLAVA_PAD_RGB])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
 
 def _sign_ffn(up: np.ndarray, down: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
