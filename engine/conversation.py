@@ -34,6 +34,7 @@ class Conversation:
     forgotten: int  # turns at the start no longer in the model's memory
     system: str | None
     tools: tuple[dict[str, Any], ...] | None
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # the template's own switches
 
 
 @dataclass(frozen=True)

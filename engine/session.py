@@ -66,6 +66,7 @@ class Session:
         self.abandoned = False
         self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
         self.tools: list[dict[str, Any]] | None = None  # functions the template lists (set_tools)
+        self.template_kwargs: dict[str, Any] = {}  # the template's own switches (enable_thinking)
         # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
         # resumes it where it stopped, without a prefill
         self._reply_open = False
@@ -387,7 +388,8 @@ class Session:
         session)."""
         return Conversation(tuple(self.history), self._reply_open, self._last_stop,
                             self.forgotten, self.cfg.system,
-                            tuple(self.tools) if self.tools is not None else None)
+                            tuple(self.tools) if self.tools is not None else None,
+                            tuple(self.template_kwargs.items()))
 
     def restore_conversation(self, saved: Conversation) -> None:
         self.set_system(saved.system)
@@ -395,14 +397,20 @@ class Session:
         self._reply_open, self._last_stop, self.forgotten = (saved.reply_open, saved.last_stop,
                                                               saved.forgotten)
         self.tools = list(saved.tools) if saved.tools is not None else None
+        self.template_kwargs = dict(saved.template_kwargs)
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""
         self.tools = tools or None
 
+    def set_template_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """The chat template's own switches for the next turns (`enable_thinking`: False asks a
+        thinking model to answer at once); {}: the template's defaults."""
+        self.template_kwargs = dict(kwargs)
+
     def _format(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
         assert self.model.runtime is not None
-        return self.model.runtime.format_chat(messages, self.tools)
+        return self.model.runtime.format_chat(messages, self.tools, self.template_kwargs)
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""

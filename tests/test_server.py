@@ -885,3 +885,40 @@ def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model
         assert final.choices[0].finish_reason in ("stop", "length")
     finally:
         s.stop()
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}")
+
+
+def test_reasoning_effort_reaches_a_template_with_a_thinking_switch(tmp_path, model_path):
+    """Qwen3-style templates take `enable_thinking`: reasoning_effort none/minimal turn it off
+    (as llama-server's chat_template_kwargs do, which are honoured too); a template without
+    the switch renders as before; Ebb's own names cannot be replaced."""
+    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.worker import Job, answer_job
+    from engine.session import Session, SessionConfig
+
+    model = write_model(tmp_path / "think-tiny.gguf", SHAPES["tiny"], model_path,
+                        chat_template=THINKING_TEMPLATE)
+    base = {"model": "m", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": "Hi"}]}
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    with Session(SessionConfig(model, n_ctx=512, n_threads=N_THREADS)) as s:
+        for extra, thinks in (({"reasoning_effort": "none"}, False), ({"reasoning_effort": "high"}, True),
+                              ({}, True), ({"chat_template_kwargs": {"enable_thinking": False}}, False),
+                              ({"reasoning_effort": "high",
+                                "chat_template_kwargs": {"enable_thinking": False}}, False)):
+            s, ans = answer_job(s, Job(parse_chat_request({**base, **extra}), "t", lambda ev: None), None)
+            prompt, _ = s.model.runtime.format_chat(s.messages[:-1], s.tools, s.template_kwargs)
+            assert prompt.endswith(closed) is not thinks, (extra, prompt)
+    plain = parse_chat_request({**base, "reasoning_effort": "low"})
+    assert plain.thinking_kwargs("{{ messages }}") == {}  # no switch in the template: nothing to set
+    for bad in ({"reasoning_effort": "max"}, {"chat_template_kwargs": {"messages": []}},
+                {"chat_template_kwargs": ["enable_thinking"]}):
+        with pytest.raises(ApiError):
+            parse_chat_request({**base, **bad})

@@ -55,8 +55,11 @@ class ChatTemplate:
         self._template = env.from_string(source)
 
     def __call__(self, *, messages: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None) -> str:
-        return self._template.render(
+                 tools: list[dict[str, Any]] | None = None, **extra: Any) -> str:
+        """`extra`: the template's own switches (`enable_thinking`, ...), as llama-server's
+        `chat_template_kwargs`; they cannot replace the names set here."""
+        fixed = dict(
             messages=messages, eos_token=self.eos_token, bos_token=self.bos_token,
             raise_exception=_raise_exception, add_generation_prompt=True, functions=None,
             function_call=None, tools=tools, tool_choice=None, strftime_now=_strftime_now)
+        return self._template.render(**{**extra, **fixed})

@@ -420,11 +420,13 @@ class TextRuntime:
     # ------------------------------------------------------------ prompt
 
     def format_chat(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+                    tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
         """The model's chat template applied to messages, ready for the assistant's reply;
-        `tools` (OpenAI's function specs) go to a template that lists them itself."""
+        `tools` (OpenAI's function specs) go to a template that lists them itself;
+        `template_kwargs` are the template's own switches (enable_thinking, ...)."""
         # (prompt, add_special): BOS as the model's vocabulary says, as llama-cpp-python does
-        return self.template(messages=messages, tools=tools or None), True
+        return self.template(messages=messages, tools=tools or None, **(template_kwargs or {})), True
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         L = llama()

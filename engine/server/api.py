@@ -65,6 +65,19 @@ class ChatRequest:
     own_system: str | None = None
     messages: tuple[Turn, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)  # llama.cpp's other sampler knobs
+    # the chat template's own switches (llama-server's chat_template_kwargs), and OpenAI's
+    # reasoning_effort, which a template with a thinking switch gets as enable_thinking
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_effort: str | None = None
+
+    def thinking_kwargs(self, template_source: str) -> dict[str, Any]:
+        """What the template is rendered with: the client's kwargs, and enable_thinking from
+        reasoning_effort where the template has that switch and the client did not set it."""
+        out = dict(self.template_kwargs)
+        if (self.reasoning_effort is not None and "enable_thinking" not in out
+                and "enable_thinking" in template_source):
+            out["enable_thinking"] = self.reasoning_effort not in ("none", "minimal")
+        return out
 
     def callable_tools(self) -> tuple[Any, ...]:
         from engine.server.tools import offered
@@ -176,7 +189,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
                      "response_format", "logprobs", "top_logprobs", "tools", "tool_choice",
-                     "parallel_tool_calls"}) | SAMPLING_FIELDS
+                     "parallel_tool_calls", "reasoning_effort", "chat_template_kwargs"}) | SAMPLING_FIELDS
 # Ebb does nothing with these and the reply is the same as if it did: they are accepted.
 SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
@@ -296,7 +309,36 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
         tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
-        sampling=sampling)
+        sampling=sampling, template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
+        reasoning_effort=_reasoning_effort(body.get("reasoning_effort")))
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+_RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "bos_token", "eos_token",
+                                      "add_generation_prompt", "raise_exception", "tool_choice",
+                                      "functions", "function_call", "strftime_now"})
+
+
+def _reasoning_effort(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in REASONING_EFFORTS:
+        raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
+                       "reasoning_effort")
+    return str(value)
+
+
+def _template_kwargs(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ApiError(400, "'chat_template_kwargs' must be an object of names to values",
+                       "chat_template_kwargs")
+    taken = sorted(set(value) & _RESERVED_TEMPLATE_NAMES)
+    if taken:
+        raise ApiError(400, f"'chat_template_kwargs' cannot set {', '.join(taken)}: Ebb sets them",
+                       "chat_template_kwargs")
+    return dict(value)
 
 
 def _calls(calls: Any, called: dict[str, str], param: str) -> list[Any]:

@@ -166,6 +166,8 @@ def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[
     if isinstance(req, CompletionRequest):
         return _completion(session, job, req)
     usable = req.callable_tools()
+    runtime = session.model.runtime
+    session.set_template_kwargs(req.thinking_kwargs(runtime.template_source if runtime else ""))
     # the model's own tool format where its template has one (tools.py), else the universal one
     fmt = template_format(session.model.runtime.template_source) if usable and session.model.runtime else None
     if fmt is not None:
