@@ -41,7 +41,9 @@ class TuneDialog(QDialog):
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.stop_button = QPushButton("Stop", clicked=self.stop.emit)
+        self.stop_button = QPushButton("Stop")
+        # clicked(bool) would hand `checked` to stop(), which takes nothing: a TypeError per click
+        self.stop_button.clicked.connect(lambda _checked=False: self.stop.emit())
         self.apply_button = QPushButton("Use these", enabled=False, clicked=self._on_apply)
         close = QPushButton("Close", clicked=self.reject)
         buttons = QHBoxLayout()

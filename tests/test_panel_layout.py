@@ -218,3 +218,14 @@ def test_every_residency_name_is_readable_at_any_width(qtbot):
                 smaller = rmap.SCALE_STEPS[rmap.SCALE_STEPS.index(step) - 1]
                 assert widest + 4 > smaller * (layer[0].width() + 2)
             rmap.grab()  # paints without error
+
+
+def test_tunes_stop_button_asks_the_runs_to_stop(qtbot):
+    """Stop's click reaches the dialog's stop signal (it once raised a TypeError per click and
+    the runs went on)."""
+    from app.tune import TuneDialog
+
+    dlg = TuneDialog()
+    qtbot.addWidget(dlg)
+    with qtbot.waitSignal(dlg.stop, timeout=5000):
+        dlg.stop_button.click()
