@@ -93,6 +93,11 @@ class SettingsDialog(QDialog):
         self.server_port = QSpinBox(minimum=1, maximum=65535, value=int(v["server_port"]))
         self.server_key = QLineEdit(v["server_api_key"], placeholderText="none: any local program may ask",
                                     echoMode=QLineEdit.EchoMode.Password)
+        self.hub_endpoint = QLineEdit(v["hub_endpoint"], placeholderText="HF_ENDPOINT, else "
+                                      "https://huggingface.co", toolTip="A mirror of the Hugging "
+                                      "Face Hub for Model → Get models…")
+        self.hub_token = QLineEdit(v["hub_token"], placeholderText="HF_TOKEN, else none (gated "
+                                   "models need one)", echoMode=QLineEdit.EchoMode.Password)
         self.error = QLabel("")
         self.error.setStyleSheet("color: #c62828;")
         form = QFormLayout(self)
@@ -116,6 +121,8 @@ class SettingsDialog(QDialog):
         form.addRow("  address", self.server_host)
         form.addRow("  port", self.server_port)
         form.addRow("  API key", self.server_key)
+        form.addRow("Hugging Face Hub mirror", self.hub_endpoint)
+        form.addRow("  token", self.hub_token)
         form.addRow(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self._on_ok)
@@ -136,7 +143,9 @@ class SettingsDialog(QDialog):
                 "server": self.server.isChecked(),
                 "server_host": self.server_host.text().strip() or "127.0.0.1",
                 "server_port": self.server_port.value(),
-                "server_api_key": self.server_key.text().strip()}
+                "server_api_key": self.server_key.text().strip(),
+                "hub_endpoint": self.hub_endpoint.text().strip(),
+                "hub_token": self.hub_token.text().strip()}
 
     def _phase_text(self) -> str:
         """What the two layer counts do, from Tune's measured prompt speeds."""

@@ -290,7 +290,8 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
 
 # what a loaded session does not depend on: changed, they need no reload
 NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
-             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies"}
+             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies",
+             "hub_endpoint", "hub_token"}
 
 
 def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:

@@ -36,8 +36,8 @@ def check_reachable(endpoint: str, timeout_s: float = 3.0) -> None:
         socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
     except OSError as exc:
         raise EbbError(f"cannot reach the Hub at {endpoint} ({exc.strerror or exc})",
-                       "check the network, or set a mirror (HF_ENDPOINT, or the Mirror field "
-                       "in Model → Get models…)") from None
+                       "check the network, or set a mirror (HF_ENDPOINT, or Settings → Hugging "
+                       "Face Hub mirror)") from None
 
 
 def hub_error(exc: Exception, what: str, endpoint: str) -> EbbError:
@@ -46,14 +46,14 @@ def hub_error(exc: Exception, what: str, endpoint: str) -> EbbError:
     if status in (401, 403):
         return EbbError(f"{what} is gated or private ({status})",
                         "accept the licence on the model's page, then add a token "
-                        "(HF_TOKEN, or the Token field in Model → Get models…)")
+                        "(HF_TOKEN, or Settings → Hugging Face Hub token)")
     if status == 404:
         return EbbError(f"{what} was not found on {endpoint} (404)", "check the name")
     if status is not None:
         return EbbError(f"the Hub answered {status} for {what}", "try again later")
     return EbbError(f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc})",
-                    "check the network, or set a mirror (HF_ENDPOINT, or the Mirror field in "
-                    "Model → Get models…)")
+                    "check the network, or set a mirror (HF_ENDPOINT, or Settings → Hugging "
+                    "Face Hub mirror)")
 
 
 def _read_range(session: Any, url: str, headers: dict[str, str], start: int,
