@@ -462,7 +462,7 @@ BAD_BODIES = [
     json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(),
-    json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode(),
+    json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 9}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": True}).encode(),
     b"\xff\xfe\x00garbage",
     b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser recurses
@@ -922,3 +922,37 @@ def test_reasoning_effort_reaches_a_template_with_a_thinking_switch(tmp_path, mo
                 {"chat_template_kwargs": ["enable_thinking"]}):
         with pytest.raises(ApiError):
             parse_chat_request({**base, **bad})
+
+
+def test_several_choices_and_several_prompts(server):
+    """n > 1: the choices in order, each from its own seed, usage summed over the replies and
+    the prompt counted once; streamed, each chunk names its choice. A list of prompts in
+    /v1/completions: a choice each, the same as asking one at a time."""
+    client = server.client()
+    ask = {"model": "m", "max_tokens": 6, "temperature": 0.9, "seed": 5,
+           "messages": [{"role": "user", "content": "Name a fruit."}]}
+    three = client.chat.completions.create(**ask, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    one = client.chat.completions.create(**{**ask, "seed": 6})  # choice 1's seed, alone
+    assert three.choices[1].message.content == one.choices[0].message.content
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == sum(
+        client.chat.completions.create(**{**ask, "seed": 5 + i}).usage.completion_tokens
+        for i in range(3))
+    chunks = list(client.chat.completions.create(**ask, n=2, stream=True))
+    by_choice: dict[int, str] = {}
+    finished = set()
+    for c in chunks:
+        for ch in c.choices:
+            by_choice[ch.index] = by_choice.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finished.add(ch.index)
+    assert finished == {0, 1}
+    assert [by_choice[i] for i in (0, 1)] == [c.message.content for c in three.choices[:2]]
+    prompts = ["Once upon a time", "The capital of France is"]
+    both = client.completions.create(model="m", prompt=prompts, max_tokens=5, temperature=0)
+    alone = [client.completions.create(model="m", prompt=p, max_tokens=5, temperature=0)
+             for p in prompts]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)

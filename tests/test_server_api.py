@@ -363,7 +363,9 @@ def test_a_completion_request_is_checked():
     assert parse_completion_request({"model": "m", "prompt": ["Once"]}).prompt == "Once"
     assert parse_completion_request({"model": "m", "prompt": [1, 2, 3]}).prompt == (1, 2, 3)
     assert parse_completion_request({"model": "m", "prompt": [[1, 2]], "logprobs": 2}).top_logprobs == 2
-    for bad, param in (({"prompt": ["a", "b"]}, "prompt"), ({}, "prompt"), ({"prompt": 5}, "prompt"),
+    two = parse_completion_request({"model": "m", "prompt": ["a", [1, 2]]})
+    assert two.all_prompts == ("a", (1, 2)) and two.prompt == "a"
+    for bad, param in (({"prompt": ["a"] * 9}, "prompt"), ({}, "prompt"), ({"prompt": 5}, "prompt"),
                        ({"prompt": "a", "suffix": "z"}, "suffix"), ({"prompt": "a", "n": 2}, "n"),
                        ({"prompt": "a", "logprobs": 6}, "logprobs"),
                        ({"prompt": "a", "logprobs": 1, "echo": True}, "logprobs"),

@@ -65,6 +65,7 @@ class ChatRequest:
     own_system: str | None = None
     messages: tuple[Turn, ...] = ()
     sampling: Sampling = field(default_factory=Sampling)  # llama.cpp's other sampler knobs
+    n: int = 1  # choices, generated one after another (seed + i for choice i when seeded)
     # the chat template's own switches (llama-server's chat_template_kwargs), and OpenAI's
     # reasoning_effort, which a template with a thinking switch gets as enable_thinking
     template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -185,6 +186,7 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's
+MAX_CHOICES = 8  # n, and prompts in one /v1/completions request
 # What a chat request may carry. Ebb answers these:
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
@@ -271,9 +273,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     own_system = "\n\n".join(system) if system else None
     if tl.offered(tools, choice):
         system.append(tl.system_text(tools, choice))
-    n = _integer(body, "n", 1)
-    if n not in (None, 1):
-        raise ApiError(400, "only n=1 is supported", "n")
+    n = _integer(body, "n", 1) or 1
+    if n > MAX_CHOICES:
+        raise ApiError(400, f"'n' is at most {MAX_CHOICES}: each choice is generated in turn", "n")
     stream, include_usage = _stream_flags(body)
     stops = _stops(body)
     max_tokens = _integer(body, "max_completion_tokens", 1)
@@ -309,7 +311,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
         tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
-        sampling=sampling, template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
+        sampling=sampling, n=n, template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")))
 
 
@@ -445,14 +447,21 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int],
                logprobs: list[dict[str, Any]] | None = None,
-               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               tool_calls: list[dict[str, Any]] | None = None,
+               more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A chat completion; `more`: further choices, as `choice()` makes them."""
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice(0, text, finish, logprobs, tool_calls), *(more or [])],
+            "usage": use}
+
+
+def choice(index: int, text: str, finish: str, logprobs: list[dict[str, Any]] | None = None,
+           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
-    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "logprobs": {"content": logprobs} if logprobs is not None else None}],
-            "usage": use}
+    return {"index": index, "message": message, "finish_reason": finish,
+            "logprobs": {"content": logprobs} if logprobs is not None else None}
 
 
 def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]] | None:
@@ -470,10 +479,10 @@ def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dic
 
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,
           use: dict[str, int] | None = None, choices: bool = True,
-          logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+          logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish,
                      "logprobs": {"content": logprobs} if logprobs is not None else None}]
         if choices else []}
     if use is not None:
@@ -494,7 +503,7 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 @dataclass(frozen=True)
 class CompletionRequest:
     """A raw completion: the prompt as it is (no chat template), text out."""
-    prompt: str | tuple[int, ...]  # text, or token ids
+    prompt: str | tuple[int, ...]  # text, or token ids (the first, when there are several)
     stream: bool = False
     include_usage: bool = False
     temperature: float | None = None
@@ -506,6 +515,11 @@ class CompletionRequest:
     echo: bool = False
     top_logprobs: int = -1  # -1: none; else the legacy `logprobs` count
     sampling: Sampling = field(default_factory=Sampling)
+    prompts: tuple[str | tuple[int, ...], ...] = ()  # every prompt, a choice each (() : `prompt`)
+
+    @property
+    def all_prompts(self) -> tuple[str | tuple[int, ...], ...]:
+        return self.prompts or (self.prompt,)
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -535,21 +549,28 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _one_prompt(value: Any, name: str) -> str | tuple[int, ...]:
-    """A string, a list of token ids, or a list holding one of those (Ebb answers one prompt
-    per request)."""
+    """A string, or a list of token ids."""
+    found = _prompts(value, name)
+    if len(found) != 1 or not (isinstance(value, str) or all(isinstance(t, int) for t in value)):
+        raise ApiError(400, f"'{name}' must be a string or a list of token ids", name)
+    return found[0]
+
+
+def _prompts(value: Any, name: str) -> tuple[str | tuple[int, ...], ...]:
+    """A string, a list of token ids, or a list of those (a choice each, in order)."""
     def token_ids(v: Any) -> bool:
         return isinstance(v, list) and bool(v) and all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
 
     if isinstance(value, str):
-        return value
+        return (value,)
     if token_ids(value):
-        return tuple(value)
-    if isinstance(value, list) and len(value) == 1 and (isinstance(value[0], str) or token_ids(value[0])):
-        return value[0] if isinstance(value[0], str) else tuple(value[0])
-    if isinstance(value, list) and len(value) > 1:
-        raise ApiError(400, "Ebb answers one prompt per request: send them one at a time", name)
-    raise ApiError(400, f"'{name}' must be a string or a list of token ids", name)
+        return (tuple(value),)
+    if isinstance(value, list) and value and all(isinstance(v, str) or token_ids(v) for v in value):
+        if len(value) > MAX_CHOICES:
+            raise ApiError(400, f"at most {MAX_CHOICES} prompts in one request", name)
+        return tuple(v if isinstance(v, str) else tuple(v) for v in value)
+    raise ApiError(400, f"'{name}' must be a string, a list of token ids, or a list of those", name)
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
@@ -559,7 +580,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     check_fields(body, COMPLETION_FIELDS, COMPLETION_NEUTRAL)
     if "prompt" not in body or body["prompt"] is None:
         raise ApiError(400, "'prompt' is required", "prompt")
-    prompt = _one_prompt(body["prompt"], "prompt")
+    prompts = _prompts(body["prompt"], "prompt")
     for name in ("n", "best_of"):
         if _integer(body, name, 1) not in (None, 1):
             raise ApiError(400, f"only {name}=1 is supported", name)
@@ -579,7 +600,8 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     max_tokens = _integer(body, "max_tokens", 0)
     user = body.get("user", "")
     return CompletionRequest(
-        prompt=prompt, stream=stream, include_usage=include_usage,
+        prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), stream=stream,
+        include_usage=include_usage,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=DEFAULT_COMPLETION_TOKENS if max_tokens is None else max_tokens,
         stop=_stops(body), seed=_integer(body, "seed", -(2**63)),
@@ -604,14 +626,20 @@ def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dic
 
 def text_completion(cid: str, model: str, text: str, finish: str | None,
                     use: dict[str, int] | None, logprobs: dict[str, Any] | None = None,
-                    chunk: bool = False, choices: bool = True) -> dict[str, Any]:
+                    chunk: bool = False, choices: bool = True, index: int = 0,
+                    more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A completion (or a chunk of one); `more`: further choices, as `text_choice()` makes."""
     out: dict[str, Any] = {
         "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]
-        if choices else []}
+        "choices": [text_choice(index, text, finish, logprobs), *(more or [])] if choices else []}
     if use is not None or not chunk:
         out["usage"] = use
     return out
+
+
+def text_choice(index: int, text: str, finish: str | None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
 
 # ---------------------------------------------------------------- /v1/embeddings

@@ -20,6 +20,7 @@ from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's ru
 from engine.server.guard import Policy, RequestGuard
 from engine.server.api import (
     ApiError,
+    choice,
     chunk,
     completion,
     embedding_list,
@@ -27,6 +28,7 @@ from engine.server.api import (
     parse_chat_request,
     parse_completion_request,
     parse_embedding_request,
+    text_choice,
     text_completion,
 )
 from engine.server.worker import Answer, Backend, Done, Event, Failed, Job, Piece
@@ -180,17 +182,24 @@ def build_app(worker: Backend, api_key: str | None = None,
     async def chat_stream(job: Job, events: asyncio.Queue[Event], cid: str,
                           model: str) -> AsyncIterator[str]:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
+        started = {0}  # the choices whose role was sent
         async for ev in _events(events):
             if ev is None:
                 yield ": waiting\n\n"
             elif isinstance(ev, Piece):
-                yield sse(chunk(cid, model, {"content": ev.text}, logprobs=ev.logprobs))
+                if ev.index not in started:
+                    started.add(ev.index)
+                    yield sse(chunk(cid, model, {"role": "assistant", "content": ""}, index=ev.index))
+                yield sse(chunk(cid, model, {"content": ev.text}, logprobs=ev.logprobs,
+                                index=ev.index))
             elif isinstance(ev, Done):
                 a = ev.answer
-                if a.tool_calls:  # held to the end: one delta with the whole call
-                    yield sse(chunk(cid, model, {"tool_calls": [
-                        {"index": i, **c} for i, c in enumerate(a.tool_calls)]}))
-                yield sse(chunk(cid, model, {}, a.finish_reason))  # usage: only when asked, once
+                for c in a.choices or (a,):
+                    if c.tool_calls:  # held to the end: one delta with the whole call
+                        yield sse(chunk(cid, model, {"tool_calls": [
+                            {"index": i, **t} for i, t in enumerate(c.tool_calls)]}, index=c.index))
+                    # usage: only when asked, once
+                    yield sse(chunk(cid, model, {}, c.finish_reason, index=c.index))
                 if getattr(job.request, "include_usage", False):
                     yield sse(chunk(cid, model, {}, use=a.usage, choices=False))
             else:
@@ -202,9 +211,12 @@ def build_app(worker: Backend, api_key: str | None = None,
             if ev is None:
                 yield ": waiting\n\n"
             elif isinstance(ev, Piece):
-                yield sse(text_completion(cid, model, ev.text, None, None, chunk=True))
+                yield sse(text_completion(cid, model, ev.text, None, None, chunk=True,
+                                          index=ev.index))
             elif isinstance(ev, Done):
-                yield sse(text_completion(cid, model, "", ev.answer.finish_reason, None, chunk=True))
+                for c in ev.answer.choices or (ev.answer,):
+                    yield sse(text_completion(cid, model, "", c.finish_reason, None, chunk=True,
+                                              index=c.index))
                 if getattr(job.request, "include_usage", False):
                     yield sse(text_completion(cid, model, "", None, ev.answer.usage, chunk=True,
                                               choices=False))
@@ -213,12 +225,16 @@ def build_app(worker: Backend, api_key: str | None = None,
 
     async def chat(request: Request) -> Response:
         return await answer(request, parse_chat_request, lambda a, cid, model: completion(
-            cid, model, a.text, a.finish_reason, a.usage, a.logprobs, a.tool_calls), chat_stream)
+            cid, model, a.text, a.finish_reason, a.usage, a.logprobs, a.tool_calls,
+            [choice(c.index, c.text, c.finish_reason, c.logprobs, c.tool_calls)
+             for c in a.choices[1:]]), chat_stream)
 
     async def completions(request: Request) -> Response:
         return await answer(request, parse_completion_request, lambda a, cid, model: text_completion(
             cid.replace("chatcmpl-", "cmpl-"), model, a.text, a.finish_reason, a.usage,
-            a.legacy_logprobs), text_stream)
+            a.legacy_logprobs, more=[text_choice(c.index, c.text, c.finish_reason,
+                                                  c.legacy_logprobs) for c in a.choices[1:]]),
+            text_stream)
 
     async def embeddings(request: Request) -> Response:
         return await answer(request, parse_embedding_request, lambda a, cid, model: embedding_list(

@@ -51,6 +51,8 @@ class Answer:
     tool_calls: list[dict[str, Any]] | None = None
     vectors: list[list[float]] | None = None  # embeddings
     base64: bool = False
+    index: int = 0  # which choice (n > 1, or one of several prompts)
+    choices: tuple["Answer", ...] = ()  # with several: every choice; the fields above are totals
 
     @property
     def usage(self) -> dict[str, int]:
@@ -61,6 +63,7 @@ class Answer:
 class Piece:
     text: str
     logprobs: list[dict[str, Any]] | None = None  # its tokens', when asked for
+    index: int = 0  # the choice it belongs to
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,53 @@ class JobQueue:
 def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[Session, Answer]:
     """Answer one request on `session` (on the thread that owns it). Returns the session to
     use from now on (another when a remote device went away) and the result. The session's
-    conversation becomes the request's."""
-    from engine.session import turn_with_recovery
-
+    conversation becomes the request's. Several choices (n, or several prompts) are answered
+    one after another, each with its own stop: a stop sequence ends that choice alone."""
     req = job.request
     if isinstance(req, EmbeddingRequest):
         return session, _embeddings(session, job, req)
     if isinstance(req, CompletionRequest):
-        return _completion(session, job, req)
+        prompts = req.all_prompts
+        if len(prompts) == 1:
+            return _completion(session, job, req)
+        return _choices(session, job, [replace(req, prompt=p, prompts=()) for p in prompts],
+                        lambda s, j, r: _completion(s, j, r), shared_prompt=False)
+    if req.n == 1:
+        return _chat(session, job, req, default_system)
+    seeded = [replace(req, n=1, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
+    return _choices(session, job, seeded, lambda s, j, r: _chat(s, j, r, default_system),
+                    shared_prompt=True)
+
+
+def _choices(session: Session, job: Job, requests: list[Any],
+             answer: Callable[[Session, Job, Any], tuple[Session, Answer]],
+             shared_prompt: bool) -> tuple[Session, Answer]:
+    """One answer per request, in turn, as the choices of one reply."""
+    answers: list[Answer] = []
+    for i, sub in enumerate(requests):
+        own = threading.Event()
+
+        def on_event(ev: Event, i: int = i, own: threading.Event = own) -> None:
+            if job.cancel.is_set():  # the client left: this choice stops between tokens too
+                own.set()
+            job.on_event(replace(ev, index=i) if isinstance(ev, Piece) else ev)
+
+        session, a = answer(session, replace(job, request=sub, on_event=on_event, cancel=own), sub)
+        answers.append(replace(a, index=i))
+        if job.cancel.is_set():
+            break
+    first = answers[0]
+    prompt = first.prompt_tokens if shared_prompt else sum(a.prompt_tokens for a in answers)
+    return session, replace(first, prompt_tokens=prompt,
+                            completion_tokens=sum(a.completion_tokens for a in answers),
+                            client_gone=any(a.client_gone for a in answers),
+                            choices=tuple(answers))
+
+
+def _chat(session: Session, job: Job, req: ChatRequest,
+          default_system: str | None) -> tuple[Session, Answer]:
+    from engine.session import turn_with_recovery
+
     usable = req.callable_tools()
     runtime = session.model.runtime
     session.set_template_kwargs(req.thinking_kwargs(runtime.template_source if runtime else ""))
