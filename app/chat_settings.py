@@ -27,6 +27,13 @@ class ChatSettingsDialog(QDialog):
                                           specialValueText="0 (greedy)")
         self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, decimals=2,
                                     value=float(values["top_p"]))
+        self.top_k = QSpinBox(minimum=0, maximum=1000, value=int(values.get("top_k", 40)),
+                              specialValueText="0 (off)",
+                              toolTip="Sample among this many most likely tokens")
+        self.min_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2,
+                                    value=float(values.get("min_p", 0.05)),
+                                    toolTip="Leave out tokens less likely than this share of "
+                                            "the most likely one")
         self.repeat = QDoubleSpinBox(minimum=0.5, maximum=2.0, singleStep=0.05, decimals=2,
                                      value=float(values["repeat_penalty"]),
                                      toolTip="1.00: none; above 1 discourages repeating the "
@@ -43,6 +50,8 @@ class ChatSettingsDialog(QDialog):
         form.addRow("System prompt", self.system)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Min-p", self.min_p)
         form.addRow("Repeat penalty", self.repeat)
         form.addRow("Seed", self.seed)
         form.addRow(self.json)
@@ -52,6 +61,7 @@ class ChatSettingsDialog(QDialog):
     def values(self) -> dict[str, Any]:
         return {"system_prompt": self.system.toPlainText().strip(),
                 "temperature": round(self.temperature.value(), 2),
-                "top_p": round(self.top_p.value(), 2),
+                "top_p": round(self.top_p.value(), 2), "top_k": self.top_k.value(),
+                "min_p": round(self.min_p.value(), 2),
                 "repeat_penalty": round(self.repeat.value(), 2), "seed": self.seed.value(),
                 "json_replies": self.json.isChecked()}

@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             # a new chat's system prompt and sampling (each chat may have its own)
                             "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
                             "repeat_penalty": 1.0, "seed": 0, "json_replies": False,
+                            "top_k": 40, "min_p": 0.05,
                             # Model → Get models…: a Hub mirror ("" : HF_ENDPOINT, else the
                             # Hub) and a token for gated repos ("": HF_TOKEN)
                             "hub_endpoint": "", "hub_token": ""}
@@ -117,10 +118,12 @@ RULES: dict[str, Any] = {
     "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
     "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(0, 2**32 - 1),
+    "top_k": _whole(0, 100_000), "min_p": _between(0.0, 1.0),
     "json_replies": _of_type(bool, "true or false"),
     "hub_endpoint": _of_type(str, "a URL, or empty"), "hub_token": _of_type(str, "a text"),
 }
-CHAT_KEYS = ("system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies")
+CHAT_KEYS = ("system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
+             "json_replies")
 
 
 def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
@@ -141,8 +144,8 @@ def default_gen_params(s: dict[str, Any]) -> Any:
     from engine.llama.runtime import GenParams
 
     return GenParams(max_tokens=int(s["max_tokens"]), temperature=float(s["temperature"]),
-                     top_p=float(s["top_p"]), repeat_penalty=float(s["repeat_penalty"]),
-                     seed=int(s["seed"]))
+                     top_p=float(s["top_p"]), top_k=int(s["top_k"]), min_p=float(s["min_p"]),
+                     repeat_penalty=float(s["repeat_penalty"]), seed=int(s["seed"]))
 
 
 def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
@@ -155,6 +158,7 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
     from llama_cpp.llama_grammar import JSON_GBNF
 
     return replace(base, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                   top_k=int(p["top_k"]), min_p=float(p["min_p"]),
                    repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]),
                    grammar=str(JSON_GBNF) if p["json_replies"] else "")
 
@@ -290,7 +294,8 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
 
 # what a loaded session does not depend on: changed, they need no reload
 NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
-             "system_prompt", "temperature", "top_p", "repeat_penalty", "seed", "json_replies",
+             "system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
+             "json_replies",
              "hub_endpoint", "hub_token"}
 
 

@@ -285,8 +285,8 @@ class MainWindow(QMainWindow):
                                             "would run here, download one with its projector")
         model.addAction(self.get_models_action)
         chat_settings = QAction("Chat settings…", self, shortcut=QKeySequence("Ctrl+Shift+,"))
-        chat_settings.setStatusTip("This chat's system prompt, temperature, top-p, repeat "
-                                   "penalty and seed")
+        chat_settings.setStatusTip("This chat's system prompt, temperature, top-p, top-k, "
+                                   "min-p, repeat penalty and seed")
         chat_settings.triggered.connect(self._on_chat_settings)
         model.addAction(chat_settings)
         self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)

@@ -226,7 +226,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     assert chat_params(store, w.conv_id)["temperature"] == 0.7  # Settings' default
     set_chat_params(store, w.conv_id, {"system_prompt": "You are a pirate.", "temperature": 0.0,
                                        "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,
-                                       "json_replies": True})
+                                       "top_k": 12, "min_p": 0.2, "json_replies": True})
     w._send_history()
     sent = []
     w.request_send.connect(lambda rid, text, images, gp: sent.append(gp))
@@ -235,6 +235,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     wait_for(lambda: not w.chat.busy)
     (gp,) = sent
     assert (gp.temperature, gp.top_p, gp.repeat_penalty, gp.seed) == (0.0, 0.9, 1.1, 7)
+    assert (gp.top_k, gp.min_p) == (12, 0.2)
     assert w.worker._session.cfg.system == "You are a pirate."
     reply = store.messages(w.conv_id)[-1]
     assert reply.role == "assistant" and gp.grammar and reply.text.lstrip().startswith("{")
