@@ -239,6 +239,8 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
     """Each format's grammar, for every kind of tool choice, compiles in llama.cpp's own parser:
     the grammar sampler a request would build (NULL for a grammar llama.cpp refuses, as the
     broken one beside them shows)."""
+    from dataclasses import replace
+
     from engine.llama.lib import llama
     from engine.server.tools import HERMES, LLAMA3, MISTRAL, grammar, parse_tool_choice, parse_tools
 
@@ -254,8 +256,10 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
     tools = parse_tools([WEATHER, TIME])
     for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
         for fmt in (None, HERMES, LLAMA3, MISTRAL):
-            gbnf = grammar(tools, parse_tool_choice(choice, tools), fmt)
-            assert gbnf and compiles(gbnf), (choice, fmt, gbnf)
+            for parallel in (False, True):
+                picked = replace(parse_tool_choice(choice, tools), parallel=parallel)
+                gbnf = grammar(tools, picked, fmt)
+                assert gbnf and compiles(gbnf), (choice, fmt, parallel, gbnf)
 
 
 def test_a_reply_is_a_call_only_when_it_is_one():
@@ -449,3 +453,26 @@ def test_llama_cpp_sampler_fields_are_read_and_checked():
         with pytest.raises(ApiError) as err:
             parse_chat_request({**base, **bad})
         assert err.value.status == 400 and err.value.param == param, bad
+
+
+def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
+    from dataclasses import replace
+
+    from engine.server.api import parse_chat_request
+    from engine.server.tools import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_call, read_calls
+
+    tools = parse_tools([WEATHER, TIME])
+    auto = replace(parse_tool_choice("auto", tools), parallel=True)
+    w = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}'
+    t = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+    for text, fmt in ((f"{w}\n{t}", None), (f"<tool_call>\n{w}\n</tool_call>\n<tool_call>\n{t}\n</tool_call>", HERMES),
+                      (f"[TOOL_CALLS] [{w}, {t}]", MISTRAL)):
+        calls = read_calls(text, tools, auto, fmt)
+        assert [c.name for c in calls] == ["get_weather", "get_time"], fmt
+        assert read_call(text, tools, auto, fmt) is None  # more than one: not "the" call
+    assert read_calls(f"{w} and then some text", tools, auto) == []
+    assert read_calls(f"<tool_call>\n{w}\n</tool_call> trailing", tools, auto, HERMES) == []
+    assert read_calls('{"name": "get_weather", "argu', tools, auto) == []  # cut short
+    base = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER, TIME]}
+    assert not parse_chat_request(base).tool_choice.parallel  # as llama-server: off by default
+    assert parse_chat_request({**base, "parallel_tool_calls": True}).tool_choice.parallel

@@ -12,7 +12,7 @@ import json
 import secrets
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +229,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
 
     tools = tl.parse_tools(body.get("tools"))
     choice = tl.parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    # off unless asked for, as llama-server: a small model offered several calls makes several
+    choice = replace(choice, parallel=bool(parallel))
     system: list[str] = []
     turns: list[Turn] = []  # calls and results flattened into text (the universal format)
     native: list[Turn] = []  # as they came, for a template that knows tools

@@ -86,10 +86,14 @@ def template_format(source: str) -> str | None:
     return next((name for name, pattern in _FORMATS if pattern.search(source)), None)
 
 
+MAX_PARALLEL_CALLS = 4  # calls in one reply with parallel_tool_calls
+
+
 @dataclass(frozen=True)
 class ToolChoice:
     mode: str  # "none", "auto", "required"
     name: str = ""  # with "required": this function only
+    parallel: bool = False  # parallel_tool_calls: up to MAX_PARALLEL_CALLS calls in one reply
 
 
 @dataclass(frozen=True)
@@ -222,48 +226,105 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None)
         gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", key]))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
         raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
-    if choice.mode == "required" and fmt not in OPENERS:  # bare JSON: the call is the whole reply
-        return gbnf
+    parallel = choice.parallel and fmt != LLAMA3  # Llama 3's template takes one call a turn
+    more = f"{{0,{MAX_PARALLEL_CALLS - 1}}}"
     call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
     if fmt in OPENERS:
+        inner = f'ebb-tool-call ("," " "? ebb-tool-call){more}' if parallel and fmt == MISTRAL \
+            else "ebb-tool-call"
         block = {HERMES: '"<tool_call>\\n" ebb-tool-call "\\n</tool_call>"',
-                 MISTRAL: '"[TOOL_CALLS]" " "? "[" ebb-tool-call "]"'}[fmt]
+                 MISTRAL: f'"[TOOL_CALLS]" " "? "[" {inner} "]"'}[fmt]
         call += f"\nebb-call-block ::= {block}"
+        several = parallel and fmt == HERMES  # several calls: several blocks
+        call += f'\nebb-calls ::= ebb-call-block' + (f' ("\\n" ebb-call-block){more}' if several else "")
         if choice.mode == "required":
-            return call + "\nroot ::= ebb-call-block"
+            return call + "\nroot ::= ebb-calls"
         opener = "\\[" if fmt == MISTRAL else OPENERS[fmt]  # "[" is escaped in a GBNF class
-        return (call + "\nroot ::= ebb-call-block | ebb-text"
+        return (call + "\nroot ::= ebb-calls | ebb-text"
                 + f'\nebb-text ::= [^{opener} \\t\\r\\n] [^\\x00]*')
-    return (call + "\nroot ::= ebb-tool-call | ebb-text"
+    if choice.mode == "required" and not parallel:  # bare JSON: the call is the whole reply
+        return gbnf
+    call += "\nebb-calls ::= ebb-tool-call" + (f' ("\\n" ebb-tool-call){more}' if parallel else "")
+    if choice.mode == "required":  # the calls, a line each, are the whole reply
+        return call + "\nroot ::= ebb-calls"
+    return (call + "\nroot ::= ebb-calls | ebb-text"
             + '\nebb-text ::= [^{ \\t\\r\\n] [^\\x00]*')
 
 
-_HERMES_BLOCK = re.compile(r"^\s*<tool_call>\s*(.*?)\s*</tool_call>\s*$", re.S)
+_HERMES_BLOCK = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.S)
 # the reply's text has no [TOOL_CALLS] when the model wrote the control token (it is not text)
 _MISTRAL_BLOCK = re.compile(r"^\s*(?:\[TOOL_CALLS\])?\s*\[\s*(.*?)\s*\]\s*$", re.S)
 
 
-def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
-              fmt: str | None = None) -> ToolCall | None:
-    """The call a reply makes (in the template's format `fmt`, else bare JSON), or None when
-    it is text (or no tool could be called)."""
+def read_calls(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
+               fmt: str | None = None) -> list[ToolCall]:
+    """The calls a reply makes (in the template's format `fmt`, else bare JSON, a line each),
+    or [] when it is text (or no tool could be called, or a call was cut short)."""
     usable = {t.name for t in offered(tools, choice)}
-    if fmt in OPENERS:
-        m = (_HERMES_BLOCK if fmt == HERMES else _MISTRAL_BLOCK).match(text)
-        if not usable or m is None:
-            return None
-        text = m.group(1)
-    if not usable or not text.lstrip().startswith("{"):
-        return None
+    if not usable:
+        return []
+    if fmt == HERMES:
+        parts, end = [], 0
+        for m in _HERMES_BLOCK.finditer(text):
+            if m.start() != end:
+                return []
+            parts.append(m.group(1))
+            end = m.end()
+        if not parts or end != len(text):
+            return []
+    elif fmt == MISTRAL:
+        block = _MISTRAL_BLOCK.match(text)
+        if block is None:
+            return []
+        try:
+            objs = json.loads("[" + block.group(1) + "]")
+        except ValueError:
+            return []
+        parts = [json.dumps(o) for o in objs] if isinstance(objs, list) else []
+    else:
+        parts = _json_objects(text)
+    calls = [_call(p, usable, fmt) for p in parts]
+    if not calls or any(c is None for c in calls):
+        return []  # cut short (max_tokens): the client gets the text and finish "length"
+    return [c for c in calls if c is not None]
+
+
+def _json_objects(text: str) -> list[str]:
+    """Bare JSON objects one after another (blank space between): each one's text."""
+    out: list[str] = []
+    pos, decoder = 0, json.JSONDecoder()
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return out
+        if text[pos] != "{":
+            return []
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            return []
+        out.append(text[pos:end])
+        pos = end
+
+
+def _call(text: str, usable: set[str], fmt: str | None) -> ToolCall | None:
     try:
         obj = json.loads(text)
     except ValueError:
-        return None  # cut short (max_tokens): the client gets the text and finish "length"
+        return None
     if not isinstance(obj, dict) or obj.get("name") not in usable:
         return None
     call_id = secrets.token_hex(5)[:9] if fmt == MISTRAL else "call_" + secrets.token_hex(12)
     return ToolCall(call_id, str(obj["name"]),
                     json.dumps(obj.get(_ARGUMENTS.get(fmt or "", "arguments"), {})))
+
+
+def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
+              fmt: str | None = None) -> ToolCall | None:
+    """The one call a reply makes, or None (text, or several calls)."""
+    calls = read_calls(text, tools, choice, fmt)
+    return calls[0] if len(calls) == 1 else None
 
 
 class CallGate:

@@ -30,7 +30,7 @@ from engine.server.api import (
     logprobs_within,
     usage,
 )
-from engine.server.tools import OPENERS, CallGate, read_call, spec, template_extra, template_format
+from engine.server.tools import OPENERS, CallGate, read_calls, spec, template_extra, template_format
 from engine.server.tools import grammar as tool_grammar
 
 if TYPE_CHECKING:
@@ -248,19 +248,19 @@ def _chat(session: Session, job: Job, req: ChatRequest,
     session, res = turn_with_recovery(session, last.text, images, gp, on_text=on_text,
                                       cancel=job.cancel, role=last.role, extra=last.extra)
     held = gate.flush() + watcher.flush()
-    call = read_call(held, req.tools, req.tool_choice, fmt) if gate.active else None
-    if call is None:
+    calls = read_calls(held, req.tools, req.tool_choice, fmt) if gate.active else []
+    if not calls:
         show(held)
     if res.error is not None:
         raise ApiError(400, res.error)
     out = res.to_dict()
     result = Answer(
-        res.request_id, "tool_calls" if call is not None
+        res.request_id, "tool_calls" if calls
         else finish_reason(str(out.get("stop_reason", "")), watcher.hit),
         int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0)), "".join(shown), out,
         job.cancel.is_set() and not watcher.hit,
         logprobs=logprobs_within(out.get("logprobs"), "".join(shown) or held),
-        tool_calls=[call.to_openai()] if call is not None else None)
+        tool_calls=[c.to_openai() for c in calls] or None)
     return session, result
 
 
