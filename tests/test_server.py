@@ -618,7 +618,7 @@ WEATHER = {"type": "function", "function": {
 
 
 def test_the_official_clients_tool_calling_loop(server):
-    """#29: a call that follows the function's schema (streamed: in one delta), then the call
+    """#29: a call that follows the function's schema (streamed: its arguments as written), then the call
     and its result go back in the history and the model answers in text."""
     client = server.client()
     msgs: list = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -634,8 +634,10 @@ def test_the_official_clients_tool_calling_loop(server):
                                                    tool_choice="required", temperature=0,
                                                    max_tokens=80, stream=True))
     calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "get_weather"
-    assert json.loads(calls[0].function.arguments) == args
+    # streamed as written: the first delta names the call, the others add to its arguments
+    assert calls[0].function.name == "get_weather" and calls[0].id and calls[0].index == 0
+    assert len(calls) > 2 and all(tc.index == 0 and not tc.id for tc in calls[1:])
+    assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == args
     assert not any(c.choices[0].delta.content for c in streamed if c.choices)
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
     # the loop: the client sends the call (the message object itself) and the tool's result
@@ -876,7 +878,9 @@ def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model
             model="m", messages=msgs, tools=[FORECAST], tool_choice="required", temperature=0,
             max_tokens=60, stream=True))
         calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        assert len(calls) == 1 and calls[0].function.arguments == call.function.arguments
+        assert calls[0].function.name == "get_forecast" and calls[0].id
+        assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == \
+            json.loads(call.function.arguments)
         assert not any(c.choices[0].delta.content for c in streamed if c.choices)
         msgs += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "4 degrees"}]
         final = client.chat.completions.create(model="m", messages=msgs, tools=[FORECAST],

@@ -476,3 +476,20 @@ def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
     base = {"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER, TIME]}
     assert not parse_chat_request(base).tool_choice.parallel  # as llama-server: off by default
     assert parse_chat_request({**base, "parallel_tool_calls": True}).tool_choice.parallel
+
+
+def test_a_calls_arguments_stream_as_they_are_written():
+    from engine.server.tools import HERMES, ArgumentStream
+
+    stream = ArgumentStream(HERMES)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'
+    first = stream.deltas(text)
+    assert first[0]["function"] == {"name": "get_weather", "arguments": ""} and first[0]["id"]
+    assert first[1] == {"index": 0, "function": {"arguments": '{"city": "Os'}}
+    text += 'lo \\"}\\" {", "unit": "C"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}'
+    more = stream.deltas(text)
+    args0 = '{"city": "Os' + more[0]["function"]["arguments"]
+    assert json.loads(args0) == {"city": 'Oslo "}" {', "unit": "C"}  # braces in strings skipped
+    assert more[1]["index"] == 1 and more[1]["function"]["name"] == "get_time"
+    assert more[2] == {"index": 1, "function": {"arguments": "{}"}}
+    assert stream.deltas(text) == [] and len(stream.ids) == 2  # nothing new: nothing sent

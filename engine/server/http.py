@@ -183,6 +183,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                           model: str) -> AsyncIterator[str]:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
         started = {0}  # the choices whose role was sent
+        streamed_calls: set[int] = set()  # the choices whose calls went out as deltas
         async for ev in _events(events):
             if ev is None:
                 yield ": waiting\n\n"
@@ -190,12 +191,16 @@ def build_app(worker: Backend, api_key: str | None = None,
                 if ev.index not in started:
                     started.add(ev.index)
                     yield sse(chunk(cid, model, {"role": "assistant", "content": ""}, index=ev.index))
-                yield sse(chunk(cid, model, {"content": ev.text}, logprobs=ev.logprobs,
-                                index=ev.index))
+                if ev.tool_calls:  # a call's arguments as the model writes them
+                    streamed_calls.add(ev.index)
+                    yield sse(chunk(cid, model, {"tool_calls": ev.tool_calls}, index=ev.index))
+                else:
+                    yield sse(chunk(cid, model, {"content": ev.text}, logprobs=ev.logprobs,
+                                    index=ev.index))
             elif isinstance(ev, Done):
                 a = ev.answer
                 for c in a.choices or (a,):
-                    if c.tool_calls:  # held to the end: one delta with the whole call
+                    if c.tool_calls and c.index not in streamed_calls:  # whole, at the end
                         yield sse(chunk(cid, model, {"tool_calls": [
                             {"index": i, **t} for i, t in enumerate(c.tool_calls)]}, index=c.index))
                     # usage: only when asked, once

@@ -327,6 +327,69 @@ def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
     return calls[0] if len(calls) == 1 else None
 
 
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """Where the JSON value starting at `start` ends (its closing brace + 1), or None when the
+    text ends first. Strings and escapes are stepped over."""
+    depth, i, in_string = 0, start, False
+    while i < len(text):
+        ch = text[i]
+        if in_string:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+class ArgumentStream:
+    """A held call's arguments streamed as the model writes them, in OpenAI's delta shape: the
+    first delta of a call has its id and name, the next ones add to its arguments' text."""
+
+    def __init__(self, fmt: str | None) -> None:
+        self.fmt = fmt
+        self.sent: list[tuple[str, int]] = []  # per call: its id, how much of its arguments
+
+    def deltas(self, held: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        pos = 0
+        for index in range(MAX_PARALLEL_CALLS):
+            head = _CALL_HEAD.search(held, pos)
+            if head is None:
+                break
+            end = _object_end(held, head.end())
+            args = held[head.end():end] if end is not None else held[head.end():]
+            if index == len(self.sent):
+                call_id = (secrets.token_hex(5)[:9] if self.fmt == MISTRAL
+                           else "call_" + secrets.token_hex(12))
+                self.sent.append((call_id, 0))
+                out.append({"index": index, "id": call_id, "type": "function",
+                            "function": {"name": json.loads(f'"{head.group(1)}"'), "arguments": ""}})
+            call_id, done = self.sent[index]
+            if len(args) > done:
+                out.append({"index": index, "function": {"arguments": args[done:]}})
+                self.sent[index] = (call_id, len(args))
+            if end is None:
+                break
+            pos = end
+        return out
+
+    @property
+    def ids(self) -> list[str]:
+        return [call_id for call_id, _ in self.sent]
+
+
 class CallGate:
     """Streams a reply that may be a call: text goes out as it comes, unless it begins with
     `opener` ("{", or "<" for a template's <tool_call>; after any blank space), which may be a

@@ -30,7 +30,15 @@ from engine.server.api import (
     logprobs_within,
     usage,
 )
-from engine.server.tools import OPENERS, CallGate, read_calls, spec, template_extra, template_format
+from engine.server.tools import (
+    OPENERS,
+    ArgumentStream,
+    CallGate,
+    read_calls,
+    spec,
+    template_extra,
+    template_format,
+)
 from engine.server.tools import grammar as tool_grammar
 
 if TYPE_CHECKING:
@@ -64,6 +72,7 @@ class Piece:
     text: str
     logprobs: list[dict[str, Any]] | None = None  # its tokens', when asked for
     index: int = 0  # the choice it belongs to
+    tool_calls: list[dict[str, Any]] | None = None  # a call's start or more of its arguments
 
 
 @dataclass(frozen=True)
@@ -228,7 +237,8 @@ def _chat(session: Session, job: Job, req: ChatRequest,
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
-    gate = CallGate(bool(usable), OPENERS.get(fmt or "", "{"))  # a call is held, not streamed
+    gate = CallGate(bool(usable), OPENERS.get(fmt or "", "{"))  # a call is held from the text
+    streamer = ArgumentStream(fmt)  # ... and streamed as tool_calls deltas instead
     shown: list[str] = []
 
     def show(text: str) -> None:
@@ -242,6 +252,10 @@ def _chat(session: Session, job: Job, req: ChatRequest,
 
     def on_text(piece: str) -> None:
         show(gate.feed(watcher.feed(piece)))
+        if gate.holding and gate.held:
+            deltas = streamer.deltas(gate.held)
+            if deltas:
+                job.on_event(Piece("", tool_calls=deltas))
         if watcher.hit:
             job.cancel.set()  # the stop sequence ends the reply, between tokens
 
@@ -249,7 +263,11 @@ def _chat(session: Session, job: Job, req: ChatRequest,
                                       cancel=job.cancel, role=last.role, extra=last.extra)
     held = gate.flush() + watcher.flush()
     calls = read_calls(held, req.tools, req.tool_choice, fmt) if gate.active else []
-    if not calls:
+    if len(calls) == len(streamer.ids):  # the ids the stream gave them
+        calls = [replace(c, id=i) for c, i in zip(calls, streamer.ids)]
+    if not calls and streamer.ids:  # a call cut short: streamed as one already, kept as text
+        shown.append(held)
+    elif not calls:
         show(held)
     if res.error is not None:
         raise ApiError(400, res.error)
