@@ -218,12 +218,18 @@ class HubDialog(QDialog):
         self._update_buttons()
 
     def _judge_all(self, files: Any, generation: int) -> None:
-        from engine.hub.verdict import judge_remote
+        from engine.hub.verdict import judge_remote, remote_projector
 
         endpoint, token = self._hub()
-        projector = files.projectors[0] if files.projectors else None
 
         def work() -> None:
+            projector = None
+            if files.projectors:  # read once, beside every quantisation
+                try:
+                    projector = remote_projector(files.repo, files.projectors[0], endpoint, token)
+                except EbbError as exc:
+                    self.jobs.failed.emit(f"the projector cannot be read ({exc}): the verdicts "
+                                          "are for text only")
             for row, q in enumerate(files.quants):
                 if generation != self._generation:
                     return

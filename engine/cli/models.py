@@ -38,11 +38,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     """The repo's quantisations, each with this machine's verdict from its remote header."""
     from engine.hub.catalog import repo_files
-    from engine.hub.verdict import judge_remote, this_machine
+    from engine.hub.verdict import judge_remote, remote_projector, this_machine
 
     files = repo_files(args.repo, args.endpoint, args.token)
     machine = this_machine(args.threads)
-    projector = files.projectors[0] if files.projectors else None
+    projector = None
+    if files.projectors:
+        try:
+            projector = remote_projector(args.repo, files.projectors[0], args.endpoint, args.token)
+        except EbbError as exc:  # judged as text only, and said
+            print(f"ebb-engine: the projector {files.projectors[0].name} cannot be read: {exc}",
+                  file=sys.stderr)
     rows = []
     for q in files.quants:
         try:

@@ -133,20 +133,26 @@ def ram_available_bytes() -> int:
         return 0
 
 
-def judge_remote(repo: str, quant: Any, projector: Any, machine: Machine,
+def remote_projector(repo: str, projector: Any, endpoint: str | None = None,
+                     token: str | None = None) -> ProjectorInfo:
+    """A projector on the Hub (`catalog.HubFile`), from its header: read once for a repo,
+    then beside each quantisation's verdict."""
+    from engine.gguf.info import projector_info
+    from engine.hub.remote import remote_gguf
+
+    return projector_info(remote_gguf(repo, projector.name, endpoint=endpoint, token=token))
+
+
+def judge_remote(repo: str, quant: Any, proj: ProjectorInfo | None, machine: Machine,
                  endpoint: str | None = None, token: str | None = None,
                  n_ctx: int = 4096) -> Verdict:
     """The verdict for a quantisation on the Hub (`catalog.Quant`: every part's header is
-    read, a split model's tensors are in all of them) with a projector (`catalog.HubFile`)."""
-    from engine.gguf.info import model_info, projector_info
+    read, a split model's tensors are in all of them) with a projector already read."""
+    from engine.gguf.info import model_info
     from engine.hub.remote import remote_gguf
 
     parts = [remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts]
-    whole = merge_parts(parts)
-    proj = None
-    if projector is not None:
-        proj = projector_info(remote_gguf(repo, projector.name, endpoint=endpoint, token=token))
-    return judge(model_info(whole), proj, machine, n_ctx)
+    return judge(model_info(merge_parts(parts)), proj, machine, n_ctx)
 
 
 def merge_parts(parts: list[Any]) -> Any:
