@@ -381,6 +381,14 @@ class Session:
         self._reply_open = False
         self._last_stop = ""
         self.forgotten = 0
+        self._keep_cache_on_drop()
+
+    def _keep_cache_on_drop(self) -> None:
+        """The conversation was replaced (another branch or chat): the cache's state is kept
+        if the next prompt drops it, to be taken back when it comes back
+        (engine/llama/snapshots.py)."""
+        if self.model.runtime is not None:
+            self.model.runtime.keep_on_drop = True
 
     def save_conversation(self) -> Conversation:
         """The conversation and its system prompt and tools, to put back after answering
@@ -398,6 +406,7 @@ class Session:
                                                               saved.forgotten)
         self.tools = list(saved.tools) if saved.tools is not None else None
         self.template_kwargs = dict(saved.template_kwargs)
+        self._keep_cache_on_drop()
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""

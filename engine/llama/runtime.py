@@ -24,6 +24,7 @@ from engine.hw import physical_cores
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import llama
+from engine.llama.snapshots import Snapshots, common_prefix
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token (#31)
@@ -107,6 +108,7 @@ class GenResult:
     gen_s: float
     stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
     n_prompt_tokens_evaluated: int = 0
+    n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
     # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
     logprobs: list[dict[str, Any]] | None = None
@@ -127,6 +129,7 @@ class GenResult:
             "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
+            "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
             "stop_reason": self.stop_reason,
             **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
@@ -268,6 +271,12 @@ class TextRuntime:
         self._cancel: threading.Event | None = None  # set while a prefill may be stopped
         self._abort_flag: Any = None  # the abort callback's flag, while a prefill runs
         self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
+        # states of conversations the cache let go (engine/llama/snapshots.py); the next
+        # prefill keeps the cache's before dropping cells when `keep_on_drop` is set (the
+        # conversation was replaced: another branch or chat), and every prefill looks there
+        self.snapshots = Snapshots()
+        self.keep_on_drop = False
+        self.last_restored = 0  # cells the last prefill took from a kept state
         try:
             self._load()
         except BaseException:
@@ -572,12 +581,26 @@ class TextRuntime:
 
     def _cached_prefix(self, keys: list[Any]) -> int:
         """How many of `keys` the KV cache already holds, from the start."""
-        n_keep = 0
-        for a, b in zip(self._cached, keys):
-            if a != b:
-                break
-            n_keep += 1
-        return n_keep
+        return common_prefix(self._cached, keys)
+
+    def _from_snapshot(self, keys: list[Any], n_keep: int) -> int:
+        """Before a prefill of `keys`: keep the cache's state if it is about to be dropped for
+        another conversation, and take back a kept state that shares more with `keys` than
+        the cache does. Returns the prefix the cache now holds."""
+        self.last_restored = 0
+        keep, self.keep_on_drop = self.keep_on_drop, False
+        if keep and n_keep < len(self._cached) and self.snapshots.worth_keeping(len(self._cached)):
+            self.snapshots.add(self.save_state())
+        snap, n = self.snapshots.best(keys, n_keep)
+        if snap is None:
+            return n_keep
+        try:
+            self.restore_state(snap.state)
+        except EbbError:  # not taken: the cache is in no known state, so it starts afresh
+            self.reset()
+            return 0
+        self.last_restored = n
+        return n
 
     def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
         """(positions, of them image positions) a prefill of `items` would evaluate past the
@@ -634,7 +657,7 @@ class TextRuntime:
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
         keys = self._keys(items)
-        n_keep = self._cached_prefix(keys)
+        n_keep = self._from_snapshot(keys, self._cached_prefix(keys))
         self.last_shift = (0, 0)
         n_keep = self._shift_to(keys, n_keep)
         n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
@@ -832,6 +855,7 @@ class TextRuntime:
         return GenResult(text=text, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen,
                          prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
                          n_prompt_tokens_evaluated=n_eval,
+                         n_prompt_tokens_restored=self.last_restored,
                          logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None)
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
