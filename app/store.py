@@ -30,12 +30,13 @@ from engine.errors import EbbError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL);
+    id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    leaf_id INTEGER, deleted REAL);
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL, text TEXT NOT NULL, created REAL NOT NULL, stats TEXT,
-    state TEXT NOT NULL DEFAULT 'complete');
+    state TEXT NOT NULL DEFAULT 'complete', parent_id INTEGER, deleted REAL, visited REAL);
 CREATE TABLE IF NOT EXISTS attachments (
     message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
     position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL);
@@ -54,13 +55,20 @@ CREATE TRIGGER IF NOT EXISTS messages_fts_au AFTER UPDATE OF text ON messages BE
   INSERT INTO messages_fts(messages_fts, rowid, text) VALUES ('delete', old.id, old.text);
   INSERT INTO messages_fts(rowid, text) VALUES (new.id, new.text); END;
 """
-SCHEMA_VERSION = 3  # 1: no user_version (before `state`); 2: messages.state; 3: messages_fts
+# 1: no user_version (before `state`); 2: messages.state; 3: messages_fts; 4: a tree (each
+# message its parent, each conversation its current leaf) and a trash (`deleted`)
+SCHEMA_VERSION = 4
+TRASH_DAYS = 7  # a deleted chat or branch can be brought back this long (then it is purged)
 DB_NAME = "ebb.sqlite3"
 # columns copied when what can be read of a bad database is saved
-SALVAGE = {"conversations": ("id", "title", "created", "updated"),
-           "messages": ("id", "conversation_id", "role", "text", "created", "stats"),
+SALVAGE = {"conversations": ("id", "title", "created", "updated", "leaf_id", "deleted"),
+           "messages": ("id", "conversation_id", "role", "text", "created", "stats", "parent_id",
+                        "deleted", "visited"),
            "attachments": ("message_id", "position", "sha256", "filename"),
            "settings": ("key", "value")}
+
+
+_LEAF = object()  # add_message's default parent: the open branch's last message
 
 
 class StoreError(EbbError):
@@ -86,6 +94,9 @@ class Message:
     images: list[Path] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     state: str = "complete"  # streaming (being written) | interrupted (Ebb stopped) | complete
+    parent_id: int | None = None  # the message it answers or follows (None: the first)
+    # its versions: the live messages with the same parent, itself among them, oldest first
+    siblings: tuple[int, ...] = ()
 
 
 @dataclass
@@ -94,6 +105,7 @@ class Conversation:
     title: str
     updated: float
     match: str = ""  # with a search: the first matching line of its messages
+    match_id: int = 0  # and the message it is in (on whatever branch)
 
 
 class Store:
@@ -114,6 +126,8 @@ class Store:
         except OSError as exc:  # the folder cannot be made or written
             self._open_in_memory(path, exc)
         self.recovered = self._mark_interrupted()
+        if not self.in_memory:
+            self.purge_trash()
 
     def _open(self, path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(path)
@@ -134,6 +148,14 @@ class Store:
             cols = {r[1] for r in db.execute("PRAGMA table_info(messages)")}
             if "state" not in cols:  # a database from before crash-safe replies
                 db.execute("ALTER TABLE messages ADD COLUMN state TEXT NOT NULL DEFAULT 'complete'")
+            if "parent_id" not in cols:  # a database from before branches: each chat a line
+                for col in ("parent_id INTEGER", "deleted REAL", "visited REAL"):
+                    db.execute(f"ALTER TABLE messages ADD COLUMN {col}")
+                for col in ("leaf_id INTEGER", "deleted REAL"):
+                    db.execute(f"ALTER TABLE conversations ADD COLUMN {col}")
+                _link_linear(db)
+            db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent "
+                       "ON messages(conversation_id, parent_id)")
             _add_fts(db, rebuild=version < 3)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.commit()
@@ -215,43 +237,30 @@ class Store:
         each with the first matching line of its messages (`match`)."""
         if not search.strip():
             rows = self.db.execute("SELECT id, title, updated FROM conversations "
-                                   "ORDER BY updated DESC").fetchall()
+                                   "WHERE deleted IS NULL ORDER BY updated DESC").fetchall()
             return [Conversation(*r) for r in rows]
         words = search.split()
-        matches: dict[int, str] = {}
+        matches: dict[int, tuple[str, int]] = {}  # every branch is searched
         try:
             query = " ".join('"' + w.replace('"', '""') + '"' for w in words) + "*"
-            for cid, snippet in self.db.execute(
-                    "SELECT m.conversation_id, snippet(messages_fts, 0, '', '', '…', 12) "
+            for cid, mid, snippet in self.db.execute(
+                    "SELECT m.conversation_id, m.id, snippet(messages_fts, 0, '', '', '…', 12) "
                     "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-                    "WHERE messages_fts MATCH ? ORDER BY m.id", (query,)):
-                matches.setdefault(int(cid), " ".join(str(snippet).split()))
+                    "WHERE messages_fts MATCH ? AND m.deleted IS NULL ORDER BY m.id", (query,)):
+                matches.setdefault(int(cid), (" ".join(str(snippet).split()), int(mid)))
         except sqlite3.OperationalError:  # no FTS5 here: LIKE, every word
             like = " AND ".join("text LIKE ?" for _ in words)
-            for cid, text in self.db.execute(f"SELECT conversation_id, text FROM messages WHERE {like} "
-                                             "ORDER BY id", [f"%{w}%" for w in words]):
-                matches.setdefault(int(cid), _line_with(str(text), words[0]))
+            for cid, mid, text in self.db.execute(
+                    f"SELECT conversation_id, id, text FROM messages WHERE {like} AND deleted IS NULL "
+                    "ORDER BY id", [f"%{w}%" for w in words]):
+                matches.setdefault(int(cid), (_line_with(str(text), words[0]), int(mid)))
         title_like = " AND ".join("title LIKE ?" for _ in words)
         by_title = {int(r[0]) for r in self.db.execute(
             f"SELECT id FROM conversations WHERE {title_like}", [f"%{w}%" for w in words])}
-        listed = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC")
-        return [Conversation(r[0], r[1], r[2], matches.get(int(r[0]), ""))
+        listed = self.db.execute("SELECT id, title, updated FROM conversations WHERE deleted IS NULL "
+                                 "ORDER BY updated DESC")
+        return [Conversation(r[0], r[1], r[2], *matches.get(int(r[0]), ("", 0)))
                 for r in listed if int(r[0]) in by_title or int(r[0]) in matches]
-
-    def export(self, conversation_id: int, fmt: str) -> str:
-        """A conversation as Markdown (`md`) or JSON (`json`): every message, images by path."""
-        title = self.title(conversation_id)
-        msgs = self.messages(conversation_id)
-        if fmt == "json":
-            return json.dumps({"title": title, "messages": [
-                {"role": m.role, "text": m.text, "images": [str(p) for p in m.images],
-                 "stats": m.stats, "state": m.state} for m in msgs]}, indent=1, ensure_ascii=False)
-        out = [f"# {title}", ""]
-        for m in msgs:
-            out += [f"## {'You' if m.role == 'user' else 'Ebb'}", ""]
-            out += [f"![image]({p.as_uri()})" for p in m.images]
-            out += [m.text, ""]
-        return "\n".join(out)
 
     def create_conversation(self, title: str = "New chat") -> int:
         now = time.time()
@@ -266,9 +275,31 @@ class Store:
                                                                              conversation_id))
 
     def delete(self, conversation_id: int) -> None:
+        """Into the trash (`restore` brings it back for TRASH_DAYS)."""
         with self._writing("the deletion"):
-            self.db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
-        self._drop_unused_images()
+            self.db.execute("UPDATE conversations SET deleted=? WHERE id=?",
+                            (time.time(), conversation_id))
+
+    def restore(self, conversation_id: int) -> None:
+        with self._writing("the chat"):
+            self.db.execute("UPDATE conversations SET deleted=NULL WHERE id=?", (conversation_id,))
+
+    def trashed(self) -> list[Conversation]:
+        """Deleted chats still kept, newest deletion first (`updated`: when it was deleted)."""
+        return [Conversation(*r) for r in self.db.execute(
+            "SELECT id, title, deleted FROM conversations WHERE deleted IS NOT NULL "
+            "ORDER BY deleted DESC")]
+
+    def purge_trash(self, days: float = TRASH_DAYS) -> None:
+        """Chats and branches deleted more than `days` ago go for good (and their pictures)."""
+        cutoff = time.time() - days * 86400
+        try:
+            with self.db:
+                self.db.execute("DELETE FROM conversations WHERE deleted < ?", (cutoff,))
+                self.db.execute("DELETE FROM messages WHERE deleted < ?", (cutoff,))
+            self._drop_unused_images()
+        except (sqlite3.DatabaseError, OSError):
+            pass  # tried again at the next start
 
     def title(self, conversation_id: int) -> str:
         row = self.db.execute("SELECT title FROM conversations WHERE id=?", (conversation_id,)).fetchone()
@@ -294,21 +325,26 @@ class Store:
 
     def add_message(self, conversation_id: int, role: str, text: str,
                     images: list[Path] | None = None, stats: dict[str, Any] | None = None,
-                    state: str = "complete") -> int:
-        """Save a message (StoreError when it cannot be: nothing of it is kept then)."""
+                    state: str = "complete", parent: int | None | object = _LEAF) -> int:
+        """Save a message after `parent` (default: the open branch's last message; None: a
+        first message) and make it the open branch's end. StoreError when it cannot be saved:
+        nothing of it is kept then."""
         stored = [self.store_image(p) for p in images or []]
         now = time.time()
+        if parent is _LEAF:  # the open branch's end as it is stored (None: a first message)
+            parent = self._stored_leaf(conversation_id) or None
         try:
             with self.db:
                 cur = self.db.execute(
-                    "INSERT INTO messages (conversation_id, role, text, created, stats, state) "
-                    "VALUES (?,?,?,?,?,?)",
-                    (conversation_id, role, text, now, json.dumps(stats or {}), state))
+                    "INSERT INTO messages (conversation_id, role, text, created, stats, state, "
+                    "parent_id, visited) VALUES (?,?,?,?,?,?,?,?)",
+                    (conversation_id, role, text, now, json.dumps(stats or {}), state, parent, now))
                 mid = int(cur.lastrowid or 0)
                 self.db.executemany(
                     "INSERT INTO attachments (message_id, position, sha256, filename) VALUES (?,?,?,?)",
                     [(mid, i, sha, name) for i, (sha, name) in enumerate(stored)])
-                self.db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, conversation_id))
+                self.db.execute("UPDATE conversations SET updated=?, leaf_id=? WHERE id=?",
+                                (now, mid, conversation_id))
         except sqlite3.DatabaseError as exc:
             raise _write_error("the message", exc, self.folder) from None
         return mid
@@ -334,47 +370,172 @@ class Store:
             return None
         return next((m for m in self.messages(int(row[0]), message_id)), None)
 
+    def conversation_of(self, message_id: int) -> int:
+        row = self.db.execute("SELECT conversation_id FROM messages WHERE id=?",
+                              (message_id,)).fetchone()
+        return int(row[0]) if row else 0
+
     def last_message_id(self, conversation_id: int) -> int:
-        row = self.db.execute("SELECT MAX(id) FROM messages WHERE conversation_id=?",
-                              (conversation_id,)).fetchone()
-        return int(row[0] or 0)
+        """The open branch's last message (0: none)."""
+        return self.leaf(conversation_id)
 
     def message_ids(self, conversation_id: int) -> list[int]:
-        return [int(r[0]) for r in self.db.execute(
-            "SELECT id FROM messages WHERE conversation_id=? ORDER BY id", (conversation_id,))]
+        """The open branch, first message first."""
+        return self._branch(conversation_id, self._parents(conversation_id))
 
     def n_messages(self, conversation_id: int) -> int:
-        row = self.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id=?",
-                              (conversation_id,)).fetchone()
+        """Every live message of the chat, on every branch."""
+        row = self.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id=? AND "
+                              "deleted IS NULL", (conversation_id,)).fetchone()
         return int(row[0])
 
     def has_messages(self) -> bool:
         """Whether any conversation holds a message (the first start's welcome shows until
         one does)."""
-        return bool(self.db.execute("SELECT EXISTS(SELECT 1 FROM messages)").fetchone()[0] == 1)
+        return bool(self.db.execute(
+            "SELECT EXISTS(SELECT 1 FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE m.deleted IS NULL AND c.deleted IS NULL)").fetchone()[0] == 1)
 
     def delete_message(self, message_id: int) -> None:
+        """Remove a message and what follows it for good (a message the engine did not answer);
+        the open branch ends where it branched off (`trash_branch` is the user's delete)."""
+        cid = self.conversation_of(message_id)
+        parents = self._parents(cid, live=False)
+        gone = _subtree(parents, message_id)
         with self._writing("the deletion"):
-            self.db.execute("DELETE FROM messages WHERE id=?", (message_id,))
+            self.db.executemany("DELETE FROM messages WHERE id=?", [(m,) for m in gone])
+            if self.leaf(cid) in gone or not self.leaf(cid):
+                self._set_leaf(cid, self.best_leaf(cid, parents.get(message_id)))
 
-    def messages(self, conversation_id: int, only: int | None = None) -> list[Message]:
-        """The conversation's messages in order (or only the message `only`): two queries
-        however long it is."""
-        where: str = "conversation_id=?"
-        args: tuple[int, ...] = (conversation_id,)
+    # ------------------------------------------------------------ the tree
+
+    def _parents(self, conversation_id: int, live: bool = True) -> dict[int, int | None]:
+        """Each message's parent (the live ones, or all)."""
+        where = " AND deleted IS NULL" if live else ""
+        return {int(m): (int(p) if p is not None else None) for m, p in self.db.execute(
+            f"SELECT id, parent_id FROM messages WHERE conversation_id=?{where}", (conversation_id,))}
+
+    def _stored_leaf(self, conversation_id: int) -> int:
+        row = self.db.execute("SELECT c.leaf_id FROM conversations c JOIN messages m "
+                              "ON m.id = c.leaf_id WHERE c.id=? AND m.deleted IS NULL",
+                              (conversation_id,)).fetchone()
+        return int(row[0]) if row is not None and row[0] else 0
+
+    def leaf(self, conversation_id: int) -> int:
+        """The open branch's last message (0: the chat is empty)."""
+        return self._stored_leaf(conversation_id) or self.best_leaf(conversation_id, None)
+
+    def _branch(self, conversation_id: int, parents: dict[int, int | None]) -> list[int]:
+        out: list[int] = []
+        m = self.leaf(conversation_id) or None
+        while m is not None and m in parents and len(out) <= len(parents):
+            out.append(m)
+            m = parents[m]
+        return out[::-1]
+
+    def best_leaf(self, conversation_id: int, under: int | None) -> int:
+        """The end of the branch last open below `under` (None: anywhere in the chat): of the
+        live leaves there, the one visited last; `under` itself when nothing follows it."""
+        parents = self._parents(conversation_id)
+        nodes = _subtree(parents, under) if under is not None else set(parents)
+        if not nodes:
+            return 0
+        has_child = {p for p in parents.values() if p is not None}
+        leaves = [m for m in nodes if m not in has_child]
+        marks = ",".join("?" * len(leaves))
+        row = self.db.execute(f"SELECT id FROM messages WHERE id IN ({marks}) "
+                              "ORDER BY COALESCE(visited, created) DESC, id DESC LIMIT 1",
+                              leaves).fetchone()
+        return int(row[0]) if row else 0
+
+    def _set_leaf(self, conversation_id: int, leaf: int) -> None:
+        self.db.execute("UPDATE conversations SET leaf_id=? WHERE id=?", (leaf or None, conversation_id))
+        if leaf:
+            self.db.execute("UPDATE messages SET visited=? WHERE id=?", (time.time(), leaf))
+
+    def open_branch(self, message_id: int) -> None:
+        """Show the branch through `message_id` (a version chosen, a search result): to the
+        end of the branch last open below it."""
+        cid = self.conversation_of(message_id)
+        if cid:
+            with self._writing("the open branch"):
+                self._set_leaf(cid, self.best_leaf(cid, message_id))
+
+    def end_branch_at(self, message_id: int | None, conversation_id: int) -> None:
+        """The open branch ends at `message_id` (None: empty), for a new version after it."""
+        with self._writing("the open branch"):
+            self.db.execute("UPDATE conversations SET leaf_id=? WHERE id=?",
+                            (message_id, conversation_id))
+
+    def trash_branch(self, message_id: int) -> list[int]:
+        """Delete a message and what follows it, into the trash (`restore_branch` brings it
+        back); the open branch moves to a sibling's, or ends before it. Returns what went."""
+        cid = self.conversation_of(message_id)
+        parents = self._parents(cid)
+        gone = sorted(_subtree(parents, message_id))
+        with self._writing("the deletion"):
+            stamp = time.time()
+            self.db.executemany("UPDATE messages SET deleted=? WHERE id=?", [(stamp, m) for m in gone])
+            if self.leaf(cid) in gone or not self.leaf(cid):
+                parent = parents.get(message_id)
+                self._set_leaf(cid, self.best_leaf(cid, parent) if parent is not None
+                               else self.best_leaf(cid, None))
+        return gone
+
+    def restore_branch(self, ids: list[int]) -> None:
+        """Bring back what trash_branch took (its branch is open again)."""
+        if not ids:
+            return
+        with self._writing("the messages"):
+            self.db.executemany("UPDATE messages SET deleted=NULL WHERE id=?", [(m,) for m in ids])
+            cid = self.conversation_of(ids[0])
+            self._set_leaf(cid, self.best_leaf(cid, ids[0]))
+
+    def leaves(self, conversation_id: int) -> list[int]:
+        """Every branch's last message, oldest branch first."""
+        parents = self._parents(conversation_id)
+        has_child = {p for p in parents.values() if p is not None}
+        return sorted(m for m in parents if m not in has_child)
+
+    def branch_to(self, message_id: int) -> list[int]:
+        """The messages from the first to `message_id`, in order."""
+        parents = self._parents(self.conversation_of(message_id), live=False)
+        out: list[int] = []
+        m: int | None = message_id
+        while m is not None and m in parents and len(out) <= len(parents):
+            out.append(m)
+            m = parents[m]
+        return out[::-1]
+
+    def messages(self, conversation_id: int, only: int | None = None,
+                 ids: list[int] | None = None) -> list[Message]:
+        """The open branch's messages in order (or only the message `only`, or those `ids`),
+        each with its versions (`siblings`)."""
+        parents = self._parents(conversation_id)
         if only is not None:
-            where, args = "conversation_id=? AND id=?", (conversation_id, only)
-        out = [Message(mid, role, text, [], json.loads(stats or "{}"), state)
-               for mid, role, text, stats, state
-               in self.db.execute(f"SELECT id, role, text, stats, state FROM messages WHERE {where} "
-                                  "ORDER BY id", args)]
-        by_id = {m.id: m for m in out}
-        for mid, name in self.db.execute(
-                "SELECT a.message_id, a.filename FROM attachments a JOIN messages m "
-                f"ON m.id = a.message_id WHERE m.{where.replace(' AND id', ' AND m.id')} "
-                "ORDER BY a.message_id, a.position", args):
-            by_id[mid].images.append(self.images_dir / name)
-        return out
+            wanted = [only]
+        elif ids is not None:
+            wanted = list(ids)
+        else:
+            wanted = self._branch(conversation_id, parents)
+        if not wanted:
+            return []
+        children: dict[int | None, list[int]] = {}
+        for m in sorted(parents):
+            children.setdefault(parents[m], []).append(m)
+        rows: dict[int, Message] = {}
+        for chunk in _chunks(wanted):
+            marks = ",".join("?" * len(chunk))
+            for mid, role, text, stats, state, parent in self.db.execute(
+                    "SELECT id, role, text, stats, state, parent_id FROM messages "
+                    f"WHERE id IN ({marks})", chunk):
+                rows[int(mid)] = Message(int(mid), role, text, [], json.loads(stats or "{}"), state,
+                                         parent, tuple(children.get(parent, [mid])))
+            for mid, name in self.db.execute(
+                    f"SELECT message_id, filename FROM attachments WHERE message_id IN ({marks}) "
+                    "ORDER BY message_id, position", chunk):
+                rows[int(mid)].images.append(self.images_dir / name)
+        return [rows[m] for m in wanted if m in rows]
 
     def _drop_unused_images(self) -> None:
         used = {name for (name,) in self.db.execute("SELECT DISTINCT filename FROM attachments")}
@@ -392,6 +553,41 @@ class Store:
         with self._writing("the setting"):
             self.db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?,?)",
                             (key, json.dumps(value)))
+
+
+def _subtree(parents: dict[int, int | None], root: int) -> set[int]:
+    """`root` and every message below it."""
+    children: dict[int | None, list[int]] = {}
+    for m, p in parents.items():
+        children.setdefault(p, []).append(m)
+    out, todo = set(), [root]
+    while todo:
+        m = todo.pop()
+        if m in out:
+            continue
+        out.add(m)
+        todo.extend(children.get(m, []))
+    return out
+
+
+def _chunks(ids: list[int], n: int = 900) -> Iterator[list[int]]:
+    """SQLite takes a bounded number of `?` in one statement."""
+    for i in range(0, len(ids), n):
+        yield ids[i:i + n]
+
+
+def _link_linear(db: sqlite3.Connection) -> None:
+    """Conversations without a leaf (from before branches, or salvaged without their links)
+    become lines: each message's parent is the one before it, the last is the open one. A link
+    to a message that is gone (lost in a salvage) goes to the message before instead."""
+    with db:
+        db.execute("UPDATE messages SET parent_id = (SELECT MAX(p.id) FROM messages p "
+                   "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id) "
+                   "WHERE conversation_id IN (SELECT id FROM conversations WHERE leaf_id IS NULL) "
+                   "OR (parent_id IS NOT NULL AND parent_id NOT IN (SELECT id FROM messages))")
+        db.execute("UPDATE conversations SET leaf_id = (SELECT MAX(m.id) FROM messages m "
+                   "WHERE m.conversation_id = conversations.id AND m.deleted IS NULL) "
+                   "WHERE leaf_id IS NULL OR leaf_id NOT IN (SELECT id FROM messages)")
 
 
 def _is_write_failure(exc: BaseException) -> bool:
@@ -456,7 +652,12 @@ def _salvage(bad: Path, into: sqlite3.Connection) -> tuple[int, int]:
 
 def _copy_rows(src: sqlite3.Connection, into: sqlite3.Connection) -> tuple[int, int]:
     try:
-        for table, cols in SALVAGE.items():
+        for table, wanted in SALVAGE.items():
+            try:
+                have = {r[1] for r in src.execute(f"PRAGMA table_info({table})")}
+            except sqlite3.DatabaseError:
+                have = set(wanted)
+            cols = tuple(c for c in wanted if c in have) or wanted
             rows = _readable_rows(src, table, cols)
             if not rows:
                 continue
@@ -470,6 +671,7 @@ def _copy_rows(src: sqlite3.Connection, into: sqlite3.Connection) -> tuple[int, 
         with into:  # rows whose parents could not be read are of no use
             into.execute("DELETE FROM messages WHERE conversation_id NOT IN (SELECT id FROM conversations)")
             into.execute("DELETE FROM attachments WHERE message_id NOT IN (SELECT id FROM messages)")
+        _link_linear(into)  # chats from before branches (or whose links were lost) are lines
         n_conv = into.execute("SELECT COUNT(*) FROM conversations").fetchone()[0]
         n_msg = into.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
         return int(n_conv), int(n_msg)

@@ -6,6 +6,7 @@ import sqlite3
 from PIL import Image
 
 from app.dialogs import estimate, find_models, projectors_beside
+from app.export import export_chat, render
 from app.store import Store
 
 
@@ -29,9 +30,12 @@ def test_conversations_messages_images_and_settings(tmp_path):
     s.rename(b, "Hills")
     assert s.title(b) == "Hills"
     s.delete(a)
+    s.purge_trash(days=0)
     assert len(list(s.images_dir.iterdir())) == 1  # still used by b
     s.delete(b)
-    assert list(s.images_dir.iterdir()) == []
+    assert [c.id for c in s.trashed()] == [b] and len(list(s.images_dir.iterdir())) == 1
+    s.purge_trash(days=0)  # the trash is emptied: its pictures go too
+    assert list(s.images_dir.iterdir()) == [] and s.trashed() == []
     s.set_setting("rpc", ["127.0.0.1:50052"])
     s.close()
     again = Store(tmp_path)
@@ -201,9 +205,9 @@ def test_search_finds_message_text_with_the_matching_line_and_export(tmp_path):
     assert s.conversations("lighthouse") == [] and [c.id for c in s.conversations("forest")] == [a]
     s.delete(a)
     assert s.conversations("forest") == []
-    md = s.export(b, "md")
+    md = render(s, b, "md")
     assert md.startswith("# Cooking") and "## You" in md and "lentil soup" in md
-    assert json.loads(s.export(b, "json"))["messages"][0]["text"] == "A recipe for lentil soup, please."
+    assert json.loads(render(s, b, "json"))["messages"][0]["text"] == "A recipe for lentil soup, please."
     s.close()
     # an older database (no index yet) is indexed when opened
     import sqlite3
@@ -214,4 +218,84 @@ def test_search_finds_message_text_with_the_matching_line_and_export(tmp_path):
     db.close()
     s = Store(tmp_path / "data")
     assert [c.id for c in s.conversations("lentil")] == [b]
+    s.close()
+
+
+def test_a_chat_is_a_tree_migrated_from_lines_searched_trashed_and_exported(tmp_path):
+    """#40: a database from before branches opens as lines; versions are siblings; the open
+    branch follows the version chosen (to the end last seen below it); search finds an old
+    branch's words and names the message; a deleted branch or chat comes back; an export
+    carries every branch on request and the pictures beside it."""
+    import json
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    old = sqlite3.connect(folder / "ebb.sqlite3")  # schema 2, as Ebb wrote it before search
+    old.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, created REAL NOT NULL,
+            updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL, role TEXT NOT NULL,
+            text TEXT NOT NULL, created REAL NOT NULL, stats TEXT, state TEXT NOT NULL DEFAULT 'complete');
+        CREATE TABLE attachments (message_id INTEGER NOT NULL, position INTEGER NOT NULL,
+            sha256 TEXT NOT NULL, filename TEXT NOT NULL);
+        CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO conversations VALUES (1, 'Old', 1, 1), (2, 'Other', 1, 1);
+        INSERT INTO messages VALUES (1, 1, 'user', 'u1', 1, '{}', 'complete'),
+            (2, 2, 'user', 'elsewhere', 1, '{}', 'complete'),
+            (3, 1, 'assistant', 'r1', 1, '{}', 'complete'), (4, 1, 'user', 'u2 zebra', 1, '{}', 'complete'),
+            (5, 1, 'assistant', 'r2', 1, '{}', 'interrupted');
+        PRAGMA user_version=2;""")
+    old.commit()
+    old.close()
+    s = Store(folder)
+    assert [m.text for m in s.messages(1)] == ["u1", "r1", "u2 zebra", "r2"]
+    assert [m.parent_id for m in s.messages(1)] == [None, 1, 3, 4] and s.leaf(1) == 5
+    assert s.messages(1)[-1].state == "interrupted" and [m.text for m in s.messages(2)] == ["elsewhere"]
+    # edit u2: a sibling of it, and the open branch is the new one
+    s.end_branch_at(3, 1)
+    u2b = s.add_message(1, "user", "u2 giraffe")
+    r2b = s.add_message(1, "assistant", "r2b")
+    assert [m.text for m in s.messages(1)] == ["u1", "r1", "u2 giraffe", "r2b"]
+    assert s.messages(1)[2].siblings == (4, u2b)
+    # regenerate r2b twice: three versions, the newest open
+    s.end_branch_at(u2b, 1)
+    r2c = s.add_message(1, "assistant", "r2c")
+    assert s.messages(1)[-1].siblings == (r2b, r2c)
+    s.open_branch(4)  # back to the first version of u2: its reply comes with it
+    assert [m.text for m in s.messages(1)] == ["u1", "r1", "u2 zebra", "r2"]
+    s.open_branch(u2b)  # and forward: to the reply last open there
+    assert s.messages(1)[-1].id == r2c
+    s.open_branch(r2b)
+    s.open_branch(4)
+    s.open_branch(u2b)
+    assert s.messages(1)[-1].id == r2b
+    hit = s.conversations("zebra")  # a word only on a branch that is not open
+    assert [c.id for c in hit] == [1] and hit[0].match_id == 4
+    # delete a branch: the open one moves to its sibling; undo brings it back
+    gone = s.trash_branch(u2b)
+    assert sorted(gone) == sorted([u2b, r2b, r2c]) and s.messages(1)[-1].id == 5
+    assert s.messages(1)[2].siblings == (4,) and s.conversations("giraffe") == []
+    s.restore_branch(gone)
+    assert s.messages(1)[2].siblings == (4, u2b) and s.messages(1)[2].id == u2b
+    # a deleted chat is gone from the list and search, and comes back
+    s.delete(1)
+    assert [c.id for c in s.conversations()] == [2] and s.conversations("zebra") == []
+    s.restore(1)
+    assert {c.id for c in s.conversations()} == {1, 2}
+    # the export: the open branch, or all of them, with the model and sampling and pictures
+    img = tmp_path / "pic.png"
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(img)
+    s.add_message(1, "user", "and a picture", [img])
+    s.add_message(1, "assistant", "grey", stats={"model": "tiny.gguf"})
+    (tmp_path / "out").mkdir()
+    out = export_chat(s, 1, tmp_path / "out" / "chat.json", every_branch=True,
+                      meta={"system_prompt": "Be brief.", "sampling": {"temperature": 0.2}})
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "tiny.gguf" and doc["sampling"] == {"temperature": 0.2}
+    assert [m["text"] for m in doc["messages"]][-2:] == ["and a picture", "grey"]
+    assert {m["text"] for b in doc["other_branches"] for m in b} >= {"u2 zebra", "r2", "r2c"}
+    pic = doc["messages"][-2]["images"][0]
+    assert pic.startswith("chat_files/") and (out.parent / pic).read_bytes() == img.read_bytes()
+    md = export_chat(s, 1, tmp_path / "out" / "chat.md").read_text()
+    assert "u2 zebra" not in md and "![" in md and "chat_files/" in md and "model: tiny.gguf" in md
     s.close()
