@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,11 +19,15 @@ from engine.config import SessionConfig
 @dataclass(frozen=True)
 class Pending:
     """The user message a request answers: put back in the composer if the request fails.
-    For Continue, `continues` is the reply that goes on (kept as it is if that fails)."""
+    For Continue, `continues` is the reply that goes on (kept as it is if that fails); for a
+    new version of a reply, `regenerates` (the user message stays if that fails); for an edit,
+    `edits` is the message it is a new version of."""
     text: str
     images: list[Path]
     message_id: int
     continues: Message | None = None
+    regenerates: bool = False
+    edits: int = 0
 
 
 COMMIT_EVERY_S = 1.0  # a streaming reply is committed at least this often
@@ -85,8 +89,9 @@ class ChatState:
         return True
 
     def delete(self, conv_id: int) -> bool:
-        """Delete a conversation (not the one a reply is being written into). True when the
-        open one went and another was opened."""
+        """Delete a conversation into the trash (`undo_delete` brings it back). The one a reply
+        is being written into is stopped first by the window. True when the open one went and
+        another was opened."""
         if self.busy and conv_id == self.conv_id:
             return False
         self.store.delete(conv_id)
@@ -95,9 +100,66 @@ class ChatState:
             return True
         return False
 
-    def history(self) -> list[tuple[str, str, list[str]]]:
-        """The open conversation as the engine takes it: (role, text, image files)."""
-        return [(m.role, m.text, [str(p) for p in m.images]) for m in self.messages()]
+    def undo_delete(self, conv_id: int) -> bool:
+        """The deleted chat is back, and open (False while a reply is written elsewhere)."""
+        self.store.restore(conv_id)
+        return self.select(conv_id)
+
+    def history(self, before: int | None = None) -> list[tuple[str, str, list[str]]]:
+        """The open branch as the engine takes it: (role, text, image files); with `before`,
+        only the messages ahead of that one (what a new version of it follows)."""
+        msgs = self.messages()
+        if before is not None:
+            ids = self.store.branch_to(before)[:-1]
+            msgs = self.store.messages(self.conv_id, ids=ids)
+        return [(m.role, m.text, [str(p) for p in m.images]) for m in msgs]
+
+    # ------------------------------------------------------------ versions and branches
+
+    def switch_version(self, message_id: int, step: int) -> bool:
+        """Show the version `step` places from this message (its branch below it too)."""
+        m = self.store.message(message_id)
+        if self.busy or m is None or message_id not in m.siblings:
+            return False
+        i = m.siblings.index(message_id) + step
+        if not 0 <= i < len(m.siblings):
+            return False
+        self.store.open_branch(m.siblings[i])
+        return True
+
+    def edit(self, message_id: int, text: str, images: list[Path]) -> Pending | None:
+        """A new version of a user message (its old one stays, with its replies): saved, and
+        to be answered. None when it cannot be now."""
+        m = self.store.message(message_id)
+        if self.busy or m is None or m.role != "user":
+            return None
+        self.store.end_branch_at(m.parent_id, self.conv_id)
+        try:
+            return replace(self.add_user_message(text, images), edits=message_id)
+        except StoreError:
+            self.store.open_branch(message_id)  # not saved: the old version stays open
+            raise
+
+    def edit_reply(self, message_id: int, text: str) -> int:
+        """A new version of a reply, as the user wrote it (nothing is generated)."""
+        m = self.store.message(message_id)
+        if self.busy or m is None or m.role != "assistant":
+            return 0
+        self.store.end_branch_at(m.parent_id, self.conv_id)
+        stats = {"edited": True, **{k: m.stats[k] for k in ("model",) if k in m.stats}}
+        return self.store.add_message(self.conv_id, "assistant", text, stats=stats)
+
+    def delete_branch(self, message_id: int) -> list[int]:
+        """This message and what follows it, into the trash; the ids, to undo it."""
+        if self.busy:
+            return []
+        return self.store.trash_branch(message_id)
+
+    def undo_delete_branch(self, ids: list[int]) -> bool:
+        if self.busy or not ids or self.store.conversation_of(ids[0]) != self.conv_id:
+            return False
+        self.store.restore_branch(ids)
+        return True
 
     # ------------------------------------------------------------ the model
 
@@ -142,14 +204,17 @@ class ChatState:
         assert last is not None
         return Pending("", [], last.id, continues=last)
 
-    def regenerate(self) -> Pending | None:
-        """Drop the last reply; the user message before it, to send again (None if none)."""
-        msgs = self.messages()
-        if self.busy or len(msgs) < 2 or msgs[-1].role != "assistant":
+    def regenerate(self, reply_id: int = 0) -> Pending | None:
+        """Another version of a reply (default the last): the old one stays, the open branch
+        ends at the user message it answers, which is returned to send again (None if none)."""
+        reply = self.store.message(reply_id) if reply_id else self.last_message()
+        if self.busy or reply is None or reply.role != "assistant" or reply.parent_id is None:
             return None
-        self.store.delete_message(msgs[-1].id)
-        user = msgs[-2]
-        return Pending(user.text, user.images, user.id)
+        user = self.store.message(reply.parent_id)
+        if user is None or user.role != "user":
+            return None
+        self.store.end_branch_at(user.id, self.conv_id)
+        return Pending(user.text, user.images, user.id, regenerates=True)
 
     def begin(self, pending: Pending) -> int:
         """A request is on its way for `pending`; returns its id. The reply's row is made now
@@ -262,7 +327,8 @@ class ChatState:
         it had named is "New chat" again (the refused text names no chat)."""
         if self.reply_id:
             self.store.delete_message(self.reply_id)
-        self.store.delete_message(pending.message_id)
+        if not pending.regenerates:  # a new version of a reply: the question stays
+            self.store.delete_message(pending.message_id)
         if not self.store.n_messages(self.conv_id):
             self.store.rename(self.conv_id, "New chat")
 
@@ -304,6 +370,8 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
     from engine.events import SWAP_STEPS
 
     stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s",
+                                   "n_prompt_tokens", "n_prompt_tokens_evaluated",
+                                   "n_prompt_tokens_restored", "model",
                                    "flash_attn", "strategy",
                                    "stop_reason", "n_images", "n_turns_dropped",
                                    "n_images_dropped", "n_tokens_dropped", "memory_starts_at",

@@ -15,11 +15,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QPushButton,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app.store import Message
 from engine.vision.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
@@ -47,6 +49,7 @@ def check_image(path: Path) -> str | None:
 
 class MessageEdit(QPlainTextEdit):
     send_requested = Signal()
+    escape_pressed = Signal()
     image_pasted = Signal(object)  # Path
     paste_refused = Signal(str)  # why
     # the most text a paste may bring (bytes): the window sets it from the model's context
@@ -57,6 +60,9 @@ class MessageEdit(QPlainTextEdit):
         if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
                 e.modifiers() & Qt.KeyboardModifier.ShiftModifier):
             self.send_requested.emit()
+            return
+        if e.key() == Qt.Key.Key_Escape:
+            self.escape_pressed.emit()
             return
         super().keyPressEvent(e)
 
@@ -106,6 +112,7 @@ class Composer(QWidget):
                                                 "Ctrl+V pastes an image")
         self.edit.setMaximumHeight(96)
         self.edit.send_requested.connect(self.send_requested)
+        self.edit.escape_pressed.connect(self.cancel_edit)
         self.edit.image_pasted.connect(self.add_image)
         self.edit.paste_refused.connect(self.show_error)
         self.strip = QHBoxLayout()
@@ -114,8 +121,19 @@ class Composer(QWidget):
         self.error.setStyleSheet("color: #c62828;")
         self.error.setWordWrap(True)
         self.error.hide()
+        # editing a sent message: Send makes a new version of it (the old one stays)
+        self.editing: Message | None = None
+        self.edit_bar = QWidget()
+        bar = QHBoxLayout(self.edit_bar)
+        bar.setContentsMargins(0, 0, 0, 0)
+        self.edit_label = QLabel("", wordWrap=True)
+        self.edit_label.setStyleSheet("color: #1d4f7a;")
+        bar.addWidget(self.edit_label, 1)
+        bar.addWidget(QPushButton("Cancel edit", clicked=self.cancel_edit))
+        self.edit_bar.hide()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.edit_bar)
         lay.addLayout(self.strip)
         lay.addWidget(self.error)
         lay.addWidget(self.edit)
@@ -150,6 +168,29 @@ class Composer(QWidget):
         self.images = []
         self._rebuild_strip()
         self.error.hide()
+        self._set_editing(None)
+
+    def start_edit(self, m: Message, text: str | None = None, images: list[Path] | None = None) -> None:
+        """Edit a sent message here (its text and pictures, or `text`/`images` when given back
+        after a failure): Send makes a new version of it."""
+        self.restore(m.text if text is None else text, list(m.images if images is None else images))
+        self._set_editing(m)
+        self.edit.setFocus()
+
+    def cancel_edit(self) -> None:
+        self.clear()
+
+    def _set_editing(self, m: Message | None) -> None:
+        self.editing = m
+        if m is None:
+            self.edit_bar.hide()
+            return
+        self.edit_label.setText(
+            "Editing your message: Send makes a new version of it and answers that; the old "
+            "one stays (‹ › above it goes back)." if m.role == "user" else
+            "Editing Ebb's reply: Send keeps your text as a new version of it (nothing is "
+            "generated); the old one stays.")
+        self.edit_bar.show()
 
     def restore(self, text: str, images: list[Path]) -> None:
         """Put a message back (when sending it failed): nothing the user wrote is lost."""

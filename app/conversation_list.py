@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMenu,
-    QMessageBox,
     QPushButton,
     QVBoxLayout,
     QWidget,
@@ -30,6 +29,7 @@ from engine.errors import EbbError
 
 class ConversationList(QWidget):
     opened = Signal()  # another conversation is open (chosen, new, or the open one deleted)
+    deleted = Signal(int)  # a chat went to the trash (the window offers Undo)
 
     def __init__(self, store: Store, chat: ChatState, show_error: Callable[[str], None],
                  say: Callable[[str, int], None]) -> None:
@@ -37,6 +37,8 @@ class ConversationList(QWidget):
         self.store, self.chat = store, chat
         self._show_error, self._say = show_error, say  # an error above the chat; the status line
         self.setMinimumWidth(170)
+        # a search result opened: the message found and the words to mark (taken by the window)
+        self.found: tuple[int, list[str]] | None = None
         self.search = QLineEdit(placeholderText="Search chats")
         self.search.textChanged.connect(self.refresh)
         self.list = QListWidget()
@@ -60,6 +62,7 @@ class ConversationList(QWidget):
             item = QListWidgetItem(f"{c.title}\n  {c.match}" if c.match else c.title, self.list)
             item.setToolTip(f"{c.title}\n{c.match}" if c.match else c.title)
             item.setData(Qt.ItemDataRole.UserRole, c.id)
+            item.setData(Qt.ItemDataRole.UserRole + 1, c.match_id)
             if c.id == self.chat.conv_id:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
@@ -75,8 +78,28 @@ class ConversationList(QWidget):
         self.opened.emit()
 
     def _on_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
-        if item is not None and self.chat.select(int(item.data(Qt.ItemDataRole.UserRole))):
-            self.opened.emit()
+        if item is None:
+            return
+        self.open_item(item)
+
+    def open_item(self, item: QListWidgetItem) -> None:
+        """Open a chat; a search's result opens on the branch where the words were found."""
+        match_id = int(item.data(Qt.ItemDataRole.UserRole + 1) or 0)
+        if not self.chat.select(int(item.data(Qt.ItemDataRole.UserRole))):
+            self._say("A reply is being written: Stop it, or wait, to open another chat", 8000)
+            return
+        self.found = None
+        if match_id:
+            try:
+                self.store.open_branch(match_id)
+            except EbbError as exc:
+                self._show_error(str(exc))
+            self.found = (match_id, self.search.text().split())
+        self.opened.emit()
+
+    def take_found(self) -> tuple[int, list[str]] | None:
+        found, self.found = self.found, None
+        return found
 
     def _on_menu(self, pos: Any) -> None:
         item = self.list.itemAt(pos)
@@ -95,35 +118,68 @@ class ConversationList(QWidget):
                     self.store.rename(cid, title)
             elif chosen is export:
                 self.export_chat(cid)
-            elif chosen is delete and self.confirm_delete(cid) and self.chat.delete(cid):
-                self.opened.emit()  # the open one went: another is open now
+            elif chosen is delete:
+                self.delete_chat(cid)
         except EbbError as exc:  # a full disk
             self._show_error(str(exc))
         self.refresh()
 
-    def confirm_delete(self, cid: int) -> bool:
-        """Deleting cannot be undone: ask, naming the chat and its messages."""
-        n = self.store.n_messages(cid)
-        answer = QMessageBox.question(
-            self, "Delete chat", f"Delete “{self.store.title(cid)}” and its {n} message"
-            f"{'' if n == 1 else 's'}? This cannot be undone (Export… keeps a copy).",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No)
-        return answer == QMessageBox.StandardButton.Yes
+    def delete_chat(self, cid: int) -> bool:
+        """Into the trash, with Undo (the window's notice); the chat a reply is being written
+        into is not deleted: the user is told to stop it first."""
+        if self.chat.busy and cid == self.chat.conv_id:
+            self._show_error(f"“{self.store.title(cid)}” is writing a reply: Stop it first, "
+                             "then delete the chat.")
+            return False
+        went_open = self.chat.delete(cid)
+        self.refresh()
+        self.deleted.emit(cid)
+        if went_open:
+            self.opened.emit()  # the open one went: another is open now
+        return True
 
-    def export_chat(self, cid: int, path: str | None = None) -> Path | None:
-        """The chat as Markdown or JSON (by the file's extension), where the user says."""
+    def undo_delete(self, cid: int) -> None:
+        try:
+            if not self.chat.undo_delete(cid):  # busy elsewhere: back in the list, not opened
+                self._say(f"“{self.store.title(cid)}” is back in the list", 8000)
+                self.refresh()
+                return
+        except EbbError as exc:
+            self._show_error(str(exc))
+            return
+        self.refresh()
+        self.opened.emit()
+
+    def export_chat(self, cid: int, path: str | None = None, every_branch: bool = False) -> Path | None:
+        """The chat as Markdown or JSON (by the file's extension), the open branch or every
+        branch, where the user says (starting in their documents folder); its pictures are
+        copied into a folder beside the file."""
+        from app.export import export_chat
+        from app.settings import CHAT_KEYS, chat_params
+
         if path is None:
+            from PySide6.QtCore import QStandardPaths
+
             safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.store.title(cid))
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe.strip() or 'chat'}.md",
-                                                  "Markdown (*.md);;JSON (*.json)")
+            docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+            start = str(Path(docs or Path.home()) / f"{safe.strip() or 'chat'}.md")
+            path, chosen = QFileDialog.getSaveFileName(
+                self, "Export chat", start, ";;".join(EXPORT_FILTERS))
             if not path:
                 return None
+            every_branch = "every branch" in chosen
         out = Path(path)
+        params = chat_params(self.store, cid)
+        meta = {"system_prompt": params.get("system_prompt") or "",
+                "sampling": {k: v for k, v in params.items() if k in CHAT_KEYS and k != "system_prompt"}}
         try:
-            out.write_text(self.store.export(cid, "json" if out.suffix.lower() == ".json" else "md"))
+            export_chat(self.store, cid, out, every_branch, meta)
         except OSError as exc:
             self._show_error(f"Could not export the chat to {out}: {exc.strerror or exc}")
             return None
         self._say(f"Exported to {out}", 8000)
         return out
+
+
+EXPORT_FILTERS = ("Markdown (*.md)", "JSON (*.json)", "Markdown, every branch (*.md)",
+                  "JSON, every branch (*.json)")

@@ -4,8 +4,18 @@ line fills it); whatever went wrong is said here. GUI thread only.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from typing import Callable
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 STYLES = {
     "error": ("#f8d7da", "#58151c", "#e0a0a6"),
@@ -16,7 +26,8 @@ MAX_SHOWN = 6  # older ones leave first: the chat keeps its room
 
 
 class Notice(QFrame):
-    def __init__(self, text: str, kind: str) -> None:
+    def __init__(self, text: str, kind: str,
+                 action: tuple[str, Callable[[], None]] | None = None) -> None:
         super().__init__()
         self.kind = kind
         bg, fg, border = STYLES.get(kind, STYLES["warning"])
@@ -28,6 +39,13 @@ class Notice(QFrame):
         self.label = QLabel(text, wordWrap=True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         row.addWidget(self.label, 1)
+        self.action_button: QPushButton | None = None
+        if action is not None:  # e.g. Undo: done, and the notice goes
+            name, do = action
+            self.action_button = QPushButton(name)
+            self.action_button.clicked.connect(do)
+            self.action_button.clicked.connect(self.close_notice)
+            row.addWidget(self.action_button, 0, Qt.AlignmentFlag.AlignTop)
         close = QToolButton(text="✕", toolTip="Close this message", autoRaise=True)
         close.clicked.connect(self.close_notice)
         row.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
@@ -56,15 +74,23 @@ class NoticeArea(QWidget):
     def notices(self) -> list[Notice]:
         return [n for n in self.findChildren(Notice) if n.parent() is self and not n.isHidden()]
 
-    def add(self, text: str, kind: str = "warning") -> Notice | None:
+    def add(self, text: str, kind: str = "warning",
+            action: tuple[str, Callable[[], None]] | None = None,
+            timeout_s: float = 0) -> Notice | None:
+        """`action`: a button (its name, what it does) that closes the notice when pressed;
+        `timeout_s`: the notice goes by itself after that long (0: when closed)."""
         text = text.strip()
         if not text:
             return None
         for n in self.notices():
-            if n.text() == text:  # said already: once is enough
+            if n.text() == text and action is None:  # said already: once is enough
                 return n
-        notice = Notice(text, kind)
+        notice = Notice(text, kind, action)
         notice.close_button.clicked.connect(self._update)
+        if notice.action_button is not None:
+            notice.action_button.clicked.connect(self._update)
+        if timeout_s:
+            QTimer.singleShot(int(timeout_s * 1000), notice, lambda: self._expire(notice))
         self._layout.addWidget(notice)
         notice.show()  # now: a layout shows a child it gets later only on the next event loop pass
         shown = self.notices()
@@ -72,6 +98,10 @@ class NoticeArea(QWidget):
             old.close_notice()
         self.show()
         return notice
+
+    def _expire(self, notice: Notice) -> None:
+        notice.close_notice()
+        self._update()
 
     def remove_matching(self, fragment: str) -> None:
         """Close notices that are no longer true (e.g. a load error once a model loaded)."""

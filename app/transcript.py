@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
+    QColor,
     QDesktopServices,
     QFont,
     QGuiApplication,
@@ -27,7 +28,7 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
 )
-from PySide6.QtWidgets import QTextBrowser
+from PySide6.QtWidgets import QTextBrowser, QTextEdit
 
 from app.markdown import Part, code_html, split_all, split_finished
 from app.store import Message
@@ -40,6 +41,8 @@ CODE_BG = "#f3f4f6"
 
 class Transcript(QTextBrowser):
     copied = Signal(str)  # a code block was copied (its text)
+    # a message's link was clicked: (edit | regen | prev | next | delete, the message's id)
+    action = Signal(str, int)
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -53,6 +56,8 @@ class Transcript(QTextBrowser):
         self._codes: list[str] = []  # what copy:N copies
         self._thumbs: dict[str, QImage] = {}
         self._last_start = 0  # where the last message begins (the separator before its header)
+        self._starts: dict[int, int] = {}  # where each shown message begins
+        self.marked: list[str] = []  # the search's words marked in the message found
         self._stream: _Stream | None = None
         self._filler = QTimer(self, singleShot=True, interval=0)
         self._filler.timeout.connect(self._add_older)
@@ -61,20 +66,58 @@ class Transcript(QTextBrowser):
 
     # ------------------------------------------------------------ whole conversation
 
-    def show_messages(self, messages: list[Message], memory_from: int | None = None) -> None:
+    def show_messages(self, messages: list[Message], memory_from: int | None = None,
+                      focus: int = 0, words: Sequence[str] = ()) -> None:
         """Open a conversation: its newest messages now, older ones as the view is scrolled up.
-        `memory_from`: the first message the model still remembers (a line above it says so)."""
+        `memory_from`: the first message the model still remembers (a line above it says so).
+        `focus`: a message to show (from it on) instead of the end, with `words` marked in it."""
         self.memory_from = memory_from
         self._filler.stop()
         self._stream = None
         self._messages = list(messages)
-        self._render(max(0, len(self._messages) - FIRST_MESSAGES))
-        self.scroll_to_end()
+        self.setExtraSelections([])
+        self.marked = []
+        first = max(0, len(self._messages) - FIRST_MESSAGES)
+        at = next((i for i, m in enumerate(self._messages) if m.id == focus), -1)
+        self._render(min(first, at) if at >= 0 else first)
+        if at >= 0:
+            self._focus(focus, words)
+        else:
+            self.scroll_to_end()
         self._near_top()
+
+    def _focus(self, message_id: int, words: Sequence[str]) -> None:
+        """Scroll `message_id` to the top of the view and mark `words` in it."""
+        doc = self.document()
+        start = self._starts[message_id]
+        later = [p for p in self._starts.values() if p > start]
+        end = min(later) if later else doc.characterCount()
+        marks = []
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor("#ffe066"))
+        for w in words:
+            cur = doc.find(w, start)
+            while not cur.isNull() and cur.selectionEnd() <= end:
+                sel = QTextEdit.ExtraSelection()
+                sel.cursor, sel.format = cur, fmt
+                marks.append(sel)
+                self.marked.append(cur.selectedText())
+                cur = doc.find(w, cur.selectionEnd())
+        self.setExtraSelections(marks)
+
+        def scroll() -> None:
+            at = QTextCursor(doc)
+            at.setPosition(min(start + 1, doc.characterCount() - 1))
+            bar = self.verticalScrollBar()
+            bar.setValue(bar.value() + self.cursorRect(at).top() - 8)
+
+        scroll()
+        QTimer.singleShot(0, scroll)  # again once the layout has caught up
 
     def _render(self, first: int) -> None:
         """Lay out the messages from `first` on, afresh (always appending at the end)."""
         self._codes = []
+        self._starts = {}
         self.clear()
         self._first = first
         cur = self._end()
@@ -186,6 +229,7 @@ class Transcript(QTextBrowser):
         return max(0, block.position() - 1) if block.isValid() else 0
 
     def _insert_message(self, cur: QTextCursor, m: Message, first: bool) -> None:
+        self._starts[m.id] = cur.position()
         if m.id == self.memory_from and m is not self._messages[0]:
             fmt = QTextBlockFormat()
             fmt.setTopMargin(14)
@@ -198,6 +242,7 @@ class Transcript(QTextBrowser):
                            'memory (the context is full) —</i>')
             first = False
         _insert_header(cur, "You" if m.role == "user" else "Ebb", first)
+        cur.insertHtml(_actions_html(m))
         if m.images:
             cur.insertBlock(_block_format())
             cur.insertHtml(" ".join(self._image_html(p) for p in m.images))
@@ -268,7 +313,11 @@ class Transcript(QTextBrowser):
         QTimer.singleShot(0, lambda: bar.setValue(bar.maximum()))
 
     def _on_anchor(self, url: QUrl) -> None:
-        if url.scheme() == "copy":
+        if url.scheme() == "msg":
+            kind, _, mid = url.path().partition("/")
+            if mid.isdigit():
+                self.action.emit(kind, int(mid))
+        elif url.scheme() == "copy":
             try:
                 code = self._codes[int(url.path())]
             except (ValueError, IndexError):
@@ -280,6 +329,27 @@ class Transcript(QTextBrowser):
 
 
 _HEADER = 1  # a header block's user state: where a message starts
+
+
+def _actions_html(m: Message) -> str:
+    """After the header: the message's versions (‹ 2/3 ›) and what can be done with it."""
+    link = 'style="color:#5f6b7a; text-decoration:none"'
+    grey = 'style="color:#c0c6cc"'
+    bits = []
+    if len(m.siblings) > 1 and m.id in m.siblings:
+        i, n = m.siblings.index(m.id) + 1, len(m.siblings)
+        prev = (f'<a href="msg:prev/{m.id}" {link} title="Previous version">‹</a>' if i > 1
+                else f"<span {grey}>‹</span>")
+        nxt = (f'<a href="msg:next/{m.id}" {link} title="Next version">›</a>' if i < n
+               else f"<span {grey}>›</span>")
+        bits.append(f'<span style="font-size:medium; font-weight:bold">{prev}</span> {i}/{n} '
+                    f'<span style="font-size:medium; font-weight:bold">{nxt}</span>')
+    bits.append(f'<a href="msg:edit/{m.id}" {link}>Edit</a>')
+    if m.role == "assistant":
+        bits.append(f'<a href="msg:regen/{m.id}" {link}>Regenerate</a>')
+    bits.append(f'<a href="msg:delete/{m.id}" {link}>Delete</a>')
+    return ('<span style="font-weight:normal; font-size:small; color:#5f6b7a">&nbsp;&nbsp;&nbsp;'
+            + " · ".join(bits) + "</span>")
 
 
 def _block_format(top: int = 0) -> QTextBlockFormat:

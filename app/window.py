@@ -61,7 +61,7 @@ from app.settings import (
     session_config,
 )
 from app.status import loaded_message, model_line, phases_line
-from app.store import Store
+from app.store import Message, Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
 from engine import events
@@ -73,6 +73,7 @@ from engine.telemetry import Telemetry
 REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
+UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
 
 
 class MainWindow(QMainWindow):
@@ -81,7 +82,6 @@ class MainWindow(QMainWindow):
     request_continue = Signal(int, object)
     request_history = Signal(object)
     request_vision = Signal(bool)
-    request_undo = Signal()
     request_tune = Signal(object, object)
 
     def __init__(self, store: Store, load: SessionConfig | None, rpc: list[str] | None = None) -> None:
@@ -148,6 +148,7 @@ class MainWindow(QMainWindow):
         self.chats = ConversationList(self.store, self.chat, self.show_error,
                                       self.statusBar().showMessage)
         self.chats.opened.connect(self._on_chat_opened)
+        self.chats.deleted.connect(self._on_chat_deleted)
         self._build_menu()
 
         from app.vision_bar import VisionBar
@@ -163,6 +164,7 @@ class MainWindow(QMainWindow):
         self.welcome.hide()
         self.transcript = Transcript()
         self.transcript.setPlaceholderText("Loading the model…")
+        self.transcript.action.connect(self._on_message_action)
         self.transcript.copied.connect(
             lambda code: self.statusBar().showMessage(f"Copied {len(code.splitlines())} lines of code", 4000))
         self.regen_button = QPushButton("Regenerate", clicked=self._on_regenerate, enabled=False)
@@ -317,7 +319,6 @@ class MainWindow(QMainWindow):
         self.request_continue.connect(self.worker.continue_reply)
         self.request_history.connect(self.worker.set_history)
         self.request_vision.connect(self.worker.set_vision)
-        self.request_undo.connect(self.worker.undo_last)
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
@@ -348,14 +349,98 @@ class MainWindow(QMainWindow):
         return self.chat.conv_id
 
     def _on_chat_opened(self) -> None:
-        """Another conversation is open (the list, New chat, a delete): to the engine, and drawn."""
+        """Another conversation is open (the list, New chat, a delete): to the engine, and drawn
+        (a search's result at the message found, its words marked)."""
+        if self.composer.editing is not None:  # a message of the chat left behind
+            self.composer.cancel_edit()
+        self._send_history()
+        found = self.chats.take_found()
+        self._show_conversation(*(found or ()))
+
+    def _on_chat_deleted(self, cid: int) -> None:
+        title = self.store.title(cid)
+        self.notice.add(f"Deleted “{title}”.", "info", ("Undo", lambda: self.chats.undo_delete(cid)),
+                        timeout_s=UNDO_S)
+
+    def _send_history(self, before: int | None = None) -> None:
+        """The open branch and the chat's system prompt, to the engine (with `before`, only
+        the messages ahead of that one)."""
+        system = chat_params(self.store, self.conv_id)["system_prompt"] or None
+        self.request_history.emit(ChatHistory(self.chat.history(before), system))
+
+    # ------------------------------------------------------------ versions and branches
+
+    @Slot(str, int)
+    def _on_message_action(self, kind: str, message_id: int) -> None:
+        """A message's link: Edit, Regenerate, Delete, or its previous or next version."""
+        if self.chat.busy:
+            self.statusBar().showMessage("A reply is being written: wait for it, or Stop it", 8000)
+            return
+        m = self.store.message(message_id)
+        if m is None:
+            return
+        try:
+            if kind in ("prev", "next"):
+                i = m.siblings.index(m.id) + (1 if kind == "next" else -1) if m.id in m.siblings else -1
+                if self.chat.switch_version(m.id, 1 if kind == "next" else -1):
+                    self._send_history()
+                    self._show_conversation(m.siblings[i])
+            elif kind == "edit":
+                self.composer.start_edit(m)
+            elif kind == "regen":
+                self._regenerate(m.id)
+            elif kind == "delete":
+                self._delete_branch(m)
+        except EbbError as exc:  # a full disk
+            self.show_error(str(exc))
+
+    def _regenerate(self, reply_id: int = 0) -> None:
+        """Another version of a reply (the old one stays, ‹ › between them)."""
+        pending = self.chat.regenerate(reply_id)
+        if pending is None:
+            return
+        self._show_conversation()
+        self._dispatch(pending, pending.images, history_before=pending.message_id)
+
+    def _delete_branch(self, m: Message) -> None:
+        ids = self.chat.delete_branch(m.id)
+        if not ids:
+            return
         self._send_history()
         self._show_conversation()
+        n = len(ids)
+        self.notice.add(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
+                        ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
 
-    def _send_history(self) -> None:
-        """The open chat's messages and its system prompt, to the engine."""
-        system = chat_params(self.store, self.conv_id)["system_prompt"] or None
-        self.request_history.emit(ChatHistory(self.chat.history(), system))
+    def _undo_delete_branch(self, ids: list[int]) -> None:
+        try:
+            if not self.chat.undo_delete_branch(ids):
+                self.statusBar().showMessage("Open that chat, with no reply being written, to "
+                                             "bring its messages back", 8000)
+                return
+        except EbbError as exc:
+            self.show_error(str(exc))
+            return
+        self._send_history()
+        self._show_conversation(ids[0])
+
+    def _send_edit(self, target: Message, text: str, images: list[Path]) -> None:
+        """Send while editing: a new version of the message (answered, for the user's own)."""
+        if target.role == "assistant":
+            if not text:
+                return
+            self.chat.edit_reply(target.id, text)
+            self.composer.clear()
+            self._send_history()
+            self._show_conversation()
+            return
+        pending = self.chat.edit(target.id, text, images)
+        if pending is None:
+            return
+        self.composer.clear()
+        self._show_conversation()
+        self._dispatch(replace(pending, text=text, images=images), pending.images,
+                       history_before=pending.message_id)
 
     def chat_gen_params(self) -> GenParams:
         return chat_gen_params(self.store, self.conv_id, self.gen_params)
@@ -381,10 +466,11 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ rendering
 
-    def _show_conversation(self) -> None:
-        """The open conversation, drawn afresh (opened, switched to, or a request failed)."""
+    def _show_conversation(self, focus: int = 0, words: list[str] | None = None) -> None:
+        """The open conversation, drawn afresh (opened, switched to, or a request failed);
+        `focus`: a message to scroll to, with `words` marked in it."""
         msgs = self.chat.messages()
-        self.transcript.show_messages(msgs, self.chat.memory_from(msgs))
+        self.transcript.show_messages(msgs, self.chat.memory_from(msgs), focus, words or ())
         self._update_welcome()
         self._update_actions()
 
@@ -452,7 +538,10 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_attach(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
+        from PySide6.QtCore import QStandardPaths
+
+        start = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.PicturesLocation)
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", start or str(Path.home()),
                                                 "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
         for p in paths:
             self.composer.add_image(Path(p))
@@ -470,6 +559,12 @@ class MainWindow(QMainWindow):
         if too_big:  # refused from its size at once: not stored, not titled, not tokenized
             self.composer.show_error(too_big)
             return
+        if self.composer.editing is not None:
+            try:
+                self._send_edit(self.composer.editing, text, images)
+            except EbbError as exc:  # not saved (a full disk): the composer keeps it all
+                self.composer.show_error(str(exc))
+            return
         try:
             pending = self.chat.add_user_message(text, images)
         except EbbError as exc:  # not saved (a full disk): the composer keeps it all
@@ -485,9 +580,14 @@ class MainWindow(QMainWindow):
         if titled:  # the list shows the new title
             self.chats.refresh()
 
-    def _dispatch(self, pending: Pending, images: list[Path]) -> None:
+    def _dispatch(self, pending: Pending, images: list[Path], history_before: int = 0) -> None:
+        """Ask the engine for the reply. `history_before`: a new version of that message (an
+        edit, a regeneration): the engine's history is first set to the messages ahead of it
+        (its KV cache is kept up to where they differ)."""
         # the engine reads the store's copies; an error about one names the user's file
         self._copy_names = {Path(c).name: Path(u).name for c, u in zip(images, pending.images)}
+        if history_before:
+            self._send_history(before=history_before)
         request_id = self.chat.begin(pending)
         self.welcome.hide()
         self.worker.stream.take()  # nothing left over from an earlier request
@@ -501,16 +601,14 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_stop(self) -> None:
+        if not self.chat.busy and self.composer.editing is not None:  # Esc leaves an edit
+            self.composer.cancel_edit()
+            return
         self.worker.cancel()
 
     @Slot()
     def _on_regenerate(self) -> None:
-        pending = self.chat.regenerate()
-        if pending is None:
-            return
-        self.transcript.remove_last()
-        self.request_undo.emit()
-        self._dispatch(pending, pending.images)
+        self._regenerate()
 
     @Slot()
     def _on_continue(self) -> None:
@@ -696,7 +794,10 @@ class MainWindow(QMainWindow):
         self._take_stream()  # the last pieces, before the reply is shown as saved
         if res.phases is not None and res.error is None:
             self.statusBar().showMessage(phases_line(res.phases), 60000)
-        failed = self.chat.finish(res.to_dict())  # the store's edge: the turn's JSON
+        turn = res.to_dict()  # the store's edge: the turn's JSON
+        if self.chat.last_cfg is not None:  # which model wrote it (an export says)
+            turn["model"] = Path(str(self.chat.last_cfg.model_path)).name
+        failed = self.chat.finish(turn)
         if self.chat.save_error:
             self.show_error(f"Could not save the reply: {self.chat.save_error}. It is kept "
                             "here and written as soon as a write succeeds.")
@@ -732,8 +833,16 @@ class MainWindow(QMainWindow):
             self.transcript.end_reply(pending.continues)
             self.show_error(f"Could not continue: {error}")
             return
-        self.request_undo.emit()
-        self.composer.restore(pending.text, pending.images)
+        self._send_history()  # the branch as it stands now (the message taken back)
+        if pending.regenerates:  # the earlier versions of the reply stay
+            self._show_conversation()
+            self.show_error(f"Could not regenerate the reply: {error}")
+            return
+        edited = self.store.message(pending.edits) if pending.edits else None
+        if edited is not None:  # still an edit of that message
+            self.composer.start_edit(edited, pending.text, pending.images)
+        else:
+            self.composer.restore(pending.text, pending.images)
         self.composer.show_error(error)
         self._show_conversation()
         self.chats.refresh()  # a chat this message had named is "New chat" again

@@ -262,11 +262,6 @@ class EngineWorker(QObject):
         self.load(*(before or (cfg, rpc)))
 
     @Slot()
-    def undo_last(self) -> None:
-        if self._session is not None:
-            self._session.undo_last_exchange()
-
-    @Slot()
     def shutdown(self) -> None:
         self._close_session()
 

@@ -178,3 +178,11 @@ def send(qtbot, w, text, timeout=120_000):
     w.composer.edit.setPlainText(text)
     w.send_message()
     wait_for(lambda: not w.chat.busy, timeout=timeout)
+
+
+def shown_text(view: Any) -> str:
+    """A transcript's text with each message's header as its name alone (its links — the
+    versions, Edit, Regenerate, Delete — left out)."""
+    import re
+
+    return re.sub(r"(?m)^(You|Ebb)[ \xa0]{2,}.*$", r"\1", view.toPlainText())

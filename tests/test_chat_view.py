@@ -15,7 +15,7 @@ from app.markdown import split_all, split_finished
 from app.store import Message, Store
 from app.transcript import FIRST_MESSAGES, Transcript
 from engine.llama.runtime import GenParams
-from tests.helpers import open_window, send, wait_for
+from tests.helpers import open_window, send, shown_text, wait_for
 
 REPLY = """Here is a plan:
 
@@ -86,11 +86,11 @@ def test_the_reply_streams_in_place_without_rendering_it_again(view):
     longest_block = max(len(p) for p in paragraphs)
     assert max(per_feed) <= longest_block + 8
     assert sum(per_feed) <= 2 * len(story) + 8
-    shown = view.toPlainText()
+    shown = shown_text(view)
     assert shown.startswith("You\nTell me a long story.\nEbb\nParagraph 0:")
     assert "Paragraph 59:" in shown
     view.end_reply(_msg(2, "assistant", story, stats={"n_gen_tokens": 900, "stop_reason": "stop"}))
-    final = view.toPlainText()
+    final = shown_text(view)
     assert final.count("Ebb\n") == 1 and final.count("Paragraph 59:") == 1
     assert final.rstrip().endswith("· stop")
 
@@ -130,7 +130,7 @@ def test_a_long_conversation_opens_newest_first_and_fills_in_upwards(view, tmp_p
         bar.setValue(0)
         QApplication.processEvents()
     assert view.n_shown() == 500
-    text = view.toPlainText()
+    text = shown_text(view)
     positions = [text.index(f"Question {i}:") for i in (0, 1, 100, 249)]
     assert positions == sorted(positions)  # in order, oldest first
     assert text.count("Question ") == 250
@@ -192,7 +192,7 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     assert msgs[-1].text == whole.text
     assert msgs[-1].stats["n_gen_tokens"] == whole.stats["n_gen_tokens"]
     assert msgs[-1].stats["continued"] == n
-    shown = w.transcript.toPlainText()
+    shown = shown_text(w.transcript)
     assert shown.count("Ebb\n") == 1 and shown.count("You\n") == 1
     # a reply that filled the context may go on (older turns would make room); one that ended
     # by itself may not
@@ -226,13 +226,13 @@ def test_the_window_streams_into_its_one_transcript(qtbot, store):
     w.composer.edit.setPlainText(STORY)
     w.send_message()
     wait_for(lambda: len("".join(w.chat.reply_parts)) > 80, timeout=60_000)
-    during = w.transcript.toPlainText()
+    during = shown_text(w.transcript)
     assert during.startswith(f"You\n{STORY}\nEbb\n")
     first_word = "".join(w.chat.reply_parts).split()[0]
     assert first_word in during[len(f"You\n{STORY}\nEbb\n"):]
     assert w.transcript.streaming
     wait_for(lambda: not w.chat.busy)
-    after = w.transcript.toPlainText()
+    after = shown_text(w.transcript)
     assert after.count("Ebb\n") == 1 and "tok/s" in after
 
 

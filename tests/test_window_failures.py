@@ -196,9 +196,7 @@ def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
     assert any(str(p).endswith(model_path.name) for p in listed), listed
 
 
-def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp_path, monkeypatch):
-    from PySide6.QtWidgets import QMessageBox
-
+def test_search_shows_the_matching_line_delete_undoes_and_export_writes(qtbot, tmp_path):
     store = fresh_store(tmp_path)
     cid = store.create_conversation("Trip")
     store.add_message(cid, "user", "Which trail has the lighthouse?")
@@ -206,10 +204,14 @@ def test_search_shows_the_matching_line_delete_asks_and_export_writes(qtbot, tmp
     w.chats.search.setText("lighthouse")
     item = w.chats.list.item(0)
     assert w.chats.list.count() == 1 and "Which trail has the lighthouse?" in item.text()
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
-    assert not w.chats.confirm_delete(cid) and store.n_messages(cid) == 1
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    assert w.chats.confirm_delete(cid)
+    w.chats.search.setText("")
+    assert w.chats.delete_chat(cid) and store.conversations() != [] and cid not in [
+        c.id for c in store.conversations()]
+    undo = [n for n in w.notice.notices() if "Deleted “Trip”" in n.text()]
+    assert undo and undo[0].action_button is not None
+    undo[0].action_button.click()  # Undo: the chat is back, and open
+    assert cid in [c.id for c in store.conversations()] and w.conv_id == cid
+    assert "lighthouse" in w.transcript.toPlainText()
     out = w.chats.export_chat(cid, str(tmp_path / "trip.md"))
     assert out is not None and "lighthouse" in out.read_text()
     w.close()
