@@ -67,6 +67,9 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     assert store.messages(cid)[-1].siblings[0] == r1.id
     _click(w, "prev", store.messages(cid)[-1].id)
     assert _texts(store, cid)[:3] == [u1.text, r1.text, u2.text]
+    # Ebb stops while a reply on another branch is being written
+    half = store.add_message(cid, "assistant", "A city named", state="streaming", parent=u3.id)
+    store.open_branch(again.id)
     w.close()
 
     # after a restart: the branch that was open, and a search finds a word that only an
@@ -75,6 +78,11 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     again_store = Store(tmp_path / "data")
     w = open_window(qtbot, again_store, max_tokens=12)
     assert "zebras" in w.transcript.toPlainText() and "giraffes" not in w.transcript.toPlainText()
+    assert not w.continue_button.isVisibleTo(w)
+    # that reply is marked, and Continue is offered when its branch is opened
+    _click(w, "next", again.id)
+    assert again_store.message(half).state == "interrupted"
+    assert "interrupted" in w.transcript.toPlainText() and w.continue_button.isVisibleTo(w)
     w.chats.search.setText("giraffes")
     assert w.chats.list.count() == 1
     w.chats.open_item(w.chats.list.item(0))
