@@ -96,6 +96,10 @@ class SessionConfig:
     # its threads, and a long enough prompt at its layers (live mover; engine.placement.phases)
     phases: PhaseTuning | None = None
     n_threads_batch: int | None = None  # threads for prompt batches (None: n_threads)
+    # the model's memory of conversations and the encoded pictures, kept on disk to reopen a
+    # chat without evaluating it again (engine/llama/state_files.py); None: RAM only
+    state_dir: Path | None = None
+    state_disk_bytes: int = 4 << 30  # that folder's budget, least recently used first out
 
     @property
     def flash(self) -> bool:

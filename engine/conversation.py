@@ -35,6 +35,7 @@ class Conversation:
     system: str | None
     tools: tuple[dict[str, Any], ...] | None
     template_kwargs: tuple[tuple[str, Any], ...] = ()  # the template's own switches
+    tag: str = "x"  # what its saved states go by (Session.set_history)
 
 
 @dataclass(frozen=True)

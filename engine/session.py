@@ -67,6 +67,7 @@ class Session:
         self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
         self.tools: list[dict[str, Any]] | None = None  # functions the template lists (set_tools)
         self.template_kwargs: dict[str, Any] = {}  # the template's own switches (enable_thinking)
+        self.conversation_tag = "x"  # what the conversation's saved states go by (set_history)
         # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
         # resumes it where it stopped, without a prefill
         self._reply_open = False
@@ -363,9 +364,10 @@ class Session:
 
     # ------------------------------------------------------------ the conversation
 
-    def set_history(self, turns: Sequence[tuple[Any, ...]]) -> None:
+    def set_history(self, turns: Sequence[tuple[Any, ...]], tag: str = "") -> None:
         """Replace the conversation with (role, text, image files[, extra]) turns, e.g. a saved
-        chat. Images are hashed now and decoded only when the next turn's plan encodes them."""
+        chat. Images are hashed now and decoded only when the next turn's plan encodes them.
+        `tag` names the conversation (a chat's id): its saved states go by it (`forget`)."""
         history = []
         for role, text, paths, *more in turns:
             keys = []
@@ -381,14 +383,33 @@ class Session:
         self._reply_open = False
         self._last_stop = ""
         self.forgotten = 0
-        self._keep_cache_on_drop()
+        self._keep_cache_on_drop(tag)
 
-    def _keep_cache_on_drop(self) -> None:
+    def _keep_cache_on_drop(self, tag: str) -> None:
         """The conversation was replaced (another branch or chat): the cache's state is kept
         if the next prompt drops it, to be taken back when it comes back
-        (engine/llama/snapshots.py)."""
+        (engine/llama/snapshots.py), under the tag of the conversation it held."""
+        self.conversation_tag = tag or "x"
+        self.model.snapshots.next_tag = self.conversation_tag
         if self.model.runtime is not None:
             self.model.runtime.keep_on_drop = True
+
+    def persist(self) -> bool:
+        """Keep the model's memory of this conversation on disk now (the window closes or
+        is idle). True when a write was started."""
+        rt = self.model.runtime
+        return rt is not None and rt.persist()
+
+    def forget(self, tag: str) -> int:
+        """Delete the saved states of the conversation `tag` (a deleted chat)."""
+        disk = self.model.snapshots.disk
+        self.model.snapshots.drop_tag(tag)
+        return disk.delete_tag(tag) if disk is not None else 0
+
+    def state_usage(self) -> tuple[int, int]:
+        """(states, bytes) kept on disk, every model's."""
+        disk = self.model.snapshots.disk
+        return disk.usage() if disk is not None else (0, 0)
 
     def save_conversation(self) -> Conversation:
         """The conversation and its system prompt and tools, to put back after answering
@@ -397,7 +418,7 @@ class Session:
         return Conversation(tuple(self.history), self._reply_open, self._last_stop,
                             self.forgotten, self.cfg.system,
                             tuple(self.tools) if self.tools is not None else None,
-                            tuple(self.template_kwargs.items()))
+                            tuple(self.template_kwargs.items()), self.conversation_tag)
 
     def restore_conversation(self, saved: Conversation) -> None:
         self.set_system(saved.system)
@@ -406,7 +427,7 @@ class Session:
                                                               saved.forgotten)
         self.tools = list(saved.tools) if saved.tools is not None else None
         self.template_kwargs = dict(saved.template_kwargs)
-        self._keep_cache_on_drop()
+        self._keep_cache_on_drop(saved.tag)
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""

@@ -24,7 +24,8 @@ from engine.hw import physical_cores
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import llama
-from engine.llama.snapshots import Snapshots, common_prefix
+from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
+from engine.llama.state_files import StateFiles, file_identity
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token (#31)
@@ -73,6 +74,22 @@ REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over (llama.cpp's def
 ABORT_POLL_S = 0.05  # how often a prefill's watcher looks at Stop (see TextRuntime._abort_on)
 
 
+def state_identity(model_path: Path, n_ctx: int, flash_attn: bool | None) -> dict[str, Any]:
+    return {"model": file_identity(model_path), "n_ctx": n_ctx, "flash_attn": flash_attn,
+            "kv": "f16", "llama_cpp": _llama_version()}
+
+
+@functools.lru_cache(maxsize=1)
+def _llama_version() -> str:
+    """The llama.cpp build a saved state comes from (its bytes are that build's format)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 @functools.lru_cache(maxsize=1)
 def _strlen_callback() -> Any:
     """libc's strlen as a ggml_abort_callback: it returns the length of the flag's text, 0
@@ -109,6 +126,7 @@ class GenResult:
     stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
     n_prompt_tokens_evaluated: int = 0
     n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
+    restore_s: float = 0.0  # the seconds that took
     # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
     logprobs: list[dict[str, Any]] | None = None
@@ -130,6 +148,7 @@ class GenResult:
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
             "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
+            "restore_s": round(self.restore_s, 4),
             "stop_reason": self.stop_reason,
             **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
@@ -277,6 +296,7 @@ class TextRuntime:
         self.snapshots = Snapshots()
         self.keep_on_drop = False
         self.last_restored = 0  # cells the last prefill took from a kept state
+        self.last_restore_s = 0.0  # and the seconds that took (a disk read included)
         try:
             self._load()
         except BaseException:
@@ -419,6 +439,28 @@ class TextRuntime:
 
     def close(self) -> None:
         self._stack.close()
+
+    def use_disk(self, folder: Path, budget_bytes: int) -> StateFiles:
+        """Keep states on disk too, in `folder`, for this model file and context settings."""
+        if self.snapshots.disk is None:
+            self.snapshots.disk = StateFiles(folder, self.state_identity(), budget_bytes)
+            self._stack.callback(self.snapshots.disk.close)
+        else:
+            self.snapshots.disk.set_budget(budget_bytes)
+        return self.snapshots.disk
+
+    def state_identity(self) -> dict[str, Any]:
+        """What a saved state of this runtime's cache belongs to (state_files.py). Not the
+        placement: llama.cpp's sequence state is host bytes wherever the cells lived."""
+        return state_identity(self.params.model_path, self.n_ctx, self.params.flash_attn)
+
+    @property
+    def state_files(self) -> StateFiles | None:
+        return self.snapshots.disk
+
+    @property
+    def tag(self) -> str:
+        return self.snapshots.tag
 
     def __enter__(self) -> "TextRuntime":
         return self
@@ -583,24 +625,47 @@ class TextRuntime:
         """How many of `keys` the KV cache already holds, from the start."""
         return common_prefix(self._cached, keys)
 
-    def _from_snapshot(self, keys: list[Any], n_keep: int) -> int:
+    def _from_snapshot(self, keys: list[Any], n_keep: int,
+                       cancel: threading.Event | None = None) -> int:
         """Before a prefill of `keys`: keep the cache's state if it is about to be dropped for
-        another conversation, and take back a kept state that shares more with `keys` than
-        the cache does. Returns the prefix the cache now holds."""
-        self.last_restored = 0
+        another conversation, and take back a kept state (RAM, then disk) that shares more with
+        `keys` than the cache does. Returns the prefix the cache now holds."""
+        self.last_restored, self.last_restore_s = 0, 0.0
         keep, self.keep_on_drop = self.keep_on_drop, False
         if keep and n_keep < len(self._cached) and self.snapshots.worth_keeping(len(self._cached)):
-            self.snapshots.add(self.save_state())
+            kept = self.save_state()
+            self.snapshots.add(kept, self.tag)
+            if self.state_files is not None:
+                self.state_files.save(kept, self.tag)
+        self.snapshots.tag = self.snapshots.next_tag  # the cache is the new conversation's now
+        t0 = time.perf_counter()
         snap, n = self.snapshots.best(keys, n_keep)
-        if snap is None:
+        state: State | None = snap.state if snap is not None else None
+        if self.state_files is not None:
+            entry, n_disk = self.state_files.best(keys, max(n, n_keep))
+            if entry is not None and n_disk - max(n, n_keep) >= MIN_CELLS:
+                loaded = self.state_files.load(entry, cancel)
+                if loaded is not None:
+                    state, n = loaded, n_disk
+                    self.snapshots.add(loaded, self.tag)  # in RAM from now on too
+        if state is None:
             return n_keep
         try:
-            self.restore_state(snap.state)
+            self.restore_state(state)
         except EbbError:  # not taken: the cache is in no known state, so it starts afresh
             self.reset()
             return 0
-        self.last_restored = n
+        self.last_restored, self.last_restore_s = n, time.perf_counter() - t0
         return n
+
+    def persist(self) -> bool:
+        """Keep the cache's state on disk now (the window closes, or is idle), unless it is
+        kept there already or too short to be worth it. True when a write was started."""
+        if (self.state_files is None or not self.snapshots.worth_keeping(len(self._cached))
+                or self.state_files.has(self._cached)):
+            return False
+        self.state_files.save(self.save_state(), self.tag)
+        return True
 
     def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
         """(positions, of them image positions) a prefill of `items` would evaluate past the
@@ -657,7 +722,7 @@ class TextRuntime:
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
         keys = self._keys(items)
-        n_keep = self._from_snapshot(keys, self._cached_prefix(keys))
+        n_keep = self._from_snapshot(keys, self._cached_prefix(keys), cancel)
         self.last_shift = (0, 0)
         n_keep = self._shift_to(keys, n_keep)
         n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
@@ -856,6 +921,7 @@ class TextRuntime:
                          prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
                          n_prompt_tokens_evaluated=n_eval,
                          n_prompt_tokens_restored=self.last_restored,
+                         restore_s=self.last_restore_s,
                          logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None)
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,

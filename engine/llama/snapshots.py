@@ -9,12 +9,16 @@ keeps the sequence's state (llama.cpp's `llama_state_seq_get_data`: host bytes, 
 held the cells), and a later prompt that shares more with a kept state than with the cache gets
 that state back first. Kept newest last, within a byte budget (the oldest go first); a state
 whose cells are a prefix of a newer one's is of no more use and goes. Pure bookkeeping: the
-runtime saves and restores.
+runtime saves and restores. One per loaded model (`ModelResidency`), shared by the runtimes
+it builds one after another (a reload keeps them: the states are host bytes).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from engine.llama.state_files import StateFiles
 
 # (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
 State = tuple[bytes, list[Any], list[int], int]
@@ -36,6 +40,7 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
 @dataclass
 class Snapshot:
     state: State
+    tag: str = "x"  # the conversation it belongs to
 
     @property
     def keys(self) -> list[Any]:
@@ -50,6 +55,9 @@ class Snapshots:
     def __init__(self, budget_bytes: int = BUDGET_BYTES) -> None:
         self.budget_bytes = budget_bytes
         self._kept: list[Snapshot] = []  # newest last
+        self.disk: StateFiles | None = None  # the states kept on disk too (None: RAM only)
+        self.tag = "x"  # the conversation the cache holds (its files are named by it)
+        self.next_tag = "x"  # the one the session holds now: the cache's once it is prefilled
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -75,8 +83,14 @@ class Snapshots:
     def worth_keeping(self, n_cells: int, nbytes: int | None = None) -> bool:
         return n_cells >= MIN_CELLS and (nbytes is None or nbytes <= self.budget_bytes)
 
-    def add(self, state: State) -> None:
-        snap = Snapshot(state)
+    def drop_tag(self, tag: str) -> None:
+        """Forget the states of the conversation `tag` (a deleted chat)."""
+        self._kept = [s for s in self._kept if s.tag != tag]
+        if self.tag == tag:
+            self.tag = "x"
+
+    def add(self, state: State, tag: str = "x") -> None:
+        snap = Snapshot(state, tag)
         if not self.worth_keeping(len(snap.keys), snap.nbytes):
             return
         keys = snap.keys

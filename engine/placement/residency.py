@@ -26,7 +26,9 @@ from engine.llama.devices import (
     session_accelerators,
     wait_until_done,
 )
-from engine.llama.runtime import LoadedModel, LoadParams, TextRuntime
+from engine.llama.runtime import LoadedModel, LoadParams, TextRuntime, state_identity
+from engine.llama.snapshots import Snapshots
+from engine.llama.state_files import StateFiles
 from engine.placement import calibration
 from engine.placement.plan import (
     CPU,
@@ -90,6 +92,13 @@ class ModelResidency:
         self.host_holder: Any = None  # see host_model
         self.accel_endpoint: str | None = None  # the RPC server behind the accelerator, if any
         self._stack = contextlib.ExitStack()
+        # the KV states of conversations the cache let go, kept across the runtimes this
+        # builds (engine/llama/snapshots.py), and on disk when the config names a folder
+        self.snapshots = Snapshots()
+        if cfg.state_dir is not None and cfg.state_disk_bytes > 0:
+            self.snapshots.disk = StateFiles(cfg.state_dir, state_identity(
+                cfg.model_path, n_ctx, cfg.flash_attn), cfg.state_disk_bytes)
+            self._stack.callback(self.snapshots.disk.close)  # after the runtime: writes finish
         self._stack.callback(self.close_runtime)
 
     def _budget(self, accel: str | None) -> int:
@@ -296,6 +305,7 @@ class ModelResidency:
 
     def _load_text(self) -> TextRuntime:
         rt = TextRuntime(self.text_params(self.placement), self.info)
+        rt.snapshots = self.snapshots
         self.n_model_loads += 1
         for (dev, kind), n in rt.buffers.items():
             if kind in _KIND:

@@ -20,13 +20,17 @@ from engine.ledger import Ledger
 from engine.llama.devices import find_device
 from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
+from engine.llama.state_files import file_identity
+from engine.vision.embedding_files import EmbeddingFiles
 from engine.vision.images import LoadedImage, image_digest, load_image
 from engine.vision.projector import Bitmap, Encoded, ImagePiece, ProjectorRuntime
 
 
-def _projector_identity(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+def _projector_identity(path: Path, image_max_tokens: int) -> str:
+    """The projector by what its file holds (a moved or copied file is the same one) and the
+    setting that changes how pictures are cut: part of every image key, in RAM, in a saved KV
+    state's keys and in the encoded pictures kept on disk."""
+    return hashlib.sha256(f"{file_identity(path)}:{image_max_tokens}".encode()).hexdigest()[:16]
 
 
 def default_costs(info: ProjectorInfo | None, n_threads: int, accel: str | None,
@@ -66,6 +70,9 @@ class ImageEncoder:
         self._paths: dict[str, str] = {}  # image key -> image file, to encode it again later
         self._proj_id = ""
         self._stack = contextlib.ExitStack()
+        # the encoded pictures kept on disk too (cfg.state_dir; None: RAM only)
+        self.disk = (EmbeddingFiles(cfg.state_dir / "pictures")
+                     if cfg.state_dir is not None and cfg.state_disk_bytes > 0 else None)
 
     @property
     def marker(self) -> str:
@@ -80,7 +87,7 @@ class ImageEncoder:
                                     image_max_tokens=self.cfg.image_max_tokens, info=self.info)
         self._stack.callback(self.ram.close)
         self.ledger.set(CPU, "projector", self.ram.info.weight_bytes)
-        self._proj_id = _projector_identity(self.cfg.mmproj_path)
+        self._proj_id = _projector_identity(self.cfg.mmproj_path, self.cfg.image_max_tokens)
 
     def load_on_device(self, accel: str, bound_to: Any) -> ProjectorRuntime:
         """Put the projector on `accel` (bound to a live model) and count its bytes there."""
@@ -149,12 +156,23 @@ class ImageEncoder:
         return f"{image_key}#{index}"
 
     def is_cached(self, key: str) -> bool:
-        """Every chunk of the image `key` is encoded."""
+        """Every chunk of the image `key` is encoded (in RAM, or kept on disk)."""
         lay = self._layout.get(key)
-        return lay is not None and all(self.chunk_key(key, i) in self._cache for i in range(lay[2]))
+        if lay is None and self.disk is not None:
+            lay = self.disk.layout(self.chunk_key(key, 0))
+            if lay is not None:
+                self._layout[key] = lay
+        return lay is not None and all(self.is_chunk_cached(self.chunk_key(key, i))
+                                       for i in range(lay[2]))
 
     def is_chunk_cached(self, chunk_key: str) -> bool:
-        return chunk_key in self._cache
+        """In RAM, or kept on disk (read into RAM now: the turn that asks uses it)."""
+        if chunk_key in self._cache:
+            return True
+        enc = self.disk.load(chunk_key) if self.disk is not None else None
+        if enc is not None:
+            self._keep(chunk_key, enc)
+        return enc is not None
 
     def bitmap(self, key: str, pixels: LoadedImage | None) -> Bitmap:
         """The image for the tokenizer: its pixels when given, else its size alone (an
@@ -168,8 +186,22 @@ class ImageEncoder:
         self._layout[key] = (bitmap.width, bitmap.height, n_chunks)
 
     def embeddings(self, chunk_key: str) -> Any:
+        if chunk_key not in self._cache and self.disk is not None:
+            enc = self.disk.load(chunk_key)
+            if enc is None:
+                raise EbbError("an encoded picture kept on disk could not be read back",
+                               "send the message again: the picture is encoded afresh")
+            self._keep(chunk_key, enc)
         self._cache.move_to_end(chunk_key)  # used: the last to leave
         return self._cache[chunk_key].embeddings
+
+    def _keep(self, chunk_key: str, enc: Encoded) -> None:
+        old = self._cache.pop(chunk_key, None)
+        if old is not None:
+            self.cache_bytes -= old.embeddings.nbytes
+        self._cache[chunk_key] = enc
+        self.cache_bytes += enc.embeddings.nbytes
+        self._trim()
 
     def pin(self, chunk_keys: set[str]) -> None:
         """The chunks of the turn in progress: kept whatever the limit until `pin(set())`."""
@@ -208,12 +240,10 @@ class ImageEncoder:
                name: str = "") -> Encoded:
         """Encode one image chunk with `pr` and keep its embeddings."""
         enc = pr.encode_chunk(piece, name)
-        old = self._cache.pop(chunk_key, None)
-        if old is not None:
-            self.cache_bytes -= old.embeddings.nbytes
-        self._cache[chunk_key] = enc
-        self.cache_bytes += enc.embeddings.nbytes
-        self._trim()
+        self._keep(chunk_key, enc)
+        lay = self._layout.get(chunk_key.rsplit("#", 1)[0])
+        if self.disk is not None and lay is not None:
+            self.disk.save(chunk_key, lay, enc)
         self.learn("encode", device, enc.encode_s, n_tokens=enc.n_tokens)
         return enc
 

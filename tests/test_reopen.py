@@ -1,0 +1,110 @@
+"""A conversation reopens as it was left: the model's memory (KV state) and the encoded pictures
+kept on disk, through the real model and projector. Greedy, the reply after a reopen equals the
+reply of a session that never left; a damaged or foreign state file is passed over."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from engine.config import SessionConfig
+from engine.llama.runtime import GenParams
+from engine.llama.state_files import MAGIC, SUFFIX, StateFiles, trim_folder
+from engine.session import Session
+from tests.helpers import N_THREADS
+
+GP = GenParams(temperature=0, max_tokens=12)
+QUESTIONS = ("Name a fruit.", "Tell me about zebras in three sentences.", "Name a city.")
+
+
+def _cfg(model_path: Path, states: Path, projector: Path | None = None, **kw) -> SessionConfig:
+    return SessionConfig(model_path, projector, n_ctx=1024, n_threads=N_THREADS, accel="CPU",
+                         vision="cpu", flash_attn=True, state_dir=states, **kw)
+
+
+def _chat(s: Session, questions, images=()) -> list[tuple[str, str, list[str]]]:
+    """Ask each question (the first with `images`); the history as the window keeps it."""
+    hist: list[tuple[str, str, list[str]]] = []
+    for i, q in enumerate(questions):
+        pics = [str(p) for p in images] if i == 0 else []
+        r = s.turn(q, pics, gp=GP)
+        hist += [("user", q, pics), ("assistant", r.text, [])]
+    return hist
+
+
+def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, tiny_projector,
+                                                                    pictures, tmp_path):
+    states = tmp_path / "states"
+    pic = [pictures["a.png"]]
+    # two exchanges (one with a picture); the window closes there: the memory of the chat is
+    # kept on disk. Had it stayed open, the next question would have been answered so:
+    with Session(_cfg(model_path, states, tiny_projector)) as s:
+        s.set_history([], tag="7")  # a new chat, as the window opens it
+        hist = _chat(s, QUESTIONS[:2], pic)
+        assert s.persist()
+        s.model.snapshots.disk.flush()
+        never = s.turn(QUESTIONS[2], gp=GP)
+    assert len(list(states.glob("7-*" + SUFFIX))) == 1
+    assert list((states / "pictures").iterdir())  # the picture's embeddings
+
+    # a new process opens the chat and asks the same: restored, the picture not encoded again,
+    # the same reply
+    with Session(_cfg(model_path, states, tiny_projector)) as s:
+        s.set_history(hist, tag="7")
+        again = s.turn(QUESTIONS[2], gp=GP)
+        assert again.text == never.text, (again.text, never.text)
+        assert again.n_image_chunks_encoded == 0 and s.encoder.disk.n_loaded > 0
+        # only what the never-left session evaluated: the new question
+        assert again.gen["n_prompt_tokens_restored"] > 0
+        assert again.gen["n_prompt_tokens_evaluated"] == never.gen["n_prompt_tokens_evaluated"], again.gen
+        # deleting the chat deletes its states
+        assert s.forget("7") >= 1
+    assert not list(states.glob("7-*" + SUFFIX))
+
+
+def test_a_damaged_or_foreign_state_is_passed_over(model_path, tmp_path):
+    states = tmp_path / "states"
+    with Session(_cfg(model_path, states)) as s:
+        s.set_history([], tag="3")
+        hist = _chat(s, QUESTIONS[:2])
+        assert s.persist()
+        s.model.snapshots.disk.flush()
+        ref = s.turn(QUESTIONS[2], gp=GP)
+    (kept,) = states.glob("3-*" + SUFFIX)
+    raw = kept.read_bytes()
+    n = struct.unpack("<Q", raw[len(MAGIC):len(MAGIC) + 8])[0]
+    head = json.loads(raw[len(MAGIC) + 8:len(MAGIC) + 8 + n])
+    # a flipped byte in the state, a file cut short, another model's identity, not a state
+    flipped = bytearray(raw)
+    flipped[-100] ^= 0xFF
+    foreign = dict(head, identity=dict(head["identity"], model="another"))
+    fh = json.dumps(foreign).encode()
+    for name, data in (("3-flipped", bytes(flipped)), ("3-short", raw[:len(raw) // 2]),
+                       ("3-foreign", MAGIC + struct.pack("<Q", len(fh)) + fh + raw[len(MAGIC) + 8 + n:]),
+                       ("3-junk", b"not a state at all")):
+        kept.unlink(missing_ok=True)
+        for p in states.glob("*" + SUFFIX):
+            p.unlink()
+        (states / (name + SUFFIX)).write_bytes(data)
+        with Session(_cfg(model_path, states)) as s:
+            s.set_history(hist, tag="3")
+            r = s.turn(QUESTIONS[2], gp=GP)  # evaluated again as if nothing were kept
+            assert r.text == ref.text and r.gen["n_prompt_tokens_restored"] == 0, name
+            assert r.gen["n_prompt_tokens_evaluated"] == r.gen["n_prompt_tokens"], name
+        # a damaged file is removed; another model's is left for that model
+        assert (states / (name + SUFFIX)).exists() == (name == "3-foreign"), name
+
+
+def test_the_folder_keeps_its_budget_least_recently_used_first(tmp_path):
+    files = StateFiles(tmp_path, {"model": "m"}, budget_bytes=10_000)
+    for i in range(5):
+        files.save((bytes(3000), list(range(100 * i, 100 * i + 20)), list(range(20)), 20), f"c{i}")
+        files.flush()
+    kept = sorted(e.tag for e in files.entries())
+    assert files.nbytes <= 10_000 and "c4" in kept and "c0" not in kept, kept
+    # a prefix of a newer state of the same cells is of no more use
+    files.save((bytes(1000), list(range(400, 440)), list(range(40)), 40), "c4")
+    files.flush()
+    assert [len(e.keys) for e in files.entries() if e.tag == "c4"] == [40]
+    assert trim_folder(tmp_path, 0) and not list(tmp_path.glob("*" + SUFFIX))
+    files.close()
