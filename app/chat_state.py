@@ -353,6 +353,12 @@ class ChatHistory:
     """What the engine needs of the open chat: its messages and its system prompt."""
     turns: list[tuple[str, str, list[str]]]
     system: str | None
+    tag: str = ""  # what the engine's saved states of this chat go by (chat_tag)
+
+
+def chat_tag(conversation_id: int) -> str:
+    """The name the engine's saved states of a chat go by (deleted with the chat)."""
+    return f"chat{conversation_id}"
 
 
 @dataclass

@@ -30,7 +30,8 @@ from engine.units import fmt_bytes, parse_size
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, values: dict[str, Any], parent: Any = None) -> None:
+    def __init__(self, values: dict[str, Any], parent: Any = None,
+                 memory_usage: tuple[int, int] = (0, 0)) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         v = {**DEFAULTS, **values}
@@ -68,6 +69,16 @@ class SettingsDialog(QDialog):
         self.image_cache = QLineEdit(v["image_cache"], placeholderText="1GiB",
                                      toolTip="Image embeddings kept in RAM; the least recently "
                                              "used leave first and are encoded again if needed")
+        self.memory_disk = QLineEdit(
+            v["memory_disk"], placeholderText="4GiB",
+            toolTip="The model's memory of each chat (its KV cache) and the encoded pictures, "
+                    "kept in the data folder so a chat reopens without being evaluated again; "
+                    "the least recently used leave first. 0: keep none")
+        n_states, n_bytes = memory_usage
+        self.memory_usage = QLabel(f"holds {n_states} saved conversation state"
+                                   f"{'' if n_states == 1 else 's'} and the encoded pictures: "
+                                   f"{fmt_bytes(n_bytes)} (a cache: the chats are in the database)")
+        self.memory_usage.setStyleSheet("color: #555;")
         self.overflow = QComboBox()
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
         self.overflow.addItem("stop and say so", "stop")
@@ -114,6 +125,8 @@ class SettingsDialog(QDialog):
         form.addRow("Reply length cap", self.max_tokens)
         form.addRow("When the context is full", self.overflow)
         form.addRow("Image cache", self.image_cache)
+        form.addRow("Chat memory on disk", self.memory_disk)
+        form.addRow("", self.memory_usage)
         form.addRow("Flash attention", self.flash)
         form.addRow("Vision strategy", self.vision)
         form.addRow("RPC servers", self.rpc)
@@ -139,6 +152,7 @@ class SettingsDialog(QDialog):
                 "image_layers": self.image_layers.value(), "image_speeds": self.image_speeds,
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
                 "image_cache": self.image_cache.text().strip(),
+                "memory_disk": self.memory_disk.text().strip() or "0",
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()],
                 "server": self.server.isChecked(),
                 "server_host": self.server_host.text().strip() or "127.0.0.1",
@@ -168,6 +182,7 @@ class SettingsDialog(QDialog):
                 parse_size(v["vram_budget"])
             if v["image_cache"]:
                 parse_size(v["image_cache"])
+            parse_size(v["memory_disk"])
             for r in v["rpc"]:
                 parse_endpoint(r)
         except EbbError as exc:

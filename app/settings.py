@@ -23,6 +23,9 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "flash_attn": "auto", "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False, "max_tokens": 0,
                             "overflow": "drop-oldest", "image_cache": "1GiB",
+                            # the model's memory of chats and their encoded pictures, kept in
+                            # the data folder's states/ to reopen a chat at once (0: not kept)
+                            "memory_disk": "4GiB",
                             # each phase at its best (Model → Tune…): the prompt's layers (-1: as
                             # generation's) and threads (0: as generation's), and the prompt
                             # speeds autotune measured per layer count, which price a move
@@ -111,7 +114,8 @@ RULES: dict[str, Any] = {
     "vision": _one_of("auto", "resident", "swap", "cpu"), "rpc": _strings, "model_folders": _strings,
     "gpu_layers": _whole(-1, 100_000), "spread": _of_type(bool, "true or false"),
     "max_tokens": _whole(0, 1 << 21), "overflow": _one_of("drop-oldest", "stop"),
-    "image_cache": _size(allow_empty=False), "prompt_layers": _whole(-1, 100_000),
+    "image_cache": _size(allow_empty=False), "memory_disk": _size(allow_empty=False),
+    "prompt_layers": _whole(-1, 100_000),
     "threads_batch": _whole(0, 1024), "prompt_speeds": _of_type(dict, "a table of speeds"),
     "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
@@ -208,9 +212,15 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
         spread=bool(s["spread"]), overflow=str(s["overflow"]),
         image_cache_bytes=parse_size(s["image_cache"]) if s["image_cache"] else 1 << 30,
+        state_dir=states_dir(store), state_disk_bytes=parse_size(s["memory_disk"]),
         n_threads_batch=int(s["threads_batch"]) or None, phases=phase_tuning(s))
     servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
+
+
+def states_dir(store: Any) -> Path:
+    """Where the model's memory of chats is kept: the data folder's states/."""
+    return Path(store.folder) / "states"
 
 
 def readable_model_name(path: str, header_name: str = "") -> str:
@@ -296,7 +306,7 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
 NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
              "system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
              "json_replies",
-             "hub_endpoint", "hub_token"}
+             "hub_endpoint", "hub_token", "memory_disk"}
 
 
 def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:

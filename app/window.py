@@ -40,6 +40,7 @@ from app.chat_state import (
     ChatHistory,
     ChatState,
     Pending,
+    chat_tag,
     oversized,
     users_names,
 )
@@ -59,8 +60,9 @@ from app.settings import (
     readable_model_name,
     remember_model,
     session_config,
+    states_dir,
 )
-from app.status import loaded_message, model_line, phases_line
+from app.status import loaded_message, model_line, phases_line, restored_line
 from app.store import Message, Store
 from app.transcript import Transcript
 from app.worker import EngineWorker
@@ -69,11 +71,13 @@ from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.llama.runtime import GenParams
 from engine.telemetry import Telemetry
+from engine.units import parse_size
 
 REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
+PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat's memory to disk
 
 
 class MainWindow(QMainWindow):
@@ -81,6 +85,9 @@ class MainWindow(QMainWindow):
     request_send = Signal(int, str, object, object)
     request_continue = Signal(int, object)
     request_history = Signal(object)
+    request_persist = Signal()
+    request_forget = Signal(str)
+    request_state_budget = Signal(int)
     request_vision = Signal(bool)
     request_tune = Signal(object, object)
 
@@ -123,6 +130,8 @@ class MainWindow(QMainWindow):
         self._retry_saving.timeout.connect(self._on_retry_saving)
         self._redraw = QTimer(self, interval=REDRAW_MS)
         self._redraw.timeout.connect(self._take_stream)
+        self._persist_when_idle = QTimer(self, interval=PERSIST_IDLE_MS, singleShot=True)
+        self._persist_when_idle.timeout.connect(self._on_idle)
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
         self.chats.refresh()
@@ -318,6 +327,9 @@ class MainWindow(QMainWindow):
         self.request_send.connect(self.worker.send)
         self.request_continue.connect(self.worker.continue_reply)
         self.request_history.connect(self.worker.set_history)
+        self.request_persist.connect(self.worker.persist)
+        self.request_forget.connect(self.worker.forget)
+        self.request_state_budget.connect(self.worker.set_state_budget)
         self.request_vision.connect(self.worker.set_vision)
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
@@ -357,7 +369,12 @@ class MainWindow(QMainWindow):
         found = self.chats.take_found()
         self._show_conversation(*(found or ()))
 
+    def _on_idle(self) -> None:
+        if not self.chat.busy:
+            self.request_persist.emit()
+
     def _on_chat_deleted(self, cid: int) -> None:
+        self.request_forget.emit(chat_tag(cid))  # the model's memory of it goes at once
         title = self.store.title(cid)
         self.notice.add(f"Deleted “{title}”.", "info", ("Undo", lambda: self.chats.undo_delete(cid)),
                         timeout_s=UNDO_S)
@@ -366,7 +383,8 @@ class MainWindow(QMainWindow):
         """The open branch and the chat's system prompt, to the engine (with `before`, only
         the messages ahead of that one)."""
         system = chat_params(self.store, self.conv_id)["system_prompt"] or None
-        self.request_history.emit(ChatHistory(self.chat.history(before), system))
+        self.request_history.emit(ChatHistory(self.chat.history(before), system,
+                                              chat_tag(self.conv_id)))
 
     # ------------------------------------------------------------ versions and branches
 
@@ -641,8 +659,10 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_settings(self) -> None:
+        from engine.llama.state_files import folder_usage
+
         before = self._settings()
-        dlg = SettingsDialog(before, self)
+        dlg = SettingsDialog(before, self, folder_usage(states_dir(self.store)))
         if dlg.exec():
             try:
                 for k, v in dlg.values().items():
@@ -652,6 +672,8 @@ class MainWindow(QMainWindow):
                 return
             after = self._settings()
             self.gen_params = replace(self.gen_params, max_tokens=int(after["max_tokens"]))
+            if after["memory_disk"] != before["memory_disk"]:
+                self.request_state_budget.emit(parse_size(after["memory_disk"]))
             self.local_server.apply(self._settings())
             changed = reload_changes(before, after)
             cfg = self.chat.last_cfg
@@ -794,6 +816,9 @@ class MainWindow(QMainWindow):
         self._take_stream()  # the last pieces, before the reply is shown as saved
         if res.phases is not None and res.error is None:
             self.statusBar().showMessage(phases_line(res.phases), 60000)
+        if res.error is None and (said := restored_line(res.gen)):
+            self.statusBar().showMessage(said, 60000)
+        self._persist_when_idle.start()  # the chat's memory to disk, once nothing happens
         turn = res.to_dict()  # the store's edge: the turn's JSON
         if self.chat.last_cfg is not None:  # which model wrote it (an export says)
             turn["model"] = Path(str(self.chat.last_cfg.model_path)).name

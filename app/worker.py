@@ -173,10 +173,31 @@ class EngineWorker(QObject):
         """The open chat's messages (a list), or a ChatHistory with its system prompt too."""
         if self._session is None:
             return
+        tag = ""
         if isinstance(history, ChatHistory):
             self._session.set_system(history.system)
-            history = history.turns
-        self._session.set_history(history)
+            history, tag = history.turns, history.tag
+        self._session.set_history(history, tag)
+
+    @Slot()
+    def persist(self) -> None:
+        """Keep the model's memory of the open chat on disk (the window is idle or closes)."""
+        if self._session is not None:
+            try:
+                self._session.persist()
+            except Exception:  # a cache: never worth a failure
+                pass
+
+    @Slot(str)
+    def forget(self, tag: str) -> None:
+        """A chat was deleted: its saved states go too."""
+        if self._session is not None:
+            self._session.forget(tag)
+
+    @Slot(int)
+    def set_state_budget(self, budget_bytes: int) -> None:
+        if self._session is not None:
+            self._session.set_state_budget(budget_bytes)
 
     @Slot(bool)
     def set_vision(self, enabled: bool) -> None:
@@ -267,5 +288,6 @@ class EngineWorker(QObject):
 
     def _close_session(self) -> None:
         if self._session is not None:
+            self.persist()
             self._session.close()
             self._session = None

@@ -38,6 +38,7 @@ from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
+from engine.vision.embedding_files import EmbeddingFiles
 from engine.vision.encoder import ImageEncoder
 from engine.vision.images import LoadedImage, load_image
 from engine.vision.projector import TextPiece
@@ -398,13 +399,27 @@ class Session:
         """Keep the model's memory of this conversation on disk now (the window closes or
         is idle). True when a write was started."""
         rt = self.model.runtime
-        return rt is not None and rt.persist()
+        return not self.abandoned and rt is not None and rt.persist()
 
     def forget(self, tag: str) -> int:
         """Delete the saved states of the conversation `tag` (a deleted chat)."""
         disk = self.model.snapshots.disk
         self.model.snapshots.drop_tag(tag)
         return disk.delete_tag(tag) if disk is not None else 0
+
+    def set_state_budget(self, budget_bytes: int) -> None:
+        """The disk's budget for saved states and pictures, from now on (0: keep none: what
+        is kept goes). No reload."""
+        snaps = self.model.snapshots
+        self.cfg = replace(self.cfg, state_disk_bytes=budget_bytes)
+        if snaps.disk is not None:
+            snaps.disk.set_budget(budget_bytes)
+            if budget_bytes <= 0:
+                snaps.disk.flush()
+                snaps.disk, self.encoder.disk = None, None
+        elif budget_bytes > 0 and self.cfg.state_dir is not None:
+            snaps.disk = self.model.open_state_files()
+            self.encoder.disk = EmbeddingFiles(self.cfg.state_dir / "pictures")
 
     def state_usage(self) -> tuple[int, int]:
         """(states, bytes) kept on disk, every model's."""

@@ -16,6 +16,8 @@ os.environ["EBB_CALIBRATION"] = str(Path(tempfile.mkdtemp(prefix="ebb-cal-")) / 
 # the first-decode sentinels and safe-mode records (engine/llama/native.py) of the suite's own
 # processes stay out of the user's cache
 os.environ["EBB_NATIVE_DIR"] = tempfile.mkdtemp(prefix="ebb-native-")
+# what the engine keeps in the data folder (conversation states) stays out of the user's
+os.environ.setdefault("EBB_DATA_DIR", tempfile.mkdtemp(prefix="ebb-data-"))
 
 from engine.gguf.models import fetch_default_model  # noqa: E402
 from tests.helpers import N_THREADS, RpcServer, close_open_windows, fresh_store  # noqa: E402

@@ -108,3 +108,46 @@ def test_the_folder_keeps_its_budget_least_recently_used_first(tmp_path):
     assert [len(e.keys) for e in files.entries() if e.tag == "c4"] == [40]
     assert trim_folder(tmp_path, 0) and not list(tmp_path.glob("*" + SUFFIX))
     files.close()
+
+
+def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
+    from PySide6.QtCore import Qt
+
+    from app.store import Store
+    from tests.helpers import fresh_store, open_window, send, wait_for
+
+    def open_chat(w, cid):
+        items = [w.chats.list.item(i) for i in range(w.chats.list.count())]
+        w.chats.open_item(next(i for i in items if i.data(Qt.ItemDataRole.UserRole) == cid))
+
+    store = fresh_store(tmp_path)
+    states = tmp_path / "data" / "states"
+    w = open_window(qtbot, store, max_tokens=12)
+    for q in QUESTIONS[:2]:
+        send(qtbot, w, q)
+    cid = w.conv_id
+    # another chat, then back: the first one's memory comes back instead of being evaluated
+    w.chats.new_chat()
+    send(qtbot, w, "Hello.")
+    open_chat(w, cid)
+    send(qtbot, w, QUESTIONS[2])
+    stats = store.messages(cid)[-1].stats
+    assert stats["n_prompt_tokens_restored"] > 0
+    assert stats["n_prompt_tokens_evaluated"] < stats["n_prompt_tokens_restored"]  # the new question
+    assert "Memory of this chat restored in" in w.statusBar().currentMessage()
+    w.close()  # the open chat's memory goes to disk
+    assert list(states.glob(f"chat{cid}-*" + SUFFIX))
+    store.close()
+
+    # after a restart: the chat opens as it was left and its memory is read from disk
+    store = Store(tmp_path / "data")
+    w = open_window(qtbot, store, max_tokens=12)
+    assert w.conv_id == cid
+    send(qtbot, w, "Name a colour.")
+    stats = store.messages(cid)[-1].stats
+    assert stats["n_prompt_tokens_restored"] > 0, stats
+    assert "Memory of this chat restored in" in w.statusBar().currentMessage()
+    # deleting the chat deletes its memory
+    w.chats.delete_chat(cid)
+    wait_for(lambda: not list(states.glob(f"chat{cid}-*" + SUFFIX)))
+    store.close()

@@ -582,7 +582,9 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path):
 
 def _vision_equals_cli(strategy: str, model_path: Path, base_projector: Path, pictures) -> None:
     rpc = RpcServer()
-    flags = ("--mmproj", str(base_projector), "--rpc", rpc.endpoint, "--vision", strategy)
+    # no pictures kept on disk: each strategy encodes (the CLI keeps none by default)
+    flags = ("--mmproj", str(base_projector), "--rpc", rpc.endpoint, "--vision", strategy,
+             "--memory-disk", "0")
     s = Server(*flags, api_key=None)
     try:
         prompt = "Describe the picture."
@@ -960,3 +962,31 @@ def test_several_choices_and_several_prompts(server):
     assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
     assert [c.index for c in both.choices] == [0, 1]
     assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+
+
+def test_a_client_coming_back_gets_its_conversation_from_memory_then_from_disk(model_path):
+    """#41: a client that resends its history after another client's turn, or after the
+    server restarted, gets the prefix back instead of evaluating it again (usage says so in
+    OpenAI's prompt_tokens_details.cached_tokens)."""
+    long_q = "Tell me about zebras, giraffes and lions, in a paragraph each. " * 6
+    a = [{"role": "user", "content": long_q}]
+    s = Server()
+    try:
+        client = s.client()
+        ask = lambda msgs: client.chat.completions.create(  # noqa: E731
+            model="any", messages=msgs, temperature=0, max_tokens=8)
+        first = ask(a)
+        a += [{"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "And elephants?"}]
+        ask([{"role": "user", "content": "Something else entirely: name a colour."}])  # B
+        back = ask(a)
+        assert back.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    finally:
+        s.stop()  # the last conversation is kept on disk
+    s = Server()
+    try:
+        again = s.client().chat.completions.create(model="any", messages=a, temperature=0, max_tokens=8)
+        assert again.choices[0].message.content == back.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens >= back.usage.prompt_tokens - 1
+    finally:
+        s.stop()

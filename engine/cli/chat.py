@@ -61,6 +61,7 @@ def read_tuning_file(path: str) -> tuple[PhaseTuning, bool | None]:
 
 def session_config(args: argparse.Namespace) -> SessionConfig:
     from engine.gguf.models import existing_file, resolve_model_path
+    from engine.paths import data_dir
     from engine.units import parse_size
 
     if args.max_tokens < 0:
@@ -85,7 +86,8 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
         flash_attn=flash_attn_arg(args) if args.flash_attn != "auto" else tuned_fa,
         system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
-        overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache))
+        overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache),
+        state_dir=data_dir() / "states", state_disk_bytes=parse_size(args.memory_disk))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -196,6 +198,11 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-cache", default="1GiB", metavar="SIZE",
                    help="most image embeddings kept in RAM (least recently used leave first and "
                         "are encoded again when needed; default 1GiB)")
+    p.add_argument("--memory-disk", default="0", metavar="SIZE",
+                   help="the model's memory of conversations (KV states) and encoded pictures "
+                        "kept in the data folder's states/, so a conversation taken up again is "
+                        "not evaluated again (least recently used leave first; 0: keep none; "
+                        "default: 0 for chat, whose runs measure, 4GiB for serve)")
     p.add_argument("--overflow", choices=["drop-oldest", "stop"], default="drop-oldest",
                    help="when a turn does not fit the context: let the oldest turns go (images "
                         "of older turns first; default) or refuse the turn")

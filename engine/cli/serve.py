@@ -47,6 +47,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"ebb-engine: serving {cfg.model_path.name} at http://{args.host}:{args.port}/v1 "
               f"(OpenAI-compatible; the model loads now)", file=sys.stderr, flush=True)
 
+    # uvicorn stops gracefully on Ctrl-C and SIGTERM, then raises the signal again: with the
+    # default handlers the process would die there, before the worker keeps the last
+    # conversation's state and the images folder is emptied. These end it through `finally`.
+    import signal
+
+    def leave(signum: int, frame: Any) -> None:
+        raise SystemExit(130 if signum == signal.SIGINT else 0)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
     try:
         serve(worker, args.host, args.port, api_key=api_key,
               max_body=parse_size(args.max_body), ready=announce, cors=tuple(args.cors),
@@ -82,4 +92,4 @@ def register(sub: Any) -> None:
     p.add_argument("--max-body", default="32MiB", metavar="SIZE",
                    help="largest request body (pictures as base64 count 4/3; more: 413)")
     add_session_flags(p)
-    p.set_defaults(func=cmd_serve, max_tokens=0)
+    p.set_defaults(func=cmd_serve, max_tokens=0, memory_disk="4GiB")

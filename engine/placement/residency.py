@@ -96,10 +96,17 @@ class ModelResidency:
         # builds (engine/llama/snapshots.py), and on disk when the config names a folder
         self.snapshots = Snapshots()
         if cfg.state_dir is not None and cfg.state_disk_bytes > 0:
-            self.snapshots.disk = StateFiles(cfg.state_dir, state_identity(
-                cfg.model_path, n_ctx, cfg.flash_attn), cfg.state_disk_bytes)
-            self._stack.callback(self.snapshots.disk.close)  # after the runtime: writes finish
+            self.snapshots.disk = self.open_state_files()
         self._stack.callback(self.close_runtime)
+
+    def open_state_files(self) -> StateFiles:
+        """The disk's states for this model and context (cfg.state_dir), closed with this."""
+        cfg = self.cfg
+        assert cfg.state_dir is not None
+        files = StateFiles(cfg.state_dir, state_identity(cfg.model_path, self.n_ctx, cfg.flash_attn),
+                           cfg.state_disk_bytes)
+        self._stack.callback(files.close)  # after the runtime (callbacks run last first)
+        return files
 
     def _budget(self, accel: str | None) -> int:
         if accel is None:

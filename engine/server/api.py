@@ -445,12 +445,17 @@ def new_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; `cached_tokens`: the prompt's tokens the model's memory already held
+    (the KV cache, or a kept state of this conversation), not evaluated again."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": max(0, cached_tokens)}
+    return out
 
 
-def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int],
+def completion(cid: str, model: str, text: str, finish: str, use: dict[str, Any],
                logprobs: list[dict[str, Any]] | None = None,
                tool_calls: list[dict[str, Any]] | None = None,
                more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -483,7 +488,7 @@ def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dic
 
 
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,
-          use: dict[str, int] | None = None, choices: bool = True,
+          use: dict[str, Any] | None = None, choices: bool = True,
           logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
@@ -630,7 +635,7 @@ def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dic
 
 
 def text_completion(cid: str, model: str, text: str, finish: str | None,
-                    use: dict[str, int] | None, logprobs: dict[str, Any] | None = None,
+                    use: dict[str, Any] | None, logprobs: dict[str, Any] | None = None,
                     chunk: bool = False, choices: bool = True, index: int = 0,
                     more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A completion (or a chunk of one); `more`: further choices, as `text_choice()` makes."""

@@ -63,8 +63,10 @@ class Answer:
     choices: tuple["Answer", ...] = ()  # with several: every choice; the fields above are totals
 
     @property
-    def usage(self) -> dict[str, int]:
-        return usage(self.prompt_tokens, self.completion_tokens)
+    def usage(self) -> dict[str, Any]:
+        evaluated = self.stats.get("n_prompt_tokens_evaluated")
+        cached = self.prompt_tokens - int(evaluated) if evaluated is not None and not self.choices else None
+        return usage(self.prompt_tokens, self.completion_tokens, cached)
 
 
 @dataclass(frozen=True)
@@ -460,6 +462,10 @@ class ServeWorker:
             finally:
                 self.busy_with = None
         if self.session is not None:
+            try:  # the last client's conversation, for when it comes back after a restart
+                self.session.persist()
+            except EbbError:
+                pass
             self.session.close()
 
     def _answered(self, job: Job, result: Answer) -> None:
