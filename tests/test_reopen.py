@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 from engine.config import SessionConfig
@@ -60,6 +61,43 @@ def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, 
         # deleting the chat deletes its states
         assert s.forget("7") >= 1
     assert not list(states.glob("7-*" + SUFFIX))
+
+
+def test_restored_after_an_overflow_on_another_device_and_after_a_stop(model_path, tmp_path,
+                                                                        shared_rpc_server):
+    """The context overflowed and dropped turns before the chat was left; it is taken up with
+    its layers on another device (the stand-in accelerator); a first try is stopped while the
+    state is read. The reply equals the one of the session that never left."""
+    import threading
+
+    states = tmp_path / "states"
+    gp = replace(GP, max_tokens=40)
+    qs = [f"Tell me a fact about topic number {i}, such as rivers, owls or bread, in detail."
+          for i in range(7)]
+    cfg = replace(_cfg(model_path, states), n_ctx=384)
+    with Session(cfg) as s:
+        s.set_history([], tag="5")
+        hist: list[tuple[str, str, list[str]]] = []
+        dropped = 0
+        for q in qs[:6]:
+            r = s.turn(q, gp=gp)
+            dropped += r.n_turns_dropped
+            hist += [("user", q, []), ("assistant", r.text, [])]
+        assert dropped > 0  # the oldest turns left the model's memory
+        assert s.persist()
+        s.model.snapshots.disk.flush()
+        never = s.turn(qs[6], gp=gp)
+    with Session(replace(cfg, accel=None, rpc=(shared_rpc_server.endpoint,))) as s:
+        assert s.model.placement.n_gpu_layers > 0  # on the stand-in now
+        s.set_history(hist, tag="5")
+        stop = threading.Event()
+        stop.set()  # Stop, as the state is about to be read
+        assert s.turn(qs[6], gp=gp, cancel=stop).gen.get("stop_reason") == "cancelled"
+        s.set_history(hist, tag="5")
+        again = s.turn(qs[6], gp=gp)
+        assert again.text == never.text, (again.text, never.text)
+        assert again.gen["n_prompt_tokens_evaluated"] == never.gen["n_prompt_tokens_evaluated"]
+        assert again.gen["n_prompt_tokens_restored"] > 0
 
 
 def test_a_damaged_or_foreign_state_is_passed_over(model_path, tmp_path):

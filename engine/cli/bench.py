@@ -332,6 +332,34 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_reopen(args: argparse.Namespace) -> int:
+    import sys
+
+    from engine.gguf.models import resolve_model_path
+    from engine.measure.reopen_bench import bench_reopen, parse_sizes
+
+    out = bench_reopen(resolve_model_path(args.model), parse_sizes(args.sizes), args.threads or 2,
+                       args.rounds, picture=not args.no_picture,
+                       log=(lambda m: None) if args.json else
+                       (lambda m: print(f"  {m}", file=sys.stderr, flush=True)))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"first token after taking a conversation up again, {out['model']}, {out['threads']} "
+          f"threads, median of {out['rounds']} rounds (alternating)")
+    print(f"{'history':>16}  {'never left':>10}  {'restored':>9}  {'evaluated':>9}  "
+          f"{'restored ÷ never left':>21}  {'evaluated ÷ restored':>20}  state")
+    for r in out["rows"]:
+        name = f"{r['tokens']:,} tokens" + (" + picture" if r["picture"] else "")
+        print(f"{name:>16}  {r['never_left']:>9.3f}s  {r['restored']:>8.3f}s  {r['evaluated']:>8.3f}s  "
+              f"{r['restored_vs_never_left']:>21.3f}  {r['evaluated_vs_restored']:>20.2f}  "
+              f"{r['state_bytes'] / 2**20:.0f} MiB")
+    for s in out["skipped"]:
+        print(f"{s['tokens']:,} tokens: skipped ({s['why']})")
+    print("goals: restored ÷ never left ≤ 1.2; evaluated ÷ restored ≥ 10 at 16k tokens on a CPU")
+    return 0
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -391,6 +419,16 @@ def register(sub: Any) -> None:
     p.add_argument("--vram-budget", default="180MiB", metavar="SIZE")
     p.add_argument("--ctx", type=int, default=1024)
     p.set_defaults(func=cmd_bench_autotune)
+
+    p = bench.add_parser("reopen", help="the first token after taking a conversation up again: "
+                                        "never left, restored from disk, evaluated again (ratios)",
+                         parents=[flag_parser("model", "threads", "json")])
+    p.add_argument("--sizes", default="1k,4k,16k", help="tokens of history (sizes past the "
+                   "model's context are skipped, said)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-picture", action="store_true",
+                   help="leave out the conversation with a picture (a generated projector)")
+    p.set_defaults(func=cmd_bench_reopen)
 
     p = bench.add_parser("conversation", help="a long chat, Ebb against bare llama-cpp-python "
                                               "with flash attention on and off, turn by turn (ratios)",

@@ -725,6 +725,8 @@ class TextRuntime:
         n_keep = self._from_snapshot(keys, self._cached_prefix(keys), cancel)
         self.last_shift = (0, 0)
         n_keep = self._shift_to(keys, n_keep)
+        if self.last_restored:  # the kept state's cells the shift lined up count as restored
+            self.last_restored = n_keep
         n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
         if isinstance(keys[n_keep], tuple):  # never start inside an image: redo all of it
             while n_keep > 0 and isinstance(keys[n_keep - 1], tuple) and keys[n_keep - 1][0] == keys[n_keep][0]:
