@@ -15,26 +15,14 @@ it builds one after another (a reload keeps them: the states are host bytes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from engine.llama.state_files import StateFiles
+from engine.llama.state_files import State, StateFiles, common_prefix
 
-# (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
-State = tuple[bytes, list[Any], list[int], int]
+__all__ = ["BUDGET_BYTES", "MIN_CELLS", "Snapshot", "Snapshots", "State", "common_prefix"]
 
 BUDGET_BYTES = 1 << 30  # the states kept in RAM, together
 MIN_CELLS = 16  # a shorter state is evaluated again about as fast as it is copied
-
-
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many keys `a` and `b` share from the start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass

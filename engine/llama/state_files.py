@@ -32,7 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine.llama.snapshots import State, common_prefix
+# (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
+State = tuple[bytes, list[Any], list[int], int]
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many keys `a` and `b` share from the start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 MAGIC = b"EBBKV\x01\n"
 FORMAT = 1
