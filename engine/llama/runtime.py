@@ -844,10 +844,11 @@ class TextRuntime:
         n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
         return bytes(buf[:n]), list(self._cached), list(self._cell_pos), self._n_past
 
-    def restore_state(self, state: tuple[bytes, list[Any], list[int], int]) -> None:
+    def restore_state(self, state: State) -> None:
         L = llama()
         data, cached, cell_pos, n_past = state
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        buf = ((ctypes.c_uint8 * len(data)).from_buffer(data) if isinstance(data, bytearray)
+               else (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
         if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
             raise EbbError("llama.cpp could not restore the conversation state",
                            "the conversation goes on without its earlier context")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 # (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
-State = tuple[bytes, list[Any], list[int], int]
+State = tuple["bytes | bytearray", list[Any], list[int], int]
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -176,18 +176,18 @@ class StateFiles:
                 (n,) = struct.unpack("<Q", f.read(8))
                 f.seek(len(MAGIC) + 8 + n)
                 want = int(head["nbytes"])
-                chunks, got = [], 0
+                data = bytearray(want)  # read into place: llama.cpp reads it from there
+                view = memoryview(data)
+                got = 0
                 h = hashlib.sha256()
                 while got < want:
                     if cancel is not None and cancel.is_set():
                         return None
-                    piece = f.read(min(READ_CHUNK, want - got))
-                    if not piece:
+                    n_read = f.readinto(view[got:got + READ_CHUNK])
+                    if not n_read:
                         break
-                    h.update(piece)
-                    chunks.append(piece)
-                    got += len(piece)
-            data = b"".join(chunks)
+                    h.update(view[got:got + n_read])
+                    got += n_read
             if got != want or h.hexdigest() != head["sha256"]:
                 raise ValueError("the state's bytes do not match its header")
             state: State = (data, _py_keys(head["keys"]), [int(p) for p in head["cell_pos"]],
@@ -223,7 +223,7 @@ class StateFiles:
             fut.add_done_callback(lambda _f: on_done())
         self._pending = [f for f in self._pending if not f.done()] + [fut]
 
-    def _write(self, data: bytes, keys: list[Any], cell_pos: list[int], n_past: int,
+    def _write(self, data: "bytes | bytearray", keys: list[Any], cell_pos: list[int], n_past: int,
                tag: str) -> None:
         head = {"identity": self.identity, "tag": tag, "keys": _json_keys(keys),
                 "cell_pos": cell_pos, "n_past": n_past, "nbytes": len(data),
