@@ -66,6 +66,40 @@ def file_identity(path: Path) -> str:
     return h.hexdigest()[:32]
 
 
+def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
+    """A kept file's JSON header (after `magic` and its 8-byte length), the file left at the
+    data; ValueError when it is not one."""
+    if f.read(len(magic)) != magic:
+        raise ValueError("not a file of ours")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > limit:
+        raise ValueError("header too long")
+    head = json.loads(f.read(n))
+    if not isinstance(head, dict):
+        raise ValueError("no header")
+    return head
+
+
+def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: Any) -> bool:
+    """`magic`, the header's length, the header, then `data`, through a temporary file and a
+    rename; False (and nothing left) when the disk refused (full, read-only)."""
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(magic + struct.pack("<Q", len(raw)) + raw)
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+
+
 def _json_keys(keys: Sequence[Any]) -> list[Any]:
     return [list(k) if isinstance(k, tuple) else k for k in keys]
 
@@ -117,17 +151,16 @@ class StateFiles:
                 self._index[p] = Entry(p, str(head.get("tag", "")), _py_keys(head["keys"]),
                                        p.stat().st_size)
 
-    def _read_header(self, path: Path) -> dict[str, Any] | None:
-        """The header of a state of this identity, else None (and a damaged file removed)."""
+    def _read_header(self, path: Path, f: Any = None) -> dict[str, Any] | None:
+        """The header of a state of this identity, else None (and a damaged file removed);
+        from the open file `f` when given (left at the state's bytes)."""
         try:
-            with open(path, "rb") as f:
-                if f.read(len(MAGIC)) != MAGIC:
-                    raise ValueError("not a state file")
-                (n,) = struct.unpack("<Q", f.read(8))
-                if n > 1 << 30:
-                    raise ValueError("header too long")
-                head = json.loads(f.read(n))
-            if not isinstance(head, dict) or not isinstance(head.get("keys"), list):
+            if f is None:
+                with open(path, "rb") as own:
+                    head = read_header(own, MAGIC, 1 << 30)
+            else:
+                head = read_header(f, MAGIC, 1 << 30)
+            if not isinstance(head.get("keys"), list):
                 raise ValueError("no keys")
         except (OSError, ValueError, struct.error, UnicodeDecodeError):
             self.n_ignored += 1
@@ -166,15 +199,12 @@ class StateFiles:
         """The state in `entry`'s file, checked against its header; None when it is not this
         identity's, is damaged (removed then) or the load was stopped."""
         path = entry.path
-        head = self._read_header(path)
-        if head is None:
-            self._forget(path)
-            return None
         try:
             with open(path, "rb") as f:
-                f.seek(len(MAGIC))
-                (n,) = struct.unpack("<Q", f.read(8))
-                f.seek(len(MAGIC) + 8 + n)
+                head = self._read_header(path, f)
+                if head is None:
+                    self._forget(path)
+                    return None
                 want = int(head["nbytes"])
                 data = bytearray(want)  # read into place: llama.cpp reads it from there
                 view = memoryview(data)
@@ -228,18 +258,9 @@ class StateFiles:
         head = {"identity": self.identity, "tag": tag, "keys": _json_keys(keys),
                 "cell_pos": cell_pos, "n_past": n_past, "nbytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(), "saved": time.time()}
-        raw = json.dumps(head, separators=(",", ":")).encode()
         path = self.folder / f"{safe_tag(tag)}-{prefix_hash(keys)}{SUFFIX}"
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + struct.pack("<Q", len(raw)) + raw)
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError:  # a full or read-only disk: the state is a cache, nothing is lost
-            self._remove(tmp)
-            return
+        if not write_atomically(path, MAGIC, head, data):
+            return  # a full or read-only disk: the state is a cache, nothing is lost
         with self._lock:
             for p, e in list(self._index.items()):  # a prefix of this one is of no more use
                 if p != path and len(e.keys) <= len(keys) and common_prefix(e.keys, keys) == len(e.keys):

@@ -11,12 +11,11 @@ header's is passed over and removed, never trusted. The folder shares the states
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
+from engine.llama.state_files import read_header, write_atomically
 from engine.vision.projector import Encoded
 
 MAGIC = b"EBBEMB\x01\n"
@@ -37,39 +36,17 @@ class EmbeddingFiles:
 
         arr = np.ascontiguousarray(enc.embeddings, dtype=np.float32)
         data = arr.tobytes()
-        head = json.dumps({"key": chunk_key, "layout": list(layout), "shape": list(arr.shape),
-                           "n_tokens": enc.n_tokens, "encode_s": enc.encode_s,
-                           "sha256": hashlib.sha256(data).hexdigest()}).encode()
-        path = self._path(chunk_key)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + struct.pack("<Q", len(head)) + head + data)
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-
-    def _header(self, f: Any) -> dict[str, Any]:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise ValueError("not an embeddings file")
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 1 << 20:
-            raise ValueError("header too long")
-        head = json.loads(f.read(n))
-        if not isinstance(head, dict):
-            raise ValueError("no header")
-        return head
+        write_atomically(self._path(chunk_key), MAGIC, {
+            "key": chunk_key, "layout": list(layout), "shape": list(arr.shape),
+            "n_tokens": enc.n_tokens, "encode_s": enc.encode_s,
+            "sha256": hashlib.sha256(data).hexdigest()}, data)
 
     def layout(self, chunk_key: str) -> tuple[int, int, int] | None:
         """The picture's layout (width, height, chunks) kept with this chunk, if it is kept."""
         path = self._path(chunk_key)
         try:
             with open(path, "rb") as f:
-                head = self._header(f)
+                head = read_header(f, MAGIC, 1 << 20)
             if head.get("key") != chunk_key:
                 return None
             w, h, n = (int(v) for v in head["layout"])
@@ -80,9 +57,6 @@ class EmbeddingFiles:
             self._remove(path)
             return None
 
-    def has(self, chunk_key: str) -> bool:
-        return self._path(chunk_key).is_file()
-
     def load(self, chunk_key: str) -> Encoded | None:
         """A chunk's embeddings as encoded before, checked; None when not kept or damaged."""
         import numpy as np
@@ -90,7 +64,7 @@ class EmbeddingFiles:
         path = self._path(chunk_key)
         try:
             with open(path, "rb") as f:
-                head = self._header(f)
+                head = read_header(f, MAGIC, 1 << 20)
                 data = f.read()
             shape = tuple(int(v) for v in head["shape"])
             if head.get("key") != chunk_key or len(shape) != 2:
