@@ -76,8 +76,8 @@ class SettingsDialog(QDialog):
                     "the least recently used leave first. 0: keep none")
         n_states, n_bytes = memory_usage
         self.memory_usage = QLabel(f"holds {n_states} saved conversation state"
-                                   f"{'' if n_states == 1 else 's'} and the encoded pictures: "
-                                   f"{fmt_bytes(n_bytes)} (a cache: the chats are in the database)")
+                                   f"{'' if n_states == 1 else 's'}, {fmt_bytes(n_bytes)} with "
+                                   "the encoded pictures")
         self.memory_usage.setStyleSheet("color: #555;")
         self.overflow = QComboBox()
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
