@@ -893,6 +893,64 @@ def test_the_official_clients_loop_with_a_templates_own_tool_format(hermes_model
         s.stop()
 
 
+def _loop_to_an_answer(client, question: str, tool: dict, result: str, stream: bool) -> list:
+    """The official client's agent loop: a call (required at first), its result back as a
+    `tool` message, then `auto` until the model answers in text; every reply, in order."""
+    msgs: list = [{"role": "user", "content": question}]
+    replies: list = []
+    for step in range(4):
+        kw = dict(model="m", messages=msgs, tools=[tool], temperature=0, max_tokens=40,
+                  tool_choice="required" if step == 0 else "auto")
+        if stream and step:
+            chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks)
+            deltas = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+            calls = [{"id": d.id, "type": "function", "function": {
+                "name": d.function.name, "arguments": "".join(
+                    e.function.arguments or "" for e in deltas if e.index == d.index)}}
+                for d in deltas if d.id]
+            message = {"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}
+        else:
+            m = client.chat.completions.create(**kw).choices[0].message
+            message = m.model_dump(exclude_none=True)
+        replies.append(message)
+        if not message.get("tool_calls"):
+            return replies
+        msgs.append(message)
+        msgs += [{"role": "tool", "tool_call_id": c["id"], "content": result} for c in message["tool_calls"]]
+    return replies
+
+
+def test_a_tool_loop_ends_with_an_answer(tmp_path, model_path):
+    """#38: after a call's result, SmolLM2 (real weights) given a template with its own tool
+    format (Hermes, as Qwen's) calls the same function with the same arguments again, round
+    after round (measured before the fix: 5 of 5 rounds). Such a reply is taken again as text,
+    so the official client's loop reaches an answer, streamed or not; the universal format
+    (SmolLM2's own template) the same."""
+    from engine.gguf.model_gen import with_chat_template
+
+    hermes = with_chat_template(model_path, tmp_path / "smollm2-hermes.gguf", HERMES_TEMPLATE.read_text())
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    result = json.dumps({"temperature_c": 18, "sky": "cloudy"})
+    for model in (hermes, model_path):
+        s = Server("--model", str(model), api_key=None)
+        try:
+            client = s.client(key="none")
+            for stream in (False, True):
+                replies = _loop_to_an_answer(client, "What is the weather in Paris?", weather,
+                                             result, stream)
+                print(f"\n{model.name} stream={stream}: {replies}")
+                assert replies[0]["tool_calls"][0]["function"]["name"] == "get_weather"
+                assert not replies[-1].get("tool_calls") and replies[-1]["content"]
+                made = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                        for r in replies for c in r.get("tool_calls", [])]
+                assert len(made) == len({json.dumps(m, sort_keys=True) for m in made}), made
+        finally:
+            s.stop()
+
+
 THINKING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"

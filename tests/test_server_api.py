@@ -493,3 +493,24 @@ def test_a_calls_arguments_stream_as_they_are_written():
     assert more[1]["index"] == 1 and more[1]["function"]["name"] == "get_time"
     assert more[2] == {"index": 1, "function": {"arguments": "{}"}}
     assert stream.deltas(text) == [] and len(stream.ids) == 2  # nothing new: nothing sent
+
+
+def test_the_calls_answered_since_the_users_last_message_are_known_in_any_spelling():
+    """#38: what a reply may not simply repeat: calls whose results came back after the user's
+    last message, keyed by function and argument values (not spacing or key order)."""
+    from engine.server.tools import call_key
+
+    def req(*after_user):
+        return parse_chat_request({"model": "m", "tools": [WEATHER], "messages": [
+            {"role": "user", "content": "Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather",
+                                                            "arguments": '{"city": "Oslo", "unit": "C"}'}},
+                {"id": "b", "type": "function", "function": {"name": "get_weather",
+                                                            "arguments": '{"city": "Bergen", "unit": "C"}'}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "4"}, *after_user]})
+
+    answered = req().answered
+    assert answered == {call_key("get_weather", '{"unit":"C","city":"Oslo"}')}  # b has no result
+    assert call_key("get_weather", {"city": "Oslo", "unit": "F"}) not in answered
+    assert req({"role": "user", "content": "And Paris?"}).answered == frozenset()  # a new question

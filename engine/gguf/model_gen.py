@@ -240,3 +240,18 @@ def write_sparse_model(out: Path, like: str) -> Path:
     fout.truncate(start + data_bytes)  # the weights: one hole
     w.close()
     return out
+
+
+def with_chat_template(src: Path, out: Path, chat_template: str) -> Path:
+    """A copy of the model `src` (its weights and every key) with `chat_template` (Jinja) in
+    place of its own: a real model that speaks another template's format (tests of function
+    calling in a template's own format on a model that can answer)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(src, "r")
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    writer = gguf.GGUFWriter(out, arch=str(arch), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(
+        gguf.GGUFValueType.STRING, chat_template)}, [])
+    return out

@@ -70,6 +70,9 @@ class ChatRequest:
     # reasoning_effort, which a template with a thinking switch gets as enable_thinking
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_effort: str | None = None
+    # the calls answered since the user's last message (tools.answered_calls): made again,
+    # they would loop, so such a reply is taken again as text (engine/server/worker.py)
+    answered: frozenset[tuple[str, str]] = frozenset()
 
     def thinking_kwargs(self, template_source: str) -> dict[str, Any]:
         """What the template is rendered with: the client's kwargs, and enable_thinking from
@@ -317,7 +320,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
         tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
         sampling=sampling, n=n, template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
-        reasoning_effort=_reasoning_effort(body.get("reasoning_effort")))
+        reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
+        answered=tl.answered_calls(native))
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")

@@ -110,6 +110,10 @@ class ToolCall:
             args = self.arguments
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": args}}
 
+    def key(self) -> tuple[str, str]:
+        """What makes two calls the same call: the function and its arguments' values."""
+        return call_key(self.name, self.arguments)
+
     def to_openai(self, index: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "type": "function",
                                "function": {"name": self.name, "arguments": self.arguments}}
@@ -249,6 +253,44 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None)
         return call + "\nroot ::= ebb-calls"
     return (call + "\nroot ::= ebb-calls | ebb-text"
             + '\nebb-text ::= [^{ \\t\\r\\n] [^\\x00]*')
+
+
+def text_grammar(fmt: str | None = None) -> str:
+    """GBNF for a reply that is text and does not begin like a call in format `fmt`."""
+    opener = "\\[" if fmt == MISTRAL else OPENERS.get(fmt or "", "{")
+    return f'root ::= [^{opener} \\t\\r\\n] [^\\x00]*'
+
+
+def call_key(name: str, arguments: Any) -> tuple[str, str]:
+    """A call's function and its arguments in one canonical text (keys sorted), so that the
+    same call written with other spacing or key order is known as the same."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            pass
+    return name, json.dumps(arguments, sort_keys=True)
+
+
+def answered_calls(messages: tuple[Any, ...] | list[Any]) -> frozenset[tuple[str, str]]:
+    """The calls (`call_key`) made since the user's last message whose results have come back:
+    the model has what they return, so the same call again is a loop, not a step (see
+    engine/server/worker.py: such a reply is taken again as text). `messages` are the
+    request's turns as they came (role, text, extra with `tool_calls` / `tool_call_id`)."""
+    made: dict[str, tuple[str, str]] = {}
+    done: set[tuple[str, str]] = set()
+    for turn in messages:
+        extra = turn.extra or {}
+        if turn.role == "user":
+            made.clear()
+            done.clear()
+        elif turn.role == "assistant":
+            for c in extra.get("tool_calls") or ():
+                fn = c.get("function") or {}
+                made[str(c.get("id"))] = call_key(str(fn.get("name")), fn.get("arguments"))
+        elif turn.role == "tool" and str(extra.get("tool_call_id")) in made:
+            done.add(made[str(extra.get("tool_call_id"))])
+    return frozenset(done)
 
 
 _HERMES_BLOCK = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.S)

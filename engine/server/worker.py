@@ -38,6 +38,7 @@ from engine.server.tools import (
     spec,
     template_extra,
     template_format,
+    text_grammar,
 )
 from engine.server.tools import grammar as tool_grammar
 
@@ -214,8 +215,11 @@ def _choices(session: Session, job: Job, requests: list[Any],
                             choices=tuple(answers))
 
 
-def _chat(session: Session, job: Job, req: ChatRequest,
-          default_system: str | None) -> tuple[Session, Answer]:
+def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | None,
+          calls_allowed: bool = True) -> tuple[Session, Answer]:
+    """One reply. With tools, a reply that only makes again calls whose results the model has
+    just been given (req.answered) is a loop that would not end with a small model: it is taken
+    again as text (`calls_allowed` False: the same prompt, a grammar that admits no call)."""
     from engine.session import turn_with_recovery
 
     usable = req.callable_tools()
@@ -228,19 +232,23 @@ def _chat(session: Session, job: Job, req: ChatRequest,
         session.set_tools([spec(t) for t in usable])
         # call ids as the template takes them (Mistral's: 9 letters and digits)
         *before, last = [replace(t, extra=template_extra(fmt, t.extra)) for t in req.messages]
-        grammar = tool_grammar(req.tools, req.tool_choice, fmt)
+        grammar = tool_grammar(req.tools, req.tool_choice, fmt) if calls_allowed else text_grammar(fmt)
     else:
         session.set_system(req.system if req.system is not None else default_system)
         session.set_tools(None)
         before, last, grammar = list(req.history), req.last, req.grammar
+        if usable and not calls_allowed:
+            grammar = text_grammar(None)
     session.set_history([(t.role, t.text, [image_path(job, i) for i in t.images], t.extra)
                          for t in before])
     images = [image_path(job, i) for i in last.images]
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     watcher = StopWatcher(req.stop)
-    gate = CallGate(bool(usable), OPENERS.get(fmt or "", "{"))  # a call is held from the text
+    gate = CallGate(bool(usable) and calls_allowed, OPENERS.get(fmt or "", "{"))  # a call is held
     streamer = ArgumentStream(fmt)  # ... and streamed as tool_calls deltas instead
+    # with results just given, a call may be a repeat: it is streamed whole once it is known new
+    may_repeat = bool(req.answered) and req.tool_choice is not None and req.tool_choice.mode == "auto"
     shown: list[str] = []
 
     def show(text: str) -> None:
@@ -254,7 +262,7 @@ def _chat(session: Session, job: Job, req: ChatRequest,
 
     def on_text(piece: str) -> None:
         show(gate.feed(watcher.feed(piece)))
-        if gate.holding and gate.held:
+        if gate.holding and gate.held and not may_repeat:
             deltas = streamer.deltas(gate.held)
             if deltas:
                 job.on_event(Piece("", tool_calls=deltas))
@@ -265,6 +273,8 @@ def _chat(session: Session, job: Job, req: ChatRequest,
                                       cancel=job.cancel, role=last.role, extra=last.extra)
     held = gate.flush() + watcher.flush()
     calls = read_calls(held, req.tools, req.tool_choice, fmt) if gate.active else []
+    if calls and may_repeat and all(c.key() in req.answered for c in calls) and res.error is None:
+        return _chat(session, job, req, default_system, calls_allowed=False)
     if len(calls) == len(streamer.ids):  # the ids the stream gave them
         calls = [replace(c, id=i) for c, i in zip(calls, streamer.ids)]
     if not calls and streamer.ids:  # a call cut short: streamed as one already, kept as text
