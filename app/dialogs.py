@@ -242,7 +242,9 @@ def projector_offer(model: Path) -> tuple[list[str], str]:
     fit = [c for c in choices if c.problem is None]
     notes = []
     if fit:
-        notes.append(f"Vision: {fit[0].family} projector.")
+        senses = {(True, False): "Vision", (False, True): "Hearing",
+                  (True, True): "Vision and hearing"}.get((fit[0].sees, fit[0].hears), "Vision")
+        notes.append(f"{senses}: {fit[0].family} projector.")
     elif not choices:
         notes.append("Text only: no projector beside this model.")
     notes += [f"Not offered: {c.path.name} ({c.problem})." for c in choices if c.problem]

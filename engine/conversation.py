@@ -88,7 +88,8 @@ def fit_history(history: Sequence[HistoryTurn], count: Callable[[Sequence[Histor
         raise EbbError(f"{what} is {alone} tokens; the context holds {n_ctx} and "
                        f"keeps {reply_room} for the reply",
                        "raise the context length to go on" if continuing
-                       else "shorten it, send fewer or smaller images, or raise the context length")
+                       else "shorten it, send fewer or smaller pictures or shorter clips, or raise the "
+                       "context length")
     if overflow == "stop":
         raise EbbError(f"the conversation is {n} tokens, the context holds {n_ctx} "
                        f"(with {reply_room} kept for the reply)",

@@ -40,7 +40,7 @@ from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.vision.embedding_files import EmbeddingFiles
 from engine.vision.encoder import ImageEncoder
-from engine.vision.images import LoadedImage, load_image
+from engine.vision.images import LoadedImage
 from engine.vision.projector import TextPiece
 from engine.vision.turn import TurnImages
 
@@ -143,7 +143,7 @@ class Session:
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
         self._check_device()
         try:
-            images = [load_image(Path(p)) for p in image_paths]
+            images = [self.encoder.load(Path(p)) for p in image_paths]
             if images and (self.encoder.ram is None or not self.encoder.enabled):
                 raise EbbError("this message has images but vision is off" if self.proj_info
                                else "this message has images but no projector is loaded",
@@ -334,7 +334,7 @@ class Session:
         conversation: one full swap cycle when the plan says swap. For benchmarks and tests."""
         tl = self._new_request()
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
-        images = [load_image(Path(p)) for p in image_paths]
+        images = [self.encoder.load(Path(p)) for p in image_paths]
         for img in images:
             self.encoder.forget(img)
         keys = [self.encoder.remember(i) for i in images]

@@ -1,7 +1,8 @@
 """llama.cpp's own multimodal pipeline, as its tools run it (mtmd-cli / llama-server): the
 whole templated prompt with a marker per image goes through `mtmd_tokenize` with the bitmaps,
 `mtmd_helper_eval_chunks` evaluates every chunk, then greedy decoding. Nothing of Ebb's engine
-is used beyond binding the library (and reading pictures as RGB), so tests can hold Ebb's
+is used beyond binding the library (and reading pictures as RGB; sound is decoded by mtmd's
+own helper, as its tools do), so tests can hold Ebb's
 replies against it.
 """
 from __future__ import annotations
@@ -47,6 +48,11 @@ def reference_reply(model: Path, mmproj: Path, prompt: str, images: list[Path], 
     vocab = L.llama_model_get_vocab(model_p)
     try:
         for path in images:
+            if Path(path).suffix.lower() in (".wav", ".mp3", ".flac"):  # decoded by mtmd's helper
+                bm = M.mtmd_helper_bitmap_init_from_file(mctx, str(path).encode(), False)
+                assert bm and M.mtmd_bitmap_is_audio(bm), f"mtmd could not decode {path}"
+                bitmaps.append(bm)
+                continue
             rgb = Image.open(path).convert("RGB")
             data = rgb.tobytes()
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

@@ -132,7 +132,7 @@ def test_model_picker_pairs_by_family_and_marks_text_only(tmp_path, model_path):
     assert "Vision: qwen2.5-vl projector" in note
     assert "mmproj-gemma.gguf (projector mmproj-gemma.gguf (gemma3) and model" in note
     assert "mmproj-wide.gguf (projector mmproj-wide.gguf outputs width 128" in note
-    assert "mmproj-audio.gguf (mmproj-audio.gguf is an audio projector (qwen2a)" in note
+    assert "mmproj-audio.gguf (projector mmproj-audio.gguf (qwen2-audio) and model" in note
     text_only = tmp_path / "plain"
     text_only.mkdir()
     (text_only / "SmolLM2.gguf").symlink_to(model_path)

@@ -22,7 +22,14 @@ PROJECTOR_FAMILY: dict[str, str] = {
     "idefics3": "idefics3", "pixtral": "pixtral", "lightonocr": "pixtral",
     "internvl": "internvl", "llama4": "llama4", "lfm2": "lfm2-vl", "kimivl": "kimi-vl",
     "glm4v": "glm4v", "cogvlm": "cogvlm", "phi4": "phi4-mm",
+    # audio encoders (whisper-like), and the omni projectors with both encoders
+    "ultravox": "ultravox", "qwen2a": "qwen2-audio", "voxtral": "voxtral", "qwen3a": "qwen3-omni",
+    "qwen2.5o": "qwen2.5-omni", "qwen3vl_merger+qwen3a": "qwen3-omni",
 }
+
+# the audio families Ebb's generator writes and tests (engine/gguf/projector_gen.py); the
+# omni one ("qwen2.5o") has a vision encoder too
+GENERATED_AUDIO = ("ultravox", "qwen2a", "qwen2.5o")
 
 # family -> language-model architectures it is made for (None: any, e.g. LLaVA's MLP adapter
 # was trained onto many models)
@@ -44,6 +51,11 @@ FAMILY_ARCHS: dict[str, frozenset[str] | None] = {
     "glm4v": frozenset({"glm4", "glm4moe"}),
     "cogvlm": frozenset({"cogvlm"}),
     "phi4-mm": frozenset({"phi3"}),
+    "ultravox": None,  # trained onto Llama 3.x, Gemma 3 and Qwen 3 models alike
+    "qwen2-audio": frozenset({"qwen2"}),
+    "voxtral": frozenset({"llama"}),
+    "qwen2.5-omni": frozenset({"qwen2vl"}),
+    "qwen3-omni": frozenset({"qwen3moe", "qwen3vlmoe"}),
 }
 
 # language-model architectures whose positions are M-RoPE: only a projector of a family made

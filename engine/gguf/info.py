@@ -300,6 +300,8 @@ class ProjectorInfo:
     # and the image tokens of the largest image it takes (dynamic resolution: its cap)
     compute_buffer_bytes_measured: int = 0
     n_image_tokens_measured: int = 0
+    sees: bool = True  # a vision encoder: takes pictures
+    hears: bool = False  # an audio encoder: takes sound (an omni projector has both)
 
     @property
     def compute_buffer_bytes(self) -> int:
@@ -316,7 +318,7 @@ class ProjectorInfo:
 
 def _projector_output_width(gf: GGUFFile) -> int:
     for name in ("mm.2.weight", "mm.model.fc.weight", "mm.model.mlp.3.weight",
-                 "mm.input_projection.weight"):
+                 "mm.input_projection.weight", "mm.a.mlp.2.weight", "mm.a.fc.weight"):
         t = gf.tensor(name)
         if t is not None and len(t.shape) >= 2:
             # A matmul weight's ne[1] is its output width (input_projection is stored transposed).
@@ -342,17 +344,63 @@ def estimate_compute_buffer_bytes(n_pos: int, n_embd: int, n_ff: int, n_head: in
     return max(ffn_peak, attention_peak) + image
 
 
+# Whisper-like audio encoders: a 30-second chunk is 3000 mel frames, halved by a convolution
+AUDIO_CHUNK_FRAMES = 3000
+_STACKING = frozenset({"ultravox", "voxtral", "meralion", "glma"})  # frames stacked after it
+_AVG_POOLED = frozenset({"qwen2a", "qwen2.5o", "voxtral", "musicflamingo"})  # pooled by 2
+
+
+def _audio_type(md: dict[str, Any]) -> str:
+    return str(md.get("clip.audio.projector_type") or md.get("clip.projector_type", "unknown"))
+
+
+def audio_chunk_tokens(md: dict[str, Any]) -> tuple[int, int]:
+    """(tokens llama.cpp's clip.cpp counts for a 30-second chunk, tokens its graph makes) for a
+    Whisper-like audio encoder, from the header. They differ where the count aligns the frames
+    to the stack factor before the convolution halves them (Ultravox's real factor 8: 187
+    counted, 188 made): clip.cpp then aborts the process when it encodes."""
+    kind = _audio_type(md)
+    stack = int(md.get("clip.audio.projector.stack_factor", 0) or 0)
+    frames = AUDIO_CHUNK_FRAMES
+    counted = frames
+    if kind in _STACKING and stack > 0:
+        counted = -(-frames // stack) * stack // stack
+    counted //= 2
+    made = frames // 2
+    if kind in _AVG_POOLED:
+        counted //= 2
+        made //= 2
+    if kind in _STACKING and stack > 0:
+        made = -(-made // stack)
+    return counted, made
+
+
+def audio_count_problem(md: dict[str, Any]) -> str | None:
+    """Why llama.cpp would abort encoding sound with this projector, or None."""
+    counted, made = audio_chunk_tokens(md)
+    if counted != made:
+        stack = md.get("clip.audio.projector.stack_factor")
+        return (f"the llama.cpp in this Ebb miscounts this {_audio_type(md)} audio encoder's "
+                f"tokens (stack factor {stack}: it counts {counted} a chunk, its graph makes "
+                f"{made}) and would stop the app when it encodes a clip")
+    return None
+
+
 def projector_info(gf: GGUFFile) -> ProjectorInfo:
     md = gf.metadata
-    if gf.architecture == "clip" and md.get("clip.has_audio_encoder", False) \
-            and not md.get("clip.has_vision_encoder", False):
-        kind = md.get("clip.audio.projector_type") or md.get("clip.projector_type", "unknown")
-        raise EbbError(f"{gf.path.name} is an audio projector ({kind}): Ebb takes images only "
-                       "for now", "pass the model's vision mmproj, or none")
-    if gf.architecture != "clip" or not md.get("clip.has_vision_encoder", False):
-        raise EbbError(f"{gf.path} is not a vision projector (architecture "
-                       f"'{gf.architecture}', no clip vision encoder)",
+    sees = bool(md.get("clip.has_vision_encoder", False))
+    hears = bool(md.get("clip.has_audio_encoder", False))
+    if gf.architecture != "clip" or not (sees or hears):
+        raise EbbError(f"{gf.path} is not a projector (architecture "
+                       f"'{gf.architecture}', no clip vision or audio encoder)",
                        "pass the mmproj .gguf that belongs to the model")
+    if hears and (problem := audio_count_problem(md)):
+        if not sees:
+            raise EbbError(f"{gf.path.name}: {problem}",
+                           "use a llama.cpp build that counts it right, or another audio model")
+        hears = False  # an omni projector: its pictures still work; sound is refused
+    if not sees:
+        return _audio_projector_info(gf)
     image_size = int(md.get("clip.vision.image_size", 0))
     patch_size = int(md.get("clip.vision.patch_size", 1)) or 1
     n_embd = int(md.get("clip.vision.embedding_length", 0))
@@ -370,7 +418,32 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
         output_width=_projector_output_width(gf), weight_bytes=gf.tensor_bytes,
         compute_buffer_bytes_estimate=estimate_compute_buffer_bytes(flash_attn=False, **kw),
         compute_buffer_bytes_estimate_flash_attn=estimate_compute_buffer_bytes(flash_attn=True, **kw),
+        hears=hears,
     )
+
+
+def _audio_projector_info(gf: GGUFFile) -> ProjectorInfo:
+    """An audio-only projector: its encoder's numbers stand where a vision one's would (a
+    30-second chunk in place of the largest picture)."""
+    md = gf.metadata
+    n_embd = int(md.get("clip.audio.embedding_length", 0))
+    n_ff = int(md.get("clip.audio.feed_forward_length", 0))
+    n_head = int(md.get("clip.audio.attention.head_count", 1))
+    n_mel = int(md.get("clip.audio.num_mel_bins", 128))
+    n_pos = AUDIO_CHUNK_FRAMES // 2
+    ptype = _audio_type(md)
+
+    def buffer(flash_attn: bool) -> int:  # the mel frames stand for the picture
+        return estimate_compute_buffer_bytes(n_pos=n_pos, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                             image_size=0, flash_attn=flash_attn) \
+            + n_mel * AUDIO_CHUNK_FRAMES * 4
+    return ProjectorInfo(
+        path=str(gf.path), projector_type=ptype, family=projector_family(ptype),
+        synthetic=bool(md.get("ebb.synthetic", False)), image_size=0, patch_size=1,
+        n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_layers=int(md.get("clip.audio.block_count", 0)),
+        n_image_tokens=audio_chunk_tokens(md)[0], output_width=_projector_output_width(gf),
+        weight_bytes=gf.tensor_bytes, compute_buffer_bytes_estimate=buffer(False),
+        compute_buffer_bytes_estimate_flash_attn=buffer(True), sees=False, hears=True)
 
 
 def check_projector_matches(model: ModelInfo, proj: ProjectorInfo) -> None:
@@ -419,6 +492,8 @@ class ProjectorChoice:
     path: Path
     family: str  # "" when the file is not a vision projector
     problem: str | None  # why it does not belong with the model; None: it does
+    sees: bool = True  # takes pictures
+    hears: bool = False  # takes sound
 
 
 def projector_choices(model: Path, candidates: list[Path]) -> list[ProjectorChoice]:
@@ -434,7 +509,7 @@ def projector_choices(model: Path, candidates: list[Path]) -> list[ProjectorChoi
             continue
         try:
             check_projector_matches(m, proj)
-            out.append(ProjectorChoice(path, proj.family, None))
+            out.append(ProjectorChoice(path, proj.family, None, proj.sees, proj.hears))
         except EbbError as exc:
-            out.append(ProjectorChoice(path, proj.family, exc.what))
+            out.append(ProjectorChoice(path, proj.family, exc.what, proj.sees, proj.hears))
     return sorted(out, key=lambda c: c.problem is not None)

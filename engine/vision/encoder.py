@@ -22,7 +22,8 @@ from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.llama.state_files import file_identity
 from engine.vision.embedding_files import EmbeddingFiles
-from engine.vision.images import LoadedImage, image_digest, load_image
+from engine.vision.audio import clip_info, is_clip
+from engine.vision.images import CLIP_HEIGHT, LoadedImage, image_digest, load_image
 from engine.vision.projector import Bitmap, Encoded, ImagePiece, ProjectorRuntime
 
 
@@ -174,13 +175,33 @@ class ImageEncoder:
             self._keep(chunk_key, enc)
         return enc is not None
 
+    def load(self, path: Path) -> LoadedImage:
+        """A picture or a sound clip (told by its first bytes), decoded for the projector. A
+        clip's header is checked first; its samples come from mtmd's own decoder."""
+        path = Path(path)
+        if not is_clip(path):
+            return load_image(path)
+        info = clip_info(path)
+        if self.ram is None or not self.ram.hears:
+            raise EbbError(f"{path.name} is a sound clip, and "
+                           + ("the loaded projector does not hear" if self.ram is not None
+                              else "no projector is loaded"),
+                           "load a model with an audio or omni projector, or remove the clip")
+        data = path.read_bytes()
+        samples = self.ram.decode_audio(data, path.name)
+        if len(samples) < 4:
+            raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
+        del info  # checked: its header says what the samples will be
+        return LoadedImage(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,
+                           CLIP_HEIGHT, samples)
+
     def bitmap(self, key: str, pixels: LoadedImage | None) -> Bitmap:
-        """The image for the tokenizer: its pixels when given, else its size alone (an
-        image whose chunks are all encoded)."""
+        """The picture or clip for the tokenizer: its pixels or samples when given, else its
+        size alone (one whose chunks are all encoded)."""
         if pixels is not None:
-            return Bitmap(pixels.width, pixels.height, pixels.rgb)
+            return Bitmap(pixels.width, pixels.height, pixels.rgb, audio=pixels.is_clip)
         w, h, _ = self._layout[key]
-        return Bitmap(w, h, None)
+        return Bitmap(w, h, None, audio=h == CLIP_HEIGHT)
 
     def note_layout(self, key: str, bitmap: Bitmap, n_chunks: int) -> None:
         self._layout[key] = (bitmap.width, bitmap.height, n_chunks)
@@ -231,7 +252,7 @@ class ImageEncoder:
             if self.is_cached(k) or k not in self._paths:
                 continue
             try:
-                images.append(load_image(Path(self._paths[k])))
+                images.append(self.load(Path(self._paths[k])))
             except EbbError:
                 lost.append(k)
         return images, lost

@@ -13,13 +13,21 @@ MAX_IMAGE_PIXELS = 50_000_000  # larger is refused before decoding
 MAX_IMAGE_FILE_BYTES = 200 * 1024 * 1024
 
 
+CLIP_HEIGHT = 0  # a sound clip's "height": its width is its samples, its bytes float32 mono
+
+
 @dataclass(frozen=True)
 class LoadedImage:
+    """A picture or a sound clip a message carries, decoded: what the projector takes."""
     path: str
     sha256: str  # of the file's bytes: the cache key for its embeddings
-    width: int
-    height: int
-    rgb: bytes  # width * height * 3, row-major
+    width: int  # a clip: its samples at the projector's rate
+    height: int  # a clip: CLIP_HEIGHT
+    rgb: bytes  # width * height * 3, row-major; a clip: float32 samples
+
+    @property
+    def is_clip(self) -> bool:
+        return self.height == CLIP_HEIGHT
 
 
 def _to_rgb(im: Any) -> Any:

@@ -34,6 +34,8 @@ _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute
 LARGEST_IMAGES = ((4096, 4096), (4096, 2731), (2731, 4096), (4096, 1024), (1024, 4096))
 _MTMD_CHUNK_TEXT = 0
 _MTMD_CHUNK_IMAGE = 1
+_MTMD_CHUNK_AUDIO = 2
+CLIP_SECONDS = 30  # a Whisper-like encoder takes sound in chunks of 30 s
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,13 @@ class Encoded:
 
 @dataclass(frozen=True)
 class Bitmap:
-    """One image for the tokenizer: its pixels, or only its size (a placeholder: enough to
-    count its tokens and lay out its positions, for an image whose embeddings are cached)."""
+    """One picture or clip for the tokenizer: its pixels (RGB) or samples (float32 mono at the
+    projector's rate), or only its size (a placeholder: enough to count its tokens and lay out
+    its positions, for one whose embeddings are cached). A clip: `width` samples, `audio`."""
     width: int
     height: int
     rgb: bytes | None
+    audio: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,29 @@ class ProjectorRuntime:
         self.load_s = time.perf_counter() - t0
         self.device_name, self.compute_buffer_bytes = self._compute_buffer_from_log()
         self.marker = M.mtmd_default_marker().decode()
+        self.sees = bool(M.mtmd_support_vision(ctx))
+        # sound only where Ebb's header check found no count that would abort (info.py)
+        self.hears = bool(M.mtmd_support_audio(ctx)) and self.info.hears
+        self.sample_rate = int(M.mtmd_get_audio_sample_rate(ctx)) if self.hears else 0
+
+    def decode_audio(self, data: bytes, name: str) -> bytes:
+        """A WAV, MP3 or FLAC file's bytes as float32 mono samples at the projector's rate,
+        decoded (and resampled) by mtmd's own helper, as llama.cpp's tools decode it."""
+        M = self._M
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        llama_log.clear()
+        bm = M.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False)
+        if not bm:
+            raise EbbError(f"{name} could not be decoded as sound: "
+                           f"{llama_log.last_error('damaged, or a format the decoder does not know')}",
+                           "use a WAV, MP3 or FLAC file")
+        try:
+            if not M.mtmd_bitmap_is_audio(bm):
+                raise EbbError(f"{name} is not a sound clip", "use a WAV, MP3 or FLAC file")
+            n = int(M.mtmd_bitmap_get_n_bytes(bm))
+            return ctypes.string_at(M.mtmd_bitmap_get_data(bm), n)
+        finally:
+            M.mtmd_bitmap_free(bm)
 
     @staticmethod
     def _compute_buffer_from_log() -> tuple[str, int]:
@@ -169,10 +196,20 @@ class ProjectorRuntime:
             pieces = tp.images()
             return sum(p.n_tokens for p in pieces), len(pieces)
 
+    def clip_tokens(self, n_samples: int) -> tuple[int, int]:
+        """(tokens, chunks) mtmd makes of a clip of `n_samples` (counted on a placeholder)."""
+        with self.tokenize(self.marker, [Bitmap(n_samples, 1, None, audio=True)],
+                           add_special=False) as tp:
+            pieces = tp.images()
+            return sum(p.n_tokens for p in pieces), len(pieces)
+
     def measured_info(self) -> ProjectorInfo:
         """The header's info with mtmd's numbers: its compute buffer reserve and the tokens of
         the largest picture it takes (a dynamic-resolution family's cap)."""
-        most = max(self.image_tokens(w, h)[0] for w, h in LARGEST_IMAGES)
+        if self.sees:
+            most = max(self.image_tokens(w, h)[0] for w, h in LARGEST_IMAGES)
+        else:  # a 30-second clip: each chunk of a longer one is as large
+            most = self.clip_tokens(CLIP_SECONDS * self.sample_rate)[0]
         return replace(self.info, compute_buffer_bytes_measured=self.compute_buffer_bytes,
                        n_image_tokens_measured=most)
 
@@ -184,10 +221,21 @@ class ProjectorRuntime:
         chunks = M.mtmd_input_chunks_init()
         try:
             for i, b in enumerate(bitmaps):
-                buf = None if b.rgb is None else (ctypes.c_uint8 * len(b.rgb)).from_buffer_copy(b.rgb)
-                bm = M.mtmd_bitmap_init(b.width, b.height, buf)
+                if b.audio:
+                    if not self.hears:
+                        raise EbbError("this message has a sound clip but the projector does not "
+                                       "hear", "load an audio or omni projector, or remove the clip")
+                    samples = None if b.rgb is None else \
+                        (ctypes.c_float * (len(b.rgb) // 4)).from_buffer_copy(b.rgb)
+                    bm = M.mtmd_bitmap_init_from_audio(b.width, samples)
+                else:
+                    if not self.sees:
+                        raise EbbError("this message has a picture but the projector does not "
+                                       "see", "load a vision or omni projector, or remove it")
+                    buf = None if b.rgb is None else (ctypes.c_uint8 * len(b.rgb)).from_buffer_copy(b.rgb)
+                    bm = M.mtmd_bitmap_init(b.width, b.height, buf)
                 if not bm:
-                    raise EbbError(f"mtmd could not take image {i + 1} ({b.width}x{b.height})")
+                    raise EbbError(f"mtmd could not take attachment {i + 1} ({b.width}x{b.height})")
                 made.append(bm)
                 M.mtmd_bitmap_set_id(bm, str(i).encode())
             raw = text.encode("utf-8")
@@ -227,8 +275,8 @@ class ProjectorRuntime:
                         "together", "use the language model published with this projector")
                 pieces.append(TextPiece(tokens))
                 continue
-            if kind != _MTMD_CHUNK_IMAGE:
-                raise EbbError("this projector made an audio chunk; Ebb handles images only")
+            if kind not in (_MTMD_CHUNK_IMAGE, _MTMD_CHUNK_AUDIO):
+                raise EbbError(f"this projector made a chunk of a kind Ebb does not know ({kind})")
             image = int((M.mtmd_input_chunk_get_id(c) or b"0").decode())
             index = seen.get(image, 0)
             seen[image] = index + 1
@@ -300,7 +348,8 @@ def probe_projector(mmproj: Path, model: Path, image_size: tuple[int, int], n_th
     try:
         with ProjectorRuntime(Path(mmproj), holder, n_threads, None, flash_attn,
                               image_max_tokens) as pr:
-            tokens, chunks = pr.image_tokens(*image_size)
+            tokens, chunks = (pr.image_tokens(*image_size) if pr.sees
+                              else pr.clip_tokens(CLIP_SECONDS * pr.sample_rate))
             return ProjectorProbe(pr.measured_info(), image_size, tokens, chunks)
     finally:
         holder.close()

@@ -1,0 +1,111 @@
+"""Sound clips a message carries: which files are clips, and what their headers say.
+
+A clip is told from a picture by its first bytes (WAV, MP3, FLAC: what llama.cpp's mtmd helper
+decodes). Its length, rate and channels come from its header (miniaudio, the decoder mtmd
+embeds), so a clip that is empty, damaged or too long is refused by name before any sample is
+decoded; the engine then decodes it through mtmd itself (ProjectorRuntime.decode_audio), as
+llama.cpp's own tools do. Any thread; no llama.cpp here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EbbError
+
+AUDIO_SUFFIXES = (".wav", ".mp3", ".flac")  # what mtmd's helper decodes
+# sound a user may well pick that the decoder does not take: said so, not tried as a picture
+OTHER_SOUND_SUFFIXES = (".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aiff", ".aif", ".amr", ".webm")
+MAX_CLIP_SECONDS = 30 * 60  # longer is refused from the header: 30 minutes of chunks
+MAX_CLIP_FILE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ClipInfo:
+    format: str  # "WAV", "MP3", "FLAC"
+    seconds: float
+    sample_rate: int
+    channels: int
+
+
+def sniff(head: bytes) -> str | None:
+    """The clip format the first bytes of a file say, or None (not a clip Ebb takes)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "WAV"
+    if head[:4] == b"fLaC":
+        return "FLAC"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return "MP3"
+    return None
+
+
+def is_clip(path: Path) -> bool:
+    """The file is a sound clip: by its name's suffix, or by its first bytes."""
+    if Path(path).suffix.lower() in AUDIO_SUFFIXES + OTHER_SOUND_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            return sniff(f.read(12)) is not None
+    except OSError:
+        return False
+
+
+def fmt_seconds(seconds: float) -> str:
+    """0:07, 2:05, 1:02:03."""
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def clip_info(path: Path) -> ClipInfo:
+    """A clip's header, checked: an EbbError names the file and what is wrong with it (missing,
+    too large, empty, damaged, a format the decoder does not know, too long)."""
+    import miniaudio
+
+    path = Path(path)
+    if not path.is_file():
+        raise EbbError(f"sound clip not found: {path}", "check the path")
+    size = path.stat().st_size
+    if size == 0:
+        raise EbbError(f"{path.name} is empty (0 bytes)", "record or choose another clip")
+    if size > MAX_CLIP_FILE_BYTES:
+        raise EbbError(f"{path.name} is {size // (1024 * 1024)} MiB, too large",
+                       f"use a clip under {MAX_CLIP_FILE_BYTES // (1024 * 1024)} MiB")
+    with open(path, "rb") as f:
+        kind = sniff(f.read(12))
+    if kind is None:
+        raise EbbError(f"{path.name} is not a sound format Ebb can decode (WAV, MP3 and FLAC are)",
+                       "convert it to WAV, MP3 or FLAC")
+    try:
+        info = miniaudio.get_file_info(str(path))
+    except miniaudio.MiniaudioError as exc:
+        raise EbbError(f"{path.name} looks like {kind} but its header is damaged ({exc})",
+                       "use another copy of the clip") from None
+    if info.num_frames <= 0 or info.sample_rate <= 0:
+        raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
+    seconds = info.num_frames / info.sample_rate
+    if seconds > MAX_CLIP_SECONDS:
+        raise EbbError(f"{path.name} is {fmt_seconds(seconds)} long; Ebb takes clips up to "
+                       f"{fmt_seconds(MAX_CLIP_SECONDS)}", "cut the part the question is about")
+    return ClipInfo(kind, seconds, int(info.sample_rate), int(info.nchannels))
+
+
+def write_tone(path: Path, hz: float, seconds: float, rate: int = 16000, channels: int = 1,
+               noise: float = 0.0, seed: int = 0) -> Path:
+    """A 16-bit WAV of a sine at `hz` (plus white `noise`, 0..1), for tests, benchmarks and
+    the demo."""
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    x = 0.3 * np.sin(2 * np.pi * hz * t)
+    if noise:
+        x = x + noise * np.random.default_rng(seed).standard_normal(len(t))
+    pcm = (np.clip(x, -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.repeat(pcm, channels).tobytes())
+    return Path(path)

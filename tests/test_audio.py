@@ -1,0 +1,136 @@
+"""Models that hear (#42): audio and omni projectors against llama.cpp's own pipeline, and the
+clips a user can get wrong.
+
+Generated pairs (random weights, llama.cpp's real tensor layouts: Ultravox, Qwen2-Audio, and
+Qwen2.5-Omni with both encoders in one file): Ebb's greedy reply must equal llama.cpp's
+(`mtmd_tokenize` + `mtmd_helper_eval_chunks`, sound decoded by mtmd's helper; see
+tests/mtmd_reference.py) token for token, with a 16 kHz clip, a 44.1 kHz stereo one (resampled),
+an earlier clip from the cache, and (omni) a picture beside a clip in one message.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.errors import EbbError
+from engine.gguf.families import GENERATED_AUDIO
+from engine.gguf.model_gen import ModelShape, write_model
+from engine.gguf.projector_gen import write_audio_projector
+from engine.llama.runtime import GenParams
+from engine.session import Session, SessionConfig
+from engine.vision.audio import write_tone
+from tests.helpers import N_THREADS
+from tests.mtmd_reference import reference_reply
+
+SHAPE = ModelShape(n_layers=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_ctx_train=4096)
+N_REPLY = 8
+N_CTX = 4096  # Qwen2-Audio: 750 tokens a 30-second chunk, and a conversation holds two clips
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("clips")
+    return {"a.wav": write_tone(d / "a.wav", 440, 2.0),
+            "b.wav": write_tone(d / "b.wav", 880, 3.0, rate=44100, channels=2),
+            "noise.wav": write_tone(d / "noise.wav", 100, 1.0, noise=0.25)}
+
+
+@pytest.fixture(scope="module")
+def pairs(model_path: Path, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    d = tmp_path_factory.mktemp("audio-families")
+    # stack factor 4: the real 8 is refused (see the test below); the graph is the family's
+    return {f: (write_model(d / f"lm-{f}.gguf", SHAPE, model_path, seed=1, family=f),
+                write_audio_projector(d / f"mm-{f}.gguf", SHAPE.n_embd, family=f, seed=2,
+                                      stack_factor=4))
+            for f in GENERATED_AUDIO}
+
+
+def _session(lm: Path, mm: Path, n_ctx: int = N_CTX) -> Session:
+    return Session(SessionConfig(lm, mm, n_ctx=n_ctx, n_threads=N_THREADS, vision="cpu",
+                                 flash_attn=True))
+
+
+@pytest.mark.parametrize("family", GENERATED_AUDIO)
+def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
+    lm, mm = pairs[family]
+    turns = [("What is this sound?", [clips["a.wav"]]),
+             ("And this one?", [clips["b.wav"]] + ([pictures["a.png"]] if family == "qwen2.5o" else [])),
+             ("Which was louder?", [])]
+    gp = GenParams(max_tokens=N_REPLY, temperature=0)
+    with _session(lm, mm) as s:
+        seen: list[Path] = []
+        for text, files in turns:
+            res = s.turn(text, files, gp)
+            assert res.error is None, res.error
+            seen += files
+            assert s.model.runtime is not None
+            prompt, _ = s.model.runtime.format_chat(s.messages[:-1])
+            ref, _ = reference_reply(lm, mm, prompt, seen, N_REPLY, n_threads=N_THREADS, n_ctx=N_CTX)
+            assert res.text == ref, (text, res.text, ref)
+            if text.startswith("What"):
+                first, first_tokens = res.text, res.to_dict()["n_image_tokens_encoded"]
+        assert res.to_dict()["n_image_tokens_encoded"] == 0  # nothing new: the clips are cached
+    with _session(lm, mm) as s:  # the sound reaches the model: another clip, other embeddings
+        for clip in ("a.wav", "noise.wav"):
+            assert s.turn(turns[0][0], [clips[clip]], gp).error is None
+        enc = s.encoder
+        a, noise = (enc.embeddings(enc.chunk_key(t.image_keys[0], 0)) for t in s.history[::2])
+        assert a.shape == noise.shape and abs(a - noise).max() > 1e-3
+        counted = enc.ram.clip_tokens(16000)[0] if enc.ram else -1
+    assert first_tokens == counted == a.shape[0] > 0  # what mtmd counts for a clip under 30 s
+    print(f"\n{family}: {first!r}")
+
+
+def test_an_ultravox_with_its_real_stack_factor_is_refused_not_a_crash(pairs, tmp_path, clips):
+    """Ultravox's real stack factor (8) makes this llama.cpp count 187 tokens a chunk while its
+    graph makes 188, and clip.cpp aborts the process on encoding: Ebb refuses it at open."""
+    lm, _ = pairs["ultravox"]
+    mm = write_audio_projector(tmp_path / "mm-ultravox-8.gguf", SHAPE.n_embd, family="ultravox")
+    with pytest.raises(EbbError) as e:
+        _session(lm, mm).close()
+    assert "187" in str(e.value) and "188" in str(e.value) and "stop the app" in str(e.value)
+
+
+def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, tmp_path, pictures):
+    lm, mm = pairs["qwen2a"]
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    silent = write_tone(tmp_path / "silent.wav", 440, 0.0)  # a header and no samples
+    damaged = tmp_path / "damaged.wav"
+    damaged.write_bytes(clips["a.wav"].read_bytes()[:20] + b"\x00" * 8)
+    ogg = tmp_path / "voice.ogg"
+    ogg.write_bytes(b"OggS" + bytes(200))
+    long = tmp_path / "two-hours.wav"  # a header that says two hours (a sparse file)
+    long.write_bytes(_wav_header(rate=8000, bits=8, n_bytes=8000 * 7200))
+    with open(long, "r+b") as f:
+        f.truncate(44 + 8000 * 7200)
+    gp = GenParams(max_tokens=4, temperature=0)
+    expect = {empty: "empty", silent: "no sound", damaged: "damaged", ogg: "not a sound format",
+              long: "2:00:00 long"}
+    with _session(lm, mm, n_ctx=1024) as s:
+        ok = s.turn("Hello", [], gp)
+        assert ok.error is None
+        kept = list(s.history)
+        for path, words in expect.items():
+            res = s.turn("What is this?", [path], gp)
+            assert res.error and words in res.error and path.name in res.error, (path, res.error)
+            assert s.history == kept
+        # longer than the context allows: refused with the numbers, before anything is encoded
+        long_clip = write_tone(tmp_path / "long.wav", 440, 31.0)  # two chunks: 1500 tokens
+        res = s.turn("What is this?", [long_clip], gp)
+        assert res.error and "tokens; the context holds 1024" in res.error, res.error
+        assert res.to_dict()["n_image_tokens_encoded"] == 0 and s.history == kept
+        # a picture to a projector that only hears
+        res = s.turn("And this?", [pictures["a.png"]], gp)
+        assert res.error and "does not see" in res.error and s.history == kept
+        assert s.turn("Still there?", [], gp).error is None
+
+
+def _wav_header(rate: int, bits: int, n_bytes: int) -> bytes:
+    import struct
+
+    block = bits // 8
+    return (b"RIFF" + struct.pack("<I", 36 + n_bytes) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * block, block, bits)
+            + b"data" + struct.pack("<I", n_bytes))
