@@ -134,3 +134,32 @@ def _wav_header(rate: int, bits: int, n_bytes: int) -> bytes:
     return (b"RIFF" + struct.pack("<I", 36 + n_bytes) + b"WAVEfmt "
             + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * block, block, bits)
             + b"data" + struct.pack("<I", n_bytes))
+
+
+def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
+    """OpenAI's `input_audio` part (base64 WAV) gets the reply the engine gives the same clip;
+    /v1/models says the model hears; a format Ebb does not decode is a 400 naming it."""
+    import base64
+
+    import openai
+
+    from tests.test_server import Server
+
+    lm, mm = pairs["qwen2a"]
+    with _session(lm, mm, n_ctx=2048) as s:
+        want = s.turn("What is this sound?", [clips["b.wav"]], GenParams(max_tokens=N_REPLY, temperature=0))
+    server = Server("--model", str(lm), "--mmproj", str(mm), api_key=None)
+    try:
+        client = server.client(key="none")
+        assert "audio" in client.models.list().data[0].model_extra["capabilities"]
+        audio = {"data": base64.b64encode(clips["b.wav"].read_bytes()).decode(), "format": "wav"}
+        got = client.chat.completions.create(model="m", temperature=0, max_tokens=N_REPLY, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this sound?"},
+                                         {"type": "input_audio", "input_audio": audio}]}])
+        assert got.choices[0].message.content == want.text
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {**audio, "format": "ogg"}}]}])
+        assert "'ogg' is not one Ebb decodes" in str(e.value)
+    finally:
+        server.stop()

@@ -25,9 +25,11 @@ MAX_STOPS = 4
 
 @dataclass(frozen=True)
 class ImageRef:
-    """A picture a message carries: bytes from a data URL, or a local file."""
+    """A picture or a sound clip a message carries: bytes from a data URL or an `input_audio`
+    part, or a local file."""
     data: bytes | None = None
     path: Path | None = None
+    suffix: str = ".img"  # the file it is written to: a clip's says its format
 
     def key(self) -> str:
         return hashlib.sha256(self.data).hexdigest() if self.data is not None else str(self.path)
@@ -182,10 +184,40 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
             spec = part.get("image_url")
             url = spec.get("url") if isinstance(spec, dict) else spec
             images.append(image_from_url(url, f"{where}.image_url"))
+        elif kind == "input_audio":
+            if role != "user":
+                raise ApiError(400, f"sound is read from user messages only, not {role}", where)
+            images.append(_input_audio(part.get("input_audio"), f"{where}.input_audio"))
         else:
-            raise ApiError(400, f"unsupported content part type {kind!r} (text and image_url are)",
-                           where)
+            raise ApiError(400, f"unsupported content part type {kind!r} (text, image_url and "
+                                "input_audio are)", where)
     return "\n".join(texts), tuple(images)
+
+
+MAX_AUDIO_PART_BYTES = 64 * 1024 * 1024
+
+
+def _input_audio(spec: Any, where: str) -> ImageRef:
+    """OpenAI's `input_audio` part: {"data": base64, "format": "wav" | "mp3"} (and "flac")."""
+    from engine.vision.audio import sniff
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
+        raise ApiError(400, "an input_audio part needs {\"data\": base64, \"format\": \"wav\" or "
+                            "\"mp3\"}", where)
+    fmt = spec.get("format")
+    if fmt not in ("wav", "mp3", "flac"):
+        raise ApiError(400, f"input_audio format {fmt!r} is not one Ebb decodes (wav, mp3 and "
+                            "flac are)", f"{where}.format")
+    if len(spec["data"]) > MAX_AUDIO_PART_BYTES * 4 // 3 + 4:
+        raise ApiError(413, f"a clip is at most {MAX_AUDIO_PART_BYTES // (1024 * 1024)} MiB", where)
+    try:
+        data = base64.b64decode(spec["data"], validate=True)
+    except ValueError:
+        raise ApiError(400, "input_audio data is not valid base64", f"{where}.data") from None
+    kind = sniff(data[:12])
+    if kind is None:
+        raise ApiError(400, "input_audio data is not a WAV, MP3 or FLAC clip", f"{where}.data")
+    return ImageRef(data=data, suffix=f".{kind.lower()}")
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's

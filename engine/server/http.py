@@ -93,7 +93,8 @@ def build_app(worker: Backend, api_key: str | None = None,
         created = int(worker.model_path.stat().st_mtime) if worker.model_path.exists() else 0
         # what the model answers here (not OpenAI's: a client that does not know it ignores it)
         can = ["chat.completions", "completions", "embeddings", "tools", "response_format",
-               "logprobs"] + (["vision"] if worker.vision else [])
+               "logprobs"] + (["vision"] if worker.vision else []) \
+            + (["audio"] if worker.hearing else [])
         return {"id": worker.model_id, "object": "model", "created": created, "owned_by": "ebb",
                 "capabilities": can}
 

@@ -364,7 +364,7 @@ def image_path(job: Job, ref: ImageRef) -> Path:
     if ref.path is not None:
         return _allowed_file(ref.path, job.image_folder)
     assert ref.data is not None
-    path = job.image_dir / f"{ref.key()}.img"
+    path = job.image_dir / f"{ref.key()}{ref.suffix}"
     if not path.exists():
         job.image_dir.mkdir(parents=True, exist_ok=True)
         part = path.with_suffix(f".{threading.get_ident()}.part")
@@ -422,7 +422,15 @@ class ServeWorker:
         self.session: Session | None = None
         self.model_id = cfg.model_path.stem
         self.model_path = cfg.model_path
-        self.vision = cfg.mmproj_path is not None
+        self.vision = self.hearing = False  # messages may carry pictures / clips
+        if cfg.mmproj_path is not None:
+            from engine.gguf.info import projector_info, read_gguf
+
+            try:  # the header says which: a damaged one says so when the model loads
+                proj = projector_info(read_gguf(cfg.mmproj_path))
+                self.vision, self.hearing = proj.sees, proj.hears
+            except EbbError:
+                self.vision = True
         self.busy_with: Job | None = None
         self.served = 0
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
