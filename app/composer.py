@@ -1,7 +1,8 @@
-"""The composer: text, attached images as thumbnails with a remove button, paste and drop.
+"""The composer: text, attached pictures as thumbnails and sound clips as chips (name,
+length, play), each with a remove button; paste and drop.
 
-Enter sends, Shift+Enter is a new line. A file that is not a usable image is named and
-explained inline and never attached. GUI thread only.
+Enter sends, Shift+Enter is a new line. A file that is not a usable picture or clip is named
+and explained inline and never attached. GUI thread only.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.clips import ClipPlayer, describe
 from app.store import Message
+from engine.vision.audio import is_clip
 from engine.vision.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
@@ -107,9 +110,10 @@ class Composer(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.images: list[Path] = []
+        self.images: list[Path] = []  # pictures and clips, in the order attached
+        self.player = ClipPlayer(self.show_error)
         self.edit = MessageEdit(placeholderText="Message Ebb — Enter sends, Shift+Enter new line, "
-                                                "Ctrl+V pastes an image")
+                                                "Ctrl+V pastes an image; drop pictures or clips")
         self.edit.setMaximumHeight(96)
         self.edit.send_requested.connect(self.send_requested)
         self.edit.escape_pressed.connect(self.cancel_edit)
@@ -143,7 +147,7 @@ class Composer(QWidget):
 
     def add_image(self, path: Path) -> bool:
         path = Path(path)
-        problem = check_image(path)
+        problem = describe(path)[1] if is_clip(path) else check_image(path)
         if problem:
             self.show_error(f"{path.name}: {problem} — not attached")
             return False
@@ -159,6 +163,8 @@ class Composer(QWidget):
         self.error.show()
 
     def remove_image(self, path: Path) -> None:
+        if self.player.playing == path:
+            self.player.stop()
         self.images = [p for p in self.images if p != path]
         self._rebuild_strip()
 
@@ -207,7 +213,24 @@ class Composer(QWidget):
         for i, path in enumerate(self.images):
             self.strip.insertWidget(i, self._thumb(path))
 
+    def _clip_chip(self, path: Path) -> QWidget:
+        """A clip: its name, length and format, a play button and a remove button."""
+        box = QWidget()
+        lay = QHBoxLayout(box)
+        lay.setContentsMargins(4, 2, 4, 2)
+        box.setStyleSheet("QWidget { background: #eef3f8; border-radius: 4px; }")
+        play = QToolButton(text="▶", toolTip=f"Play {path.name} (again: stop)")
+        play.clicked.connect(lambda: self.player.toggle(path))
+        remove = QToolButton(text="✕", toolTip=f"Remove {path.name}")
+        remove.clicked.connect(lambda: self.remove_image(path))
+        lay.addWidget(play)
+        lay.addWidget(QLabel(describe(path)[0]))
+        lay.addWidget(remove)
+        return box
+
     def _thumb(self, path: Path) -> QWidget:
+        if is_clip(path):
+            return self._clip_chip(path)
         box = QWidget()
         lay = QVBoxLayout(box)
         lay.setContentsMargins(0, 0, 0, 0)

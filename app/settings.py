@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 DEMO = "demo"
 DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a picture's colour "
               "(red, green, blue, yellow, black, white)")
+DEMO_AUDIO_LABEL = ("generated audio projector: random weights — it runs the whole audio "
+                    "pipeline but does not hear")
 DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
                             "flash_attn": "auto", "vision": "auto", "rpc": [], "model_folders": [],
                             "gpu_layers": -1, "spread": False, "max_tokens": 0,

@@ -30,8 +30,10 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QTextEdit
 
+from app.clips import ClipPlayer, describe
 from app.markdown import Part, code_html, split_all, split_finished
 from app.store import Message
+from engine.vision.audio import is_clip
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens
 BATCH = 20  # older messages added above them when scrolled near the top
@@ -43,11 +45,13 @@ class Transcript(QTextBrowser):
     copied = Signal(str)  # a code block was copied (its text)
     # a message's link was clicked: (edit | regen | prev | next | delete, the message's id)
     action = Signal(str, int)
+    problem = Signal(str)  # something the user asked for cannot be done (a clip cannot play)
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self.setOpenLinks(False)  # anchors are ours: copy:N, and http(s) to the browser
         self.anchorClicked.connect(self._on_anchor)
+        self.player = ClipPlayer(self.problem.emit)  # a clip's ▶ link plays it
         self.document().setDocumentMargin(10)
         self.open_url: Callable[[QUrl], Any] = QDesktopServices.openUrl
         self._messages: list[Message] = []
@@ -282,6 +286,13 @@ class Transcript(QTextBrowser):
             cur.setPosition(table.lastPosition() + 1)
 
     def _image_html(self, path: Path) -> str:
+        if is_clip(path):  # a sound clip: its chip, and a link that plays it
+            if not path.is_file():
+                return f"<i>[clip missing: {html.escape(path.name)}]</i>"
+            url = QUrl.fromLocalFile(str(path))
+            url.setScheme("play")
+            return (f'<a href="{url.toString()}" style="text-decoration:none">▶ '
+                    f"{html.escape(describe(path)[0])}</a>")
         size = _thumb_size(path)
         if size is None:
             return f"<i>[image missing: {html.escape(path.name)}]</i>"
@@ -317,6 +328,8 @@ class Transcript(QTextBrowser):
             kind, _, mid = url.path().partition("/")
             if mid.isdigit():
                 self.action.emit(kind, int(mid))
+        elif url.scheme() == "play":
+            self.player.toggle(Path(url.path()))
         elif url.scheme() == "copy":
             try:
                 code = self._codes[int(url.path())]

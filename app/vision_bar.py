@@ -7,7 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QWidget
 
-from app.settings import DEMO_LABEL
+from app.settings import DEMO_LABEL, DEMO_AUDIO_LABEL
 from engine import events
 
 # where the projector is, as the row says it (Residency.projector_device → text)
@@ -52,12 +52,18 @@ class VisionBar(QWidget):
         has_proj = bool(d.projector)
         self._show(d.vision)
         self.switch.setEnabled(has_proj)
+        # the switch is named for what the projector takes: pictures, sound, or both
+        name = {(True, False): "Vision", (False, True): "Hearing",
+                (True, True): "Vision and hearing"}.get((d.projector_sees, d.projector_hears), "Vision")
+        self.switch.setText(name)
+        self.switch.setToolTip(f"Turn {name.lower()} on and off without reloading the model")
         self.label.setText("projector in RAM" if has_proj else "no projector loaded")
-        self.demo.setText(DEMO_LABEL if d.projector_synthetic else "")
+        self.demo.setText("" if not d.projector_synthetic
+                          else DEMO_AUDIO_LABEL if not d.projector_sees else DEMO_LABEL)
 
     def vision_changed(self, ev: events.VisionChanged) -> None:
         self._show(ev.enabled)
-        self.label.setText("projector in RAM" if ev.enabled else "vision off")
+        self.label.setText("projector in RAM" if ev.enabled else f"{self.switch.text().lower()} off")
 
     def residency(self, ev: events.Residency) -> None:
         if self.on:

@@ -186,6 +186,7 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.regen_button)
         acts.addWidget(self.copy_button)
         self.composer = Composer()
+        self.transcript.problem.connect(self.composer.show_error)  # e.g. a clip that cannot play
         self.composer.send_requested.connect(self.send_message)
         attach = QPushButton("Attach…", clicked=self._on_attach)
         self.send_button = QPushButton("Send", clicked=self.send_message, enabled=False)
@@ -559,8 +560,11 @@ class MainWindow(QMainWindow):
         from PySide6.QtCore import QStandardPaths
 
         start = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.PicturesLocation)
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", start or str(Path.home()),
-                                                "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
+        pictures = "*.png *.jpg *.jpeg *.webp *.gif *.bmp"
+        sound = "*.wav *.mp3 *.flac"
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Attach pictures or sound clips", start or str(Path.home()),
+            f"Pictures and sound ({pictures} {sound});;Pictures ({pictures});;Sound clips ({sound})")
         for p in paths:
             self.composer.add_image(Path(p))
 

@@ -159,6 +159,8 @@ class EngineWorker(QObject):
                 placement_reason=s.model.placement_reason, memory_note=s.model.memory_note,
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                 projector_synthetic=bool(proj and proj.synthetic), vision=s.encoder.enabled,
+                projector_sees=bool(proj is None or proj.sees),
+                projector_hears=bool(proj and proj.hears),
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
                 # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                 backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),

@@ -38,7 +38,9 @@ class LoadDetails:
     memory_note: str = ""  # the device held less than its budget said: what was done
     projector: str = ""  # its path; "" without one
     projector_synthetic: bool = False
-    vision: bool = False
+    projector_sees: bool = True  # takes pictures
+    projector_hears: bool = False  # takes sound clips
+    vision: bool = False  # the projector is on (pictures and clips, whichever it takes)
     rpc_bytes_sent: int = 0
     backend_notes: tuple[str, ...] = ()  # a GPU backend built in that cannot run here
     safe_mode: bool = False
