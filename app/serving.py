@@ -32,12 +32,13 @@ class WindowBackend:
         self.model_id = ""
         self.model_path = Path()
         self.served = 0
-        self.vision = False  # the loaded model has a projector
+        self.vision = False  # the loaded model's projector takes pictures
+        self.hearing = False  # ... and sound clips
         self.busy_with: Job | None = None  # the job the worker is answering (its thread sets it)
 
-    def set_model(self, path: str, vision: bool = False) -> None:
+    def set_model(self, path: str, vision: bool = False, hearing: bool = False) -> None:
         """The window loaded a model: requests name it from now on."""
-        self.vision = vision
+        self.vision, self.hearing = vision, hearing
         self.model_path = Path(path)
         self.model_id = self.model_path.stem
         self.ready.set()

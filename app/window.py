@@ -776,7 +776,9 @@ class MainWindow(QMainWindow):
                                      f"{images}{gone}", 8000)
 
     def _on_model_loaded(self, ev: events.ModelLoaded) -> None:
-        self.local_server.backend.set_model(ev.model_path, vision=bool(ev.details.projector))
+        d0 = ev.details
+        self.local_server.backend.set_model(ev.model_path, vision=bool(d0.projector) and d0.projector_sees,
+                                            hearing=bool(d0.projector) and d0.projector_hears)
         d = ev.details
         self._loaded = d
         self.progress.hide()

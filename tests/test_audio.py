@@ -163,3 +163,25 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
         assert "'ogg' is not one Ebb decodes" in str(e.value)
     finally:
         server.stop()
+
+
+def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
+    """A clip in the composer is a chip (name, length, format); sent, the transcript shows it
+    with a play link and the model answers; a damaged one is named in the window, not attached;
+    the switch is named for what the projector takes."""
+    from tests.helpers import fresh_store, open_window, send
+
+    lm, mm = pairs["ultravox"]
+    w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=4)
+    assert w.vision.switch.text() == "Hearing"
+    clip = write_tone(tmp_path / "doorbell.wav", 660, 2.5)
+    assert w.composer.add_image(clip)
+    chip = " ".join(lbl.text() for lbl in w.composer.findChildren(type(w.composer.error)))
+    assert "♪ doorbell.wav · 0:02 · WAV" in chip  # 2.5 s rounds to even
+    send(qtbot, w, "What is this sound?")
+    assert not w.last_error, w.last_error
+    assert "▶ ♪ clip · 0:02 · WAV" in w.transcript.toPlainText()
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    assert not w.composer.add_image(bad)
+    assert w.composer.error.isVisible() and "header is damaged" in w.composer.error.text()

@@ -110,7 +110,8 @@ class Backend(Protocol):
     ready: threading.Event
     load_error: str | None
     served: int
-    vision: bool  # the model has a projector: messages may carry images
+    vision: bool  # the model's projector takes pictures: messages may carry images
+    hearing: bool  # ... sound: messages may carry input_audio
 
     def submit(self, job: Job) -> int: ...
 
