@@ -10,12 +10,13 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-from PySide6.QtCore import QMimeData, QSize, Qt, Signal
+from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QImage, QKeyEvent, QPixmap
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QToolButton,
     QVBoxLayout,
@@ -23,8 +24,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.clips import ClipPlayer, describe
+from app.recorder import Recorder, RecordError
 from app.store import Message
-from engine.vision.audio import is_clip
+from engine.vision.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
 from engine.vision.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
@@ -135,9 +137,30 @@ class Composer(QWidget):
         bar.addWidget(self.edit_label, 1)
         bar.addWidget(QPushButton("Cancel edit", clicked=self.cancel_edit))
         self.edit_bar.hide()
+        # recording from the microphone: the time so far against the limit, a level meter
+        self.recorder: Recorder | None = None
+        self.record_backend = ""  # "" the system's; tests: "null" (miniaudio's silent device)
+        self.record_limit_s = float(MAX_CLIP_SECONDS)  # the window sets it from the context left
+        self.record_bar = QWidget()
+        rb = QHBoxLayout(self.record_bar)
+        rb.setContentsMargins(0, 0, 0, 0)
+        self.record_label = QLabel("")
+        self.record_label.setStyleSheet("color: #c62828;")
+        self.meter = QProgressBar(maximum=100, textVisible=False, maximumHeight=10,
+                                  maximumWidth=80, toolTip="The microphone's level")
+        self.record_label.setMinimumWidth(
+            self.record_label.fontMetrics().horizontalAdvance("● 00:00 / 00:00") + 12)
+        rb.addWidget(self.record_label, 1)
+        rb.addWidget(self.meter)
+        rb.addWidget(QPushButton("Stop", clicked=self.stop_recording,
+                                 toolTip="End the recording: it is attached, to play before sending"))
+        rb.addWidget(QPushButton("Cancel", clicked=self.cancel_recording))
+        self.record_bar.hide()
+        self._record_timer = QTimer(self, interval=100, timeout=self._record_tick)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.edit_bar)
+        lay.addWidget(self.record_bar)
         lay.addLayout(self.strip)
         lay.addWidget(self.error)
         lay.addWidget(self.edit)
@@ -157,6 +180,61 @@ class Composer(QWidget):
         self._rebuild_strip()
         self.error.hide()
         return True
+
+    def start_recording(self) -> bool:
+        """Record from the microphone until Stop, Cancel or the limit. False (and a message
+        here) when there is no microphone or no room for a clip."""
+        if self.recorder is not None:
+            return True
+        if self.record_limit_s < 1:
+            self.show_error("No room left in this model's context for a recording: start a new "
+                            "chat, or raise the context in Settings")
+            return False
+        rec = Recorder(self.record_backend)
+        try:
+            rec.start()
+        except RecordError as exc:
+            self.show_error(str(exc))
+            return False
+        self.recorder = rec
+        self.error.hide()
+        self.record_bar.show()
+        self._record_tick()
+        self._record_timer.start()
+        return True
+
+    def _record_tick(self) -> None:
+        rec = self.recorder
+        if rec is None:
+            return
+        done = rec.seconds()
+        self.record_label.setText(f"● {fmt_seconds(done)} / {fmt_seconds(self.record_limit_s)}")
+        self.record_label.setToolTip(f"Recording: {fmt_seconds(done)} so far; it stops itself at "
+                                     f"{fmt_seconds(self.record_limit_s)}, what the context has room for")
+        self.meter.setValue(int(rec.level() * 100))
+        if done >= self.record_limit_s:
+            self.stop_recording()
+
+    def stop_recording(self) -> Path | None:
+        """End the recording and attach it (its chip plays it before sending)."""
+        rec, self.recorder = self.recorder, None
+        self._record_timer.stop()
+        self.record_bar.hide()
+        if rec is None:
+            return None
+        try:
+            path = rec.stop()
+        except RecordError as exc:
+            self.show_error(str(exc))
+            return None
+        return path if self.add_image(path) else None
+
+    def cancel_recording(self) -> None:
+        rec, self.recorder = self.recorder, None
+        self._record_timer.stop()
+        self.record_bar.hide()
+        if rec is not None:
+            rec.cancel()
 
     def show_error(self, text: str) -> None:
         self.error.setText(text)

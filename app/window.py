@@ -191,8 +191,11 @@ class MainWindow(QMainWindow):
         attach = QPushButton("Attach…", clicked=self._on_attach)
         self.send_button = QPushButton("Send", clicked=self.send_message, enabled=False)
         self.stop_button = QPushButton("Stop", clicked=self._on_stop, enabled=False)
+        self.record_button = QPushButton("Record", clicked=self.composer.start_recording,
+                                         visible=False,
+                                         toolTip="Record a clip from the microphone")
         buttons = QVBoxLayout()
-        for b in (self.send_button, self.stop_button, attach):
+        for b in (self.send_button, self.stop_button, attach, self.record_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         row = QHBoxLayout()
@@ -792,6 +795,8 @@ class MainWindow(QMainWindow):
         if d.requested:
             remember_model(self.store, *d.requested)
         self._has_accel = bool(d.accelerator)
+        self.record_button.setVisible(bool(d.projector) and d.projector_hears)
+        self._set_record_limit(0)
         self.panel.set_device_names({str(d.accelerator): f"stand-in {d.accelerator}"}
                                     if self.standin.is_standin(d) else {})
         self._update_welcome()
@@ -814,8 +819,24 @@ class MainWindow(QMainWindow):
         self._send_history()
         self._update_actions()
 
+    def _set_record_limit(self, used: int) -> None:
+        """How long a recording may run: the 30-second chunks the context has room for after
+        `used` cells and the reply's room (at least one chunk when one fits the context), less
+        a second (a clip of exactly k x 30 s takes k + 1 chunks)."""
+        from engine.conversation import reply_room
+        from engine.vision.audio import MAX_CLIP_SECONDS
+
+        per = self._loaded.clip_chunk_tokens if self._loaded is not None else 0
+        if per <= 0:
+            self.composer.record_limit_s = 0
+            return
+        room = self._n_ctx - reply_room(self._n_ctx)
+        chunks = max((room - used) // per, 1 if room >= per else 0)  # older turns make room
+        self.composer.record_limit_s = float(min(MAX_CLIP_SECONDS, 30 * chunks - 1) if chunks else 0)
+
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         res = ev.result
+        self._set_record_limit(int(res.gen.get("n_prompt_tokens", 0)) + int(res.gen.get("n_gen_tokens", 0)))
         if res.device_lost:
             self.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
                              "that are left.")

@@ -160,7 +160,7 @@ class EngineWorker(QObject):
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                 projector_synthetic=bool(proj and proj.synthetic), vision=s.encoder.enabled,
                 projector_sees=bool(proj is None or proj.sees),
-                projector_hears=bool(proj and proj.hears),
+                projector_hears=bool(proj and proj.hears), clip_chunk_tokens=s.clip_chunk_tokens(),
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
                 # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                 backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),

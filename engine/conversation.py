@@ -67,6 +67,12 @@ def drop_oldest(history: Sequence[HistoryTurn], keep: int) -> tuple[tuple[Histor
     return tuple(h[end:]), end, 0
 
 
+def reply_room(n_ctx: int) -> int:
+    """Cells a turn keeps free for its reply when the conversation is fitted (the window's
+    recording limit counts with it too)."""
+    return min(1024, n_ctx // 4)
+
+
 def fit_history(history: Sequence[HistoryTurn], count: Callable[[Sequence[HistoryTurn]], int],
                 n_ctx: int, reply_room: int, overflow: str, continuing: bool) -> Fitted:
     """Make `history` fit `n_ctx` with `reply_room` cells left for the reply.

@@ -40,6 +40,7 @@ class LoadDetails:
     projector_synthetic: bool = False
     projector_sees: bool = True  # takes pictures
     projector_hears: bool = False  # takes sound clips
+    clip_chunk_tokens: int = 0  # tokens a 30-second chunk of sound takes (0: does not hear)
     vision: bool = False  # the projector is on (pictures and clips, whichever it takes)
     rpc_bytes_sent: int = 0
     backend_notes: tuple[str, ...] = ()  # a GPU backend built in that cannot run here

@@ -287,10 +287,19 @@ class Session:
 
     # ------------------------------------------------------------ the context's limit
 
+    def clip_chunk_tokens(self) -> int:
+        """Tokens a 30-second chunk of sound takes with this projector (0: it does not hear)."""
+        from engine.vision.projector import ONE_CHUNK_SECONDS
+
+        pr = self.encoder.ram
+        return pr.clip_tokens(ONE_CHUNK_SECONDS * pr.sample_rate)[0] if pr is not None and pr.hears else 0
+
     @property
     def reply_room(self) -> int:
         """Cells a turn keeps free for its reply when the conversation is fitted."""
-        return min(1024, self.n_ctx // 4)
+        from engine.conversation import reply_room
+
+        return reply_room(self.n_ctx)
 
     def _count(self, history: Sequence[HistoryTurn], extra: HistoryTurn | None,
                pixels: list[LoadedImage], open_reply: str = "") -> int:

@@ -185,3 +185,18 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
     assert not w.composer.add_image(bad)
     assert w.composer.error.isVisible() and "header is damaged" in w.composer.error.text()
+    # recording: miniaudio's silent capture device stands in for a microphone; the limit is
+    # what the context has room for: 1024 cells, 256 for the reply, 375 a chunk, and the first
+    # turn's ~420 leave less than a chunk, so one chunk (older turns make room), less a second
+    assert w.record_button.isVisible()
+    w.composer.record_backend = "null"
+    w.record_button.click()
+    assert w.composer.record_bar.isVisible()
+    qtbot.waitUntil(lambda: w.composer.recorder is not None and w.composer.recorder.seconds() >= 1.0,
+                    timeout=30_000)
+    assert w.composer.record_label.text().endswith("/ 0:29"), w.composer.record_label.text()
+    recorded = w.composer.stop_recording()
+    assert recorded is not None and recorded in w.composer.images and not w.composer.record_bar.isVisible()
+    send(qtbot, w, "And this?")
+    assert not w.last_error, w.last_error
+    assert w.transcript.toPlainText().count("▶ ♪ clip") == 2

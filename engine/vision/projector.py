@@ -36,6 +36,9 @@ _MTMD_CHUNK_TEXT = 0
 _MTMD_CHUNK_IMAGE = 1
 _MTMD_CHUNK_AUDIO = 2
 CLIP_SECONDS = 30  # a Whisper-like encoder takes sound in chunks of 30 s
+# a clip of exactly k x 30 s makes k + 1 chunks (mtmd pads 30 s of silence and keeps every
+# whole chunk): one chunk is measured on a clip a second short of it
+ONE_CHUNK_SECONDS = CLIP_SECONDS - 1
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,8 @@ class ProjectorRuntime:
         the largest picture it takes (a dynamic-resolution family's cap)."""
         if self.sees:
             most = max(self.image_tokens(w, h)[0] for w, h in LARGEST_IMAGES)
-        else:  # a 30-second clip: each chunk of a longer one is as large
-            most = self.clip_tokens(CLIP_SECONDS * self.sample_rate)[0]
+        else:  # one chunk of sound: each chunk of a longer clip is as large
+            most = self.clip_tokens(ONE_CHUNK_SECONDS * self.sample_rate)[0]
         return replace(self.info, compute_buffer_bytes_measured=self.compute_buffer_bytes,
                        n_image_tokens_measured=most)
 
@@ -349,7 +352,7 @@ def probe_projector(mmproj: Path, model: Path, image_size: tuple[int, int], n_th
         with ProjectorRuntime(Path(mmproj), holder, n_threads, None, flash_attn,
                               image_max_tokens) as pr:
             tokens, chunks = (pr.image_tokens(*image_size) if pr.sees
-                              else pr.clip_tokens(CLIP_SECONDS * pr.sample_rate))
+                              else pr.clip_tokens(ONE_CHUNK_SECONDS * pr.sample_rate))
             return ProjectorProbe(pr.measured_info(), image_size, tokens, chunks)
     finally:
         holder.close()
