@@ -200,3 +200,29 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     send(qtbot, w, "And this?")
     assert not w.last_error, w.last_error
     assert w.transcript.toPlainText().count("▶ ♪ clip") == 2
+
+
+def test_a_clip_swaps_onto_the_stand_in_accelerator_as_a_picture_does(pairs, clips, pictures,
+                                                                      rpc_server, tmp_path):
+    """The omni projector on the RPC device: a clip and a picture are encoded by the swap (the
+    live mover) and by the CPU, and the replies agree; the plan names the swap."""
+    import json
+
+    from tests.helpers import run_cli
+
+    lm, mm = pairs["qwen2.5o"]
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([
+        {"text": "What is this sound?", "images": [str(clips["a.wav"])]},
+        {"text": "And these?", "images": [str(pictures["a.png"]), str(clips["b.wav"])]}]))
+    runs = {}
+    for vision in ("swap", "cpu"):
+        proc = run_cli("chat", "--model", str(lm), "--mmproj", str(mm), "--rpc", rpc_server.endpoint,
+                       "--script", str(script), "--temp", "0", "--max-tokens", str(N_REPLY),
+                       "--ctx", str(N_CTX), "--threads", str(N_THREADS), "--vision", vision,
+                       "--mover", "live", "--json", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs[vision] = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert all("error" not in t for t in runs[vision]), runs[vision]
+    assert [t["strategy"] for t in runs["swap"]] == ["swap", "swap"]
+    assert [t["text"] for t in runs["swap"]] == [t["text"] for t in runs["cpu"]]
