@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import EbbError
-from engine.vision.audio import clip_info, fmt_seconds
+from engine.media.audio import clip_info, fmt_seconds
 
 
 def describe(path: Path) -> tuple[str, str | None]:

@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
 from app.clips import ClipPlayer, describe
 from app.recorder import Recorder, RecordError
 from app.store import Message
-from engine.vision.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
-from engine.vision.images import MAX_IMAGE_PIXELS
+from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
+from engine.media.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
 

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import QTextBrowser, QTextEdit
 from app.clips import ClipPlayer, describe
 from app.markdown import Part, code_html, split_all, split_finished
 from app.store import Message
-from engine.vision.audio import is_clip
+from engine.media.audio import is_clip
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens
 BATCH = 20  # older messages added above them when scrolled near the top

@@ -824,7 +824,7 @@ class MainWindow(QMainWindow):
         `used` cells and the reply's room (at least one chunk when one fits the context), less
         a second (a clip of exactly k x 30 s takes k + 1 chunks)."""
         from engine.conversation import reply_room
-        from engine.vision.audio import MAX_CLIP_SECONDS
+        from engine.media.audio import MAX_CLIP_SECONDS
 
         per = self._loaded.clip_chunk_tokens if self._loaded is not None else 0
         if per <= 0:

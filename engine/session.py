@@ -2,9 +2,9 @@
 turn's orchestration. Each job has its owner; the session calls them in order:
 - `ModelResidency` (engine/placement/residency.py): the text model, where its layers live, the
   live mover, the ledger and the Residency events (`session.model`);
-- `ImageEncoder` (engine/vision/encoder.py): the projectors, the embeddings cache and the
+- `MediaEncoder` (engine/media/encoder.py): the projectors, the embeddings cache and the
   vision costs (`session.encoder`);
-- `TurnImages` (engine/vision/turn.py): a prompt's image chunks, and encoding the new ones in
+- `TurnMedia` (engine/media/turn.py): a prompt's image chunks, and encoding the new ones in
   one plan (the pure `plan_vision`, carried out step by step by `PlanRun`);
 - `PhaseMover` (engine/placement/phase_mover.py): the prompt at its own placement, per phase;
 - engine/conversation.py: the history (`HistoryTurn`, a `Conversation` snapshot) and the pure
@@ -38,11 +38,11 @@ from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
-from engine.vision.embedding_files import EmbeddingFiles
-from engine.vision.encoder import ImageEncoder
-from engine.vision.images import LoadedImage
-from engine.vision.projector import TextPiece
-from engine.vision.turn import TurnImages
+from engine.media.embedding_files import EmbeddingFiles
+from engine.media.encoder import MediaEncoder
+from engine.media.images import LoadedMedia
+from engine.media.projector import TextPiece
+from engine.media.turn import TurnMedia
 
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
@@ -91,7 +91,7 @@ class Session:
             reserve = (projector_need_bytes(self.proj_info, cfg.flash)
                        if self.proj_info is not None and cfg.vision == "resident" else 0)
             self.model.load(reserve)
-            self.encoder = ImageEncoder(cfg, self.proj_info, self.threads.encode, self.model.ledger,
+            self.encoder = MediaEncoder(cfg, self.proj_info, self.threads.encode, self.model.ledger,
                                         self.model.accel, self.model.accel_endpoint is not None)
             self._stack.callback(self.encoder.close)  # before the models it is bound to
             if cfg.mmproj_path is not None:
@@ -100,7 +100,7 @@ class Session:
                 # mtmd's own numbers (compute reserve, tokens per image) replace the header's
                 assert self.encoder.ram is not None
                 self.proj_info = self.encoder.info = self.encoder.ram.measured_info()
-            self.images = TurnImages(cfg, self.info, self.n_ctx, self.model, self.encoder)
+            self.media = TurnMedia(cfg, self.info, self.n_ctx, self.model, self.encoder)
         except BaseException:
             self._stack.close()
             raise
@@ -129,7 +129,7 @@ class Session:
         """Turn vision on or off. Never reloads the model; frees a resident projector."""
         if enabled and self.proj_info is None:
             raise EbbError("no projector is loaded", "start with --mmproj FILE.gguf")
-        self.images.switch(enabled)
+        self.media.switch(enabled)
 
     # ------------------------------------------------------------ the turn
 
@@ -155,7 +155,7 @@ class Session:
             pending = [i for i in pending if self.encoder.key(i) in kept]
             messages, keys = self._messages(turn)
             with self._tokenize(messages, keys, pending + images) as prompt:
-                self.images.encode_new(prompt, keys, images, res, tl, cancel, self.before_restore)
+                self.media.encode_new(prompt, keys, images, res, tl, cancel, self.before_restore)
                 self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
         except EbbError as exc:
             res.error = str(exc)
@@ -211,11 +211,11 @@ class Session:
                 messages, keys = self._messages()
                 text, added_special = self._format(messages)
                 text += before.text  # the reply so far, left open: the model goes on with it
-                prompt = (self.images.tokenize(text, not added_special, keys, pending) if keys
+                prompt = (self.media.tokenize(text, not added_special, keys, pending) if keys
                           else contextlib.nullcontext(self.model.runtime.tokenize(text, not added_special)))
                 self.history = self.history + [before]  # kept if anything below fails
                 with prompt as p:
-                    self.images.encode_new(p, keys, [], res, tl, cancel, self.before_restore)
+                    self.media.encode_new(p, keys, [], res, tl, cancel, self.before_restore)
                     result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
@@ -289,7 +289,7 @@ class Session:
 
     def clip_chunk_tokens(self) -> int:
         """Tokens a 30-second chunk of sound takes with this projector (0: it does not hear)."""
-        from engine.vision.projector import ONE_CHUNK_SECONDS
+        from engine.media.projector import ONE_CHUNK_SECONDS
 
         pr = self.encoder.ram
         return pr.clip_tokens(ONE_CHUNK_SECONDS * pr.sample_rate)[0] if pr is not None and pr.hears else 0
@@ -302,7 +302,7 @@ class Session:
         return reply_room(self.n_ctx)
 
     def _count(self, history: Sequence[HistoryTurn], extra: HistoryTurn | None,
-               pixels: list[LoadedImage], open_reply: str = "") -> int:
+               pixels: list[LoadedMedia], open_reply: str = "") -> int:
         """KV cells the conversation (with `extra`) takes as a prompt: the template's tokens and
         every image chunk's, as mtmd counts them (nothing is encoded)."""
         assert self.model.runtime is not None
@@ -311,11 +311,11 @@ class Session:
         text += open_reply
         if not keys:
             return len(self.model.runtime.tokenize(text, not added_special))
-        with self.images.tokenize(text, not added_special, keys, pixels) as prompt:
+        with self.media.tokenize(text, not added_special, keys, pixels) as prompt:
             return sum(len(p.tokens) if isinstance(p, TextPiece) else p.n_tokens
                        for p in prompt.pieces)
 
-    def _fit(self, turn: HistoryTurn | None, pixels: list[LoadedImage], res: TurnResult,
+    def _fit(self, turn: HistoryTurn | None, pixels: list[LoadedMedia], res: TurnResult,
              open_reply: str = "") -> None:
         """Make the conversation plus `turn` (None: Continue of the last reply) fit the
         context with room for the reply (engine/conversation.py decides what leaves)."""
@@ -349,8 +349,8 @@ class Session:
         keys = [self.encoder.remember(i) for i in images]
         assert self.encoder.ram is not None
         text = "".join(f"{self.encoder.marker}\n" for _ in images)
-        with self.images.tokenize(text, False, keys, images) as prompt:
-            self.images.encode_new(prompt, keys, images, res, tl, None, self.before_restore)
+        with self.media.tokenize(text, False, keys, images) as prompt:
+            self.media.encode_new(prompt, keys, images, res, tl, None, self.before_restore)
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
@@ -363,14 +363,14 @@ class Session:
         return Timeline(self._request_id, self._emit, self.model.ledger, self.model.accel)
 
     def _tokenize(self, messages: list[dict[str, Any]], keys: list[str],
-                  pixels: list[LoadedImage]) -> Any:
+                  pixels: list[LoadedMedia]) -> Any:
         """The prompt of `messages` as llama.cpp's own tools tokenize it: mtmd's chunks when it
         has images (one marker per key), else the model's tokens."""
         assert self.model.runtime is not None
         text, added_special = self._format(messages)
         if not keys:
             return contextlib.nullcontext(self.model.runtime.tokenize(text, add_special=not added_special))
-        return self.images.tokenize(text, not added_special, keys, pixels)
+        return self.media.tokenize(text, not added_special, keys, pixels)
 
     # ------------------------------------------------------------ the conversation
 
@@ -501,7 +501,7 @@ class Session:
     def messages(self) -> list[dict[str, Any]]:
         return self._messages()[0]
 
-    def _pending_history_images(self) -> list[LoadedImage]:
+    def _pending_history_images(self) -> list[LoadedMedia]:
         """Earlier images not encoded yet (a saved conversation, reopened). One that can no
         longer be read leaves the conversation: its place in the prompt goes with it."""
         if not self.encoder.enabled:
@@ -535,7 +535,7 @@ class Session:
         """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode."""
         runtime = self.model.runtime
         assert runtime is not None
-        items = self.images.prompt_items(prompt, keys)
+        items = self.media.prompt_items(prompt, keys)
         accel = self.model.placement.accel or CPU
         tl.plan = None
         enc = self.encoder

@@ -99,7 +99,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     wait would end unanswered. The longest gap between beats is printed, not asserted."""
     import threading
 
-    from engine.vision.encoder import ImageEncoder
+    from engine.media.encoder import MediaEncoder
 
     w = open_window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
                     vision="swap", vram_budget="300MiB")
@@ -113,7 +113,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     assert len(w.composer.images) == 2
     in_encode, answered = threading.Event(), threading.Event()
     unanswered: list[str] = []
-    encode = ImageEncoder.encode
+    encode = MediaEncoder.encode
 
     def encode_once_the_gui_answers(self, *args, **kwargs):
         answered.clear()
@@ -123,7 +123,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
         in_encode.clear()
         return encode(self, *args, **kwargs)
 
-    monkeypatch.setattr(ImageEncoder, "encode", encode_once_the_gui_answers)
+    monkeypatch.setattr(MediaEncoder, "encode", encode_once_the_gui_answers)
     gaps: list[float] = []
     last = [time.monotonic()]
 

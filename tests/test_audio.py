@@ -19,7 +19,7 @@ from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_audio_projector
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
-from engine.vision.audio import write_tone
+from engine.media.audio import write_tone
 from tests.helpers import N_THREADS
 from tests.mtmd_reference import reference_reply
 

@@ -19,7 +19,7 @@ from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_projector
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
-from engine.vision.projector import probe_projector
+from engine.media.projector import probe_projector
 from tests.helpers import N_THREADS, run_cli
 from tests.mtmd_reference import reference_reply
 

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from engine.errors import EbbError
-from engine.vision.images import load_image
+from engine.media.images import load_image
 
 
 def _save(path, im, **kw):

@@ -7,8 +7,8 @@ from PIL import Image
 
 from engine.gguf.info import projector_info, read_gguf
 from engine.gguf.projector_gen import write_projector
-from engine.vision.images import load_image
-from engine.vision.projector import ProjectorRuntime
+from engine.media.images import load_image
+from engine.media.projector import ProjectorRuntime
 from tests.helpers import N_THREADS, run_cli
 
 

@@ -32,7 +32,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     probe = None
     if mmproj is not None and result.projector is not None:
         from engine.hw import physical_cores
-        from engine.vision.projector import probe_projector
+        from engine.media.projector import probe_projector
 
         size = args.image_size or (result.projector.image_size, result.projector.image_size)
         probe = probe_projector(mmproj, model, size, physical_cores(), args.flash_attn == "on",

@@ -23,7 +23,7 @@ from engine.placement import calibration
 from engine.placement.plan import CPU
 from engine.placement.whatif import what_if
 from engine.session import Session
-from engine.vision.images import write_noise_picture
+from engine.media.images import write_noise_picture
 
 VISION_STEPS = ("evict", "load_projector", "encode", "free_projector", "restore")
 

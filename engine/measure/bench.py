@@ -29,7 +29,7 @@ from engine.llama.bandwidth import COPY_PIECES, measure_bandwidth
 from engine.llama.runtime import GenParams
 from engine.placement.plan import placement_for, projector_need_bytes
 from engine.session import Session
-from engine.vision.images import write_noise_picture
+from engine.media.images import write_noise_picture
 
 SAMPLE_MAX_BYTES = 256 * 2**20  # a rate, not a restore: enough bytes to time it well
 

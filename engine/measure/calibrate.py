@@ -30,7 +30,7 @@ def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, 
     from engine.measure.autotune import Measurer, max_layers
     from engine.placement.plan import placement_for, projector_need_bytes
     from engine.session import Session
-    from engine.vision.images import write_noise_picture
+    from engine.media.images import write_noise_picture
 
     say = log or (lambda msg: None)
     accel = pick_accelerator(rpc)

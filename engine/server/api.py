@@ -199,7 +199,7 @@ MAX_AUDIO_PART_BYTES = 64 * 1024 * 1024
 
 def _input_audio(spec: Any, where: str) -> ImageRef:
     """OpenAI's `input_audio` part: {"data": base64, "format": "wav" | "mp3"} (and "flac")."""
-    from engine.vision.audio import sniff
+    from engine.media.audio import sniff
 
     if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
         raise ApiError(400, "an input_audio part needs {\"data\": base64, \"format\": \"wav\" or "

@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from engine.llama.state_files import read_header, write_atomically
-from engine.vision.projector import Encoded
+from engine.media.projector import Encoded
 
 MAGIC = b"EBBEMB\x01\n"
 SUFFIX = ".ebbemb"

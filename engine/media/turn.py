@@ -1,4 +1,6 @@
-"""The images of a turn's prompt, between the session and the projector.
+"""The pictures and sound clips of a turn's prompt, between the session and the projector
+(a clip goes everywhere a picture goes: its chunks, the cache, the plan; "image" in the names
+below means either).
 
 - `tokenize`: mtmd's chunks of a prompt, with an image's pixels only where one of its chunks
   is not encoded yet (else only its size, a placeholder);
@@ -25,15 +27,15 @@ from engine.llama.runtime import ImageSpan, PromptItem
 from engine.placement.plan import CPU, DoesNotFit, plan_vision
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
-from engine.vision.encoder import ImageEncoder
-from engine.vision.images import LoadedImage
-from engine.vision.projector import TextPiece, TokenizedPrompt
-from engine.vision.swap import ChunkWork, PlanRun
+from engine.media.encoder import MediaEncoder
+from engine.media.images import LoadedMedia
+from engine.media.projector import TextPiece, TokenizedPrompt
+from engine.media.swap import ChunkWork, PlanRun
 
 
-class TurnImages:
+class TurnMedia:
     def __init__(self, cfg: SessionConfig, info: ModelInfo, n_ctx: int, model: ModelResidency,
-                 encoder: ImageEncoder) -> None:
+                 encoder: MediaEncoder) -> None:
         self.cfg, self.info, self.n_ctx = cfg, info, n_ctx  # cfg: vision, flash, mover
         self.model, self.encoder = model, encoder
 
@@ -47,7 +49,7 @@ class TurnImages:
             self.model.emit()
 
     def tokenize(self, text: str, add_special: bool, keys: list[str],
-                 pixels: list[LoadedImage]) -> TokenizedPrompt:
+                 pixels: list[LoadedMedia]) -> TokenizedPrompt:
         """mtmd's chunks of `text` (one marker per key): an image's pixels go in when one of its
         chunks is not encoded yet, else only its size (a placeholder)."""
         enc = self.encoder
@@ -63,7 +65,7 @@ class TurnImages:
             enc.note_layout(k, b, counts[i])
         return prompt
 
-    def encode_new(self, prompt: Any, keys: list[str], images: list[LoadedImage],
+    def encode_new(self, prompt: Any, keys: list[str], images: list[LoadedMedia],
                    res: TurnResult, tl: Timeline, cancel: threading.Event | None = None,
                    before_restore: Callable[[int], None] | None = None) -> None:
         """Encode every image chunk of the prompt that is not cached yet (the message's images

@@ -23,7 +23,7 @@ from engine.gguf.info import (
 )
 from engine.llama import log as llama_log
 from engine.llama.lib import llama
-from engine.vision.images import LoadedImage
+from engine.media.images import LoadedMedia
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token (#31)
@@ -65,7 +65,7 @@ class TextPiece:
 
 
 @dataclass(frozen=True)
-class ImagePiece:
+class MediaPiece:
     """One image chunk of a tokenized prompt (a sliced image gives several)."""
     image: int  # which of the prompt's bitmaps
     index: int  # which chunk of that image
@@ -80,13 +80,13 @@ class TokenizedPrompt:
     """mtmd's chunks of a whole prompt: text (wrappers and tile separators included) and
     images. Owns the chunks; close() frees them."""
 
-    def __init__(self, M: Any, chunks: Any, pieces: list[TextPiece | ImagePiece], mctx: Any) -> None:
+    def __init__(self, M: Any, chunks: Any, pieces: list[TextPiece | MediaPiece], mctx: Any) -> None:
         self._M, self._chunks = M, chunks
         self.pieces = pieces
         self.mctx = mctx  # the mtmd context that made them (positions, attention)
 
-    def images(self) -> list[ImagePiece]:
-        return [p for p in self.pieces if isinstance(p, ImagePiece)]
+    def images(self) -> list[MediaPiece]:
+        return [p for p in self.pieces if isinstance(p, MediaPiece)]
 
     def close(self) -> None:
         if self._chunks is not None:
@@ -260,9 +260,9 @@ class ProjectorRuntime:
                 M.mtmd_bitmap_free(bm)
         return TokenizedPrompt(M, chunks, pieces, self.ctx)
 
-    def _pieces(self, chunks: Any, bitmaps: list[Bitmap]) -> list[TextPiece | ImagePiece]:
+    def _pieces(self, chunks: Any, bitmaps: list[Bitmap]) -> list[TextPiece | MediaPiece]:
         M = self._M
-        pieces: list[TextPiece | ImagePiece] = []
+        pieces: list[TextPiece | MediaPiece] = []
         seen: dict[int, int] = {}
         for i in range(M.mtmd_input_chunks_size(chunks)):
             c = M.mtmd_input_chunks_get(chunks, i)
@@ -283,14 +283,14 @@ class ProjectorRuntime:
             image = int((M.mtmd_input_chunk_get_id(c) or b"0").decode())
             index = seen.get(image, 0)
             seen[image] = index + 1
-            pieces.append(ImagePiece(
+            pieces.append(MediaPiece(
                 image=image, index=index, n_tokens=int(M.mtmd_input_chunk_get_n_tokens(c)),
                 n_pos=int(M.mtmd_input_chunk_get_n_pos(c)),
                 non_causal=bool(M.mtmd_decode_use_non_causal(self.ctx, c)), chunk=c,
                 placeholder=bitmaps[image].rgb is None))
         return pieces
 
-    def encode_chunk(self, piece: ImagePiece, name: str = "") -> Encoded:
+    def encode_chunk(self, piece: MediaPiece, name: str = "") -> Encoded:
         """Encode one image chunk; returns its embeddings (copied out of mtmd)."""
         if piece.placeholder:
             raise EbbError("an image chunk without pixels cannot be encoded",
@@ -308,7 +308,7 @@ class ProjectorRuntime:
         emb = np.ctypeslib.as_array(out, shape=(n * self.n_embd,)).copy()
         return Encoded(n, emb.reshape(n, self.n_embd), encode_s)
 
-    def encode(self, image: LoadedImage) -> list[Encoded]:
+    def encode(self, image: LoadedMedia) -> list[Encoded]:
         """Preprocess and encode one image on its own: the embeddings of each of its chunks."""
         bm = Bitmap(image.width, image.height, image.rgb)
         with self.tokenize(self.marker, [bm], add_special=False) as tp:

@@ -17,7 +17,7 @@ CLIP_HEIGHT = 0  # a sound clip's "height": its width is its samples, its bytes 
 
 
 @dataclass(frozen=True)
-class LoadedImage:
+class LoadedMedia:
     """A picture or a sound clip a message carries, decoded: what the projector takes."""
     path: str
     sha256: str  # of the file's bytes: the cache key for its embeddings
@@ -75,7 +75,7 @@ def write_noise_picture(path: Path, seed: int, size: tuple[int, int] = (224, 224
     return Path(path)
 
 
-def load_image(path: Path) -> LoadedImage:
+def load_image(path: Path) -> LoadedMedia:
     """Decode an image file to RGB. Any thread. Raises EbbError naming the file and the cause."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -103,4 +103,4 @@ def load_image(path: Path) -> LoadedImage:
         raise EbbError(f"image {path.name} is damaged ({exc})", "use another copy of the image") from None
     if rgb.width == 0 or rgb.height == 0:
         raise EbbError(f"image {path.name} is empty", "use another image")
-    return LoadedImage(str(path), digest, rgb.width, rgb.height, rgb.tobytes())
+    return LoadedMedia(str(path), digest, rgb.width, rgb.height, rgb.tobytes())

@@ -1,5 +1,6 @@
-"""The vision side of a session: the projector held in RAM, the one borrowed on the accelerator
-(resident, or for the length of a swap), the embeddings of the images seen (by content hash
+"""The projector side of a session, for pictures and sound clips alike: the projector held in
+RAM, the one borrowed on the accelerator (resident, or for the length of a swap), the
+embeddings of the pictures and clips seen (by content hash
 and projector; at most `image_cache_bytes`, least recently used first out, an image that left
 is encoded again when a turn needs it), and the vision costs the planner weighs, learned from
 measured steps. Engine thread only."""
@@ -21,10 +22,10 @@ from engine.llama.devices import find_device
 from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.llama.state_files import file_identity
-from engine.vision.embedding_files import EmbeddingFiles
-from engine.vision.audio import clip_info, is_clip
-from engine.vision.images import CLIP_HEIGHT, LoadedImage, image_digest, load_image
-from engine.vision.projector import Bitmap, Encoded, ImagePiece, ProjectorRuntime
+from engine.media.embedding_files import EmbeddingFiles
+from engine.media.audio import clip_info, is_clip
+from engine.media.images import CLIP_HEIGHT, LoadedMedia, image_digest, load_image
+from engine.media.projector import Bitmap, Encoded, MediaPiece, ProjectorRuntime
 
 
 def _projector_identity(path: Path, image_max_tokens: int) -> str:
@@ -51,7 +52,7 @@ def default_costs(info: ProjectorInfo | None, n_threads: int, accel: str | None,
     return costs
 
 
-class ImageEncoder:
+class MediaEncoder:
     def __init__(self, cfg: SessionConfig, info: ProjectorInfo | None, n_threads: int,
                  ledger: Ledger, accel: str | None, remote: bool) -> None:
         self.cfg = cfg
@@ -130,7 +131,7 @@ class ImageEncoder:
 
     # ------------------------------------------------------------ images and the cache
 
-    def key(self, img: LoadedImage) -> str:
+    def key(self, img: LoadedMedia) -> str:
         return f"{self._proj_id}:{img.sha256}"
 
     def key_of_file(self, path: Path) -> str:
@@ -140,7 +141,7 @@ class ImageEncoder:
         self._paths[key] = str(path)
         return key
 
-    def remember(self, img: LoadedImage) -> str:
+    def remember(self, img: LoadedMedia) -> str:
         key = self.key(img)
         self._paths[key] = img.path
         return key
@@ -148,7 +149,7 @@ class ImageEncoder:
     def path_of(self, key: str) -> str | None:
         return self._paths.get(key)
 
-    def adopt(self, other: "ImageEncoder") -> None:
+    def adopt(self, other: "MediaEncoder") -> None:
         """Know the image files of another session's conversation (its cache is not ours)."""
         self._paths.update(other._paths)
 
@@ -175,7 +176,7 @@ class ImageEncoder:
             self._keep(chunk_key, enc)
         return enc is not None
 
-    def load(self, path: Path) -> LoadedImage:
+    def load(self, path: Path) -> LoadedMedia:
         """A picture or a sound clip (told by its first bytes), decoded for the projector. A
         clip's header is checked first; its samples come from mtmd's own decoder."""
         path = Path(path)
@@ -192,10 +193,10 @@ class ImageEncoder:
         if len(samples) < 4:
             raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
         del info  # checked: its header says what the samples will be
-        return LoadedImage(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,
+        return LoadedMedia(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,
                            CLIP_HEIGHT, samples)
 
-    def bitmap(self, key: str, pixels: LoadedImage | None) -> Bitmap:
+    def bitmap(self, key: str, pixels: LoadedMedia | None) -> Bitmap:
         """The picture or clip for the tokenizer: its pixels or samples when given, else its
         size alone (one whose chunks are all encoded)."""
         if pixels is not None:
@@ -239,12 +240,12 @@ class ImageEncoder:
             self.cache_bytes -= self._cache.pop(k).embeddings.nbytes
             self.n_evicted += 1
 
-    def forget(self, img: LoadedImage) -> None:
+    def forget(self, img: LoadedMedia) -> None:
         key = self.key(img)
         for k in [k for k in self._cache if k.startswith(key + "#")]:
             self.cache_bytes -= self._cache.pop(k).embeddings.nbytes
 
-    def pending(self, keys: list[str]) -> tuple[list[LoadedImage], list[str]]:
+    def pending(self, keys: list[str]) -> tuple[list[LoadedMedia], list[str]]:
         """The images behind `keys` that are not encoded yet, decoded now, and the keys of
         those that can no longer be read (gone or damaged since they were saved)."""
         images, lost = [], []
@@ -257,7 +258,7 @@ class ImageEncoder:
                 lost.append(k)
         return images, lost
 
-    def encode(self, pr: ProjectorRuntime, piece: ImagePiece, chunk_key: str, device: str,
+    def encode(self, pr: ProjectorRuntime, piece: MediaPiece, chunk_key: str, device: str,
                name: str = "") -> Encoded:
         """Encode one image chunk with `pr` and keep its embeddings."""
         enc = pr.encode_chunk(piece, name)

@@ -26,8 +26,8 @@ from engine.llama.devices import wait_until_done
 from engine.placement.plan import CPU, PlannedStep, VisionPlan
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
-from engine.vision.encoder import ImageEncoder
-from engine.vision.projector import ImagePiece, ProjectorRuntime
+from engine.media.encoder import MediaEncoder
+from engine.media.projector import MediaPiece, ProjectorRuntime
 
 CLEANUP_STEPS = ("free_projector", "restore", "restore_state")
 
@@ -35,7 +35,7 @@ CLEANUP_STEPS = ("free_projector", "restore", "restore_state")
 @dataclass(frozen=True)
 class ChunkWork:
     """One image chunk to encode: mtmd's chunk, its cache key, the picture's name and size."""
-    piece: ImagePiece
+    piece: MediaPiece
     key: str
     name: str
     n_bytes: int
@@ -47,7 +47,7 @@ class PlanRun:
     layer that could not come back)."""
 
     def __init__(self, plan: VisionPlan, todo: list[ChunkWork], model: ModelResidency,
-                 encoder: ImageEncoder, timeline: Timeline,
+                 encoder: MediaEncoder, timeline: Timeline,
                  before_restore: Callable[[int], None] | None = None,
                  cancel: threading.Event | None = None) -> None:
         self.plan = plan
