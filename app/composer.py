@@ -112,14 +112,14 @@ class Composer(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.images: list[Path] = []  # pictures and clips, in the order attached
+        self.attachments: list[Path] = []  # pictures and clips, in the order attached
         self.player = ClipPlayer(self.show_error)
         self.edit = MessageEdit(placeholderText="Message Ebb — Enter sends, Shift+Enter new line, "
                                                 "Ctrl+V pastes an image; drop pictures or clips")
         self.edit.setMaximumHeight(96)
         self.edit.send_requested.connect(self.send_requested)
         self.edit.escape_pressed.connect(self.cancel_edit)
-        self.edit.image_pasted.connect(self.add_image)
+        self.edit.image_pasted.connect(self.attach)
         self.edit.paste_refused.connect(self.show_error)
         self.strip = QHBoxLayout()
         self.strip.addStretch(1)
@@ -168,15 +168,15 @@ class Composer(QWidget):
     def text(self) -> str:
         return self.edit.toPlainText().strip()
 
-    def add_image(self, path: Path) -> bool:
+    def attach(self, path: Path) -> bool:
         path = Path(path)
         problem = describe(path)[1] if is_clip(path) else check_image(path)
         if problem:
             self.show_error(f"{path.name}: {problem} — not attached")
             return False
-        if path in self.images:
+        if path in self.attachments:
             return True
-        self.images.append(path)
+        self.attachments.append(path)
         self._rebuild_strip()
         self.error.hide()
         return True
@@ -227,7 +227,7 @@ class Composer(QWidget):
         except RecordError as exc:
             self.show_error(str(exc))
             return None
-        return path if self.add_image(path) else None
+        return path if self.attach(path) else None
 
     def cancel_recording(self) -> None:
         rec, self.recorder = self.recorder, None
@@ -240,16 +240,16 @@ class Composer(QWidget):
         self.error.setText(text)
         self.error.show()
 
-    def remove_image(self, path: Path) -> None:
+    def detach(self, path: Path) -> None:
         if self.player.playing == path:
             self.player.stop()
-        self.images = [p for p in self.images if p != path]
+        self.attachments = [p for p in self.attachments if p != path]
         self._rebuild_strip()
 
     def clear(self) -> None:
         """After a send: empty, and no earlier error left standing."""
         self.edit.clear()
-        self.images = []
+        self.attachments = []
         self._rebuild_strip()
         self.error.hide()
         self._set_editing(None)
@@ -279,7 +279,7 @@ class Composer(QWidget):
     def restore(self, text: str, images: list[Path]) -> None:
         """Put a message back (when sending it failed): nothing the user wrote is lost."""
         self.edit.setPlainText(text)
-        self.images = list(images)
+        self.attachments = list(images)
         self._rebuild_strip()
 
     def _rebuild_strip(self) -> None:
@@ -288,7 +288,7 @@ class Composer(QWidget):
             widget = item.widget() if item is not None else None
             if widget is not None:
                 widget.deleteLater()
-        for i, path in enumerate(self.images):
+        for i, path in enumerate(self.attachments):
             self.strip.insertWidget(i, self._thumb(path))
 
     def _clip_chip(self, path: Path) -> QWidget:
@@ -300,7 +300,7 @@ class Composer(QWidget):
         play = QToolButton(text="▶", toolTip=f"Play {path.name} (again: stop)")
         play.clicked.connect(lambda: self.player.toggle(path))
         remove = QToolButton(text="✕", toolTip=f"Remove {path.name}")
-        remove.clicked.connect(lambda: self.remove_image(path))
+        remove.clicked.connect(lambda: self.detach(path))
         lay.addWidget(play)
         lay.addWidget(QLabel(describe(path)[0]))
         lay.addWidget(remove)
@@ -319,7 +319,7 @@ class Composer(QWidget):
                                      Qt.TransformationMode.SmoothTransformation))
         pic.setToolTip(path.name)
         remove = QToolButton(text="✕", toolTip=f"Remove {path.name}")
-        remove.clicked.connect(lambda: self.remove_image(path))
+        remove.clicked.connect(lambda: self.detach(path))
         lay.addWidget(pic)
         lay.addWidget(remove, 0, Qt.AlignmentFlag.AlignHCenter)
         return box

@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("paths", nargs="*", metavar="FILE",
-                    help="a .gguf model or vision projector to open, or pictures to attach "
+                    help="a .gguf model or projector to open, or pictures and sound clips to attach "
                          "(what the desktop passes when a file is opened with Ebb)")
     args = ap.parse_args(argv)
     args.images = []
@@ -103,7 +103,7 @@ def _test_hooks(window: Any, app: Any) -> None:
                 self.sent = True
                 window.composer.edit.setPlainText(text)
                 if image := testhooks.value(testhooks.IMAGE):
-                    window.composer.add_image(Path(image))
+                    window.composer.attach(Path(image))
                 QTimer.singleShot(0, window.send_message)
 
     def say_streaming() -> None:
@@ -148,7 +148,7 @@ def open_paths(window: Any, paths: list[str]) -> None:
         return
     args = parse_args(["--", *paths])
     for image in args.images:
-        window.composer.add_image(image)
+        window.composer.attach(image)
     if args.model or args.mmproj:
         last = window.chat.last_cfg
         model = args.model or (str(last.model_path) if last else "default")
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("EBB_NOTICE"):
         window.show_notice(os.environ["EBB_NOTICE"])
     for image in args.images:  # a picture opened with Ebb waits in the composer
-        window.composer.add_image(image)
+        window.composer.attach(image)
     _test_hooks(window, app)
     if testhooks.value(testhooks.QUIT_WHEN_SHOWN) == "1":  # for the start-up time test
 

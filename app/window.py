@@ -569,12 +569,12 @@ class MainWindow(QMainWindow):
             self, "Attach pictures or sound clips", start or str(Path.home()),
             f"Pictures and sound ({pictures} {sound});;Pictures ({pictures});;Sound clips ({sound})")
         for p in paths:
-            self.composer.add_image(Path(p))
+            self.composer.attach(Path(p))
 
     @Slot()
     def send_message(self) -> None:
         """Send what the composer holds (Enter, the Send button)."""
-        text, images = self.composer.text(), list(self.composer.images)
+        text, images = self.composer.text(), list(self.composer.attachments)
         if (not text and not images) or not self.chat.can_send():
             return
         if images and not self.vision.on:

@@ -54,8 +54,8 @@ def test_bad_image_is_named_and_never_attached(qtbot, store, tmp_path):
     w = open_window(qtbot, store)
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
-    assert not w.composer.add_image(bad)
-    assert w.composer.images == [] and "notes.png" in w.composer.error.text()
+    assert not w.composer.attach(bad)
+    assert w.composer.attachments == [] and "notes.png" in w.composer.error.text()
 
 
 def test_a_message_the_engine_refuses_comes_back_under_the_users_names(qtbot, store, tmp_path,
@@ -68,13 +68,13 @@ def test_a_message_the_engine_refuses_comes_back_under_the_users_names(qtbot, st
     w = open_window(qtbot, store, mmproj=str(base_projector), vision="cpu")
     pic = tmp_path / "holiday.png"
     shutil.copy(pictures["a.png"], pic)
-    assert w.composer.add_image(pic)
+    assert w.composer.attach(pic)
     pic.write_bytes(pic.read_bytes()[:300])  # cut short after it was attached
     send(qtbot, w, "What is in this picture?")
     error = w.composer.error.text()
     assert w.composer.error.isVisible() and "holiday.png" in error, error
     assert not any(f.stem in error for f in store.images_dir.iterdir()), error
-    assert w.composer.images == [pic] and "What is in this picture?" in w.composer.text()
+    assert w.composer.attachments == [pic] and "What is in this picture?" in w.composer.text()
     assert store.n_messages(w.conv_id) == 0 and store.title(w.conv_id) == "New chat"
     assert w.chats.list.currentItem().text() == "New chat"
 
@@ -110,7 +110,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     paste = QMimeData()
     paste.setImageData(QImage(str(pictures["b.jpg"])))
     w.composer.edit.insertFromMimeData(paste)
-    assert len(w.composer.images) == 2
+    assert len(w.composer.attachments) == 2
     in_encode, answered = threading.Event(), threading.Event()
     unanswered: list[str] = []
     encode = MediaEncoder.encode
@@ -155,10 +155,10 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     loads = session.model.n_model_loads
     w.vision.switch.setChecked(False)
     wait_for(lambda: w.vision.label.text() == "vision off", timeout=30_000)
-    w.composer.add_image(Path(pictures["a.png"]))
+    w.composer.attach(Path(pictures["a.png"]))
     w.composer.edit.setPlainText("look")
     w.send_message()
-    assert "Turn vision on" in w.composer.error.text() and w.composer.images  # kept, not lost
+    assert "Turn vision on" in w.composer.error.text() and w.composer.attachments  # kept, not lost
     w.vision.switch.setChecked(True)
     wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
     send(qtbot, w, "look")

@@ -175,7 +175,7 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=4)
     assert w.vision.switch.text() == "Hearing"
     clip = write_tone(tmp_path / "doorbell.wav", 660, 2.5)
-    assert w.composer.add_image(clip)
+    assert w.composer.attach(clip)
     chip = " ".join(lbl.text() for lbl in w.composer.findChildren(type(w.composer.error)))
     assert "♪ doorbell.wav · 0:02 · WAV" in chip  # 2.5 s rounds to even
     send(qtbot, w, "What is this sound?")
@@ -183,7 +183,7 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     assert "▶ ♪ clip · 0:02 · WAV" in w.transcript.toPlainText()
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
-    assert not w.composer.add_image(bad)
+    assert not w.composer.attach(bad)
     assert w.composer.error.isVisible() and "header is damaged" in w.composer.error.text()
     # recording: miniaudio's silent capture device stands in for a microphone; the limit is
     # what the context has room for: 1024 cells, 256 for the reply, 375 a chunk, and the first
@@ -196,7 +196,7 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
                     timeout=30_000)
     assert w.composer.record_label.text().endswith("/ 0:29"), w.composer.record_label.text()
     recorded = w.composer.stop_recording()
-    assert recorded is not None and recorded in w.composer.images and not w.composer.record_bar.isVisible()
+    assert recorded is not None and recorded in w.composer.attachments and not w.composer.record_bar.isVisible()
     send(qtbot, w, "And this?")
     assert not w.last_error, w.last_error
     assert w.transcript.toPlainText().count("▶ ♪ clip") == 2

@@ -489,10 +489,10 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     filler = _fill_disk(small_disk)
     # sending: nothing saved, nothing lost, nothing half-written, said in the window
     w.composer.edit.setPlainText("A question while the disk is full.")
-    w.composer.add_image(pictures["a.png"])
+    w.composer.attach(pictures["a.png"])
     w.send_message()
     assert not w.chat.busy
-    assert w.composer.text() == "A question while the disk is full." and len(w.composer.images) == 1
+    assert w.composer.text() == "A question while the disk is full." and len(w.composer.attachments) == 1
     assert "the disk is full" in w.composer.error.text()
     assert store.messages(w.conv_id) == []
     assert not [p for p in (data / "images").iterdir() if p.suffix == ".part"]

@@ -41,7 +41,7 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert "300.00 MiB" in w.model_label.text()
     assert "is running" in w.welcome.text()  # the welcome says so, with its name
     assert w.chat.last_cfg.mmproj_path is not None  # the demo projector, to show the swap
-    assert w.composer.add_image(pictures["a.png"])
+    assert w.composer.attach(pictures["a.png"])
     w.composer.edit.setPlainText("What colour is this picture?")
     w.send_message()
     assert not w.welcome.isVisible()

@@ -254,7 +254,7 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         wait_for(lambda: w.chat.loaded and w.chat.last_cfg is not None
                  and w.chat.last_cfg.model_path.parent == folder)
         assert w.chat.last_cfg.mmproj_path == folder / projector.name
-        w.composer.add_image(str(red))
+        w.composer.attach(str(red))
         send(qtbot, w, "What colour is this picture? Answer with one word.")
         reply = store.messages(w.conv_id)[-1].text.lower()
         assert "red" in reply, reply
