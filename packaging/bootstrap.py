@@ -579,31 +579,38 @@ def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
     return result
 
 
-def ensure_test_browser() -> None:
+# what `make test` uses beside the venv: (the program, its apt package, what is skipped without it)
+TEST_TOOLS = (("chromium", "chromium", "the endpoint's browser test"),
+              ("pulseaudio", "pulseaudio", "recording from a virtual microphone"))
+
+
+def ensure_test_tools() -> None:
     """`make test` opens a hostile page in headless Chromium against the local endpoint
-    (tests/test_server.py): install it where we can (root with apt), else say how; without
-    it that one test is skipped."""
-    if shutil.which("chromium"):
+    (tests/test_server.py) and records from a PulseAudio sine source standing in for a
+    microphone (tests/test_audio.py): install them where we can (root with apt), else say
+    how; without one, its test is skipped."""
+    missing = [t for t in TEST_TOOLS if not shutil.which(t[0])]
+    if not missing:
         return
     if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        say("installing chromium for the endpoint's browser test (once)")
+        say(f"installing {', '.join(t[1] for t in missing)} for the tests (once)")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env,
+        subprocess.run(["apt-get", "install", "-y", "-q", *(t[1] for t in missing)], env=env,
                        stdout=subprocess.DEVNULL)
-    if not shutil.which("chromium"):
-        say("chromium is not installed: the endpoint's browser test will be skipped "
-            "(sudo apt-get install chromium)")
+    for program, package, what in TEST_TOOLS:
+        if not shutil.which(program):
+            say(f"{program} is not installed: {what} will be skipped (sudo apt-get install {package})")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-model", action="store_true", help="do not fetch the default model")
     ap.add_argument("--test-tools", action="store_true",
-                    help="only install what `make test` uses beside the venv (chromium)")
+                    help="only install what `make test` uses beside the venv (chromium, pulseaudio)")
     args = ap.parse_args(argv)
     if args.test_tools:
-        ensure_test_browser()
+        ensure_test_tools()
         return 0
     if sys.version_info < (3, 10):
         raise SystemExit("[ebb setup] Python 3.10 or newer is needed")
