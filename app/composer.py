@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QImage, QKeyEvent, QPixmap
+from PySide6.QtGui import QImage, QKeyEvent, QPixmap, QTextOption
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -85,6 +85,8 @@ class MessageEdit(QPlainTextEdit):
                 self.image_pasted.emit(Path(u.toLocalFile()))
             return
         if source.hasText():
+            if _has_long_run(source.text()):  # Qt lays a huge word out in seconds unless it
+                self.setWordWrapMode(QTextOption.WrapMode.WrapAnywhere)  # may break anywhere
             n_bytes = len(source.text().encode("utf-8", errors="replace"))
             if n_bytes + len(self.toPlainText().encode("utf-8", errors="replace")) > self.max_paste_bytes:
                 self.paste_refused.emit(
@@ -93,6 +95,13 @@ class MessageEdit(QPlainTextEdit):
                     "Paste a part of it, or raise the context in Settings.")
                 return
         super().insertFromMimeData(source)
+
+
+def _has_long_run(text: str) -> bool:
+    """A run of over 2,000 characters with no space (a pasted blob, one huge word)."""
+    import re
+
+    return re.search(r"\S{2001,}", text) is not None
 
 
 def save_pasted(image: QImage) -> Path:
@@ -249,6 +258,7 @@ class Composer(QWidget):
     def clear(self) -> None:
         """After a send: empty, and no earlier error left standing."""
         self.edit.clear()
+        self.edit.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.attachments = []
         self._rebuild_strip()
         self.error.hide()
@@ -278,6 +288,8 @@ class Composer(QWidget):
 
     def restore(self, text: str, images: list[Path]) -> None:
         """Put a message back (when sending it failed): nothing the user wrote is lost."""
+        if _has_long_run(text):
+            self.edit.setWordWrapMode(QTextOption.WrapMode.WrapAnywhere)
         self.edit.setPlainText(text)
         self.attachments = list(images)
         self._rebuild_strip()

@@ -250,7 +250,7 @@ class Transcript(QTextBrowser):
         if m.images:
             cur.insertBlock(_block_format())
             cur.insertHtml(" ".join(self._image_html(p) for p in m.images))
-        for part in split_all(m.text):
+        for part in split_all(shorten_long_runs(m.text)):
             self.insert_part(cur, part)
         if m.state == "interrupted":
             cur.insertBlock(_block_format(top=2))
@@ -342,6 +342,19 @@ class Transcript(QTextBrowser):
 
 
 _HEADER = 1  # a header block's user state: where a message starts
+LONG_RUN = 2000  # characters without a space: Qt lays a longer run out in seconds (200,000: 8 s)
+
+
+def shorten_long_runs(text: str) -> str:
+    """The text as the transcript shows it: a run of over LONG_RUN characters with no space
+    (a pasted blob, one huge word) is cut there with how much is left out (the message keeps
+    it all: Copy reply, Edit and export have every character)."""
+    import re
+
+    def cut(m: "re.Match[str]") -> str:
+        run = m.group(0)
+        return f"{run[:LONG_RUN]}… [{len(run) - LONG_RUN:,} more characters not shown]"
+    return re.sub(rf"\S{{{LONG_RUN + 1},}}", cut, text)
 
 
 def _actions_html(m: Message) -> str:

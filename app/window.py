@@ -577,8 +577,19 @@ class MainWindow(QMainWindow):
         text, images = self.composer.text(), list(self.composer.attachments)
         if (not text and not images) or not self.chat.can_send():
             return
+        gone = [p for p in images if not Path(p).is_file()]
+        if gone:  # deleted or moved since attached: taken off, the rest kept, said by name
+            for p in gone:
+                self.composer.detach(p)
+            self.composer.show_error(
+                f"{', '.join(Path(p).name for p in gone)} "
+                f"{'is' if len(gone) == 1 else 'are'} gone (deleted or moved since attached) and "
+                "taken off; your text and the other attachments are kept. Send again to send "
+                "without it, or attach it again.")
+            return
         if images and not self.vision.on:
-            self.composer.show_error("Turn vision on to send images (no reload needed).")
+            self.composer.show_error(f"Turn {self.vision.switch.text().lower()} on to send pictures "
+                                     "or clips (no reload needed).")
             return
         too_big = oversized(text, self._n_ctx)
         if too_big:  # refused from its size at once: not stored, not titled, not tokenized

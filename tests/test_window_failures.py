@@ -247,3 +247,40 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     assert w.chat_gen_params() == w.gen_params
     w.close()
     store.close()
+
+
+def test_a_huge_word_is_laid_out_at_once_and_a_deleted_picture_is_named(qtbot, tmp_path, pictures):
+    """#43: a 200,000-character word pasted (small in bytes) no longer freezes the window for
+    seconds: the composer breaks it anywhere, the transcript shows a long run cut with what is
+    left out; a picture deleted after it was attached is named and taken off, the rest kept."""
+    import shutil
+
+    from PySide6.QtCore import QMimeData
+    from PySide6.QtGui import QTextOption
+
+    from app.transcript import LONG_RUN, shorten_long_runs
+
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, max_tokens=4, wait="settled", ctx=8192)  # 200 KB may be pasted
+    mime = QMimeData()
+    mime.setText("x" * 200_000)
+    w.composer.edit.insertFromMimeData(mime)
+    assert w.composer.edit.wordWrapMode() == QTextOption.WrapMode.WrapAnywhere
+    assert len(w.composer.edit.toPlainText()) == 200_000
+    shown = shorten_long_runs("see: " + "y" * 5000 + " end")
+    assert shown == "see: " + "y" * LONG_RUN + "… [3,000 more characters not shown] end"
+    w.composer.clear()
+    assert w.composer.edit.wordWrapMode() != QTextOption.WrapMode.WrapAnywhere
+    # an attachment deleted before Send
+    gone, kept = tmp_path / "gone.png", tmp_path / "kept.png"
+    shutil.copy(pictures["a.png"], gone)
+    shutil.copy(pictures["a.png"], kept)
+    w.composer.edit.setPlainText("What are these?")
+    assert w.composer.attach(gone) and w.composer.attach(kept)
+    gone.unlink()
+    w.send_message()
+    assert not w.chat.busy and store.n_messages(w.conv_id) == 0
+    assert w.composer.error.isVisible() and "gone.png is gone" in w.composer.error.text()
+    assert w.composer.attachments == [kept] and w.composer.text() == "What are these?"
+    w.close()
+    store.close()
