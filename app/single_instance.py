@@ -45,8 +45,11 @@ class FolderLock:
         except OSError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:  # who holds it (for the message a later start gives): nice to have, not needed
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:  # a full disk: the lock holds all the same
+            pass
         self._fd = fd
         return True
 

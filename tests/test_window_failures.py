@@ -284,3 +284,31 @@ def test_a_huge_word_is_laid_out_at_once_and_a_deleted_picture_is_named(qtbot, t
     assert w.composer.attachments == [kept] and w.composer.text() == "What are these?"
     w.close()
     store.close()
+
+
+def test_a_full_disk_at_the_first_start_still_takes_the_lock(tmp_path):
+    """#43: with no ebb.lock yet on a full disk, writing the holder's pid failed with ENOSPC and
+    the start ended in a traceback with no window; the lock holds without it now (the window
+    then says the folder cannot be written). A real full filesystem: a 64 KiB tmpfs, filled."""
+    from app.single_instance import FolderLock
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)],
+                      capture_output=True).returncode != 0:
+        import pytest
+
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        (full / "data").mkdir()
+        with open(full / "fill", "wb") as f:
+            try:
+                f.write(b"\0" * 128 * 1024)
+            except OSError:
+                pass  # full now
+        lock = FolderLock(full / "data")
+        assert lock.acquire()
+        assert not FolderLock(full / "data").acquire()  # held: a second start is turned away
+        lock.release()
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
