@@ -20,6 +20,7 @@ THREAD_COLOURS = ["#42a5f5", "#ff7043", "#66bb6a", "#ab47bc", "#ffca28", "#8d6e6
 class TuneDialog(QDialog):
     apply_result = Signal(object)  # autotune's result: the window saves each phase's choice
     stop = Signal()
+    start = Signal()  # the user asked for the runs (they do not begin when the dialog opens)
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -29,9 +30,12 @@ class TuneDialog(QDialog):
         self.points: dict[int, tuple[dict[int, float], dict[int, float]]] = {}
         self._started = time.monotonic()
         self.tuned: dict[str, Any] | None = None
-        self.status = QLabel("Measuring: each run loads the model with a different number of "
-                             "layers on the accelerator and times a prompt and a reply at each "
-                             "thread count.")
+        self.status = QLabel(
+            "Tuning loads the model again for each run (usually 10–20 runs), each with another "
+            "number of layers on the accelerator, and times a prompt and a reply at several "
+            "thread counts. It takes minutes: about ten with a small model on a 2-core machine, "
+            "more with a large one. Chat waits until it ends; Stop ends it within seconds and "
+            "the model loads again as it was. Start when you are ready.")
         self.status.setWordWrap(True)
         self.gen_plot = self._plot("Generation (tokens/s, one at a time)")
         self.prompt_plot = self._plot("Prompt (tokens/s, one batch)")
@@ -41,20 +45,33 @@ class TuneDialog(QDialog):
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.stop_button = QPushButton("Stop")
+        self.start_button = QPushButton("Start")
+        self.start_button.clicked.connect(self._on_start)
+        self.stop_button = QPushButton("Stop", enabled=False)
         # clicked(bool) would hand `checked` to stop(), which takes nothing: a TypeError per click
         self.stop_button.clicked.connect(lambda _checked=False: self.stop.emit())
         self.apply_button = QPushButton("Use these", enabled=False, clicked=self._on_apply)
         close = QPushButton("Close", clicked=self.reject)
         buttons = QHBoxLayout()
         buttons.addWidget(self.summary, 1)
-        for b in (self.stop_button, self.apply_button, close):
+        for b in (self.start_button, self.stop_button, self.apply_button, close):
             buttons.addWidget(b)
         lay = QVBoxLayout(self)
         lay.addWidget(self.status)
         lay.addWidget(self.gen_plot, 1)
         lay.addWidget(self.prompt_plot, 1)
         lay.addLayout(buttons)
+
+    def _on_start(self) -> None:
+        self.start_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self._started = time.monotonic()
+        self.status.setText("Measuring: the first run loads the model…")
+        self.start.emit()
+
+    @property
+    def running(self) -> bool:
+        return self.stop_button.isEnabled()
 
     @staticmethod
     def _plot(title: str) -> pg.PlotWidget:
@@ -199,9 +216,18 @@ class TuneController:
         self.dialog = TuneDialog(w)
         self.dialog.stop.connect(w.worker.cancel)
         self.dialog.apply_result.connect(self.apply)
-        self.dialog.finished.connect(w.worker.cancel)  # closing it stops the runs
-        w.chat.set_loading()
-        w.request_tune.emit(cfg, rpc)
+        dialog = self.dialog
+
+        def begin() -> None:
+            w.chat.set_loading()
+            w.worker.arm_tune()
+            w.request_tune.emit(cfg, rpc)
+
+        def closed() -> None:  # closing it stops the runs (the model then loads again)
+            if dialog.running:
+                w.worker.cancel()
+        self.dialog.start.connect(begin)
+        self.dialog.finished.connect(closed)
         self.dialog.show()
 
     def apply(self, result: dict[str, Any]) -> None:
@@ -237,5 +263,5 @@ class TuneController:
 
     def failed(self, message: str) -> None:
         """The engine failed: a run in progress says so in the dialog."""
-        if self.dialog is not None and self.dialog.stop_button.isEnabled():
+        if self.dialog is not None and self.dialog.running:
             self.dialog.fail(message)

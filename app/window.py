@@ -955,7 +955,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         self._save_layout()
         self.local_server.close()
-        self.worker.cancel()
+        self.worker.closing()
         # A load in progress is not cut short (llama.cpp finishes it first): the window goes
         # at once rather than standing frozen until then; the process ends after it.
         self.hide()

@@ -50,6 +50,8 @@ class EngineWorker(QObject):
         self._session: Session | None = None
         self._loaded_with: tuple[SessionConfig, list[str]] | None = None  # what _session is
         self._cancel = threading.Event()
+        self._closing = threading.Event()
+        self._tune_cancel = threading.Event()
         self.stream = TextStream()
         self.server_backend: Any = None  # app/serving.py's WindowBackend, while serving
 
@@ -97,6 +99,19 @@ class EngineWorker(QObject):
     def cancel(self) -> None:
         """Any thread: ask the running generation to stop at the next token."""
         self._cancel.set()
+        self._tune_cancel.set()
+
+    def arm_tune(self) -> None:
+        """GUI thread, before asking for a tune: a Stop or Close from now on ends it, even one
+        that comes before the tune's job has begun (it cleared the cancel at its start, and a
+        dialog closed at once ran every run, a minute and more)."""
+        self._tune_cancel.clear()
+
+    def closing(self) -> None:
+        """Any thread: the window is going; what runs stops, and nothing loads after it (a tune
+        stopped by closing loaded the model again first: the process lived on ~60 s)."""
+        self._closing.set()
+        self.cancel()
 
     def _fail(self, request_id: int, exc: BaseException) -> None:
         if not isinstance(exc, EbbError):
@@ -248,12 +263,12 @@ class EngineWorker(QObject):
     @Slot(object, object)
     def tune(self, cfg: SessionConfig, rpc: list[str]) -> None:
         """Autotune the model's accelerator layers, then load the session again (the tuning
-        runs need the device to themselves). Stop (cancel) ends it between runs."""
+        runs need the device to themselves). Stop (cancel) ends it between two timings; a
+        closing window loads nothing after it."""
         from engine.llama.devices import default_budget, pick_accelerator
         from engine.measure.autotune import Cancelled
         from engine.measure.tuning import tune_for
 
-        self._cancel.clear()
         # the model as it is now comes back afterwards (not `cfg` anew: a stand-in's budget is
         # set by the window at load), and the runs measure the budget it was loaded with (read
         # after closing, a device that frees late reported almost nothing: 1 run, 0 layers)
@@ -269,7 +284,7 @@ class EngineWorker(QObject):
                                "or use a GPU")
             budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
             result = tune_for(
-                cfg, accel, budget, cancel=self._cancel,
+                cfg, accel, budget, cancel=self._tune_cancel,
                 on_point=lambda p, top: self.engine_event.emit(events.TunePoint(
                     0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
                     prompt_tps_by_threads=p.prompt_tps_by_threads,
@@ -282,7 +297,8 @@ class EngineWorker(QObject):
             self.engine_event.emit(events.TuneFinished(0, result={"cancelled": True}))
         except Exception as exc:
             self._fail(0, exc)
-        self.load(*(before or (cfg, rpc)))
+        if not self._closing.is_set():
+            self.load(*(before or (cfg, rpc)))
 
     @Slot()
     def shutdown(self) -> None:

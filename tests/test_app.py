@@ -224,12 +224,30 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     assert "in RAM (no accelerator)" in w.model_label.text()
 
 
+def test_tune_waits_for_start_and_closing_it_gives_the_chat_back(qtbot, store, shared_rpc_server):
+    """#43: Tune says it takes minutes and starts only on Start; closed while it runs, the runs
+    stop within one timing and the model loads again, so Send works (it stayed off)."""
+    w = open_window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
+    w.tune_action.trigger()
+    dlg = w.tune_dialog
+    assert "minutes" in dlg.status.text() and dlg.start_button.isEnabled()
+    assert w.chat.loaded and not dlg.stop_button.isEnabled()  # nothing started on opening
+    dlg.start_button.click()
+    wait_for(lambda: not w.chat.loaded)
+    wait_for(lambda: bool(dlg.points) or "Measuring" in dlg.status.text())
+    dlg.close()
+    wait_for(lambda: w.chat.loaded, timeout=120_000)
+    send(qtbot, w, "Hello again")
+    assert not w.last_error and [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"]
+
+
 @pytest.mark.slow  # every layer count at two thread counts: `make test-slow` (CI runs it)
 def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_server, tmp_path):
     w = open_window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
     before = w.model_label.text()
     w.tune_action.trigger()
     dlg = w.tune_dialog
+    dlg.start_button.click()
     wait_for(lambda: dlg.tuned is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
     assert dlg.tuned is not None, dlg.status.text()
     r = dlg.tuned

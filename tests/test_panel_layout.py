@@ -227,5 +227,8 @@ def test_tunes_stop_button_asks_the_runs_to_stop(qtbot):
 
     dlg = TuneDialog()
     qtbot.addWidget(dlg)
+    assert not dlg.stop_button.isEnabled()  # until Start
+    with qtbot.waitSignal(dlg.start, timeout=5000):
+        dlg.start_button.click()
     with qtbot.waitSignal(dlg.stop, timeout=5000):
         dlg.stop_button.click()

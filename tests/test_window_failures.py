@@ -311,4 +311,4 @@ def test_a_full_disk_at_the_first_start_still_takes_the_lock(tmp_path):
         assert not FolderLock(full / "data").acquire()  # held: a second start is turned away
         lock.release()
     finally:
-        subprocess.run(["umount", str(full)], capture_output=True)
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)  # even if a file is open

@@ -230,6 +230,11 @@ class Measurer:
         return Point(layers, prompt_by[pt], gen_by[gt], load_s, accel_bytes, pt, gt,
                      prompt_by, gen_by, image_by.get(pt, 0.0), image_by)
 
+    def _check(self) -> None:
+        """Stop (or a closed window) ends a run between its timings, not only between runs."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("autotune cancelled")
+
     def _time_phases(self, rt: Any, tokens: list[int], t: int) -> tuple[float, float, float]:
         """(prompt, generation, image-sized prompt) tokens/s with `t` threads; the last is 0
         without image tokens to time."""
@@ -238,6 +243,7 @@ class Measurer:
         def prefill_tps(toks: list[int]) -> float:
             best = math.inf
             for _ in range(2):  # the faster of two: a busy box only ever adds time
+                self._check()
                 rt.reset()
                 t1 = time.perf_counter()
                 rt.prefill(toks)  # waits for the device
@@ -261,6 +267,7 @@ class Measurer:
             token()
         bursts = []
         for _ in range(3):
+            self._check()
             bursts.append(float(np.percentile([token() for _ in range(self.gen_tokens // 3)], 20)))
             time.sleep(0.02)
         # waits on a busy machine (a sleeping thread woken late, another process) only ever add
