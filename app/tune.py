@@ -71,7 +71,7 @@ class TuneDialog(QDialog):
 
     @property
     def running(self) -> bool:
-        return self.stop_button.isEnabled()
+        return bool(self.stop_button.isEnabled())
 
     @staticmethod
     def _plot(title: str) -> pg.PlotWidget:
