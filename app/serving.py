@@ -55,6 +55,12 @@ class WindowBackend:
     def waiting(self) -> int:
         return len(self.jobs)
 
+    def position(self, job: Job) -> int | None:
+        return self.jobs.position(job)
+
+    def withdraw(self, job: Job) -> bool:
+        return self.jobs.withdraw(job)
+
     def close(self) -> None:
         for job in self.jobs.close():
             job.on_event(Failed(ApiError(503, "the window is closing")))
@@ -87,6 +93,10 @@ class LocalServer:
         self.notify = notify
         self.thread: Any = None  # engine.server.http.ServerThread, while serving
         self._wanted: tuple[str, int, str] | None = None
+        # the label's "N waiting" as requests come and go (they wait behind the window's reply)
+        from PySide6.QtCore import QTimer
+
+        self._refresh = QTimer(label, interval=1000, timeout=self.update_status)
 
     def apply(self, settings: dict[str, Any]) -> None:
         from engine.errors import EbbError
@@ -110,6 +120,7 @@ class LocalServer:
             return
         self.update_status()
         self.label.show()
+        self._refresh.start()
         if not is_loopback(host):
             self.notify(f"The local server listens on {host}: other machines that reach port "
                         f"{port} can use the model" + ("" if key else ", and no API key is set"))
@@ -120,6 +131,7 @@ class LocalServer:
                                             self.backend.waiting()))
 
     def _stop_thread(self) -> None:
+        self._refresh.stop()
         if self.thread is not None:
             self.thread.stop()
             self.thread = None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.helpers import N_THREADS, RpcServer, free_port, run_cli
+from tests.helpers import N_THREADS, RpcServer, free_port, run_cli, wait_for
 
 KEY = "test-key-123"
 
@@ -1048,3 +1048,30 @@ def test_a_client_coming_back_gets_its_conversation_from_memory_then_from_disk(m
         assert again.usage.prompt_tokens_details.cached_tokens >= back.usage.prompt_tokens - 1
     finally:
         s.stop()
+
+
+def test_a_request_waiting_behind_a_long_reply_sees_its_place_or_a_clear_503(monkeypatch):
+    """#43: while the model is busy (here held in a prefill by the test hook), a stream that
+    waits sees its place in line every second, and a request that is not streamed gets a 503
+    with Retry-After once it has waited --max-wait, instead of nothing for minutes."""
+    monkeypatch.setenv("EBB_TEST_PAUSE_AT", "prefill")
+    s = Server("--queue", "4", "--max-wait", "1", api_key=None)
+    try:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+        a, b = Raw(s.port), Raw(s.port)
+        busy = a.request("POST", "/v1/chat/completions", body)
+        assert busy.status == 200
+        wait_for(lambda: any("paused in prefill" in ln for ln in s.log), timeout=60)
+        waiting = b.request("POST", "/v1/chat/completions", body)
+        lines = sse_lines(waiting)
+        assert next(lines).startswith("data: ")  # the role chunk
+        assert next(ln for ln in lines if ln.startswith(":")) == ": waiting in line, 0 ahead"
+        status, headers, answer = Raw(s.port, timeout=30).call("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+        assert status == 503 and headers["retry-after"] == "2"
+        message = answer["error"]["message"]
+        assert "busy" in message and "with 1 ahead" in message and "stream the request" in message
+        busy.close(), waiting.close(), a.close(), b.close()
+    finally:
+        s.proc.kill()  # held in the prefill for the test: nothing to close cleanly
+        s.proc.wait()

@@ -60,7 +60,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         serve(worker, args.host, args.port, api_key=api_key,
               max_body=parse_size(args.max_body), ready=announce, cors=tuple(args.cors),
-              allow_hosts=tuple(args.allow_host), image_folder=image_folder)
+              allow_hosts=tuple(args.allow_host), image_folder=image_folder,
+              max_wait_s=args.max_wait)
     finally:
         worker.close()
         for f in image_dir.glob("*"):
@@ -89,6 +90,9 @@ def register(sub: Any) -> None:
                    help="require 'Authorization: Bearer KEY' on every request (or EBB_API_KEY)")
     p.add_argument("--queue", type=int, default=8,
                    help="requests that may wait while one is answered (more: 503, Retry-After)")
+    p.add_argument("--max-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long a request that is not streamed may wait in line before a 503 "
+                        "with Retry-After (0: no limit; a stream sees its place every second)")
     p.add_argument("--max-body", default="32MiB", metavar="SIZE",
                    help="largest request body (pictures as base64 count 4/3; more: 413)")
     add_session_flags(p)

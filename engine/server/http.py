@@ -35,12 +35,15 @@ from engine.server.worker import Answer, Backend, Done, Event, Failed, Job, Piec
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
 KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so sees a client leave)
+# a request that is not streamed waits in line at most this long, then gets a 503 with
+# Retry-After (it saw nothing meanwhile; a stream sees its place in line every second instead)
+DEFAULT_MAX_WAIT_S = 60.0
 
 
 def build_app(worker: Backend, api_key: str | None = None,
               max_body: int = DEFAULT_MAX_BODY, cors: tuple[str, ...] = (),
               listen_host: str = "127.0.0.1", allow_hosts: tuple[str, ...] = (),
-              image_folder: Path | None = None) -> Any:
+              image_folder: Path | None = None, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> Any:
     """The routes behind the request guard (guard.py): `cors`, origins whose browser pages may
     call the API (none by default); `listen_host` and `allow_hosts`, the names a request may be
     addressed to; `image_folder`, the one folder whose pictures file:// URLs may name (None:
@@ -140,6 +143,7 @@ def build_app(worker: Backend, api_key: str | None = None,
             return StreamingResponse(_sse(stream(job, events, cid, model), job),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        queued = time.monotonic()
         while True:
             try:
                 ev = await asyncio.wait_for(events.get(), timeout=0.5)
@@ -147,6 +151,15 @@ def build_app(worker: Backend, api_key: str | None = None,
                 if await request.is_disconnected():
                     job.cancel.set()  # nobody to answer: stop between tokens
                     return Response(status_code=499)
+                waited = time.monotonic() - queued
+                if max_wait_s and waited > max_wait_s:
+                    ahead = worker.position(job)
+                    if ahead is not None and worker.withdraw(job):  # not begun: a clear 503
+                        return error(ApiError(
+                            503, f"the model is busy (the window's reply or other requests): "
+                                 f"waited {waited:.0f} s with {ahead} ahead; try again shortly, "
+                                 "or stream the request to see its place in line",
+                            code="busy"))
                 continue
             if isinstance(ev, Done):
                 return JSONResponse(reply(ev.answer, cid, model))
@@ -180,6 +193,12 @@ def build_app(worker: Backend, api_key: str | None = None,
     def sse(obj: dict[str, Any]) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
+    def waiting_comment(job: Job) -> str:
+        """A stream's keep-alive: its place in line while it waits (an SSE comment: clients
+        skip it, a person watching the stream sees it)."""
+        ahead = worker.position(job)
+        return ": waiting\n\n" if ahead is None else f": waiting in line, {ahead} ahead\n\n"
+
     async def chat_stream(job: Job, events: asyncio.Queue[Event], cid: str,
                           model: str) -> AsyncIterator[str]:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
@@ -187,7 +206,7 @@ def build_app(worker: Backend, api_key: str | None = None,
         streamed_calls: set[int] = set()  # the choices whose calls went out as deltas
         async for ev in _events(events):
             if ev is None:
-                yield ": waiting\n\n"
+                yield waiting_comment(job)
             elif isinstance(ev, Piece):
                 if ev.index not in started:
                     started.add(ev.index)
@@ -215,7 +234,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                           model: str) -> AsyncIterator[str]:
         async for ev in _events(events):
             if ev is None:
-                yield ": waiting\n\n"
+                yield waiting_comment(job)
             elif isinstance(ev, Piece):
                 yield sse(text_completion(cid, model, ev.text, None, None, chunk=True,
                                           index=ev.index))
@@ -280,11 +299,12 @@ def build_app(worker: Backend, api_key: str | None = None,
 
 def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
           max_body: int = DEFAULT_MAX_BODY, ready: Any = None, cors: tuple[str, ...] = (),
-          allow_hosts: tuple[str, ...] = (), image_folder: Path | None = None) -> None:
+          allow_hosts: tuple[str, ...] = (), image_folder: Path | None = None,
+          max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
     """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
     import uvicorn
 
-    app = build_app(worker, api_key, max_body, cors, host, allow_hosts, image_folder)
+    app = build_app(worker, api_key, max_body, cors, host, allow_hosts, image_folder, max_wait_s)
     config = uvicorn.Config(app, host=host, port=port,
                             log_level="warning", timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(config)

@@ -117,6 +117,10 @@ class Backend(Protocol):
 
     def waiting(self) -> int: ...
 
+    def position(self, job: Job) -> int | None: ...
+
+    def withdraw(self, job: Job) -> bool: ...
+
 
 class JobQueue:
     """Jobs waiting in arrival order, at most `max_queue`; a job whose client left gives up
@@ -149,6 +153,22 @@ class JobQueue:
         with self._cond:
             self._drop_gone()
             return len(self._waiting)
+
+    def position(self, job: Job) -> int | None:
+        """How many wait ahead of `job` (0: next); None once it has begun (or left)."""
+        with self._cond:
+            for i, j in enumerate(self._waiting):
+                if j is job:
+                    return i
+            return None
+
+    def withdraw(self, job: Job) -> bool:
+        """Take `job` out of the line if it has not begun: True when it was still waiting."""
+        with self._cond:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                return True
+            return False
 
     def take(self, block: bool = True) -> Job | None:
         """The oldest live job; None when closed (or, not blocking, when none waits)."""
@@ -447,6 +467,12 @@ class ServeWorker:
 
     def waiting(self) -> int:
         return len(self.jobs)
+
+    def position(self, job: Job) -> int | None:
+        return self.jobs.position(job)
+
+    def withdraw(self, job: Job) -> bool:
+        return self.jobs.withdraw(job)
 
     def close(self, timeout: float = 30.0) -> None:
         for job in self.jobs.close():  # told; the thread ends after the current job
