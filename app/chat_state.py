@@ -222,6 +222,7 @@ class ChatState:
         self.request_id += 1
         self.pending = pending
         self.reply_parts = []
+        self._first_at: float | None = None  # when the first piece came (the rate counts from it)
         self.reply_id = 0
         self._committed_at = time.monotonic()
         if pending.continues is not None:
@@ -238,8 +239,25 @@ class ChatState:
         if request_id != self.request_id:
             return
         self.reply_parts.append(text)
+        if self._first_at is None:
+            self._first_at = time.monotonic()
         if self.reply_id and time.monotonic() - self._committed_at >= COMMIT_EVERY_S:
             self.commit_reply()
+
+    def live_rate(self) -> tuple[int, float]:
+        """(pieces streamed so far, pieces a second since the first): the reply's tokens and
+        tokens/s as it streams (a piece is a token, but for a character split over two)."""
+        n = len(self.reply_parts)
+        if n < 2 or self._first_at is None:
+            return n, 0.0
+        return n, (n - 1) / max(time.monotonic() - self._first_at, 1e-6)
+
+    def stopped_result(self) -> dict[str, Any]:
+        """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text and
+        the counts streamed so far (they showed 0 tokens · 0.0 tok/s)."""
+        n, rate = self.live_rate()
+        return {"text": "".join(self.reply_parts), "stop_reason": "cancelled",
+                "n_gen_tokens": n, "gen_tokens_per_s": round(rate, 2)}
 
     def commit_reply(self) -> None:
         """Commit the reply so far (a kill from here on loses nothing before this)."""

@@ -273,7 +273,8 @@ class MemoryPanel(QWidget):
         self.memory_plot.setMinimumHeight(180)
         self.timeline.setMinimumHeight(180)
         lay.addLayout(row)
-        self._followed: tuple[int, float] | None = None  # (request, end) the view was set to
+        self._followed: tuple[int, float, float] | None = None  # (request, start, end) shown
+        self.live_since: float | None = None  # when the running request was sent (set_live)
         self._user_zoomed = False
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._on_tick)
@@ -310,7 +311,10 @@ class MemoryPanel(QWidget):
 
     @Slot()
     def _on_tick(self) -> None:
-        if self.telemetry.version == self._drawn_version or not self.isVisible():
+        if not self.isVisible():
+            return
+        # nothing new: nothing to draw, unless a reply runs (its memory line reaches to now)
+        if self.telemetry.version == self._drawn_version and self.live_since is None:
             return
         self._drawn_version = self.telemetry.version
         self.residency.update()
@@ -322,10 +326,17 @@ class MemoryPanel(QWidget):
 
     def latest_request_range(self) -> tuple[int, float, float] | None:
         """(request, start, end) of the newest request's steps, in the plots' seconds."""
-        if not self.telemetry.spans:
+        spans = self.telemetry.spans
+        if not spans:
             return None
-        rid = self.telemetry.spans[-1].request_id
-        mine = [sp for sp in self.telemetry.spans if sp.request_id == rid]
+        rid = spans[-1].request_id
+        # the trailing run of its steps only: a reloaded model counts requests from 1 again,
+        # and every earlier "request 1" made the view 0–530 s after a stand-in's reload
+        mine = []
+        for sp in reversed(spans):
+            if sp.request_id != rid:
+                break
+            mine.append(sp)
         return (rid, min(sp.start_s for sp in mine) - self._t0,
                 max(sp.end_s for sp in mine) - self._t0)
 
@@ -341,13 +352,24 @@ class MemoryPanel(QWidget):
                 vb.enableAutoRange(x=True)
             return
         rid, start, end = latest
-        if self._followed is not None and self._followed[0] != rid:
+        if self.live_since is not None:  # a reply is running: the view grows with it to now
+            sent = self.live_since - self._t0
+            if end < sent:  # the steps shown are an earlier request's: from when this one went
+                start = sent
+            end = max(end, time.monotonic() - self._t0)
+        if self._followed is not None and self._followed[:2] != (rid, start):
             self._user_zoomed = False  # a new request: follow again
-        if self._user_zoomed or self._followed == (rid, end):
+        if self._user_zoomed or self._followed == (rid, start, end):
             return
         pad = max(0.05, (end - start) * 0.08)
-        self._followed = (rid, end)
+        self._followed = (rid, start, end)
         vb.setXRange(start - pad, end + pad, padding=0)
+
+    def set_live(self, live: bool) -> None:
+        """The window sent a message (True) or its reply ended: while one runs, the plots follow
+        it to now (the x axis stood still through a long reply)."""
+        self.live_since = time.monotonic() if live else None
+        self._drawn_version = -1
 
     def _on_user_zoom(self, *_: Any) -> None:
         self._user_zoomed = True
@@ -389,7 +411,8 @@ class MemoryPanel(QWidget):
                     stacks.append((kind, cumulative))
             order = list(KIND_COLORS)
             for kind, ys in stacks:  # each fill reaches down to 0: lower kinds drawn on top
-                label = kind if len(devices) == 1 else f"{self._name(dev)} {kind}"
+                words = kind.replace("_", " ")  # "projector compute", as a user reads it
+                label = words if len(devices) == 1 else f"{self._name(dev)} {words}"
                 curve = self._curve(label, QColor(KIND_COLORS[kind]), fill=True)
                 curve.setZValue(len(order) - order.index(kind))
                 curve.setData(xs, ys)

@@ -439,8 +439,13 @@ def stats_line(s: dict[str, Any]) -> str:
     if isinstance(s.get("flash_attn"), bool):
         line += f" · flash attention {'on' if s['flash_attn'] else 'off'}"
     if s.get("n_images"):
-        line += (f" · vision: {s.get('strategy')}, encode {num('encode_s'):.2f}s, "
-                 f"swap {num('swap_s'):.3f}s")
+        n_att = int(num("n_images"))
+        if not s.get("n_images_encoded") and s.get("strategy") in (None, "", "none"):
+            line += (f" · {'the attachment was' if n_att == 1 else f'all {n_att} attachments were'} "
+                     "already encoded (cache)")
+        else:
+            line += (f" · encoded: {s.get('strategy')}, {num('encode_s'):.2f}s, "
+                     f"swap {num('swap_s'):.3f}s")
     if s.get("stop_reason") == "length":
         line += " · stopped at the reply cap: Continue goes on"
     elif s.get("stop_reason") == "context_full":

@@ -547,6 +547,9 @@ class MainWindow(QMainWindow):
             for t in new:
                 self.chat.add_text(self.chat.request_id, t)
             self.transcript.stream("".join(new))
+            n, rate = self.chat.live_rate()
+            if rate:
+                self.statusBar().showMessage(f"Writing: {n} tokens · {rate:.1f} tok/s", 2000)
 
     # ------------------------------------------------------------ user actions
 
@@ -625,6 +628,7 @@ class MainWindow(QMainWindow):
         if history_before:
             self._send_history(before=history_before)
         request_id = self.chat.begin(pending)
+        self.panel.set_live(True)  # the plots follow the reply to now
         self.welcome.hide()
         self.worker.stream.take()  # nothing left over from an earlier request
         self.transcript.begin_reply(pending.continues, scroll=True)
@@ -847,6 +851,7 @@ class MainWindow(QMainWindow):
 
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         res = ev.result
+        self.panel.set_live(False)
         self._set_record_limit(int(res.gen.get("n_prompt_tokens", 0)) + int(res.gen.get("n_gen_tokens", 0)))
         if res.device_lost:
             self.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
@@ -912,6 +917,7 @@ class MainWindow(QMainWindow):
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:
         self.last_error = ev.message
+        self.panel.set_live(False)
         self.progress.hide()
         failed = self.chat.fail()
         if failed is not None:
@@ -966,6 +972,6 @@ class MainWindow(QMainWindow):
         self._thread.wait(10_000)
         if self.chat.busy:  # closed during a reply: it is kept as far as it got, as stopped
             self._take_stream()
-            self.chat.finish({"text": "".join(self.chat.reply_parts), "stop_reason": "cancelled"})
+            self.chat.finish(self.chat.stopped_result())
         self.standin.stop()  # after the session let go of its memory (shutdown above)
         super().closeEvent(event)

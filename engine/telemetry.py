@@ -95,8 +95,9 @@ class Telemetry:
             out.append(Cell(f"layer {i}", str(i), f"layer {i}", d, size, self._since(f"layer {i}", d)))
         out.append(Cell("out", "out", "output layer", self.output_device, self.output_bytes or None,
                         self._since("out", self.output_device)))
-        proj = self.projector_device
-        out.append(Cell("proj", "proj", "vision projector", proj,
+        proj = self.projector_device if self.projector_device != "off" else ""
+        out.append(Cell("proj", "proj", "projector" + (" (off)" if self.projector_device == "off"
+                                                       else ""), proj,
                         sum(k.get("projector", 0) for k in self.ledger.values()) or None,
                         self._since("proj", proj)))
         for kind, dev in self._buffers:

@@ -232,3 +232,35 @@ def test_tunes_stop_button_asks_the_runs_to_stop(qtbot):
         dlg.start_button.click()
     with qtbot.waitSignal(dlg.stop, timeout=5000):
         dlg.stop_button.click()
+
+
+def test_the_panel_follows_the_last_turn_after_a_reload_and_through_a_long_reply(qtbot):
+    """#43: a reloaded model counts its requests from 1 again: the view is the last run of
+    steps (it showed 0-530 s, the swap a sliver); while a reply runs, the view reaches to now."""
+    import time
+
+    from app.panel import MemoryPanel
+    from engine import events
+    from engine.telemetry import Telemetry
+
+    tel = Telemetry()
+    panel = MemoryPanel(tel)
+    qtbot.addWidget(panel)
+    panel.show()
+    t0 = panel._t0
+    for rid, start in ((1, -600.0), (2, -580.0), (1, -100.0)):  # the last: after a reload
+        for name, a, b in (("prefill", 0.0, 1.0), ("decode", 1.0, 4.0)):
+            tel.on_event(events.Span(rid, name=name, start_s=t0 + start + a, end_s=t0 + start + b,
+                                     device="CPU"))
+    assert panel.latest_request_range() == (1, -100.0, -96.0)
+    panel._on_tick()
+    (x0, x1), _ = panel.memory_plot.getPlotItem().vb.viewRange()
+    assert -101 < x0 < -100 and -96 < x1 < -95
+    # a reply sent now runs on with no new steps yet: the view follows it to now
+    panel.set_live(True)
+    sent = time.monotonic() - t0
+    qtbot.waitUntil(lambda: time.monotonic() - t0 > sent + 0.3)
+    panel._on_tick()
+    (x0, x1), _ = panel.memory_plot.getPlotItem().vb.viewRange()
+    assert sent - 1 < x0 <= sent and x1 >= sent + 0.3  # from when it was sent, to now
+    panel.set_live(False)

@@ -40,13 +40,14 @@ class TurnMedia:
         self.model, self.encoder = model, encoder
 
     def switch(self, enabled: bool) -> None:
-        """Vision on or off. Never reloads the model; frees a resident projector."""
+        """The projector on or off (pictures and sound alike). Never reloads the model; frees a
+        resident projector. Off, the residency map says "off" (it is kept in RAM, unused)."""
         self.encoder.enabled = enabled
         if not enabled:
             if self.encoder.free_on_device(self.model.accel):
                 self.model.reschedule()  # freed device buffers: plan the next graph afresh
-            self.model.projector = "RAM"
-            self.model.emit()
+        self.model.projector = "RAM" if enabled else "off"
+        self.model.emit()
 
     def tokenize(self, text: str, add_special: bool, keys: list[str],
                  pixels: list[LoadedMedia]) -> TokenizedPrompt:
