@@ -56,6 +56,7 @@ class MessageEdit(QPlainTextEdit):
     send_requested = Signal()
     escape_pressed = Signal()
     image_pasted = Signal(object)  # Path
+    files_dropped = Signal(object)  # list[Path]: several at once, each one's problem said
     paste_refused = Signal(str)  # why
     # the most text a paste may bring (bytes): the window sets it from the model's context
     # (a message past it could not be sent anyway; laying out 5 MB froze the window seconds)
@@ -81,8 +82,7 @@ class MessageEdit(QPlainTextEdit):
                 self.image_pasted.emit(save_pasted(image))
                 return
         if source.hasUrls() and all(u.isLocalFile() for u in source.urls()):
-            for u in source.urls():
-                self.image_pasted.emit(Path(u.toLocalFile()))
+            self.files_dropped.emit([Path(u.toLocalFile()) for u in source.urls()])
             return
         if source.hasText():
             if _has_long_run(source.text()):  # Qt lays a huge word out in seconds unless it
@@ -129,6 +129,7 @@ class Composer(QWidget):
         self.edit.send_requested.connect(self.send_requested)
         self.edit.escape_pressed.connect(self.cancel_edit)
         self.edit.image_pasted.connect(self.attach)
+        self.edit.files_dropped.connect(self.attach_all)
         self.edit.paste_refused.connect(self.show_error)
         self.strip = QHBoxLayout()
         self.strip.addStretch(1)
@@ -177,18 +178,30 @@ class Composer(QWidget):
     def text(self) -> str:
         return self.edit.toPlainText().strip()
 
+    @staticmethod
+    def problem(path: Path) -> str | None:
+        """Why `path` cannot be attached (a quick look at its header), or None."""
+        return describe(path)[1] if is_clip(path) else check_image(path)
+
     def attach(self, path: Path) -> bool:
-        path = Path(path)
-        problem = describe(path)[1] if is_clip(path) else check_image(path)
-        if problem:
-            self.show_error(f"{path.name}: {problem} — not attached")
-            return False
-        if path in self.attachments:
-            return True
-        self.attachments.append(path)
+        return not self.attach_all([Path(path)])
+
+    def attach_all(self, paths: list[Path]) -> list[str]:
+        """Attach those that can be; the others are named with their reasons, one line each
+        (several bad files dropped at once said only the last). Returns those lines."""
+        refused = []
+        for path in map(Path, paths):
+            problem = self.problem(path)
+            if problem:
+                refused.append(f"{path.name}: {problem} — not attached")
+            elif path not in self.attachments:
+                self.attachments.append(path)
         self._rebuild_strip()
-        self.error.hide()
-        return True
+        if refused:
+            self.show_error("\n".join(refused))
+        else:
+            self.error.hide()
+        return refused
 
     def start_recording(self) -> bool:
         """Record from the microphone until Stop, Cancel or the limit. False (and a message

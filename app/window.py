@@ -571,8 +571,7 @@ class MainWindow(QMainWindow):
         paths, _ = QFileDialog.getOpenFileNames(
             self, "Attach pictures or sound clips", start or str(Path.home()),
             f"Pictures and sound ({pictures} {sound});;Pictures ({pictures});;Sound clips ({sound})")
-        for p in paths:
-            self.composer.attach(Path(p))
+        self.composer.attach_all([Path(p) for p in paths])
 
     @Slot()
     def send_message(self) -> None:

@@ -282,6 +282,19 @@ def test_a_huge_word_is_laid_out_at_once_and_a_deleted_picture_is_named(qtbot, t
     assert not w.chat.busy and store.n_messages(w.conv_id) == 0
     assert w.composer.error.isVisible() and "gone.png is gone" in w.composer.error.text()
     assert w.composer.attachments == [kept] and w.composer.text() == "What are these?"
+    # several bad files dropped at once: each one's reason, one line each; the good one attached
+    from PySide6.QtCore import QUrl
+
+    empty, text = tmp_path / "empty.png", tmp_path / "notes.png"
+    empty.write_bytes(b"")
+    text.write_text("not a picture")
+    drop = QMimeData()
+    drop.setUrls([QUrl.fromLocalFile(str(p)) for p in (empty, text, pictures["b.jpg"])])
+    w.composer.edit.insertFromMimeData(drop)
+    lines = w.composer.error.text().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["empty.png", "notes.png"], lines
+    assert "empty" in lines[0] and "not an image" in lines[1]
+    assert w.composer.attachments == [kept, pictures["b.jpg"]]
     w.close()
     store.close()
 
