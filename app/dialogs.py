@@ -226,8 +226,21 @@ def projectors_beside(model: Path) -> list[Path]:
 
 
 def model_label(model: Path) -> str:
-    """How the picker lists a model: its path, and [text only] when no projector is beside it."""
-    return str(model) if projectors_beside(model) else f"{model}   [text only]"
+    """How the picker lists a model: its name, size and quantisation (from the file's name and
+    size: no header is read, the list stays instant), the folder it is in, and [text only] when
+    no projector is beside it."""
+    import re
+
+    from app.settings import readable_model_name
+
+    m = re.search(r"[.\-_]((?:I?Q\d[\w]*|F16|F32|BF16|MXFP4\w*))\.gguf$", model.name, flags=re.I)
+    try:
+        size = fmt_bytes(model.stat().st_size)
+    except OSError:
+        size = "?"
+    bits = [readable_model_name(str(model)), size] + ([m.group(1).upper()] if m else [])
+    label = f"{' · '.join(bits)}   ({model.parent})"
+    return label if projectors_beside(model) else f"{label}   [text only]"
 
 
 def projector_offer(model: Path) -> tuple[list[str], str]:
@@ -301,7 +314,8 @@ class ModelPicker(QDialog):
         self.estimate = QLabel("")
         self.estimate.setWordWrap(True)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Load")
+        self.load_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.load_button.setText("Load")
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         row = QHBoxLayout()
@@ -318,7 +332,7 @@ class ModelPicker(QDialog):
                              "for one file.", wordWrap=True))
         lay.addWidget(self.list, 1)
         lay.addLayout(row)
-        lay.addWidget(QLabel("Vision projector (those beside the model that belong with it):"))
+        lay.addWidget(QLabel("Projector, for pictures or sound (those beside the model that belong with it):"))
         lay.addWidget(self.projector)
         self.offer = QLabel("")
         self.offer.setWordWrap(True)
@@ -333,6 +347,7 @@ class ModelPicker(QDialog):
     def _add_model(self, path: Path) -> None:
         item = QListWidgetItem(model_label(path), self.list)
         item.setData(Qt.ItemDataRole.UserRole, str(path))
+        item.setToolTip(str(path))
 
     def _on_model(self, item: Any, _previous: Any = None) -> None:
         if item is not None:
@@ -368,6 +383,10 @@ class ModelPicker(QDialog):
             self.projector.addItems(offered + ["none", DEMO])
             self.projector.blockSignals(False)
         if path.is_file():
-            self.estimate.setText(estimate(path, self.projector.currentText(), self.settings))
+            said = estimate(path, self.projector.currentText(), self.settings)
+            self.estimate.setText(said)
+            # a pair (or a file) it cannot use is not offered to Load: it says why above
+            self.load_button.setEnabled(not said.startswith("cannot"))
         else:
             self.estimate.setText("")
+            self.load_button.setEnabled(bool(text))

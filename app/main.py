@@ -77,7 +77,7 @@ def relaunch(message: str, lost: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, *([] if frozen else ["-m", "app"]), *sys.argv[1:]], env)
 
 
-def _test_hooks(window: Any, app: Any) -> None:
+def _test_hooks(window: Any, app: Any, noticed: bool = False) -> None:
     """Test-only: EBB_TEST_SEND sends a message once the model is loaded (with the picture
     EBB_TEST_IMAGE attached, if set) and prints "streaming" at the first reply token;
     EBB_TEST_PRINT_NOTICE prints the notice and quits."""
@@ -85,7 +85,7 @@ def _test_hooks(window: Any, app: Any) -> None:
 
     from engine import events, testhooks
 
-    if testhooks.value(testhooks.PRINT_NOTICE) and os.environ.get("EBB_NOTICE"):
+    if testhooks.value(testhooks.PRINT_NOTICE) and (os.environ.get("EBB_NOTICE") or noticed):
         print(f"notice: {window.notice.text()}", flush=True)
         QTimer.singleShot(0, app.quit)
         return
@@ -243,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         mmproj = store.setting("mmproj", "")
     else:
         mmproj = DEMO if model == DEFAULT_NAME else ""
+    gone = ""  # the last used model was deleted or moved: the default opens, and says why
+    if args.model is None and model != DEFAULT_NAME and not Path(model).is_file():
+        gone = (f"The last model, {Path(model).name}, is gone (deleted or moved from "
+                f"{Path(model).parent}): Ebb opened the small default model instead. "
+                "File → Open model… chooses another.")
+        model, mmproj = DEFAULT_NAME, DEMO
     cfg, rpc = session_config(store, model, mmproj, args.ctx, args.threads, args.rpc)
     window = open_window(store, cfg, rpc)
     term = close_on_sigterm(app, window)  # noqa: F841 - alive as long as the loop
@@ -253,9 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     fatal.install(relaunch)
     if os.environ.get("EBB_NOTICE"):
         window.show_notice(os.environ["EBB_NOTICE"])
+    if gone:
+        window.show_notice(gone)
     for image in args.images:  # a picture opened with Ebb waits in the composer
         window.composer.attach(image)
-    _test_hooks(window, app)
+    _test_hooks(window, app, noticed=bool(gone))
     if testhooks.value(testhooks.QUIT_WHEN_SHOWN) == "1":  # for the start-up time test
 
         def shown() -> None:  # runs once the event loop has mapped and painted the window

@@ -100,7 +100,7 @@ def test_app_icon_and_desktop_file_exist():
     assert "Exec=ebb" in desktop and "Name=Ebb" in desktop
 
 
-def test_model_picker_pairs_by_family_and_marks_text_only(tmp_path, model_path):
+def test_model_picker_pairs_by_family_and_marks_text_only(qtbot, tmp_path, model_path):
     """The picker offers the projector beside a model that belongs with it (family and width),
     says why it leaves out the others (another family, an audio projector), and marks a model
     with no projector as text only."""
@@ -137,7 +137,24 @@ def test_model_picker_pairs_by_family_and_marks_text_only(tmp_path, model_path):
     text_only.mkdir()
     (text_only / "SmolLM2.gguf").symlink_to(model_path)
     assert model_label(text_only / "SmolLM2.gguf").endswith("[text only]")
-    assert model_label(lm) == str(lm)
+    # name · size · quantisation, then the folder (#43: it was a bare path)
+    label = model_label(lm)
+    assert label.startswith("Qwen2.5-VL-tiny · 7.83 MiB") and str(folder) in label
+    assert "[text only]" not in label
+    q = text_only / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    q.symlink_to(model_path)
+    assert model_label(q).startswith("SmolLM2-135M-Instruct · ") and " · Q4_1   (" in model_label(q)
+    # Load is off for a pair the picker refuses, and says why; on for one that belongs
+    from app.dialogs import ModelPicker
+
+    dlg = ModelPicker({"model_folders": []})
+    qtbot.addWidget(dlg)
+    dlg.model_path.setText(str(lm))
+    dlg._update_estimate()
+    assert dlg.load_button.isEnabled()
+    dlg.projector.setEditText(str(folder / "mmproj-gemma.gguf"))
+    dlg._update_estimate()
+    assert not dlg.load_button.isEnabled() and dlg.estimate.text().startswith("cannot use")
     assert projector_offer(text_only / "SmolLM2.gguf") == ([], "Text only: no projector beside this model.")
 
 

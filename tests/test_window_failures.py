@@ -123,6 +123,7 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
     assert [m.role for m in msgs] == ["user", "assistant"]
     reply = msgs[-1]
     assert reply.text.strip() and reply.stats.get("stop_reason") == "cancelled", reply.stats
+    assert reply.stats.get("n_gen_tokens", 0) > 0 and reply.stats.get("gen_tokens_per_s", 0) > 0  # #43
     assert not store.recovered  # it was saved as stopped, not found "streaming" later
     store.close()
     # and with the first window gone, the folder is free again: a start opens it
@@ -325,3 +326,18 @@ def test_a_full_disk_at_the_first_start_still_takes_the_lock(tmp_path):
         lock.release()
     finally:
         subprocess.run(["umount", "-l", str(full)], capture_output=True)  # even if a file is open
+
+
+def test_when_the_last_model_is_gone_the_default_opens_and_says_why(tmp_path):
+    """#43: the remembered model was deleted: the window opens the default model (not "no
+    model") and says which file is gone and how to choose another."""
+    data = tmp_path / "data"
+    s = Store(data)
+    s.set_setting("ctx", 1024)
+    s.set_setting("model", str(tmp_path / "models" / "Gone-7B.Q4_K_M.gguf"))
+    s.set_setting("mmproj", "")
+    s.close()
+    proc = _window_process(data, EBB_TEST_PRINT_NOTICE="1")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "The last model, Gone-7B.Q4_K_M.gguf, is gone" in out and "default model" in out, out

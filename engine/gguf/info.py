@@ -477,7 +477,7 @@ class Inspection:
 def inspect_files(model_path: Path, mmproj_path: Path | None = None) -> Inspection:
     gf = read_gguf(model_path)
     if gf.architecture == "clip":
-        raise EbbError(f"{model_path} is a vision projector, not a language model",
+        raise EbbError(f"{model_path} is a projector (mmproj), not a language model",
                        "pass it with --mmproj and give the language model first")
     model = model_info(gf)
     proj = None
