@@ -21,6 +21,8 @@ from PySide6.QtGui import (
     QKeySequence,
 )
 from PySide6.QtWidgets import (
+    QFrame,
+    QScrollArea,
     QApplication,
     QDockWidget,
     QFileDialog,
@@ -75,6 +77,10 @@ from engine.units import parse_size
 
 REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
+FOLD_PANEL_BELOW = 1000  # px: a first start on a screen (or window) narrower folds the Memory panel
+PANEL_FOLDED = ("The Memory panel is folded to give the chat room on this screen: View → Memory "
+                "shows it.")
+PANEL_MIN_WIDTH = 400  # px: narrower, the Memory panel scrolls instead of cutting its content off
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
 PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat's memory to disk
@@ -223,7 +229,12 @@ class MainWindow(QMainWindow):
         self.panel = MemoryPanel(self.telemetry)
         self.panel_dock = QDockWidget("Memory", self)
         self.panel_dock.setObjectName("memory-panel")
-        self.panel_dock.setWidget(self.panel)
+        # narrower than its content, the panel scrolls rather than cutting cells, legends and
+        # titles off on the right (800 px wide); on a first start that narrow it starts folded
+        self.panel.setMinimumWidth(PANEL_MIN_WIDTH)
+        panel_scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        panel_scroll.setWidget(self.panel)
+        self.panel_dock.setWidget(panel_scroll)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel_dock)
         self.resizeDocks([self.panel_dock], [int(self.width() * 0.42)], Qt.Orientation.Horizontal)
         self.view_menu.addAction(self.panel_dock.toggleViewAction())
@@ -932,8 +943,18 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ shutdown
 
     def _restore_layout(self) -> None:
-        """The window's size, the splitter and the docks as they were left (saved on close)."""
+        """The window's size, the splitter and the docks as they were left (saved on close).
+        With nothing saved and a window too narrow for the chat and the panel side by side,
+        the panel starts folded (View → Memory), as peers fold their side panels."""
         import base64
+
+        if not isinstance(self.store.setting("window_state"), str):
+            screen = QApplication.primaryScreen()
+            width = screen.availableGeometry().width() if screen is not None else self.width()
+            if min(width, self.width()) < FOLD_PANEL_BELOW:
+                self.panel_dock.hide()
+                self.show_notice(PANEL_FOLDED, "info")
+                self.panel_dock.visibilityChanged.connect(self._on_panel_shown)
 
         for key, restore in (("window_geometry", self.restoreGeometry),
                              ("window_state", self.restoreState),
@@ -944,6 +965,10 @@ class MainWindow(QMainWindow):
                     restore(QByteArray(base64.b64decode(saved)))
                 except (ValueError, TypeError):
                     continue
+
+    def _on_panel_shown(self, shown: bool) -> None:
+        if shown:  # the folded panel's notice has said its part
+            self.notice.remove_matching(PANEL_FOLDED)
 
     def _save_layout(self) -> None:
         import base64

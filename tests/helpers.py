@@ -164,6 +164,9 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
     cfg, rpc = session_config(store, model, mmproj, rpc=rpc or [])
     w = track_window(MainWindow(store, cfg, rpc))
     qtbot.addWidget(w)
+    # the offscreen screen is 800 px wide, where a first start folds the Memory panel
+    # (tests/test_panel_layout.py checks that); the suite's windows show it, as a wide screen does
+    w.panel_dock.show()
     w.show()
     w.gen_params = GenParams(temperature=0, max_tokens=max_tokens)
     if wait == "loaded":

@@ -20,6 +20,7 @@ def _fresh_window(qtbot, tmp_path):
     w = MainWindow(store, cfg, rpc)
     track_window(w)
     qtbot.addWidget(w)
+    w.panel_dock.show()  # as on a wide screen (the offscreen one is 800 px: a first start folds it)
     w.show()
     w.gen_params = GenParams(temperature=0, max_tokens=16)
     wait_for(lambda: w.chat.loaded)

@@ -264,3 +264,29 @@ def test_the_panel_follows_the_last_turn_after_a_reload_and_through_a_long_reply
     (x0, x1), _ = panel.memory_plot.getPlotItem().vb.viewRange()
     assert sent - 1 < x0 <= sent and x1 >= sent + 0.3  # from when it was sent, to now
     panel.set_live(False)
+
+
+def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_shown(qtbot, tmp_path):
+    """#43: at 800x600 the Memory dock was cut on the right (cells, legend, titles): a first
+    start on such a screen folds it and says how to show it; shown, it scrolls."""
+    from PySide6.QtWidgets import QApplication, QScrollArea
+
+    from app.window import FOLD_PANEL_BELOW, PANEL_MIN_WIDTH, MainWindow
+    from tests.helpers import fresh_store, track_window
+
+    screen = QApplication.primaryScreen()
+    assert screen is not None and screen.availableGeometry().width() < FOLD_PANEL_BELOW  # offscreen: 800
+    store = fresh_store(tmp_path)
+    w = track_window(MainWindow(store, None, []))
+    qtbot.addWidget(w)
+    w.show()
+    assert not w.panel_dock.isVisible()
+    assert w.notice.isVisible() and "View → Memory" in w.notice.text()
+    w.panel_dock.show()
+    assert "View → Memory" not in w.notice.text()  # shown: the notice went
+    scroll = w.panel_dock.widget()
+    assert isinstance(scroll, QScrollArea) and scroll.widget() is w.panel
+    qtbot.waitUntil(lambda: w.panel.isVisible())
+    assert w.panel.width() >= PANEL_MIN_WIDTH  # its own width, scrolled rather than squeezed
+    w.close()
+    store.close()
