@@ -37,7 +37,7 @@ from engine.media.audio import is_clip
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens
 BATCH = 20  # older messages added above them when scrolled near the top
-THUMB = 160  # thumbnail box, pixels
+THUMB = 120  # thumbnail box, pixels (a click shows the picture full size)
 CODE_BG = "#f3f4f6"
 
 
@@ -46,6 +46,7 @@ class Transcript(QTextBrowser):
     # a message's link was clicked: (edit | regen | prev | next | delete, the message's id)
     action = Signal(str, int)
     problem = Signal(str)  # something the user asked for cannot be done (a clip cannot play)
+    view_picture = Signal(str)  # a thumbnail was clicked: its picture's path, to show full size
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -62,6 +63,7 @@ class Transcript(QTextBrowser):
         self._last_start = 0  # where the last message begins (the separator before its header)
         self._starts: dict[int, int] = {}  # where each shown message begins
         self.marked: list[str] = []  # the search's words marked in the message found
+        self.system_prompt = ""  # the chat's own: marked above its first message (set by the window)
         self._stream: _Stream | None = None
         self._filler = QTimer(self, singleShot=True, interval=0)
         self._filler.timeout.connect(self._add_older)
@@ -125,9 +127,11 @@ class Transcript(QTextBrowser):
         self.clear()
         self._first = first
         cur = self._end()
+        if first == 0 and self._messages:
+            self._insert_system_line(cur)
         for i in range(first, len(self._messages)):
             self._last_start = cur.position()
-            self._insert_message(cur, self._messages[i], first=i == first)
+            self._insert_message(cur, self._messages[i], first=i == first and cur.position() == 0)
 
     def _near_top(self, *_: Any) -> None:
         """Scrolled near the top (or nothing to scroll yet): older messages, if any, soon."""
@@ -149,11 +153,25 @@ class Transcript(QTextBrowser):
         self._render(max(0, self._first - BATCH))
         bar.setValue(bar.maximum() - from_bottom)
 
+    def _insert_system_line(self, cur: QTextCursor) -> None:
+        """Above a chat's first message: its own system prompt, if it has one, with a link to
+        change it (Chat settings)."""
+        if not self.system_prompt.strip():
+            return
+        shown = " ".join(self.system_prompt.split())
+        shown = shown if len(shown) <= 160 else shown[:160] + "…"
+        cur.insertHtml(f'<span style="color:#6b6f75; font-size:small">System prompt: '
+                       f'<i>{html.escape(shown)}</i> · <a href="msg:system/0" '
+                       f'style="color:#5f6b7a">change</a></span>')
+        cur.insertBlock(_block_format())
+
     def append_message(self, m: Message, scroll: bool = False) -> None:
         """`scroll`: the user's own message (sent now): shown whatever was scrolled to."""
         follow = scroll or self._at_bottom()
         self._messages.append(m)
         cur = self._end()
+        if len(self._messages) == 1 and self.document().isEmpty():
+            self._insert_system_line(cur)
         self._last_start = cur.position()
         self._insert_message(cur, m, first=self.document().isEmpty())
         if follow:
@@ -298,7 +316,10 @@ class Transcript(QTextBrowser):
             return f"<i>[image missing: {html.escape(path.name)}]</i>"
         url = QUrl.fromLocalFile(str(path))
         url.setScheme("thumb")
-        return f'<img src="{url.toString()}" width="{size[0]}" height="{size[1]}">'
+        full = QUrl.fromLocalFile(str(path))
+        full.setScheme("view")  # a click opens it full size
+        return (f'<a href="{full.toString()}"><img src="{url.toString()}" width="{size[0]}" '
+                f'height="{size[1]}"></a>')
 
     def loadResource(self, kind: int, url: QUrl | str) -> Any:
         """Thumbnails are made when first drawn (never for messages scrolled past)."""
@@ -328,6 +349,8 @@ class Transcript(QTextBrowser):
             kind, _, mid = url.path().partition("/")
             if mid.isdigit():
                 self.action.emit(kind, int(mid))
+        elif url.scheme() == "view":
+            self.view_picture.emit(url.path())
         elif url.scheme() == "play":
             self.player.toggle(Path(url.path()))
         elif url.scheme() == "copy":

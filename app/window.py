@@ -193,6 +193,7 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.copy_button)
         self.composer = Composer()
         self.transcript.problem.connect(self.composer.show_error)  # e.g. a clip that cannot play
+        self.transcript.view_picture.connect(self._on_view_picture)
         self.composer.send_requested.connect(self.send_message)
         attach = QPushButton("Attach…", clicked=self._on_attach)
         self.send_button = QPushButton("Send", clicked=self.send_message, enabled=False)
@@ -405,7 +406,11 @@ class MainWindow(QMainWindow):
 
     @Slot(str, int)
     def _on_message_action(self, kind: str, message_id: int) -> None:
-        """A message's link: Edit, Regenerate, Delete, or its previous or next version."""
+        """A message's link: Edit, Regenerate, Delete, or its previous or next version; the
+        system prompt's "change" (kind "system")."""
+        if kind == "system":
+            self._on_chat_settings()
+            return
         if self.chat.busy:
             self.statusBar().showMessage("A reply is being written: wait for it, or Stop it", 8000)
             return
@@ -478,6 +483,12 @@ class MainWindow(QMainWindow):
     def chat_gen_params(self) -> GenParams:
         return chat_gen_params(self.store, self.conv_id, self.gen_params)
 
+    def _on_view_picture(self, path: str) -> None:
+        from app.picture_viewer import PictureViewer
+
+        self.picture_viewer = PictureViewer(Path(path), self)
+        self.picture_viewer.show()
+
     def _on_chat_settings(self) -> None:
         from app.chat_settings import ChatSettingsDialog
 
@@ -495,6 +506,8 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return
         self._send_history()
+        if not self.chat.busy:  # the system prompt's line above the chat
+            self._show_conversation()
         self.statusBar().showMessage("This chat's settings apply from the next reply", 8000)
 
     # ------------------------------------------------------------ rendering
@@ -503,6 +516,7 @@ class MainWindow(QMainWindow):
         """The open conversation, drawn afresh (opened, switched to, or a request failed);
         `focus`: a message to scroll to, with `words` marked in it."""
         msgs = self.chat.messages()
+        self.transcript.system_prompt = str(chat_params(self.store, self.conv_id)["system_prompt"] or "")
         self.transcript.show_messages(msgs, self.chat.memory_from(msgs), focus, words or ())
         self._update_welcome()
         self._update_actions()

@@ -52,6 +52,14 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     reply = msgs[-1]
     assert reply.role == "assistant" and reply.stats.get("strategy") == "swap", reply.stats
     assert reply.stats.get("swap_s", 0) > 0
+    # the picture's thumbnail opens it full size (#43)
+    from PySide6.QtCore import QUrl
+
+    sent_picture = msgs[0].images[0]
+    w.transcript._on_anchor(QUrl("view:" + str(sent_picture)))
+    viewer = w.picture_viewer
+    assert viewer.isVisible() and viewer.label.pixmap().width() == 300  # a.png: 300x200, whole
+    viewer.close()
     # the memory panel names the stand-in as one: its plot, its legend and its steps
     (dev, name), = w.panel.device_names.items()
     assert dev.startswith("RPC") and name == f"stand-in {dev}"

@@ -231,6 +231,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
                                        "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,
                                        "top_k": 12, "min_p": 0.2, "json_replies": True})
     w._send_history()
+    w._show_conversation()  # as Chat settings' OK does
     sent = []
     w.request_send.connect(lambda rid, text, images, gp: sent.append(gp))
     w.composer.edit.setPlainText("Who are you?")
@@ -242,6 +243,8 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     assert w.worker._session.cfg.system == "You are a pirate."
     reply = store.messages(w.conv_id)[-1]
     assert reply.role == "assistant" and gp.grammar and reply.text.lstrip().startswith("{")
+    # the chat says it has its own system prompt, above its first message (#43)
+    assert w.transcript.toPlainText().startswith("System prompt: You are a pirate. · change")
     # another chat has Settings' (no system prompt)
     w.chats.new_chat()
     wait_for(lambda: w.worker._session.cfg.system is None)
