@@ -180,8 +180,9 @@ class ChatState:
 
     def add_user_message(self, text: str, images: list[Path]) -> Pending:
         """Save the user's message (titling a new conversation by it); returns it as stored."""
-        if not self.store.n_messages(self.conv_id) and text:
-            self.store.rename(self.conv_id, text[:48])
+        if not self.store.n_messages(self.conv_id) and (text.strip() or images):
+            taken = {c.title for c in self.store.conversations() if c.id != self.conv_id}
+            self.store.rename(self.conv_id, chat_title(text, images, taken))
         mid = self.store.add_message(self.conv_id, "user", text, images)
         saved = self.store.message(mid)
         return Pending(text, saved.images if saved else [], mid)
@@ -431,6 +432,27 @@ def users_names(text: str, copies: dict[str, str]) -> str:
     for copy, user in copies.items():
         text = text.replace(copy, user)
     return text
+
+
+TITLE_CHARS = 48
+
+
+def chat_title(text: str, attachments: list[Path], taken: set[str]) -> str:
+    """A new chat's title from its first message: its first line, cut at a word within
+    TITLE_CHARS; the attachments' names when it has no text; and a number after it when
+    another chat has the same title (a list of "What colour is this picture?" told nothing)."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    words = " ".join(line.split())
+    if len(words) > TITLE_CHARS:
+        cut = words[:TITLE_CHARS].rsplit(" ", 1)[0]
+        words = (cut if len(cut) >= TITLE_CHARS // 2 else words[:TITLE_CHARS]).rstrip(",.;:") + "…"
+    if not words:
+        words = ", ".join(Path(p).name for p in attachments)[:TITLE_CHARS] or "New chat"
+    title, n = words, 1
+    while title in taken:
+        n += 1
+        title = f"{words} ({n})"
+    return title
 
 
 def oversized(text: str, n_ctx: int) -> str:

@@ -111,3 +111,19 @@ def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
     rt.reset()
     assert rt.generate(msgs + [{"role": "assistant", "content": first},
                                {"role": "user", "content": "And three fish?"}], gp).text == again.text
+
+
+def test_chat_titles_tell_chats_apart():
+    """#43: the first line, cut at a word; attachments' names without text; a number when the
+    title is taken."""
+    from pathlib import Path
+
+    from app.chat_state import chat_title
+
+    assert chat_title("What colour is this picture?\nSecond line", [], set()) == "What colour is this picture?"
+    assert chat_title("What colour is this picture?", [], {"What colour is this picture?"}) == \
+        "What colour is this picture? (2)"
+    assert chat_title("x", [], {"x", "x (2)"}) == "x (3)"
+    long = "Please summarise the attached quarterly report and list every risk it names"
+    assert chat_title(long, [], set()) == "Please summarise the attached quarterly report…"
+    assert chat_title("   ", [Path("/a/red.png"), Path("/b/voice.wav")], set()) == "red.png, voice.wav"
