@@ -23,6 +23,13 @@ class Part:
     lang: str = ""
 
 
+def open_code_body(rest: str) -> str | None:
+    """The body so far when the unfinished `rest` is a code block whose ``` line is complete
+    (what a stream shows as code before the block closes); else None."""
+    first, nl, body = rest.partition("\n")
+    return body if nl and _FENCE.match(first) else None
+
+
 def split_finished(text: str) -> tuple[list[Part], str]:
     """The finished blocks at the start of `text` and the unfinished rest (returned as is)."""
     parts: list[Part] = []

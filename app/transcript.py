@@ -31,7 +31,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QTextBrowser, QTextEdit
 
 from app.clips import ClipPlayer, describe
-from app.markdown import Part, code_html, split_all, split_finished
+from app.markdown import Part, code_html, open_code_body, split_all, split_finished
 from app.store import Message
 from engine.media.audio import is_clip
 
@@ -427,6 +427,9 @@ class _Stream:
         self.tail_start = start  # where the plain-text rest begins
         self.rest = ""  # the unfinished block's text so far
         self.cur = view._end()  # stays at the end (a cursor follows edits above it)
+        # inside a code block that is still being written: its text in monospace on the code
+        # background, without the ``` line (it showed raw until the block closed)
+        self.fmt: QTextCharFormat | None = None
 
     def shift(self, n: int) -> None:
         self.tail_start += n
@@ -435,7 +438,11 @@ class _Stream:
         self.rest += text
         parts, rest = split_finished(self.rest)
         if not parts:
-            self.cur.insertText(text, QTextCharFormat())
+            body = open_code_body(self.rest) if self.fmt is None else None
+            if body is not None:  # a code block began: its body so far, as code from now on
+                self._retail(body)
+                return
+            self.cur.insertText(text, self.fmt or QTextCharFormat())
             self.view.work += len(text)
             return
         cur = self.cur
@@ -446,9 +453,31 @@ class _Stream:
             self.view.work += len(part.text) + len(part.code or "")
         cur.insertBlock(_block_format(top=4), QTextCharFormat())
         self.tail_start = cur.position()
+        self.fmt = None
+        self.rest = rest
+        body = open_code_body(rest)
+        if body is not None:
+            self._retail(body)
+            return
         cur.insertText(rest, QTextCharFormat())
         self.view.work += len(rest)
-        self.rest = rest
+
+    def _retail(self, body: str) -> None:
+        """The unfinished tail again, as the body of an open code block."""
+        cur = self.cur
+        cur.setPosition(self.tail_start)
+        cur.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        cur.removeSelectedText()
+        self.fmt = code_format()
+        cur.insertText(body, self.fmt)
+        self.view.work += len(body)
+
+
+def code_format() -> QTextCharFormat:
+    fmt = QTextCharFormat()
+    fmt.setFontFamilies(["monospace"])
+    fmt.setBackground(QColor(CODE_BG))
+    return fmt
 
 
 def stats_line(s: dict[str, Any]) -> str:

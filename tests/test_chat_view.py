@@ -283,3 +283,21 @@ def test_older_messages_loaded_by_scrolling_are_spaced_as_the_others(view):
     finally:
         T.FIRST_MESSAGES = first
     assert scrolled == blocks(view)
+
+
+def test_a_code_block_is_shown_as_code_while_it_streams(view):
+    """#43: an open code block streamed as raw ``` text until it closed: its body is monospace
+    on the code background from its first line, without the fence."""
+    view.show_messages([_msg(1, "user", "Code?")])
+    view.begin_reply()
+    for piece in ("Here:\n\n```py", "thon\ndef f():\n", "    return 1\n"):
+        view.stream(piece)
+    text = view.toPlainText()
+    assert "```" not in text and text.rstrip().endswith("def f():\n    return 1".rstrip())
+    cur = view.textCursor()
+    cur.movePosition(cur.MoveOperation.End)
+    cur.movePosition(cur.MoveOperation.Left, n=3)
+    fmt = cur.charFormat()
+    assert "monospace" in fmt.fontFamilies() and fmt.background().color().name() == "#f3f4f6"
+    view.stream("```\n\nDone.\n")
+    assert "Done." in view.toPlainText() and "```" not in view.toPlainText()
