@@ -13,6 +13,7 @@ they are first drawn. Links open in the browser; a code block's Copy link copies
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -289,7 +290,14 @@ class Transcript(QTextBrowser):
         """One block of a reply, in a block of its own after `cur`."""
         cur.insertBlock(_block_format(top=4), QTextCharFormat())
         if part.code is None:
+            start = cur.block()
             cur.insertMarkdown(part.text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+            if _LIST_ITEM.match(part.text) and not start.text() and start.next().textList() is not None:
+                # Qt leaves the block it was given empty above a list: a blank line's gap
+                # between "Steps:" and "1." (and between the items of a loose list)
+                gap = QTextCursor(start)
+                gap.movePosition(QTextCursor.MoveOperation.NextBlock, QTextCursor.MoveMode.KeepAnchor)
+                gap.removeSelectedText()
             return
         n = len(self._codes)
         self._codes.append(part.code)
@@ -399,6 +407,9 @@ def _actions_html(m: Message) -> str:
     bits.append(f'<a href="msg:delete/{m.id}" {link}>Delete</a>')
     return ('<span style="font-weight:normal; font-size:small; color:#5f6b7a">&nbsp;&nbsp;&nbsp;'
             + " · ".join(bits) + "</span>")
+
+
+_LIST_ITEM = re.compile(r"^\s{0,3}(?:\d{1,9}[.)]|[-*+])\s")
 
 
 def _block_format(top: int = 0) -> QTextBlockFormat:

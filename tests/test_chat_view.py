@@ -301,3 +301,11 @@ def test_a_code_block_is_shown_as_code_while_it_streams(view):
     assert "monospace" in fmt.fontFamilies() and fmt.background().color().name() == "#f3f4f6"
     view.stream("```\n\nDone.\n")
     assert "Done." in view.toPlainText() and "```" not in view.toPlainText()
+
+
+def test_numbered_lists_are_tight(view):
+    """#43: Qt left an empty paragraph above each list (and between a loose list's items)."""
+    view.show_messages([_msg(1, "assistant", "Steps:\n\n1. Boil.\n2. Add pasta.\n\nLoose:\n\n"
+                                             "1. First.\n\n2. Second.\n\nAfter.")])
+    shown = shown_text(view)
+    assert "Steps:\nBoil.\nAdd pasta.\nLoose:\nFirst.\nSecond.\nAfter." in shown, repr(shown)
