@@ -2,23 +2,44 @@
 the default for new chats. GUI thread only."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QHBoxLayout,
+    QInputDialog,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
 )
 
+PICK = "Choose a preset…"
+
 
 class ChatSettingsDialog(QDialog):
-    def __init__(self, title: str, values: dict[str, Any], parent: Any = None) -> None:
+    """`presets`: the user's own named settings (Settings' "chat_presets"); `save_presets`
+    keeps them when one is saved. The built-in ones (app/settings.py) come first."""
+
+    def __init__(self, title: str, values: dict[str, Any], parent: Any = None,
+                 presets: dict[str, dict[str, Any]] | None = None,
+                 save_presets: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> None:
         super().__init__(parent)
+        from app.settings import BUILT_IN_PRESETS
+
         self.setWindowTitle(f"Chat settings — {title}")
+        self.own_presets = dict(presets or {})
+        self.save_presets = save_presets
+        self.presets = {**BUILT_IN_PRESETS, **self.own_presets}
+        self.preset = QComboBox(toolTip="Sampling settings by name: the built-in ones, and those "
+                                        "you saved (a saved one has the system prompt too)")
+        self.preset.addItems([PICK, *self.presets])
+        self.preset.activated.connect(self._on_preset)
+        save = QPushButton("Save as preset…", clicked=self._on_save_preset)
         self.system = QPlainTextEdit(str(values.get("system_prompt") or ""))
         self.system.setPlaceholderText("e.g. You are a concise assistant. (empty: none)")
         self.system.setMinimumHeight(90)
@@ -47,6 +68,10 @@ class ChatSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form = QFormLayout(self)
+        row = QHBoxLayout()
+        row.addWidget(self.preset, 1)
+        row.addWidget(save)
+        form.addRow("Preset", row)
         form.addRow("System prompt", self.system)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -57,6 +82,45 @@ class ChatSettingsDialog(QDialog):
         form.addRow(self.json)
         form.addRow(self.as_default)
         form.addRow(buttons)
+
+    def apply(self, values: dict[str, Any]) -> None:
+        """Set the fields a preset names (the others stay)."""
+        if "system_prompt" in values:
+            self.system.setPlainText(str(values["system_prompt"]))
+        for key, box in (("temperature", self.temperature), ("top_p", self.top_p),
+                         ("min_p", self.min_p), ("repeat_penalty", self.repeat)):
+            if key in values:
+                box.setValue(float(values[key]))
+        for key, spin in (("top_k", self.top_k), ("seed", self.seed)):
+            if key in values:
+                spin.setValue(int(values[key]))
+        if "json_replies" in values:
+            self.json.setChecked(bool(values["json_replies"]))
+
+    def _on_preset(self, index: int) -> None:
+        name = self.preset.itemText(index)
+        if name in self.presets:
+            self.apply(self.presets[name])
+
+    def _on_save_preset(self) -> None:
+        name, ok = QInputDialog.getText(self, "Save as preset", "Name:")
+        self.save_named(name if ok else "")
+
+    def save_named(self, name: str) -> bool:
+        """Keep these settings under `name` (a built-in name is not taken over)."""
+        from app.settings import BUILT_IN_PRESETS
+
+        name = name.strip()
+        if not name or name == PICK or name in BUILT_IN_PRESETS:
+            return False
+        self.own_presets[name] = self.values()
+        self.presets[name] = self.own_presets[name]
+        if self.preset.findText(name) < 0:
+            self.preset.addItem(name)
+        self.preset.setCurrentText(name)
+        if self.save_presets is not None:
+            self.save_presets(dict(self.own_presets))
+        return True
 
     def values(self) -> dict[str, Any]:
         return {"system_prompt": self.system.toPlainText().strip(),

@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image
                             "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
                             "repeat_penalty": 1.0, "seed": 0, "json_replies": False,
                             "top_k": 40, "min_p": 0.05,
+                            # Chat settings' own named presets: name -> the chat settings above
+                            "chat_presets": {},
                             # Model → Get models…: a Hub mirror ("" : HF_ENDPOINT, else the
                             # Hub) and a token for gated repos ("": HF_TOKEN)
                             "hub_endpoint": "", "hub_token": ""}
@@ -119,6 +121,7 @@ RULES: dict[str, Any] = {
     "image_cache": _size(allow_empty=False), "memory_disk": _size(allow_empty=False),
     "prompt_layers": _whole(-1, 100_000),
     "threads_batch": _whole(0, 1024), "prompt_speeds": _of_type(dict, "a table of speeds"),
+    "chat_presets": _of_type(dict, "a table of named chat settings"),
     "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
     "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
@@ -171,6 +174,16 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
 
 def set_chat_params(store: Any, conv_id: int, params: dict[str, Any]) -> None:
     store.set_setting(f"chat:{conv_id}", {k: params[k] for k in CHAT_KEYS if k in params})
+
+
+# Chat settings' presets everyone has (the user's own are saved in "chat_presets")
+BUILT_IN_PRESETS: dict[str, dict[str, Any]] = {
+    "Precise": {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.05},
+    "Balanced": {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0},
+    "Creative": {"temperature": 1.0, "top_p": 0.98, "top_k": 0, "min_p": 0.02, "repeat_penalty": 1.0},
+    "Greedy (always the same reply)": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                       "repeat_penalty": 1.0},
+}
 
 
 def checked_settings(store: Any) -> tuple[dict[str, Any], list[str]]:

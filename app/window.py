@@ -492,7 +492,15 @@ class MainWindow(QMainWindow):
     def _on_chat_settings(self) -> None:
         from app.chat_settings import ChatSettingsDialog
 
-        dlg = ChatSettingsDialog(self.store.title(self.conv_id), chat_params(self.store, self.conv_id), self)
+        def save_presets(presets: dict[str, dict[str, Any]]) -> None:
+            try:
+                self.store.set_setting("chat_presets", presets)
+            except EbbError as exc:  # a full disk: said, the dialog goes on
+                self.show_error(str(exc))
+
+        dlg = ChatSettingsDialog(self.store.title(self.conv_id), chat_params(self.store, self.conv_id), self,
+                                 presets=self._settings().get("chat_presets") or {},
+                                 save_presets=save_presets)
         if not dlg.exec():
             return
         try:

@@ -344,3 +344,25 @@ def test_when_the_last_model_is_gone_the_default_opens_and_says_why(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "The last model, Gone-7B.Q4_K_M.gguf, is gone" in out and "default model" in out, out
+
+
+def test_chat_settings_have_named_presets(qtbot):
+    """#43: built-in presets set the sampling; one saved by name (with its system prompt)
+    comes back in a later dialog; a built-in name is not taken over."""
+    from app.chat_settings import ChatSettingsDialog
+    from app.settings import DEFAULTS
+
+    kept: list[dict] = []
+    dlg = ChatSettingsDialog("t", dict(DEFAULTS), presets={}, save_presets=kept.append)
+    qtbot.addWidget(dlg)
+    dlg.preset.setCurrentText("Precise")
+    dlg._on_preset(dlg.preset.currentIndex())
+    assert dlg.values()["temperature"] == 0.2 and dlg.values()["repeat_penalty"] == 1.05
+    dlg.system.setPlainText("You are a pirate.")
+    assert dlg.save_named("Pirate") and not dlg.save_named("Balanced")
+    assert kept[-1]["Pirate"]["system_prompt"] == "You are a pirate."
+    again = ChatSettingsDialog("t", dict(DEFAULTS), presets=kept[-1])
+    qtbot.addWidget(again)
+    again.preset.setCurrentText("Pirate")
+    again._on_preset(again.preset.currentIndex())
+    assert again.values()["system_prompt"] == "You are a pirate." and again.values()["temperature"] == 0.2
