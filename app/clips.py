@@ -14,11 +14,12 @@ from engine.errors import EbbError
 from engine.media.audio import clip_info, fmt_seconds
 
 
-def describe(path: Path) -> tuple[str, str | None]:
-    """(the chip's words: "♪ name · 0:07 · WAV", why it cannot be attached or None). A clip
-    kept in the store is named by its content hash: it is called "clip" then."""
+def describe(path: Path, shown_name: str = "") -> tuple[str, str | None]:
+    """(the chip's words: "♪ name · 0:07 · WAV", why it cannot be attached or None).
+    `shown_name`: the name the user's file had (the store keeps clips by content hash); a
+    stored clip without one is called "clip"."""
     path = Path(path)
-    name = "clip" if re.fullmatch(r"[0-9a-f]{64}", path.stem) else path.name
+    name = shown_name or ("clip" if re.fullmatch(r"[0-9a-f]{64}", path.stem) else path.name)
     try:
         info = clip_info(path)
     except EbbError as exc:

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS messages (
     state TEXT NOT NULL DEFAULT 'complete', parent_id INTEGER, deleted REAL, visited REAL);
 CREATE TABLE IF NOT EXISTS attachments (
     message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL);
+    position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL, shown_name TEXT);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
@@ -97,6 +97,8 @@ class Message:
     parent_id: int | None = None  # the message it answers or follows (None: the first)
     # its versions: the live messages with the same parent, itself among them, oldest first
     siblings: tuple[int, ...] = ()
+    # an attachment's name as the user's file had it (the store keeps it by content hash)
+    shown_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +156,10 @@ class Store:
                 for col in ("leaf_id INTEGER", "deleted REAL"):
                     db.execute(f"ALTER TABLE conversations ADD COLUMN {col}")
                 _link_linear(db)
+            if "shown_name" not in {r[1] for r in db.execute("PRAGMA table_info(attachments)")}:
+                # the name the user's file had (a clip's chip says it): added, not a new schema
+                # (an older Ebb reads and writes the table as before)
+                db.execute("ALTER TABLE attachments ADD COLUMN shown_name TEXT")
             db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent "
                        "ON messages(conversation_id, parent_id)")
             _add_fts(db, rebuild=version < 3)
@@ -323,6 +329,16 @@ class Store:
                 raise _write_error("the image", exc, self.folder) from None
         return sha, name
 
+    def _shown_name(self, src: Path) -> str:
+        """The name to show for an attachment from `src`: its own, or for one of the store's
+        copies (an edit, a regeneration) the name it was first attached under."""
+        if src.parent == self.images_dir:
+            row = self.db.execute("SELECT shown_name FROM attachments WHERE filename=? AND "
+                                  "shown_name IS NOT NULL LIMIT 1", (src.name,)).fetchone()
+            if row:
+                return str(row[0])
+        return src.name
+
     def add_message(self, conversation_id: int, role: str, text: str,
                     images: list[Path] | None = None, stats: dict[str, Any] | None = None,
                     state: str = "complete", parent: int | None | object = _LEAF) -> int:
@@ -341,8 +357,10 @@ class Store:
                     (conversation_id, role, text, now, json.dumps(stats or {}), state, parent, now))
                 mid = int(cur.lastrowid or 0)
                 self.db.executemany(
-                    "INSERT INTO attachments (message_id, position, sha256, filename) VALUES (?,?,?,?)",
-                    [(mid, i, sha, name) for i, (sha, name) in enumerate(stored)])
+                    "INSERT INTO attachments (message_id, position, sha256, filename, shown_name) "
+                    "VALUES (?,?,?,?,?)",
+                    [(mid, i, sha, name, self._shown_name(Path(src)))
+                     for i, ((sha, name), src) in enumerate(zip(stored, images or []))])
                 self.db.execute("UPDATE conversations SET updated=?, leaf_id=? WHERE id=?",
                                 (now, mid, conversation_id))
         except sqlite3.DatabaseError as exc:
@@ -531,10 +549,12 @@ class Store:
                     f"WHERE id IN ({marks})", chunk):
                 rows[int(mid)] = Message(int(mid), role, text, [], json.loads(stats or "{}"), state,
                                          parent, tuple(children.get(parent, [mid])))
-            for mid, name in self.db.execute(
-                    f"SELECT message_id, filename FROM attachments WHERE message_id IN ({marks}) "
-                    "ORDER BY message_id, position", chunk):
+            for mid, name, shown in self.db.execute(
+                    f"SELECT message_id, filename, shown_name FROM attachments "
+                    f"WHERE message_id IN ({marks}) ORDER BY message_id, position", chunk):
                 rows[int(mid)].images.append(self.images_dir / name)
+                if shown:
+                    rows[int(mid)].shown_names[str(self.images_dir / name)] = str(shown)
         return [rows[m] for m in wanted if m in rows]
 
     def _drop_unused_images(self) -> None:

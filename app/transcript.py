@@ -268,7 +268,8 @@ class Transcript(QTextBrowser):
         cur.insertHtml(_actions_html(m))
         if m.images:
             cur.insertBlock(_block_format())
-            cur.insertHtml(" ".join(self._image_html(p) for p in m.images))
+            cur.insertHtml(" ".join(self._image_html(p, m.shown_names.get(str(p), ""))
+                                    for p in m.images))
         for part in split_all(shorten_long_runs(m.text)):
             self.insert_part(cur, part)
         if m.state == "interrupted":
@@ -311,14 +312,14 @@ class Transcript(QTextBrowser):
         if table is not None:  # left in the last cell: go on after the table
             cur.setPosition(table.lastPosition() + 1)
 
-    def _image_html(self, path: Path) -> str:
+    def _image_html(self, path: Path, shown_name: str = "") -> str:
         if is_clip(path):  # a sound clip: its chip, and a link that plays it
             if not path.is_file():
                 return f"<i>[clip missing: {html.escape(path.name)}]</i>"
             url = QUrl.fromLocalFile(str(path))
             url.setScheme("play")
             return (f'<a href="{url.toString()}" style="text-decoration:none">▶ '
-                    f"{html.escape(describe(path)[0])}</a>")
+                    f"{html.escape(describe(path, shown_name)[0])}</a>")
         size = _thumb_size(path)
         if size is None:
             return f"<i>[image missing: {html.escape(path.name)}]</i>"
