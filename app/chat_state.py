@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from app.store import Message, Store, StoreError
 from engine import stops
+from engine.stops import StopReason
 from engine.config import SessionConfig
 
 
@@ -257,7 +258,7 @@ class ChatState:
         """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text and
         the counts streamed so far (they showed 0 tokens · 0.0 tok/s)."""
         n, rate = self.live_rate()
-        return {"text": "".join(self.reply_parts), "stop_reason": "cancelled",
+        return {"text": "".join(self.reply_parts), "stop_reason": StopReason.CANCELLED,
                 "n_gen_tokens": n, "gen_tokens_per_s": round(rate, 2)}
 
     def commit_reply(self) -> None:

@@ -35,6 +35,7 @@ from app.clips import ClipPlayer, describe
 from app.markdown import Part, code_html, open_code_body, split_all, split_finished
 from app.store import Message
 from engine.media.audio import is_clip
+from engine.stops import StopReason
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens
 BATCH = 20  # older messages added above them when scrolled near the top
@@ -510,9 +511,9 @@ def stats_line(s: dict[str, Any]) -> str:
         else:
             line += (f" · encoded: {s.get('strategy')}, {num('encode_s'):.2f}s, "
                      f"swap {num('swap_s'):.3f}s")
-    if s.get("stop_reason") == "length":
+    if s.get("stop_reason") == StopReason.LENGTH:
         line += " · stopped at the reply cap: Continue goes on"
-    elif s.get("stop_reason") == "context_full":
+    elif s.get("stop_reason") == StopReason.CONTEXT_FULL:
         line += " · the context is full: Continue lets older turns go"
     if s.get("n_turns_dropped") or s.get("n_images_dropped"):
         gone = [f"{s['n_turns_dropped']} older messages" if s.get("n_turns_dropped") else "",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine import events, stops
+from engine.stops import StopReason
 from engine.config import SessionConfig, flash_attn_for, thread_plan
 from engine.conversation import Conversation, HistoryTurn, fit_history
 from engine.events import TurnResult
@@ -162,10 +163,10 @@ class Session:
         except TurnCancelled as exc:  # Stop before the reply: the message stays, no reply yet
             res.reason = (res.reason + "; " if res.reason else "") + str(exc)
             res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": "cancelled"}
+                       "stop_reason": StopReason.CANCELLED}
             self.history = self.history + [turn, HistoryTurn("assistant", "")]
             self._reply_open = False
-            self._last_stop = "cancelled"
+            self._last_stop = StopReason.CANCELLED
         finally:
             self.encoder.pin(set())  # the cache may keep to its limit again
         res.device_peak_bytes = self.model.ledger.peaks()
@@ -234,7 +235,7 @@ class Session:
         except TurnCancelled as exc:  # the reply stays as it was
             res.reason = str(exc)
             res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": "cancelled"}
+                       "stop_reason": StopReason.CANCELLED}
         finally:
             self.encoder.pin(set())
         res.device_peak_bytes = self.model.ledger.peaks()
@@ -268,7 +269,7 @@ class Session:
         except TurnCancelled as exc:
             res.reason = str(exc)
             res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": "cancelled"}
+                       "stop_reason": StopReason.CANCELLED}
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
 

@@ -19,6 +19,7 @@ from engine import testhooks
 from engine.config import PhaseTuning, SessionConfig
 from engine.hw import process_age_s
 from engine.errors import EbbError
+from engine.stops import StopReason
 
 
 def _read_script(path: str) -> list[dict[str, Any]]:
@@ -148,7 +149,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                        rpc_bytes_sent=session.load_rpc_bytes_sent, load_s=round(session.load_s, 3),
                        notes=notes, start_s=round(start_s, 3),
                        first_token_s=round(first_token[0], 3) if first_token else None)
-            cancelled = cancelled or out.get("stop_reason") == "cancelled"
+            cancelled = cancelled or out.get("stop_reason") == StopReason.CANCELLED
             failed = failed or res.error is not None
             _print_turn(out, args.json)
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from engine import stops
+from engine.stops import StopReason
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
@@ -123,7 +124,7 @@ class GenResult:
     n_gen_tokens: int
     prompt_s: float
     gen_s: float
-    stop_reason: str  # "stop" (end of turn), "length", "cancelled", "context_full"
+    stop_reason: StopReason
     n_prompt_tokens_evaluated: int = 0
     n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
     restore_s: float = 0.0  # the seconds that took
@@ -935,25 +936,25 @@ class TextRuntime:
         never stopped. The caller knows that nothing was decoded since."""
         n_cells = len(self._cached)
         if n_cells >= self.n_ctx - 1:
-            return GenResult("", n_cells, 0, 0.0, 0.0, "context_full")
+            return GenResult("", n_cells, 0, 0.0, 0.0, StopReason.CONTEXT_FULL)
         t1 = time.perf_counter()
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel, resume=True)
         return GenResult(text=text, n_prompt_tokens=n_cells, n_gen_tokens=n_gen, prompt_s=0.0,
                          gen_s=time.perf_counter() - t1, stop_reason=stop)
 
     def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
-                     cancel: threading.Event | None, resume: bool = False) -> tuple[str, int, str]:
+                     cancel: threading.Event | None, resume: bool = False) -> tuple[str, int, StopReason]:
         L = llama()
         chain = self._sampler(gp)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         if resume:  # the bytes of a character the last stop cut in two
             decoder.setstate(self._utf8_state)
         pieces: list[str] = []
-        n_gen, stop = 0, "length"
+        n_gen, stop = 0, StopReason.LENGTH
         try:
             while not gp.max_tokens or n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
-                    stop = "cancelled"
+                    stop = StopReason.CANCELLED
                     break
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
@@ -961,7 +962,7 @@ class TextRuntime:
                     if gp.on_logprob is not None:
                         gp.on_logprob(self.last_logprobs[-1])
                 if L.llama_vocab_is_eog(self.vocab, tok):
-                    stop = "stop"
+                    stop = StopReason.STOP
                     break
                 n_gen += 1
                 piece = decoder.decode(self._piece(tok))
@@ -970,7 +971,7 @@ class TextRuntime:
                     if on_text is not None:
                         on_text(piece)
                 if len(self._cached) >= self.n_ctx - 1:
-                    stop = "context_full"
+                    stop = StopReason.CONTEXT_FULL
                     break
                 self._decode_tokens([tok])
         finally:

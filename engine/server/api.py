@@ -19,6 +19,7 @@ from typing import Any
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
 from engine.server.sampling import FIELDS as SAMPLING_FIELDS
 from engine.server.sampling import Sampling, parse_sampling
+from engine.stops import openai_finish
 
 MAX_STOPS = 4
 
@@ -470,11 +471,8 @@ class StopWatcher:
 
 
 def finish_reason(stop_reason: str, stopped_by_sequence: bool) -> str:
-    if stopped_by_sequence or stop_reason == "stop":
-        return "stop"
-    if stop_reason in ("length", "context_full"):
-        return "length"
-    return "stop"
+    """OpenAI's finish_reason: a stop sequence is "stop" whatever the loop said."""
+    return "stop" if stopped_by_sequence else openai_finish(stop_reason)
 
 
 def new_id() -> str:
