@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.settings import DEFAULTS, DEMO
+from engine.config import flash_choice
 from engine.errors import EbbError
 from engine.units import fmt_bytes, parse_size
 
@@ -277,7 +278,7 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
         return f"cannot read {exc.filename or 'this file'}: {exc.strerror or exc}"
     m = ins.model
     ctx = min(int(settings.get("ctx", 4096)), m.n_ctx_train or 4096)
-    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, settings.get("flash_attn", "auto") is not False)
+    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, flash_choice(settings.get("flash_attn")) is not False)
     text = (f"{m.architecture}, {m.n_layers} layers. All on the accelerator: "
             f"{fmt_bytes(full.accel_total_bytes)} (weights {fmt_bytes(full.accel_bytes['weights'])}, "
             f"KV cache {fmt_bytes(full.accel_bytes['kv'])} at {ctx} tokens, compute "

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import PhaseTuning, SessionConfig
+from engine.config import PhaseTuning, SessionConfig, flash_choice
 from engine.units import parse_size
 
 if TYPE_CHECKING:
@@ -85,9 +85,9 @@ def _of_type(kind: type, what: str) -> Any:
 
 def _flash(v: Any) -> Any:
     """"auto" (on with an accelerator, off on the CPU alone), or on/off as true/false."""
-    if v == "auto" or isinstance(v, bool):
-        return v
-    raise ValueError('"auto", true or false')
+    if v != "auto" and not isinstance(v, bool):
+        raise ValueError('"auto", true or false')
+    return v
 
 
 def _size(allow_empty: bool) -> Any:
@@ -222,7 +222,7 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
         model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
         n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
         vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
-        vision=str(s["vision"]), flash_attn=None if s["flash_attn"] == "auto" else bool(s["flash_attn"]),
+        vision=str(s["vision"]), flash_attn=flash_choice(s["flash_attn"]),
         image_max_tokens=int(s["image_max_tokens"]),
         gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
         spread=bool(s["spread"]), overflow=str(s["overflow"]),

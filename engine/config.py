@@ -127,6 +127,19 @@ def thread_plan(cfg: SessionConfig, physical_cores: int) -> Threads:
     return Threads(gen=gen, prompt=prompt, encode=prompt)
 
 
+def flash_choice(value: object) -> bool | None:
+    """Flash attention as a setting says it, as SessionConfig.flash_attn takes it: "auto" (or
+    None) is None, decided by where the layers run (flash_attn_for); "on"/True and "off"/False.
+    The one parser: the CLI's --flash-attn, Settings' value, the tuning file's."""
+    if value is None or value == "auto":
+        return None
+    if value in (True, "on"):
+        return True
+    if value in (False, "off"):
+        return False
+    raise ValueError(f'flash attention is "auto", "on" or "off", not {value!r}')
+
+
 def flash_attn_for(cfg: SessionConfig, accel: str | None) -> bool:
     """The flash-attention setting a session runs with: the configured one, else on when
     layers go to an accelerator and off on the CPU alone. On the 2-core EPYC Ebb is built on,

@@ -84,7 +84,7 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
         # --flash-attn on|off wins; else what the tuning measured faster on this device; else
         # auto (the session decides by where the layers run: flash_attn_for)
         vision=args.vision,
-        flash_attn=flash_attn_arg(args) if args.flash_attn != "auto" else tuned_fa,
+        flash_attn=flash_attn_arg(args) if flash_attn_arg(args) is not None else tuned_fa,
         system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
         overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache),

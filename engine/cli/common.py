@@ -44,7 +44,9 @@ FLAGS: dict[str, Any] = {
 
 def flash_attn_arg(args: Any) -> bool | None:
     """--flash-attn as SessionConfig.flash_attn: None for auto."""
-    return {"on": True, "off": False}.get(args.flash_attn)
+    from engine.config import flash_choice
+
+    return flash_choice(args.flash_attn)
 
 
 def exit_on_interrupt() -> None:

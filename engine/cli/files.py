@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine.cli.common import flag_parser
+from engine.cli.common import flag_parser, flash_attn_arg
 from engine.errors import EbbError
 from engine.gguf.families import GENERATED as FAMILIES
 from engine.units import fmt_bytes
@@ -35,7 +35,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from engine.media.projector import probe_projector
 
         size = args.image_size or (result.projector.image_size, result.projector.image_size)
-        probe = probe_projector(mmproj, model, size, physical_cores(), args.flash_attn == "on",
+        probe = probe_projector(mmproj, model, size, physical_cores(), flash_attn_arg(args) is True,
                                 args.image_max_tokens)
     if args.json:
         d = result.to_dict()

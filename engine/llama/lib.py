@@ -13,6 +13,12 @@ from engine.llama.binding import binding
 _backend_ready = False
 
 
+def flash_attn_type(on: bool) -> int:
+    """llama.cpp's llama_flash_attn_type for a context or an mtmd context: 1 enabled, 0
+    disabled (its -1, auto, is never asked: Ebb decides, engine/config.py flash_attn_for)."""
+    return 1 if on else 0
+
+
 def llama() -> Any:
     """llama.cpp's C API (llama-cpp-python's ctypes binding), imported once, with logging routed
     and the backend initialised."""

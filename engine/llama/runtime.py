@@ -24,7 +24,7 @@ from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.hw import physical_cores
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
-from engine.llama.lib import llama
+from engine.llama.lib import flash_attn_type, llama
 from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
 from engine.llama.state_files import StateFiles, file_identity
 
@@ -330,7 +330,7 @@ class TextRuntime:
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads_batch
         if self.params.flash_attn is not None:
-            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
+            cparams.flash_attn_type = flash_attn_type(self.params.flash_attn)
         if cb_eval is not None:
             cparams.cb_eval = cb_eval
         ctx = L.llama_init_from_model(self.model, cparams)
@@ -374,7 +374,7 @@ class TextRuntime:
         cparams.embeddings = True
         cparams.offload_kqv = False
         if self.params.flash_attn is not None:
-            cparams.flash_attn_type = 1 if self.params.flash_attn else 0
+            cparams.flash_attn_type = flash_attn_type(self.params.flash_attn)
         ctx = None
         for pooling in (L.LLAMA_POOLING_TYPE_UNSPECIFIED, L.LLAMA_POOLING_TYPE_MEAN):
             cparams.pooling_type = pooling

@@ -22,7 +22,7 @@ from engine.gguf.info import (
     read_gguf,
 )
 from engine.llama import log as llama_log
-from engine.llama.lib import llama
+from engine.llama.lib import flash_attn_type, llama
 from engine.media.images import LoadedMedia
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class ProjectorRuntime:
         params.print_timings = False
         params.warmup = True
         if flash_attn is not None:
-            params.flash_attn_type = 1 if flash_attn else 0
+            params.flash_attn_type = flash_attn_type(flash_attn)
         if image_max_tokens > 0:
             params.image_max_tokens = image_max_tokens
         self._stack = contextlib.ExitStack()
