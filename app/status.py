@@ -35,7 +35,7 @@ def model_line(name: str, n_layers: int, n_ctx: int, details: LoadDetails,
 
 
 def loaded_message(load_s: float, mover_note: str = "", started_s: float | None = None) -> str:
-    """The status line's transient message after a load (the whole start once, #31)."""
+    """The status line's transient message after a load (the whole start, once)."""
     started = f" (ready {started_s:.1f}s after Ebb started)" if started_s is not None else ""
     return f"Model loaded in {load_s:.2f}s{started}" + (f" — {mover_note}" if mover_note else "")
 

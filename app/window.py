@@ -854,7 +854,7 @@ class MainWindow(QMainWindow):
                 self.show_notice(note[0].upper() + note[1:] + ".")
         if not self.chat.busy:
             started = None
-            if not self._said_start:  # the first load: the whole start, once (#31)
+            if not self._said_start:  # the first load: the whole start, once
                 from engine.hw import process_age_s
 
                 self._said_start = True

@@ -27,7 +27,7 @@ GROUPS = {"chat": ("chat",), "serve": ("serve",),
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; or, given the command typed, only its group's: importing and
-    building all of them is ~10-20 ms of every start (#31). An unknown command, or none,
+    building all of them is ~10-20 ms of every start. An unknown command, or none,
     gets them all, so help and "invalid choice" list every command."""
     ap = argparse.ArgumentParser(prog="ebb-engine", description="Ebb's engine, headless.")
     sub = ap.add_subparsers(dest="command", required=True)

@@ -1,7 +1,7 @@
 """ggml's tensor types: id → (name, elements per block, bytes per block).
 
 The same table as the `gguf` package's `GGML_QUANT_SIZES` (a test holds them equal), kept here
-because importing `gguf.constants` pulls in the whole package (~0.1 s of every start, #31) for
+because importing `gguf.constants` pulls in the whole package (~0.1 s of every start) for
 one lookup per tensor.
 """
 from __future__ import annotations

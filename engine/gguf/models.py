@@ -67,7 +67,7 @@ def fetch_default_model() -> Path:
         stamp.write_text(f"{target.stat().st_size}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    import shutil  # once per machine: these are not on every start's path (#31)
+    import shutil  # once per machine: these are not on every start's path
     import tempfile
     import zipfile
 

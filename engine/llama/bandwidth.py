@@ -11,7 +11,7 @@ from engine.llama import ggml
 from engine.llama.devices import find_device, wait_until_done
 
 if TYPE_CHECKING:
-    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+    import numpy as np  # imported where used: numpy is not needed before the first token
 
 
 def _timed_copies(g: Any, device: str, t: ggml.Tensor, src: np.ndarray, piece: int) -> float:

@@ -1,4 +1,4 @@
-"""llama-cpp-python's ctypes binding, imported without the library's high-level API (#31)."""
+"""llama-cpp-python's ctypes binding, imported without the library's high-level API."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,7 +10,7 @@ _package_lock = threading.RLock()
 
 
 def binding() -> Any:
-    """`llama_cpp.llama_cpp`, the ctypes binding, without the rest of the package (#31).
+    """`llama_cpp.llama_cpp`, the ctypes binding, without the rest of the package.
 
     The package's `__init__` also imports its high-level API (`llama_cpp.llama`: numpy, jinja2,
     diskcache, multiprocessing, ...), 0.1-0.15 s of every start on 2 cores, and Ebb calls

@@ -2,7 +2,7 @@
 it: the same sandbox, options, filters and globals, which follow Transformers' chat templates.
 
 Ours because that formatter lives in `llama_cpp.llama_chat_format`, which imports the library's
-whole high-level API (numpy, diskcache, ...) on the way to the first token (#31). A test renders
+whole high-level API (numpy, diskcache, ...) on the way to the first token. A test renders
 every template the suite has through both and compares.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ from engine.errors import EbbError
 from engine.llama import ggml
 
 if TYPE_CHECKING:
-    import socket  # imported where used: only RPC needs it (#31: ~5 ms of every start)
+    import socket  # imported where used: only RPC needs it (~5 ms of every start)
 
 _rpc_lock = threading.Lock()
 _rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added

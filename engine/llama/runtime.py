@@ -29,7 +29,7 @@ from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
 from engine.llama.state_files import StateFiles, file_identity
 
 if TYPE_CHECKING:
-    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+    import numpy as np  # imported where used: numpy is not needed before the first token
 
 DEFAULT_CTX = 4096
 MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept

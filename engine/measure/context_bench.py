@@ -1,5 +1,5 @@
 """Prompt and generation speed at several context fills, flash attention on against off:
-`ebb-engine bench context` (#30).
+`ebb-engine bench context`.
 
 For each fill (tokens already in the KV cache) and each setting, alternating which goes first:
 a fresh context is filled to that many tokens (not timed), then a prompt of `prompt_tokens`

@@ -1,4 +1,4 @@
-"""A long conversation, Ebb against the bare library (#30): `ebb-engine bench conversation`.
+"""A long conversation, Ebb against the bare library: `ebb-engine bench conversation`.
 
 Three processes hold the same model with the same context and threads: Ebb (a `Session` with
 its defaults: flash attention auto), and bare llama-cpp-python (`Llama.create_chat_completion`,

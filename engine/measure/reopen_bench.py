@@ -1,11 +1,11 @@
-"""`ebb-engine bench reopen` (#41): the first token of the next reply after a conversation is
+"""`ebb-engine bench reopen`: the first token of the next reply after a conversation is
 taken up again, three ways, on one loaded model:
 
 - **never left**: the conversation stayed in the KV cache (the reference);
 - **restored**: the cache and the RAM states are emptied, as in a new process, and the
   conversation's state is read back from the disk folder (engine/llama/state_files.py);
 - **evaluated again**: emptied the same, with nothing kept on disk: the whole history is
-  evaluated (and its pictures encoded) again, as before #41.
+  evaluated (and its pictures encoded) again, as Ebb did before it kept states on disk.
 
 For each conversation size (tokens of history) the three are timed in turn, the order rotating
 every round, each round with a new question, so a busy machine slows all three alike. Printed:

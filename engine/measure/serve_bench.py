@@ -1,5 +1,5 @@
 """Ebb's local server beside llama-cpp-python's own (`llama_cpp.server`), on the same model,
-context, threads and flash-attention setting (#29): `ebb-engine bench serve`.
+context, threads and flash-attention setting: `ebb-engine bench serve`.
 
 Both servers run at once, each loaded once; every round asks each the same three things,
 alternating which goes first, streamed and greedy:

@@ -1,4 +1,4 @@
-"""From launch to the first token, Ebb against the bare library (#31): `ebb-engine bench start`.
+"""From launch to the first token, Ebb against the bare library: `ebb-engine bench start`.
 
 Each round starts fresh processes, alternating which side goes first: `ebb-engine chat --prompt
 hi --max-tokens 1` and a bare llama-cpp-python script that loads the same model with the same

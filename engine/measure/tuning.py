@@ -1,4 +1,4 @@
-"""Autotune as a session would run (#28: the one set-up the CLI's `autotune` and the window's
+"""Autotune as a session would run (the one set-up the CLI's `autotune` and the window's
 Tune share): the session's context (as `Session` picks it), batch, flash attention and mover's
 layout; room for the projector beside the layers when vision is resident; threads searched
 unless the configuration fixes them; flash attention chosen by measurement."""

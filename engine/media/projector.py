@@ -26,7 +26,7 @@ from engine.llama.lib import flash_attn_type, llama
 from engine.media.images import LoadedMedia
 
 if TYPE_CHECKING:
-    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+    import numpy as np  # imported where used: numpy is not needed before the first token
 
 _COMPUTE_RE = re.compile(r"reserve_compute_meta:\s+(\S+?)(?:\[[^\]]*\])? compute buffer size =\s+([\d.]+) MiB")
 # bigger than any family's cap, in the shapes that tile differently: they size a dynamic or

@@ -23,7 +23,7 @@ from engine.errors import EbbError
 from engine.llama import ggml
 
 if TYPE_CHECKING:
-    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+    import numpy as np  # imported where used: numpy is not needed before the first token
 
 _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
 

@@ -22,7 +22,7 @@ from engine.llama.runtime import LoadParams, TextRuntime
 from engine.paths import cache_dir
 
 if TYPE_CHECKING:
-    import numpy as np  # imported where used: numpy is not needed before the first token (#31)
+    import numpy as np  # imported where used: numpy is not needed before the first token
 
     from engine.placement.live_mover import LiveMover
 
