@@ -75,7 +75,7 @@ class SessionConfig:
     vram_budget_bytes: int | None = None  # None: the accelerator's free memory minus a margin
     vision: str = "auto"  # auto | resident | swap | cpu
     # None: auto (flash_attn_for): on when layers run on an accelerator, off on the CPU alone,
-    # where it measured slower once there is history in the cache (README)
+    # where it measured slower once there is history in the cache (docs/performance.md)
     flash_attn: bool | None = None
     accel: str | None = None  # None: the first accelerator llama.cpp sees, if any
     n_batch: int = 512

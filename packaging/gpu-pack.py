@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pack what `packaging/gpu-check.sh --offline` needs on a lent GPU machine, which reaches no
 network and takes at most 64 MiB of files per call: two folders, `.gpu/a` and `.gpu/b`, each
-carried by one call (the README's "A GPU check" says how).
+carried by one call (docs/media.md, "A GPU check on a machine with no network", says how).
 
 - The CUDA build of llama-cpp-python (the wheel setup caches, ~120 MB) as a lean zip of its
   `llama_cpp` package: its libraries once each (a wheel holds two or three copies), no headers;

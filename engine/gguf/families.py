@@ -10,7 +10,7 @@ from __future__ import annotations
 # the families Ebb's generators offer and test (engine/gguf/projector_gen.py, model_gen.py).
 # projector_gen can also write "pixtral", but it is left out: after llama.cpp runs that
 # projector's graph, the process (or the RPC server) that ran it gives empty replies from then
-# on, not every time: an open memory fault, see README "Known problem"
+# on, not every time: an open memory fault, see docs/media.md, "Known problem"
 GENERATED = ("mlp", "gemma3", "idefics3", "qwen2.5vl", "internvl")
 
 # clip.projector_type -> family name shown to people
