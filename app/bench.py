@@ -159,7 +159,7 @@ def cmd_open(args: argparse.Namespace) -> int:
         timer = QElapsedTimer()
         timer.start()
         w.chat.select(cid)
-        w._show_conversation()
+        w.show_conversation()
         w.transcript.viewport().repaint()  # laid out and painted, thumbnails made
         shown_ms = timer.nsecsElapsed() / 1e6
         first_shown = w.transcript.n_shown()

@@ -210,7 +210,7 @@ class TuneController:
             w.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
             return
         cfg, rpc = session_config(w.store, str(last.model_path), str(last.mmproj_path or ""),
-                                  rpc=w._rpc)
+                                  rpc=w.rpc_servers)
         # measure every layer count the budget allows, at every thread count of the grid
         cfg = replace(cfg, gpu_layers=None, n_threads=None, n_threads_batch=None, phases=None)
         self.dialog = TuneDialog(w)

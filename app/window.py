@@ -141,7 +141,7 @@ class MainWindow(QMainWindow):
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
         self.chats.refresh()
-        self._show_conversation()
+        self.show_conversation()
         notes = [store.problem or ""]
         if store.recovered:
             notes.append(f"{store.recovered} repl{'y was' if store.recovered == 1 else 'ies were'} "
@@ -383,7 +383,7 @@ class MainWindow(QMainWindow):
             self.composer.cancel_edit()
         self._send_history()
         found = self.chats.take_found()
-        self._show_conversation(*(found or ()))
+        self.show_conversation(*(found or ()))
 
     def _on_idle(self) -> None:
         if not self.chat.busy:
@@ -422,7 +422,7 @@ class MainWindow(QMainWindow):
                 i = m.siblings.index(m.id) + (1 if kind == "next" else -1) if m.id in m.siblings else -1
                 if self.chat.switch_version(m.id, 1 if kind == "next" else -1):
                     self._send_history()
-                    self._show_conversation(m.siblings[i])
+                    self.show_conversation(m.siblings[i])
             elif kind == "edit":
                 self.composer.start_edit(m)
             elif kind == "regen":
@@ -437,7 +437,7 @@ class MainWindow(QMainWindow):
         pending = self.chat.regenerate(reply_id)
         if pending is None:
             return
-        self._show_conversation()
+        self.show_conversation()
         self._dispatch(pending, pending.images, history_before=pending.message_id)
 
     def _delete_branch(self, m: Message) -> None:
@@ -445,7 +445,7 @@ class MainWindow(QMainWindow):
         if not ids:
             return
         self._send_history()
-        self._show_conversation()
+        self.show_conversation()
         n = len(ids)
         self.notice.add(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
                         ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
@@ -460,7 +460,7 @@ class MainWindow(QMainWindow):
             self.show_error(str(exc))
             return
         self._send_history()
-        self._show_conversation(ids[0])
+        self.show_conversation(ids[0])
 
     def _send_edit(self, target: Message, text: str, images: list[Path]) -> None:
         """Send while editing: a new version of the message (answered, for the user's own)."""
@@ -470,13 +470,13 @@ class MainWindow(QMainWindow):
             self.chat.edit_reply(target.id, text)
             self.composer.clear()
             self._send_history()
-            self._show_conversation()
+            self.show_conversation()
             return
         pending = self.chat.edit(target.id, text, images)
         if pending is None:
             return
         self.composer.clear()
-        self._show_conversation()
+        self.show_conversation()
         self._dispatch(replace(pending, text=text, images=images), pending.images,
                        history_before=pending.message_id)
 
@@ -515,12 +515,17 @@ class MainWindow(QMainWindow):
             return
         self._send_history()
         if not self.chat.busy:  # the system prompt's line above the chat
-            self._show_conversation()
+            self.show_conversation()
         self.statusBar().showMessage("This chat's settings apply from the next reply", 8000)
 
     # ------------------------------------------------------------ rendering
 
-    def _show_conversation(self, focus: int = 0, words: list[str] | None = None) -> None:
+    @property
+    def rpc_servers(self) -> list[str]:
+        """The RPC servers this window connects (the command line's, a stand-in's)."""
+        return list(self._rpc)
+
+    def show_conversation(self, focus: int = 0, words: list[str] | None = None) -> None:
         """The open conversation, drawn afresh (opened, switched to, or a request failed);
         `focus`: a message to scroll to, with `words` marked in it."""
         msgs = self.chat.messages()
@@ -908,7 +913,7 @@ class MainWindow(QMainWindow):
             self.transcript.end_reply(self.chat.saved)
             saved = self.chat.saved
             if saved is not None and saved.stats.get("memory_from") not in (None, self.transcript.memory_from):
-                self._show_conversation()  # the line "outside the model's memory" moves
+                self.show_conversation()  # the line "outside the model's memory" moves
         self._update_actions()
 
     def _on_retry_saving(self) -> None:
@@ -921,7 +926,7 @@ class MainWindow(QMainWindow):
             self._retry_saving.stop()
             self.notice.remove_matching("Could not save the reply")
             self.statusBar().showMessage("The reply that could not be saved is saved now", 10000)
-        self._show_conversation()
+        self.show_conversation()
 
     def _give_back(self, pending: Pending, error: str) -> None:
         """A message the engine could not answer: out of the engine's history, back in the
@@ -935,7 +940,7 @@ class MainWindow(QMainWindow):
             return
         self._send_history()  # the branch as it stands now (the message taken back)
         if pending.regenerates:  # the earlier versions of the reply stay
-            self._show_conversation()
+            self.show_conversation()
             self.show_error(f"Could not regenerate the reply: {error}")
             return
         edited = self.store.message(pending.edits) if pending.edits else None
@@ -944,7 +949,7 @@ class MainWindow(QMainWindow):
         else:
             self.composer.restore(pending.text, pending.images)
         self.composer.show_error(error)
-        self._show_conversation()
+        self.show_conversation()
         self.chats.refresh()  # a chat this message had named is "New chat" again
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:

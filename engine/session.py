@@ -288,6 +288,11 @@ class Session:
 
     # ------------------------------------------------------------ the context's limit
 
+    @property
+    def request_id(self) -> int:
+        """The last request's number (its spans and turn carry it)."""
+        return self._request_id
+
     def clip_chunk_tokens(self) -> int:
         """Tokens a 30-second chunk of sound takes with this projector (0: it does not hear)."""
         from engine.media.projector import ONE_CHUNK_SECONDS

@@ -171,7 +171,7 @@ def test_the_window_says_where_the_models_memory_begins(qtbot, tmp_path):
     assert shown.index(line) < shown.index(kept_text)
     assert "left the model's memory" in shown
     # reopened: the same line in the same place
-    w._show_conversation()
+    w.show_conversation()
     assert w.transcript.toPlainText() == shown
     store.close()
 
@@ -303,7 +303,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         w.show()
         wait_for(lambda: w.chat.loaded)
         w.chat.select(old)
-        w._show_conversation()
+        w.show_conversation()
         assert "interrupted: Ebb stopped before this reply was finished" in w.transcript.toPlainText()
         assert w.regen_button.isEnabled() and w.continue_button.isVisible()
     finally:

@@ -231,7 +231,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
                                        "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,
                                        "top_k": 12, "min_p": 0.2, "json_replies": True})
     w._send_history()
-    w._show_conversation()  # as Chat settings' OK does
+    w.show_conversation()  # as Chat settings' OK does
     sent = []
     w.request_send.connect(lambda rid, text, images, gp: sent.append(gp))
     w.composer.edit.setPlainText("Who are you?")

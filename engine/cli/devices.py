@@ -146,7 +146,7 @@ def cmd_native_check(args: argparse.Namespace) -> int:
     rt = TextRuntime(LoadParams(model, n_ctx=256, n_threads=1))
     try:
         tokens = rt.tokenize("Hi", add_special=True)
-        rt._decode_tokens(tokens)
+        rt.prefill(tokens)
         token = rt.decode_greedy()
     finally:
         rt.close()

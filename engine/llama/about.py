@@ -32,9 +32,9 @@ GPU_MODULES = {"libggml-cuda.so": "CUDA", "libggml-vulkan.so": "Vulkan", "libggm
 def gpu_backend_modules() -> list[str]:
     """GPU backends this build ships as loadable modules (a portable build: the bundle's, or
     the CUDA wheel's), whether or not they could be loaded."""
-    from engine.llama.ggml import _lib_dir
+    from engine.llama.ggml import lib_dir
 
-    d = _lib_dir()
+    d = lib_dir()
     return [name for f, name in GPU_MODULES.items() if (d / f).exists()]
 
 
@@ -42,7 +42,7 @@ def backend_notes() -> list[str]:
     """One line per thing a user should know about where llama.cpp will run: a GPU backend
     that is built in but cannot run here (no driver: the CPU runs everything), safe mode."""
     from engine.llama import ggml, native
-    from engine.llama.ggml import _lib_dir
+    from engine.llama.ggml import lib_dir
 
     g = ggml.lib()
     n_devices: dict[str, int] = {}
@@ -56,7 +56,7 @@ def backend_notes() -> list[str]:
         notes.append(f"safe mode ({native.safe_mode_reason()}): llama.cpp runs on the CPU only, "
                      "without extra weight layouts (slower, but the plainest path)")
         return notes
-    d = _lib_dir()
+    d = lib_dir()
     for file, name in GPU_MODULES.items():
         if not (d / file).exists() or n_devices.get(name, 0) > 0:
             continue

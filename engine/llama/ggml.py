@@ -26,7 +26,7 @@ class GgmlLibs:
     rpc: Any | None  # None when llama.cpp was built without GGML_RPC
 
 
-def _lib_dir() -> Path:
+def lib_dir() -> Path:
     from engine.llama.binding import binding
 
     return Path(binding().__file__).parent / "lib"
@@ -44,7 +44,7 @@ def lib() -> GgmlLibs:
     from engine.llama.lib import llama
 
     llama()  # loads libllama and, through it, these exact files
-    d = _lib_dir()
+    d = lib_dir()
     mode = os.RTLD_GLOBAL if hasattr(os, "RTLD_GLOBAL") else 0
     base = ctypes.CDLL(str(d / "libggml-base.so.0"), mode=mode)
     core = ctypes.CDLL(str(d / "libggml.so.0"), mode=mode)

@@ -50,10 +50,7 @@ def _forget_all(s: Any) -> None:
     """As a new process holds nothing: no KV cells, no RAM states, no encoded pictures."""
     _runtime(s).reset()
     s.model.snapshots.clear()
-    enc = s.encoder
-    enc._cache.clear()
-    enc.cache_bytes = 0
-    enc._layout.clear()
+    s.encoder.forget_all()
 
 
 def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,

@@ -240,6 +240,13 @@ class MediaEncoder:
             self.cache_bytes -= self._cache.pop(k).embeddings.nbytes
             self.n_evicted += 1
 
+    def forget_all(self) -> None:
+        """Hold no encoded picture or clip in RAM (what a new process starts with; the disk's
+        stay)."""
+        self._cache.clear()
+        self.cache_bytes = 0
+        self._layout.clear()
+
     def forget(self, img: LoadedMedia) -> None:
         key = self.key(img)
         for k in [k for k in self._cache if k.startswith(key + "#")]:

@@ -374,7 +374,7 @@ def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:
     if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
         raise ApiError(400, f"this model's embeddings have {len(vectors[0])} dimensions; Ebb "
                             "does not shorten them", "dimensions")
-    return Answer(session._request_id, "stop", n_tokens, vectors=vectors, base64=req.base64)
+    return Answer(session.request_id, "stop", n_tokens, vectors=vectors, base64=req.base64)
 
 
 def image_path(job: Job, ref: ImageRef) -> Path:
