@@ -1,7 +1,6 @@
 """Settings and the model picker. GUI thread only; file inspection here reads headers only."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from PySide6.QtWidgets import (
 from app.settings import DEFAULTS, DEMO
 from engine.config import flash_choice
 from engine.errors import EbbError
+from engine.models.local import find_models, model_folders, projectors_beside
 from engine.units import fmt_bytes, parse_size
 
 
@@ -192,46 +192,10 @@ class SettingsDialog(QDialog):
         self.accept()
 
 
-def model_folders(extra: list[str]) -> list[Path]:
-    """Where models are looked for: Ebb's own cache (the default model), LM Studio's and
-    Hugging Face's caches, and the folders the user added."""
-    from engine.paths import models_dir
-
-    home = Path.home()
-    hf = Path(os.environ.get("HF_HOME", home / ".cache" / "huggingface")) / "hub"
-    return [models_dir(), home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models",
-            hf, *(Path(e) for e in extra)]
-
-
-def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
-    out: list[Path] = []
-    for folder in folders:
-        if not folder.is_dir():
-            continue
-        for p in folder.rglob("*.gguf"):
-            split = re.search(r"-(\d{5})-of-\d{5}\.gguf$", p.name)
-            if not is_projector_name(p) and (split is None or int(split[1]) == 1):
-                out.append(p)  # a split model once, by its first part (llama.cpp finds the rest)
-            if len(out) >= limit:
-                return out
-    return out
-
-
-def is_projector_name(path: Path) -> bool:
-    """mmproj-*.gguf, or a model's own name with mmproj in it (Qwen2.5-VL-7B-mmproj-f16.gguf)."""
-    return "mmproj" in path.name.lower()
-
-
-def projectors_beside(model: Path) -> list[Path]:
-    return sorted(p for p in model.parent.glob("*.gguf") if is_projector_name(p))
-
-
 def model_label(model: Path) -> str:
     """How the picker lists a model: its name, size and quantisation (from the file's name and
     size: no header is read, the list stays instant), the folder it is in, and [text only] when
     no projector is beside it."""
-    import re
-
     from app.settings import readable_model_name
 
     m = re.search(r"[.\-_]((?:I?Q\d[\w]*|F16|F32|BF16|MXFP4\w*))\.gguf$", model.name, flags=re.I)
@@ -371,7 +335,7 @@ class ModelPicker(QDialog):
         self._pause.start()
 
     def _update_estimate(self) -> None:
-        from engine.gguf.models import DEFAULT_NAME, default_model_path
+        from engine.models.default import DEFAULT_NAME, default_model_path
 
         text = self.model_path.text().strip()
         path = default_model_path() if text == DEFAULT_NAME else Path(text)

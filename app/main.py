@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.settings import DEMO, session_config
     from app.store import Store
     from engine import testhooks
-    from engine.gguf.models import DEFAULT_NAME
+    from engine.models.default import DEFAULT_NAME
     from engine.paths import data_dir
 
     app = QApplication(sys.argv[:1])

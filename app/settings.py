@@ -300,7 +300,7 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
     first time, so never on the GUI thread); a context longer than the model was trained for
     is cut to the model's (the setting is one number for every model)."""
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.models import (
+    from engine.models.default import (
         default_projector_path,
         existing_file,
         resolve_model_path,

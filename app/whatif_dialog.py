@@ -30,7 +30,7 @@ _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=
 def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str, Any]:
     """Any thread but llama.cpp's: reads headers only."""
     from engine.gguf.info import inspect_files
-    from engine.gguf.models import (
+    from engine.models.default import (
         default_projector_path,
         existing_file,
         resolve_model_path,

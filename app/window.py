@@ -536,7 +536,7 @@ class MainWindow(QMainWindow):
 
     def _update_welcome(self) -> None:
         """The first start's welcome: while no conversation has a message."""
-        from app.dialogs import find_models, model_folders
+        from engine.models.local import find_models, model_folders
         from app.welcome import welcome_html
 
         if self.chat.busy or self.store.has_messages():

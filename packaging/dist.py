@@ -77,7 +77,7 @@ def build() -> dict[str, object]:
     say(f"llama.cpp for the bundle: {backend} ({why}): {' '.join(cmake_args)}")
     wheel = bootstrap.cached_wheel(backend, cmake_args)
     py = dist_venv(backend, wheel)
-    model = subprocess.run([str(py), "-c", "from engine.gguf.models import fetch_default_model as f; "
+    model = subprocess.run([str(py), "-c", "from engine.models.default import fetch_default_model as f; "
                             "print(f())"], cwd=ROOT, capture_output=True, text=True)
     if model.returncode != 0:
         raise SystemExit(f"[ebb dist] could not fetch the default model: {model.stderr.strip()}")

@@ -80,7 +80,7 @@ def tokenizer_gguf(out: Path) -> None:
     from gguf import GGUFWriter
 
     from engine.gguf.model_gen import _copy_tokenizer
-    from engine.gguf.models import fetch_default_model
+    from engine.models.default import fetch_default_model
 
     w = GGUFWriter(out, "llama")
     _copy_tokenizer(fetch_default_model(), w)

@@ -19,7 +19,7 @@ os.environ["EBB_NATIVE_DIR"] = tempfile.mkdtemp(prefix="ebb-native-")
 # what the engine keeps in the data folder (conversation states) stays out of the user's
 os.environ.setdefault("EBB_DATA_DIR", tempfile.mkdtemp(prefix="ebb-data-"))
 
-from engine.gguf.models import fetch_default_model  # noqa: E402
+from engine.models.default import fetch_default_model  # noqa: E402
 from tests.helpers import N_THREADS, RpcServer, close_open_windows, fresh_store  # noqa: E402
 
 # The suite's own cache (the self-test references, tuning results, ...) stays out of the user's

@@ -50,7 +50,7 @@ CYCLES = """
 import json, os, resource, sys
 from pathlib import Path
 from engine.llama.devices import connect_rpc
-from engine.gguf.models import default_model_path
+from engine.models.default import default_model_path
 from engine.session import Session, SessionConfig
 from engine.measure.bench import auto_budget
 connect_rpc(sys.argv[1])
@@ -190,7 +190,7 @@ from pathlib import Path
 import engine.llama.runtime as rt
 rt._graph_reserve_fn = lambda: None  # as on a llama.cpp without llama_graph_reserve
 from engine.llama.devices import connect_rpc
-from engine.gguf.models import default_model_path
+from engine.models.default import default_model_path
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc(sys.argv[1])

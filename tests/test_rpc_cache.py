@@ -132,7 +132,7 @@ LOSE_SERVER = """
 import json, sys
 from pathlib import Path
 from engine.llama.devices import connect_rpc
-from engine.gguf.models import default_model_path
+from engine.models.default import default_model_path
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig, turn_with_recovery
 connect_rpc(sys.argv[1])

@@ -5,7 +5,8 @@ import sqlite3
 
 from PIL import Image
 
-from app.dialogs import estimate, find_models, projectors_beside
+from app.dialogs import estimate
+from engine.models.local import find_models, projectors_beside
 from app.export import export_chat, render
 from app.store import Store
 

@@ -112,7 +112,7 @@ def test_vision_off_on_off_never_reloads_the_model(rpc_server, base_projector, p
 import json
 from pathlib import Path
 from engine.llama.devices import connect_rpc
-from engine.gguf.models import default_model_path
+from engine.models.default import default_model_path
 from engine.llama.runtime import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc("{rpc_server.endpoint}")

@@ -14,7 +14,7 @@ from engine.units import fmt_bytes
 
 def cmd_bench_swap(args: argparse.Namespace) -> int:
     from engine.config import SessionConfig
-    from engine.gguf.models import (
+    from engine.models.default import (
         default_projector_path,
         existing_file,
         resolve_model_path,
@@ -54,7 +54,7 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     import sys
 
-    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
+    from engine.models.default import default_projector_path, existing_file, resolve_model_path
     from engine.hw import physical_cores
     from engine.measure.accuracy import bench_calibrate
     from engine.units import parse_size
@@ -81,7 +81,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     import tempfile
 
     from engine.config import SessionConfig
-    from engine.gguf.models import default_projector_path, existing_file, resolve_model_path
+    from engine.models.default import default_projector_path, existing_file, resolve_model_path
     from engine.measure.soak import soak
     from engine.units import parse_size
 
@@ -167,7 +167,7 @@ def cmd_bench_autotune(args: argparse.Namespace) -> int:
     import sys
 
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.llama.devices import connect_rpc
     from engine.measure.autotune import Measurer, autotune, max_layers, sweep
     from engine.units import parse_size
@@ -227,7 +227,7 @@ def cmd_bench_autotune(args: argparse.Namespace) -> int:
 def cmd_bench_conversation(args: argparse.Namespace) -> int:
     import sys
 
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.conversation_bench import RUNNERS, bench_conversation
 
     out = bench_conversation(resolve_model_path(args.model), args.ctx, args.threads or 2,
@@ -252,7 +252,7 @@ def cmd_bench_conversation(args: argparse.Namespace) -> int:
 def cmd_bench_phases(args: argparse.Namespace) -> int:
     from engine.cli.chat import read_tuning
     from engine.config import SessionConfig
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.phases_bench import bench_phases
     from engine.units import parse_size
 
@@ -276,7 +276,7 @@ def cmd_bench_phases(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_start(args: argparse.Namespace) -> int:
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.start_bench import bench_start
 
     # the CPU alone: auto is off (flash_attn_for)
@@ -293,7 +293,7 @@ def cmd_bench_start(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_context(args: argparse.Namespace) -> int:
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.context_bench import bench_context
 
     fills = tuple(int(x) for x in args.fills.split(","))
@@ -310,7 +310,7 @@ def cmd_bench_context(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.serve_bench import bench_serve
 
     out = bench_serve(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
@@ -335,7 +335,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 def cmd_bench_reopen(args: argparse.Namespace) -> int:
     import sys
 
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.measure.reopen_bench import bench_reopen, parse_sizes
 
     out = bench_reopen(resolve_model_path(args.model), parse_sizes(args.sizes), args.threads or 2,

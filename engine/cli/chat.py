@@ -23,7 +23,7 @@ from engine.stops import StopReason
 
 
 def _read_script(path: str) -> list[dict[str, Any]]:
-    from engine.gguf.models import existing_file
+    from engine.models.default import existing_file
 
     p = existing_file(path, "script")
     try:
@@ -61,7 +61,7 @@ def read_tuning_file(path: str) -> tuple[PhaseTuning, bool | None]:
 
 
 def session_config(args: argparse.Namespace) -> SessionConfig:
-    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
     from engine.paths import data_dir
     from engine.units import parse_size
 

@@ -36,7 +36,7 @@ def cmd_about(args: argparse.Namespace) -> int:
     import platform
     import sys
 
-    from engine.gguf.models import default_model_path
+    from engine.models.default import default_model_path
     from engine.llama.about import runtime_info
     from engine.paths import cache_dir, data_dir
 
@@ -107,7 +107,7 @@ def register(sub: Any) -> None:
 
 def cmd_colour_check(args: argparse.Namespace) -> int:
     """Exit 0 when every shade is named right, 1 when one is not (each wrong one is listed)."""
-    from engine.gguf.models import default_projector_path, resolve_model_path
+    from engine.models.default import default_projector_path, resolve_model_path
     from engine.hw import physical_cores
     from engine.llama.about import cpu_backend_file
     from engine.measure.colour_check import check_colours
@@ -133,7 +133,7 @@ def cmd_native_check(args: argparse.Namespace) -> int:
     --remember, a success in safe mode is kept as this build's and CPU's setting."""
     import time
 
-    from engine.gguf.models import fetch_default_model
+    from engine.models.default import fetch_default_model
     from engine.llama import native
 
     if args.safe:

@@ -24,7 +24,7 @@ def _size(text: str) -> tuple[int, int]:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from engine.gguf.info import inspect_files
-    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
 
     model = resolve_model_path(args.model)
     mmproj = existing_file(args.mmproj, "projector") if args.mmproj else None
@@ -80,7 +80,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_make_projector(args: argparse.Namespace) -> int:
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.models import resolve_model_path
+    from engine.models.default import resolve_model_path
     from engine.gguf.projector_gen import write_projector
 
     model_path = resolve_model_path(args.for_model)
@@ -106,7 +106,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from engine.gguf.model_gen import SHAPES, write_model, write_sparse_model
 
     if args.family:
-        from engine.gguf.models import default_model_path, fetch_default_model
+        from engine.models.default import default_model_path, fetch_default_model
 
         tok = default_model_path() if default_model_path().exists() else fetch_default_model()
         template = None
@@ -128,7 +128,7 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
-    from engine.gguf.models import fetch_default_model
+    from engine.models.default import fetch_default_model
 
     path = fetch_default_model()
     print(path)

@@ -14,7 +14,7 @@ from engine.units import fmt_bytes
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.gguf.info import inspect_files
-    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
     from engine.hw import physical_cores
     from engine.placement import calibration as calibrate
     from engine.placement.whatif import parse_bus, what_if
@@ -74,7 +74,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.models import (
+    from engine.models.default import (
         default_projector_path,
         existing_file,
         resolve_model_path,
@@ -106,7 +106,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_autotune(args: argparse.Namespace) -> int:
     from engine.config import SessionConfig
-    from engine.gguf.models import existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
     from engine.llama.devices import default_budget, pick_accelerator
     from engine.measure.autotune import Point
     from engine.measure.tuning import tune_for

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from engine.errors import EbbError
-from engine.gguf.models import existing_file
+from engine.models.default import existing_file
 from engine.hw import physical_cores
 from engine.llama import ggml
 from engine.llama.devices import list_devices

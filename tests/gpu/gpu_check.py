@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine import events
 from engine.gguf.model_gen import SHAPES, write_model
-from engine.gguf.models import default_model_path
+from engine.models.default import default_model_path
 from engine.gguf.projector_gen import write_projector
 from engine.llama.devices import connect_rpc, list_devices, nvml_readings
 from engine.measure.bench import auto_budget, bench_swap
