@@ -101,12 +101,22 @@ def accel_bytes(model: ModelInfo, n_gpu_layers: int, n_ctx: int, n_ubatch: int,
     weights = output_bytes(model) + sum(model.layer_bytes[i] for i in layers)
     kv_layers = range(model.n_layers) if live else layers
     kv = sum(model.kv_bytes_per_token_per_layer[i] for i in kv_layers) * n_ctx
-    # the logits, plus the widest activations alive beside them (the FFN's hidden width and a
-    # few residual streams; measured 5.5 MiB on SmolLM2 at ubatch 512, this says 6.4)
-    compute = model.n_vocab * n_ubatch * F32 + n_ubatch * (3 * model.n_embd + model.n_ff) * F32
+    return {"weights": weights, "kv": kv,
+            "compute": compute_buffer_bytes(model, n_ctx, n_ubatch, flash_attn, with_output=True)}
+
+
+def compute_buffer_bytes(model: ModelInfo, n_ctx: int, n_ubatch: int, flash_attn: bool,
+                         with_output: bool) -> int:
+    """A device's compute buffer, predicted: the widest activations alive at once (the FFN's
+    hidden width and a few residual streams), the logits where the output layer is there, and
+    the attention scores without flash attention. Measured 5.5 MiB on SmolLM2 at ubatch 512
+    (with the output layer); this says 6.4. The one formula for one device and for a spread."""
+    compute = n_ubatch * (3 * model.n_embd + model.n_ff) * F32
+    if with_output:
+        compute += model.n_vocab * n_ubatch * F32
     if not flash_attn:
         compute += model.n_head * n_ctx * n_ubatch * F32
-    return {"weights": weights, "kv": kv, "compute": compute}
+    return compute
 
 
 def placement_for(model: ModelInfo, accel: str | None, n_gpu_layers: int, n_ctx: int,
@@ -337,12 +347,8 @@ def spread_bytes(model: ModelInfo, layers: list[int], with_output: bool, n_ctx: 
     """Predicted bytes on one device holding `layers` (and the output layer if asked)."""
     weights = sum(model.layer_bytes[i] for i in layers) + (output_bytes(model) if with_output else 0)
     kv = sum(model.kv_bytes_per_token_per_layer[i] for i in layers) * n_ctx
-    compute = n_ubatch * (3 * model.n_embd + model.n_ff) * F32
-    if with_output:
-        compute += model.n_vocab * n_ubatch * F32
-    if not flash_attn:
-        compute += model.n_head * n_ctx * n_ubatch * F32
-    return {"weights": weights, "kv": kv, "compute": compute}
+    return {"weights": weights, "kv": kv,
+            "compute": compute_buffer_bytes(model, n_ctx, n_ubatch, flash_attn, with_output)}
 
 
 def plan_spread(model: ModelInfo, offers: list[DeviceOffer], n_ctx: int, n_ubatch: int,
