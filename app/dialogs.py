@@ -241,7 +241,7 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
     except OSError as exc:  # a folder, a file that cannot be read: said, never raised
         return f"cannot read {exc.filename or 'this file'}: {exc.strerror or exc}"
     m = ins.model
-    ctx = min(int(settings.get("ctx", 4096)), m.n_ctx_train or 4096)
+    ctx = m.fit_context(int(settings.get("ctx", 4096)))
     full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, flash_choice(settings.get("flash_attn")) is not False)
     text = (f"{m.architecture}, {m.n_layers} layers. All on the accelerator: "
             f"{fmt_bytes(full.accel_total_bytes)} (weights {fmt_bytes(full.accel_bytes['weights'])}, "

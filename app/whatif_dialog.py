@@ -44,7 +44,7 @@ def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str,
     proj = (default_projector_path(model_path) if mmproj == DEMO
             else existing_file(mmproj, "projector") if mmproj else None)
     ins = inspect_files(model_path, proj)
-    n_ctx = min(ctx, ins.model.n_ctx_train or ctx)
+    n_ctx = ins.model.fit_context(ctx)
     w = what_if(ins.model, ins.projector, parse_size(vram), parse_bus(bus), 40e9, 300e9, n_ctx,
                 physical_cores(), calibrate.load("CPU"))
     return {"what_if": w, "out": w.to_dict(), "model": ins.model, "n_ctx": n_ctx}

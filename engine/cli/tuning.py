@@ -22,7 +22,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     ins = inspect_files(resolve_model_path(args.model),
                         existing_file(args.mmproj, "projector") if args.mmproj else None)
-    ctx = min(args.ctx, ins.model.n_ctx_train or args.ctx)
+    ctx = ins.model.fit_context(args.ctx)
     cpu_cal = None if args.uncalibrated else calibrate.load("CPU")
     accel_cal, accel, can_stream = None, "GPU", True
     if args.device:

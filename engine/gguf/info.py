@@ -222,6 +222,11 @@ class ModelInfo:
     has_chat_template: bool
     n_ff: int = 0  # the widest feed-forward layer
 
+    def fit_context(self, n_ctx: int) -> int:
+        """`n_ctx` as far as this model allows: what planning, what-if and a verdict use for a
+        setting larger than the model's context (a session refuses one instead: check_context)."""
+        return min(n_ctx, self.n_ctx_train) if self.n_ctx_train else n_ctx
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

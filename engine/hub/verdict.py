@@ -51,7 +51,7 @@ def judge(model: ModelInfo, proj: ProjectorInfo | None, machine: Machine,
     """One verdict, in words a user reads beside the file."""
     from engine.placement.whatif import what_if
 
-    n_ctx = min(n_ctx, model.n_ctx_train or n_ctx)
+    n_ctx = model.fit_context(n_ctx)
     budget = machine.accel_budget_bytes if machine.accel else 0
     w = what_if(model, proj, budget, 16e9, 40e9, 300e9, n_ctx, machine.n_threads,
                 machine.cpu_cal, machine.accel_cal, machine.accel or "GPU",
