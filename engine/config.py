@@ -117,6 +117,15 @@ class Threads:
     encode: int  # the image encoder on the CPU: batch work like a prompt's
 
 
+def default_threads(n_threads: int | None) -> int:
+    """Threads when nothing says how many: the physical cores (ggml's threads spin, so never
+    more than there are cores). The one fallback: sessions, a bare runtime, autotune's grid,
+    the RPC server and the Hub's verdict all ask here."""
+    from engine.hw import physical_cores
+
+    return n_threads or physical_cores()
+
+
 def thread_plan(cfg: SessionConfig, physical_cores: int) -> Threads:
     """Generation: the setting, else the physical cores (ggml's threads spin: never more than
     there are cores). Prompts: their own setting (autotune's per-phase choice), else

@@ -55,14 +55,14 @@ def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     import sys
 
     from engine.models.default import default_projector_path, existing_file, resolve_model_path
-    from engine.hw import physical_cores
+    from engine.config import default_threads
     from engine.measure.accuracy import bench_calibrate
     from engine.units import parse_size
 
     model = resolve_model_path(args.model)
     mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
     out = bench_calibrate(model, mmproj, tuple(args.rpc), parse_size(args.vram_budget),
-                          parse_size(args.text_vram), args.ctx, args.threads or physical_cores(),
+                          parse_size(args.text_vram), args.ctx, default_threads(args.threads),
                           recalibrate=args.recalibrate,
                           log=lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
     if args.json:

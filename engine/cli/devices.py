@@ -108,12 +108,12 @@ def register(sub: Any) -> None:
 def cmd_colour_check(args: argparse.Namespace) -> int:
     """Exit 0 when every shade is named right, 1 when one is not (each wrong one is listed)."""
     from engine.models.default import default_projector_path, resolve_model_path
-    from engine.hw import physical_cores
+    from engine.config import default_threads
     from engine.llama.about import cpu_backend_file
     from engine.measure.colour_check import check_colours
 
     model = resolve_model_path(args.model)
-    report = check_colours(model, default_projector_path(model), args.threads or physical_cores(),
+    report = check_colours(model, default_projector_path(model), default_threads(args.threads),
                            args.batch)
     out = {**report.to_dict(), "cpu_backend": cpu_backend_file()}
     if args.json:

@@ -15,7 +15,7 @@ from engine.units import fmt_bytes
 def cmd_plan(args: argparse.Namespace) -> int:
     from engine.gguf.info import inspect_files
     from engine.models.default import existing_file, resolve_model_path
-    from engine.hw import physical_cores
+    from engine.config import default_threads
     from engine.placement import calibration as calibrate
     from engine.placement.whatif import parse_bus, what_if
     from engine.units import parse_size
@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise EbbError(f"{key} is not calibrated on this machine",
                            "run: ebb-engine calibrate" + "".join(f" --rpc {r}" for r in args.rpc))
     w = what_if(ins.model, ins.projector, parse_size(args.vram), parse_bus(args.bus),
-                args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, args.threads or physical_cores(),
+                args.ram_bw * 1e9, args.vram_bw * 1e9, ctx, default_threads(args.threads),
                 cpu_cal, accel_cal, accel, args.prompt_tokens, can_stream)
     out = w.to_dict()
     if args.json:

@@ -86,7 +86,7 @@ def _words(model: ModelInfo, machine: Machine, on: int, tps: float, pictures: st
 
 def this_machine(n_threads: int | None = None) -> Machine:
     """The first accelerator Ebb would use, its budget and calibration, and the RAM free."""
-    from engine.hw import physical_cores
+    from engine.config import default_threads
     from engine.llama.devices import default_budget, find_device, pick_accelerator
     from engine.placement import calibration
 
@@ -96,7 +96,7 @@ def this_machine(n_threads: int | None = None) -> Machine:
         dev = find_device(accel)
         budget, can_stream = default_budget(accel), not dev.remote
         accel_cal = calibration.load(calibration.device_key(dev.name, dev.description))
-    return Machine(accel, budget, ram_available_bytes(), n_threads or physical_cores(),
+    return Machine(accel, budget, ram_available_bytes(), default_threads(n_threads),
                    calibration.load("CPU"), accel_cal, can_stream)
 
 

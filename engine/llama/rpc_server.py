@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.errors import EbbError
 from engine.models.default import existing_file
-from engine.hw import physical_cores
+from engine.config import default_threads
 from engine.llama import ggml
 from engine.llama.devices import list_devices
 from engine.units import fmt_bytes
@@ -126,7 +126,7 @@ def serve(host: str, port: int, cache_dir: str | None, n_threads: int | None,
     if cache_dir:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
     args = (endpoint.encode(), cache_dir.encode() if cache_dir else None,
-            n_threads or physical_cores(), len(served), arr)
+            default_threads(n_threads), len(served), arr)
     if not warm:
         g.rpc.ggml_backend_rpc_start_server(*args)
         return

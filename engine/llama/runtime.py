@@ -21,7 +21,7 @@ from engine import stops
 from engine.stops import StopReason
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.gguf.info import ModelInfo, model_info, read_gguf
-from engine.hw import physical_cores
+from engine.config import default_threads
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
@@ -278,7 +278,7 @@ class TextRuntime:
         self.params = params
         self.info = info or model_info(read_gguf(params.model_path))
         self.n_ctx = check_context(self.info, params.n_ctx)
-        self.n_threads = params.n_threads or physical_cores()
+        self.n_threads = default_threads(params.n_threads)
         self.n_threads_batch = params.n_threads_batch or self.n_threads
         self._stack = contextlib.ExitStack()
         self._cached: list[Any] = []  # one key per KV cell: token id or (image key, i)

@@ -33,7 +33,7 @@ import numpy as np
 
 from engine.errors import EbbError
 from engine.gguf.info import ModelInfo
-from engine.hw import physical_cores
+from engine.config import default_threads
 from engine.placement.plan import DoesNotFit, device_layers, plan_placement
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
@@ -213,7 +213,7 @@ class Measurer:
                     runs[t] = self._time_phases(rt, tokens, t)
                 return runs[t]
 
-            grid = self.threads or thread_grid(self.n_threads or physical_cores())
+            grid = self.threads or thread_grid(default_threads(self.n_threads))
             for t in grid:
                 at(t)
             if self.threads is None:  # between the grid's neighbours of each phase's best
@@ -439,8 +439,8 @@ def autotune(measure: Measurer, budget: int, headroom: int, flash_attn: bool = F
             on_flash(4)
         best = measure(best_gen)
         fa = choose_flash_attn(measure, best_gen, budget, headroom,
-                               (best.prompt_threads or measure.n_threads or physical_cores(),
-                                best.gen_threads or measure.n_threads or physical_cores()),
+                               (best.prompt_threads or default_threads(measure.n_threads),
+                                best.gen_threads or default_threads(measure.n_threads)),
                                history=flash_history)
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
                       find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps),
