@@ -30,6 +30,7 @@ from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 
 REFRESH_MS = 50
+LIVE_REDRAW_S = 0.5  # while a reply runs and nothing else changes, the plots move on this often
 LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
@@ -275,6 +276,7 @@ class MemoryPanel(QWidget):
         lay.addLayout(row)
         self._followed: tuple[int, float, float] | None = None  # (request, start, end) shown
         self.live_since: float | None = None  # when the running request was sent (set_live)
+        self._live_drawn_at = 0.0
         self._user_zoomed = False
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self._on_tick)
@@ -313,9 +315,13 @@ class MemoryPanel(QWidget):
     def _on_tick(self) -> None:
         if not self.isVisible():
             return
-        # nothing new: nothing to draw, unless a reply runs (its memory line reaches to now)
-        if self.telemetry.version == self._drawn_version and self.live_since is None:
+        # nothing new: nothing to draw, unless a reply runs (its memory line and the view reach
+        # to now: twice a second is enough for that, the stream has the GUI thread meanwhile)
+        now = time.monotonic()
+        if self.telemetry.version == self._drawn_version and (
+                self.live_since is None or now - self._live_drawn_at < LIVE_REDRAW_S):
             return
+        self._live_drawn_at = now
         self._drawn_version = self.telemetry.version
         self.residency.update()
         self._draw_memory()

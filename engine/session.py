@@ -146,9 +146,11 @@ class Session:
         try:
             images = [self.encoder.load(Path(p)) for p in image_paths]
             if images and (self.encoder.ram is None or not self.encoder.enabled):
-                raise EbbError("this message has images but vision is off" if self.proj_info
-                               else "this message has images but no projector is loaded",
-                               "turn vision on" if self.proj_info else "start with --mmproj FILE.gguf")
+                raise EbbError("this message has pictures or clips but the projector is off"
+                               if self.proj_info else
+                               "this message has pictures or clips but no projector is loaded",
+                               "turn the projector on (the Vision or Hearing switch)" if self.proj_info
+                               else "start with --mmproj FILE.gguf")
             pending = self._pending_history_images()  # may drop unreadable ones from history
             turn = HistoryTurn(role, text, tuple(self.encoder.remember(i) for i in images), extra)
             self._fit(turn, pending + images, res)  # before any image is encoded

@@ -135,7 +135,7 @@ print(json.dumps({{"loads": loads, "strategies": [r1.strategy, r2.strategy, r3.s
     assert out["loads"] == [1, 1]
     assert out["strategies"] == ["none", "resident", "none"]
     assert out["errors"] == [None, None, None]
-    assert "vision is off" in out["refused"]
+    assert "the projector is off" in out["refused"]
 
 
 def test_bad_images_never_end_the_conversation(tmp_path, rpc_server, base_projector, pictures):

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EbbError
+from engine.media.images import MAX_IMAGE_FILE_BYTES
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac")  # what mtmd's helper decodes
 # sound a user may well pick that the decoder does not take: said so, not tried as a picture
 OTHER_SOUND_SUFFIXES = (".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aiff", ".aif", ".amr", ".webm")
 MAX_CLIP_SECONDS = 30 * 60  # longer is refused from the header: 30 minutes of chunks
-MAX_CLIP_FILE_BYTES = 512 * 1024 * 1024
+# as a picture's: the store and the cache key read an attachment whole (image_digest checks it)
+MAX_CLIP_FILE_BYTES = MAX_IMAGE_FILE_BYTES
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ class MediaEncoder:
         path = Path(path)
         if not is_clip(path):
             return load_image(path)
-        info = clip_info(path)
+        clip_info(path)  # empty, damaged, unknown or too long: refused by name before decoding
         if self.ram is None or not self.ram.hears:
             raise EbbError(f"{path.name} is a sound clip, and "
                            + ("the loaded projector does not hear" if self.ram is not None
@@ -192,7 +192,6 @@ class MediaEncoder:
         samples = self.ram.decode_audio(data, path.name)
         if len(samples) < 4:
             raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
-        del info  # checked: its header says what the samples will be
         return LoadedMedia(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,
                            CLIP_HEIGHT, samples)
 
