@@ -2,9 +2,7 @@
 tested on its own and the window only shows it."""
 from __future__ import annotations
 
-from typing import Any
-
-from engine.events import LoadDetails, PhasesUsed
+from engine.events import GenStats, LoadDetails, PhasesUsed
 
 
 def placement_text(n_layers: int, details: LoadDetails, accel_name: str) -> str:
@@ -49,14 +47,13 @@ def phases_line(ph: PhasesUsed) -> str:
             f"generation: {ph.gen_layers} layers, {threads(ph.gen_threads)} — {ph.reason}")
 
 
-def restored_line(gen: dict[str, Any]) -> str:
+def restored_line(gen: GenStats) -> str:
     """"Memory of this chat restored in 0.4 s (6,200 tokens)" when the last reply's prompt
     took the model's memory from a kept state (RAM or disk) instead of evaluating it."""
-    n = int(gen.get("n_prompt_tokens_restored") or 0)
+    n = gen.n_prompt_tokens_restored
     if n <= 0:
         return ""
-    evaluated = int(gen.get("n_prompt_tokens_evaluated") or 0)
-    s = float(gen.get("restore_s") or 0)
+    evaluated, s = gen.n_prompt_tokens_evaluated, gen.restore_s
     took = f"{s * 1000:.0f} ms" if s < 0.1 else f"{s:.1f} s"
     return (f"Memory of this chat restored in {took} ({n:,} tokens); "
             f"{evaluated:,} new token{'s' if evaluated != 1 else ''} evaluated")

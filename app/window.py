@@ -889,7 +889,7 @@ class MainWindow(QMainWindow):
     def _on_turn_finished(self, ev: events.TurnFinished) -> None:
         res = ev.result
         self.panel.set_live(False)
-        self._set_record_limit(int(res.gen.get("n_prompt_tokens", 0)) + int(res.gen.get("n_gen_tokens", 0)))
+        self._set_record_limit(res.gen.n_prompt_tokens + res.gen.n_gen_tokens)
         if res.device_lost:
             self.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
                              "that are left.")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine import testhooks
+from engine.stops import StopReason
 
 
 def _now() -> float:
@@ -182,6 +183,58 @@ class PhasesUsed:
                 "moved": self.moved, "reason": self.reason}
 
 
+@dataclass(frozen=True)
+class GenStats:
+    """A reply's figures, from the runtime's decode loop to the JSON edge (`to_dict`). A turn
+    that never decoded (an error before the reply) has `stop_reason` None and no figures."""
+    n_prompt_tokens: int = 0
+    n_gen_tokens: int = 0
+    prompt_s: float = 0.0
+    gen_s: float = 0.0
+    stop_reason: StopReason | None = None
+    n_prompt_tokens_evaluated: int = 0
+    n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
+    restore_s: float = 0.0  # the seconds that took
+    # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
+    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
+    logprobs: list[dict[str, Any]] | None = None
+    flash_attn: bool | None = None  # whether the turn ran with flash attention (None: not known)
+    # Continue: the whole reply's length in tokens (an interrupted reply has no count saved)
+    n_reply_tokens: int | None = None
+
+    @classmethod
+    def cancelled(cls) -> GenStats:
+        """Stopped before the reply's first token."""
+        return cls(stop_reason=StopReason.CANCELLED)
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        return self.n_gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        n = self.n_prompt_tokens_evaluated
+        return n / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.stop_reason is None:
+            return {}
+        d: dict[str, Any] = {
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "n_gen_tokens": self.n_gen_tokens, "prompt_s": round(self.prompt_s, 4),
+            "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
+            "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
+            "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
+            "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
+            "restore_s": round(self.restore_s, 4),
+            "stop_reason": self.stop_reason, "flash_attn": self.flash_attn}
+        if self.logprobs is not None:
+            d["logprobs"] = self.logprobs
+        if self.n_reply_tokens is not None:
+            d["n_reply_tokens"] = self.n_reply_tokens
+        return d
+
+
 @dataclass
 class TurnResult:
     """What one turn (or Continue) did: the reply, the vision plan carried out, its spans and
@@ -197,7 +250,7 @@ class TurnResult:
     n_images_cached: int = 0  # the message's images whose embeddings were already known
     n_image_tokens_encoded: int = 0  # image tokens (every chunk) encoded in this turn
     n_image_chunks_encoded: int = 0
-    gen: dict[str, Any] = field(default_factory=dict)
+    gen: GenStats = field(default_factory=GenStats)
     error: str | None = None
     device_lost: str | None = None  # a remote device went away before this turn
     continued: bool = False  # Continue of the last reply: `text` is what was added
@@ -223,7 +276,7 @@ class TurnResult:
                              "n_images_cached": self.n_images_cached,
                              "n_image_tokens_encoded": self.n_image_tokens_encoded,
                              "n_image_chunks_encoded": self.n_image_chunks_encoded,
-                             "swap_mover": self.swap_mover, **self.gen}
+                             "swap_mover": self.swap_mover, **self.gen.to_dict()}
         if self.device_notes:
             d["device_notes"] = self.device_notes
         if self.phases is not None:

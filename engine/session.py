@@ -24,7 +24,7 @@ from engine import events, stops
 from engine.stops import StopReason
 from engine.config import SessionConfig, flash_attn_for, thread_plan
 from engine.conversation import Conversation, HistoryTurn, fit_history
-from engine.events import TurnResult
+from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
     check_projector_matches,
@@ -164,8 +164,7 @@ class Session:
             res.error = str(exc)
         except TurnCancelled as exc:  # Stop before the reply: the message stays, no reply yet
             res.reason = (res.reason + "; " if res.reason else "") + str(exc)
-            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": StopReason.CANCELLED}
+            res.gen = GenStats.cancelled()
             self.history = self.history + [turn, HistoryTurn("assistant", "")]
             self._reply_open = False
             self._last_stop = StopReason.CANCELLED
@@ -201,7 +200,7 @@ class Session:
             if self._reply_open and stops.resumes_from_cache(self._last_stop):
                 t0 = time.monotonic()
                 result = self.model.runtime.resume(gp, on_text, cancel)
-                tl.add("decode", t0, t0 + result.gen_s, accel)
+                tl.add("decode", t0, t0 + result.stats.gen_s, accel)
                 res.reason = "resumed from the KV cache (no prefill)"
             else:
                 self.history = self.history[:-1]
@@ -222,12 +221,10 @@ class Session:
                     result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
-            res.gen = result.to_dict()
-            res.gen["flash_attn"] = self.cfg.flash_attn
-            del res.gen["text"]
             # the whole reply's length in tokens: a reply that was interrupted (a crash) has no
             # count saved, so adding the new tokens to it would count only those
-            res.gen["n_reply_tokens"] = len(self.model.runtime.tokenize(before.text + result.text, False))
+            res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn, n_reply_tokens=len(
+                self.model.runtime.tokenize(before.text + result.text, False)))
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
             self._reply_open = stops.resumes_from_cache(result.stop_reason)
             self._last_stop = result.stop_reason
@@ -236,8 +233,7 @@ class Session:
             res.error = str(exc)
         except TurnCancelled as exc:  # the reply stays as it was
             res.reason = str(exc)
-            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": StopReason.CANCELLED}
+            res.gen = GenStats.cancelled()
         finally:
             self.encoder.pin(set())
         res.device_peak_bytes = self.model.ledger.peaks()
@@ -262,16 +258,13 @@ class Session:
                 raise EbbError(f"a token id is outside the model's vocabulary of {self.info.n_vocab}")
             result = self._run_prompt(tokens, [], gp or GenParams(), on_text, cancel, tl)
             res.text = result.text
-            res.gen = result.to_dict()
-            res.gen["flash_attn"] = self.cfg.flash_attn
-            del res.gen["text"]
+            res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)
             res.shifted_cells = self.model.runtime.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:
             res.reason = str(exc)
-            res.gen = {"n_gen_tokens": 0, "gen_tokens_per_s": 0.0, "prompt_s": 0.0,
-                       "stop_reason": StopReason.CANCELLED}
+            res.gen = GenStats.cancelled()
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
@@ -528,9 +521,7 @@ class Session:
         assert self.model.runtime is not None
         res.phases = self.phases.used(self.model.runtime.n_threads_batch, self.model.runtime.n_threads)
         res.text = result.text
-        res.gen = result.to_dict()
-        res.gen["flash_attn"] = self.cfg.flash_attn  # the turn says whether it was on
-        del res.gen["text"]
+        res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)  # the turn says whether it was on
         assert self.model.runtime is not None
         res.shifted_cells = self.model.runtime.last_shift[1]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
@@ -566,7 +557,7 @@ class Session:
             while pending:  # the prefill failed: back to generation's placement all the same
                 pending.pop()()
         t_end = time.monotonic()
-        tl.add("decode", t_end - result.gen_s, t_end, accel)
+        tl.add("decode", t_end - result.stats.gen_s, t_end, accel)
         return result
 
 def turn_with_recovery(session: Session, text: str | Sequence[int],

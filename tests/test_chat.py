@@ -46,7 +46,7 @@ def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
     pieces: list[str] = []
     gp = GenParams(max_tokens=30, temperature=0.9, seed=42)
     r1 = text_runtime.generate(msgs, gp, on_text=pieces.append)
-    assert "".join(pieces) == r1.text and r1.n_gen_tokens == 30 and r1.stop_reason == "length"
+    assert "".join(pieces) == r1.text and r1.stats.n_gen_tokens == 30 and r1.stats.stop_reason == "length"
     r2 = text_runtime.generate(msgs, gp)
     assert r2.text == r1.text
     r3 = text_runtime.generate(msgs, GenParams(max_tokens=30, temperature=0.9, seed=43))
@@ -58,8 +58,8 @@ def test_prefix_reuse_evaluates_only_new_tokens(text_runtime):
     text_runtime.reset()
     first = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
     again = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
-    assert first.n_prompt_tokens_evaluated == first.n_prompt_tokens
-    assert again.n_prompt_tokens_evaluated == 1
+    assert first.stats.n_prompt_tokens_evaluated == first.stats.n_prompt_tokens
+    assert again.stats.n_prompt_tokens_evaluated == 1
     assert again.text == first.text
 
 
@@ -75,8 +75,8 @@ def test_cancel_stops_between_tokens(text_runtime):
     r = text_runtime.generate([{"role": "user", "content": "Count to one hundred."}],
                               GenParams(max_tokens=200, temperature=0), on_text=on_text,
                               cancel=cancel)
-    assert r.stop_reason == "cancelled"
-    assert 3 <= r.n_gen_tokens < 10
+    assert r.stats.stop_reason == "cancelled"
+    assert 3 <= r.stats.n_gen_tokens < 10
 
 
 def test_ctrl_c_stops_cleanly_with_partial_result():
@@ -107,7 +107,7 @@ def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
     assert rt._cached == cached
     again = rt.generate(msgs + [{"role": "assistant", "content": first},
                                 {"role": "user", "content": "And three fish?"}], gp)
-    assert again.n_prompt_tokens_evaluated < again.n_prompt_tokens  # the prefix was reused
+    assert again.stats.n_prompt_tokens_evaluated < again.stats.n_prompt_tokens  # the prefix was reused
     rt.reset()
     assert rt.generate(msgs + [{"role": "assistant", "content": first},
                                {"role": "user", "content": "And three fish?"}], gp).text == again.text

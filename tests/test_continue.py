@@ -25,21 +25,21 @@ def test_the_default_is_no_cap():
 
 def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
     whole = session.turn(STORY, gp=GenParams(max_tokens=90, temperature=0))
-    assert whole.error is None and whole.gen["n_gen_tokens"] == 90
+    assert whole.error is None and whole.gen.n_gen_tokens == 90
     session.set_history([])
 
     first = session.turn(STORY, gp=GenParams(max_tokens=25, temperature=0))
-    assert first.gen["stop_reason"] == "length"
+    assert first.gen.stop_reason == "length"
     n_cells = session.model.runtime.n_positions()
     second = session.continue_reply(GenParams(max_tokens=40, temperature=0))
     assert second.error is None and second.continued
-    assert second.gen["n_prompt_tokens_evaluated"] == 0  # nothing prefilled
+    assert second.gen.n_prompt_tokens_evaluated == 0  # nothing prefilled
     assert [s.name for s in second.spans] == ["decode"]
-    assert second.gen["n_prompt_tokens"] == n_cells
+    assert second.gen.n_prompt_tokens == n_cells
     third = session.continue_reply(GenParams(max_tokens=25, temperature=0))
     assert first.text + second.text + third.text == whole.text
     # the whole reply's length comes with each continuation: 25 + 40 + 25
-    assert third.gen["n_reply_tokens"] == 90
+    assert third.gen.n_reply_tokens == 90
     assert session.history[-1].text == whole.text
     assert len(session.history) == 2  # still one exchange
 
@@ -64,7 +64,7 @@ def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
     session.set_history([(t.role, t.text, []) for t in session.history])
     more = session.continue_reply(GenParams(max_tokens=30, temperature=0))
     assert more.error is None and "prefilled" in more.reason
-    assert more.gen["n_prompt_tokens_evaluated"] > 0
+    assert more.gen.n_prompt_tokens_evaluated > 0
     # a re-tokenized reply may differ from the sampled tokens; its start is the reply so far
     assert session.history[-1].text == first.text + more.text
     assert (first.text + more.text)[:len(first.text)] == whole.text[:len(first.text)]

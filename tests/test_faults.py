@@ -54,9 +54,9 @@ def test_turns_past_a_small_context_drop_the_oldest_and_shift_the_rest(model_pat
     assert first.n_tokens_dropped > 0 and first.memory_starts_at == first.n_turns_dropped
     # the kept turns were moved in the cache, not evaluated again
     assert all(r.shifted_cells > 0 for r in dropped)
-    assert all(r.gen["n_prompt_tokens_evaluated"] < 80 for r in dropped)
+    assert all(r.gen.n_prompt_tokens_evaluated < 80 for r in dropped)
     assert results[-1].memory_starts_at == sum(r.n_turns_dropped for r in results)
-    assert all(r.gen["n_prompt_tokens"] <= 512 - s.reply_room for r in results)
+    assert all(r.gen.n_prompt_tokens <= 512 - s.reply_room for r in results)
 
 
 def test_the_reply_after_a_shift_equals_a_fresh_session_on_the_kept_turns(model_path):
@@ -130,10 +130,10 @@ def test_continue_after_a_full_context_lets_older_turns_go(model_path):
         s.turn(f"And these as well. {background}", gp=GP)
         long = s.turn("Write a very long story about a lighthouse keeper and a storm.",
                       gp=GenParams(temperature=0))  # no cap: runs into the context's end
-        assert long.gen["stop_reason"] == "context_full"
+        assert long.gen.stop_reason == "context_full"
         more = s.continue_reply(GenParams(max_tokens=16, temperature=0))
         assert more.error is None, more.error
-        assert more.n_turns_dropped >= 2 and more.gen["n_gen_tokens"] > 0
+        assert more.n_turns_dropped >= 2 and more.gen.n_gen_tokens > 0
         assert s.history[-1].text == long.text + more.text
         assert s.history[-2].text.startswith("Write a very long story")
         assert len(s.history) == 2
@@ -143,7 +143,7 @@ def test_a_reply_that_fills_the_context_alone_cannot_go_on_and_is_kept(model_pat
     with _session(model_path) as s:
         long = s.turn("Write a very long story about a lighthouse keeper and a storm.",
                       gp=GenParams(temperature=0))
-        assert long.gen["stop_reason"] == "context_full"
+        assert long.gen.stop_reason == "context_full"
         history = list(s.history)
         more = s.continue_reply(GenParams(max_tokens=16, temperature=0))
         assert more.error and "raise the context length" in more.error
@@ -573,7 +573,7 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
         on_text = (lambda t: cancel.set()) if stop_after == "decode" else None
         res = s.turn("What is in these pictures?", [pictures["a.png"], pictures["b.jpg"]],
                      GenParams(max_tokens=40, temperature=0), on_text=on_text, cancel=cancel)
-        assert res.error is None and res.gen["stop_reason"] == "cancelled", res.to_dict()
+        assert res.error is None and res.gen.stop_reason == "cancelled", res.to_dict()
         assert "restore" in seen and seen.index("restore") > seen.index("evict")
         if stop_after == "encode":
             assert res.n_image_chunks_encoded == 2 and seen.count("encode") == 1
@@ -583,7 +583,7 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
         assert s.model.ledger.total(s.model.accel) == ledger
         cancel.clear()
         again = s.turn("Thanks. And now?", gp=GP)
-        assert again.error is None and again.gen["n_gen_tokens"] > 0
+        assert again.error is None and again.gen.n_gen_tokens > 0
         assert _layers_on_device(s) == placed and s.model.ledger.total(s.model.accel) == ledger
 
 
@@ -742,7 +742,7 @@ def test_a_device_smaller_than_its_budget_loads_fewer_layers_and_says_so(model_p
         assert 0 < s.model.placement.n_layers_on_accel < 30
         for text in ("Hello.", "Tell me about the sea."):
             r = s.turn(text, gp=GP)
-            assert r.error is None and r.gen["n_gen_tokens"] > 0
+            assert r.error is None and r.gen.n_gen_tokens > 0
         assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel))
 
 
@@ -751,7 +751,7 @@ def test_a_device_without_room_for_the_context_runs_on_the_cpu(model_path):
         assert "running on the CPU" in s.model.placement_reason, s.model.placement_reason
         assert s.model.placement.n_gpu_layers == 0
         r = s.turn("Hello.", gp=GP)
-        assert r.error is None and r.gen["n_gen_tokens"] > 0
+        assert r.error is None and r.gen.n_gen_tokens > 0
         assert _device_used(s.model.accel) == 0
 
 
@@ -777,7 +777,7 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
             hog.device = s.model.accel
             hog.take(400 * 2**20 - _device_used(s.model.accel) - 2 * 2**20)  # 2 MiB left
             r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
-            assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
+            assert r.error is None and r.gen.n_gen_tokens > 0, r.to_dict()
             assert "could not take the projector" in r.reason and "on the CPU" in r.reason, r.reason
             assert r.to_dict()["device_notes"] == r.device_notes  # shown under the reply
             assert r.n_image_chunks_encoded > 0
@@ -786,7 +786,7 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
             assert s.model.ledger.total(s.model.accel) == ledger
             assert _agrees(ledger, _device_used(s.model.accel))
             again = s.turn("And now?", gp=GP)
-            assert again.error is None and again.gen["n_gen_tokens"] > 0
+            assert again.error is None and again.gen.n_gen_tokens > 0
     finally:
         hog.release()
         server.stop()
@@ -829,7 +829,7 @@ def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, mo
                 s.model.ledger.snapshot()[s.model.accel].get("weights", 0)
             r = s.turn("What is in this picture?", [pictures["a.png"]], gp=GP)
             assert taken, "no swap ran"
-            assert r.error is None and r.gen["n_gen_tokens"] > 0, r.to_dict()
+            assert r.error is None and r.gen.n_gen_tokens > 0, r.to_dict()
             now = _layers_on_device(s)
             if mover == "live":
                 assert "could not bring every layer back" in r.reason, r.reason
@@ -841,7 +841,7 @@ def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, mo
             assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel) - taken[0])
             hog.release()
             again = s.turn("And now?", gp=GP)
-            assert again.error is None and again.gen["n_gen_tokens"] > 0
+            assert again.error is None and again.gen.n_gen_tokens > 0
             assert _agrees(s.model.ledger.total(s.model.accel), _device_used(s.model.accel))
     finally:
         hog.release()

@@ -56,8 +56,8 @@ def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, 
         assert again.text == never.text, (again.text, never.text)
         assert again.n_image_chunks_encoded == 0 and s.encoder.disk.n_loaded > 0
         # only what the never-left session evaluated: the new question
-        assert again.gen["n_prompt_tokens_restored"] > 0
-        assert again.gen["n_prompt_tokens_evaluated"] == never.gen["n_prompt_tokens_evaluated"], again.gen
+        assert again.gen.n_prompt_tokens_restored > 0
+        assert again.gen.n_prompt_tokens_evaluated == never.gen.n_prompt_tokens_evaluated, again.gen
         # deleting the chat deletes its states
         assert s.forget("7") >= 1
     assert not list(states.glob("7-*" + SUFFIX))
@@ -92,12 +92,12 @@ def test_restored_after_an_overflow_on_another_device_and_after_a_stop(model_pat
         s.set_history(hist, tag="5")
         stop = threading.Event()
         stop.set()  # Stop, as the state is about to be read
-        assert s.turn(qs[6], gp=gp, cancel=stop).gen.get("stop_reason") == "cancelled"
+        assert s.turn(qs[6], gp=gp, cancel=stop).gen.stop_reason == "cancelled"
         s.set_history(hist, tag="5")
         again = s.turn(qs[6], gp=gp)
         assert again.text == never.text, (again.text, never.text)
-        assert again.gen["n_prompt_tokens_evaluated"] == never.gen["n_prompt_tokens_evaluated"]
-        assert again.gen["n_prompt_tokens_restored"] > 0
+        assert again.gen.n_prompt_tokens_evaluated == never.gen.n_prompt_tokens_evaluated
+        assert again.gen.n_prompt_tokens_restored > 0
 
 
 def test_a_damaged_or_foreign_state_is_passed_over(model_path, tmp_path):
@@ -127,8 +127,8 @@ def test_a_damaged_or_foreign_state_is_passed_over(model_path, tmp_path):
         with Session(_cfg(model_path, states)) as s:
             s.set_history(hist, tag="3")
             r = s.turn(QUESTIONS[2], gp=GP)  # evaluated again as if nothing were kept
-            assert r.text == ref.text and r.gen["n_prompt_tokens_restored"] == 0, name
-            assert r.gen["n_prompt_tokens_evaluated"] == r.gen["n_prompt_tokens"], name
+            assert r.text == ref.text and r.gen.n_prompt_tokens_restored == 0, name
+            assert r.gen.n_prompt_tokens_evaluated == r.gen.n_prompt_tokens, name
         # a damaged file is removed; another model's is left for that model
         assert (states / (name + SUFFIX)).exists() == (name == "3-foreign"), name
 

@@ -145,7 +145,7 @@ input()  # the test kills the server now
 s, second = turn_with_recovery(s, "And of Italy?", [sys.argv[3]], gp)
 out = {"accel": s.model.accel, "lost": second.device_lost, "error": second.error,
        "strategy": second.strategy, "history": [t.role for t in s.history],
-       "n_prompt_tokens": second.gen.get("n_prompt_tokens")}
+       "n_prompt_tokens": second.gen.n_prompt_tokens}
 s.close()
 print(json.dumps(out), flush=True)
 """

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from engine import stops
 from engine.stops import StopReason
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
+from engine.events import GenStats
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.config import default_threads
 from engine.llama import log as llama_log
@@ -117,42 +118,15 @@ class GenParams:
     on_logprob: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenResult:
     text: str
-    n_prompt_tokens: int
-    n_gen_tokens: int
-    prompt_s: float
-    gen_s: float
-    stop_reason: StopReason
-    n_prompt_tokens_evaluated: int = 0
-    n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
-    restore_s: float = 0.0  # the seconds that took
-    # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
-    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
-    logprobs: list[dict[str, Any]] | None = None
+    stats: GenStats
 
     @property
-    def gen_tokens_per_s(self) -> float:
-        return self.n_gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
-
-    @property
-    def prompt_tokens_per_s(self) -> float:
-        n = self.n_prompt_tokens_evaluated
-        return n / self.prompt_s if self.prompt_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text, "n_prompt_tokens": self.n_prompt_tokens,
-            "n_gen_tokens": self.n_gen_tokens, "prompt_s": round(self.prompt_s, 4),
-            "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
-            "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
-            "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
-            "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
-            "restore_s": round(self.restore_s, 4),
-            "stop_reason": self.stop_reason,
-            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
-        }
+    def stop_reason(self) -> StopReason:
+        assert self.stats.stop_reason is not None  # the decode loop always says why it stopped
+        return self.stats.stop_reason
 
 
 @dataclass(frozen=True)
@@ -921,12 +895,11 @@ class TextRuntime:
         t1 = time.perf_counter()
         self.last_logprobs = []
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel)
-        return GenResult(text=text, n_prompt_tokens=n_prompt, n_gen_tokens=n_gen,
-                         prompt_s=prompt_s, gen_s=time.perf_counter() - t1, stop_reason=stop,
-                         n_prompt_tokens_evaluated=n_eval,
-                         n_prompt_tokens_restored=self.last_restored,
-                         restore_s=self.last_restore_s,
-                         logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None)
+        return GenResult(text, GenStats(
+            n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, prompt_s=prompt_s,
+            gen_s=time.perf_counter() - t1, stop_reason=stop, n_prompt_tokens_evaluated=n_eval,
+            n_prompt_tokens_restored=self.last_restored, restore_s=self.last_restore_s,
+            logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None))
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
                cancel: threading.Event | None = None) -> GenResult:
@@ -936,11 +909,11 @@ class TextRuntime:
         never stopped. The caller knows that nothing was decoded since."""
         n_cells = len(self._cached)
         if n_cells >= self.n_ctx - 1:
-            return GenResult("", n_cells, 0, 0.0, 0.0, StopReason.CONTEXT_FULL)
+            return GenResult("", GenStats(n_prompt_tokens=n_cells, stop_reason=StopReason.CONTEXT_FULL))
         t1 = time.perf_counter()
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel, resume=True)
-        return GenResult(text=text, n_prompt_tokens=n_cells, n_gen_tokens=n_gen, prompt_s=0.0,
-                         gen_s=time.perf_counter() - t1, stop_reason=stop)
+        return GenResult(text, GenStats(n_prompt_tokens=n_cells, n_gen_tokens=n_gen,
+                                        gen_s=time.perf_counter() - t1, stop_reason=stop))
 
     def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
                      cancel: threading.Event | None, resume: bool = False) -> tuple[str, int, StopReason]:

@@ -120,6 +120,6 @@ def check_colours(model: Path, projector: Path, n_threads: int, n_batch: int = 5
                 res = s.turn(QUESTION, [picture], gp)
                 if res.error is not None:
                     raise EbbError(f"the colour check could not ask about {colour}: {res.error}")
-                named, gap = named_and_gap(res.gen.get("logprobs") or [], colour)
+                named, gap = named_and_gap(res.gen.logprobs or [], colour)
                 answers.append(ShadeAnswer(colour, tuple(rgb), res.text, named, gap))  # type: ignore[arg-type]
     return ColourReport(tuple(answers), n_threads, n_batch)

@@ -29,8 +29,7 @@ def _run(cfg: SessionConfig, gen_tokens: int) -> dict[str, Any]:
         if r.error:
             raise RuntimeError(r.error)
         g = r.gen
-        return {"prompt_tps": g["n_prompt_tokens_evaluated"] / g["prompt_s"],
-                "gen_tps": g["gen_tokens_per_s"], "text": r.text,
+        return {"prompt_tps": g.prompt_tokens_per_s, "gen_tps": g.gen_tokens_per_s, "text": r.text,
                 "rebalance_s": sum(sp.end_s - sp.start_s for sp in r.spans
                                    if sp.name == "rebalance"),
                 "total_s": sum(sp.end_s - sp.start_s for sp in r.spans),

@@ -92,7 +92,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                     "evaluated once and kept on disk")
                 s.set_history(hist, tag="bench")
                 first = s.turn("Anything else?", gp=gp)
-                n_history = int(first.gen.get("n_prompt_tokens", 0))
+                n_history = first.gen.n_prompt_tokens
                 s.set_history(hist, tag="bench")
                 _runtime(s).keep_on_drop = False
                 assert s.persist()
@@ -119,7 +119,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                         finally:
                             s.model.snapshots.disk, s.encoder.disk = saved_disk, saved_pics
                         if mode == "restored":
-                            restored_tokens = int(res.gen.get("n_prompt_tokens_restored", 0))
+                            restored_tokens = res.gen.n_prompt_tokens_restored
                         log(f"  round {r + 1} {mode}: {times[mode][-1]:.3f}s")
                 med = {m: statistics.median(v) for m, v in times.items()}
                 rows.append({"tokens": n_history, "picture": with_picture, **med,
