@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import PhaseTuning, SessionConfig, flash_choice
+from engine.tuned import TuneResult
 from engine.units import parse_size
 
 if TYPE_CHECKING:
@@ -274,25 +275,17 @@ def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:
                        images.get(gen, 0.0), images.get(image, 0.0))
 
 
-def phase_settings(result: dict[str, Any]) -> dict[str, Any]:
+def phase_settings(result: TuneResult) -> dict[str, Any]:
     """The settings that use autotune's result: each phase's layers and threads, and the prompt
     speeds it measured (at the prompt's best thread count) for pricing a move."""
-    threads = int(result.get("best_prompt_threads") or 0)
-    speeds, images = {}, {}
-    for p in result["points"]:
-        per = p.get("prompt_tps_by_threads") or {}
-        speeds[str(p["layers"])] = float(per.get(str(threads)) or p["prompt_tps"])
-        if p.get("image_tps"):
-            per = p.get("image_tps_by_threads") or {}
-            images[str(p["layers"])] = float(per.get(str(threads)) or p["image_tps"])
-    image = result.get("best_image_layers")
-    return {"gpu_layers": int(result["best_gen_layers"]),
-            "prompt_layers": int(result["best_prompt_layers"]),
-            "threads": int(result.get("best_gen_threads") or 0), "threads_batch": threads,
-            "prompt_speeds": speeds, "image_layers": int(image) if image is not None else -1,
-            "image_speeds": images,
+    image = result.best_image_layers
+    return {"gpu_layers": result.best_gen_layers, "prompt_layers": result.best_prompt_layers,
+            "threads": result.best_gen_threads, "threads_batch": result.best_prompt_threads,
+            "prompt_speeds": {str(k): v for k, v in result.prompt_speeds().items()},
+            "image_layers": image if image is not None else -1,
+            "image_speeds": {str(k): v for k, v in result.prompt_speeds("image").items()},
             # flash attention as measured on this device, when Tune chose it
-            **({"flash_attn": bool(result["flash_attn"]["on"])} if result.get("flash_attn") else {})}
+            **({"flash_attn": result.flash_attn.on} if result.flash_attn else {})}
 
 
 def resolve_paths(cfg: SessionConfig) -> SessionConfig:

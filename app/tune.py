@@ -12,6 +12,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
+from engine.tuned import FlashChoice, TuneResult
+
 BEST, CLIFF, BUDGET = "#43a047", "#8e24aa", "#757575"
 # one colour per thread count (cycled)
 THREAD_COLOURS = ["#42a5f5", "#ff7043", "#66bb6a", "#ab47bc", "#ffca28", "#8d6e63"]
@@ -29,7 +31,7 @@ class TuneDialog(QDialog):
         # layers -> (prompt tok/s by threads, generation tok/s by threads)
         self.points: dict[int, tuple[dict[int, float], dict[int, float]]] = {}
         self._started = time.monotonic()
-        self.tuned: dict[str, Any] | None = None
+        self.tuned: TuneResult | None = None
         self.status = QLabel(
             "Tuning loads the model again for each run (usually 10–20 runs), each with another "
             "number of layers on the accelerator, and times a prompt and a reply at several "
@@ -123,43 +125,42 @@ class TuneDialog(QDialog):
     def note(self, text: str) -> None:
         self.status.setText(text)
 
-    def finish(self, result: dict[str, Any]) -> None:
+    def finish(self, result: TuneResult | None) -> None:
         self.stop_button.setEnabled(False)
-        if result.get("cancelled"):
+        if result is None:
             self.status.setText(f"Stopped after {len(self.points)} runs; nothing changed.")
             return
         self.tuned = result
-        for p in result["points"]:
-            self.points[p["layers"]] = (
-                {int(t): v for t, v in (p.get("prompt_tps_by_threads") or {}).items()}
-                or {0: p["prompt_tps"]},
-                {int(t): v for t, v in (p.get("gen_tps_by_threads") or {}).items()}
-                or {0: p["gen_tps"]})
+        for p in result.points:
+            self.points[p.layers] = (dict(p.prompt_tps_by_threads) or {0: p.prompt_tps},
+                                     dict(p.gen_tps_by_threads) or {0: p.gen_tps})
         self._redraw()
-        for plot, phase in ((self.gen_plot, "gen"), (self.prompt_plot, "prompt")):
-            best, cliff = result[f"best_{phase}_layers"], result[f"cliff_{phase}_layers"]
-            threads = result.get(f"best_{phase}_threads")
+        for plot, best, cliff, threads in (
+                (self.gen_plot, result.best_gen_layers, result.cliff_gen_layers, result.best_gen_threads),
+                (self.prompt_plot, result.best_prompt_layers, result.cliff_prompt_layers,
+                 result.best_prompt_threads)):
             # labels at different heights: best, cliff and budget often share a layer count
             self._mark(plot, best, BEST, f"best {best}" + (f" · {threads} thr" if threads else ""), 0.92)
             if cliff is not None:
                 self._mark(plot, cliff, CLIFF, f"cliff {cliff}", 0.72)
-            self._mark(plot, result["max_layers"], BUDGET, "budget", 0.52, Qt.PenStyle.DashLine)
-        n_all = result["max_layers"] + 1
+            self._mark(plot, result.max_layers, BUDGET, "budget", 0.52, Qt.PenStyle.DashLine)
+        n_all = result.max_layers + 1
+        searched = sorted({t for p in result.points for t in p.gen_tps_by_threads})
         self.status.setText(
-            f"Done: {result['n_runs']} runs instead of {n_all} (every count from 0 to "
-            f"{result['max_layers']}, the most that fit the budget), each at thread counts "
-            f"{', '.join(str(t) for t in result.get('threads_searched') or [])}.")
-        def n_threads(n: Any) -> str:
+            f"Done: {len(result.points)} runs instead of {n_all} (every count from 0 to "
+            f"{result.max_layers}, the most that fit the budget), each at thread counts "
+            f"{', '.join(str(t) for t in searched)}.")
+        def n_threads(n: int) -> str:
             return f"{n} thread{'' if n == 1 else 's'}"
 
-        gt, pt = result.get("best_gen_threads"), result.get("best_prompt_threads")
+        gen, prompt = result.point(result.best_gen_layers), result.point(result.best_prompt_layers)
         self.summary.setText(
-            f"Generation: {result['best_gen_layers']} layers, {n_threads(gt)} "
-            f"({result['best_gen_tps']} tok/s) · prompt: {result['best_prompt_layers']} layers, "
-            f"{n_threads(pt)} ({result['best_prompt_tps']} tok/s)"
-            + ("" if result["best_gen_layers"] == result["best_prompt_layers"] else
+            f"Generation: {gen.layers} layers, {n_threads(gen.gen_threads)} "
+            f"({gen.gen_tps:.2f} tok/s) · prompt: {prompt.layers} layers, "
+            f"{n_threads(prompt.prompt_threads)} ({prompt.prompt_tps:.1f} tok/s)"
+            + ("" if gen.layers == prompt.layers else
                " · a long prompt moves to its layers when the move pays")
-            + (flash_summary(result["flash_attn"]) if result.get("flash_attn") else ""))
+            + (flash_summary(result.flash_attn) if result.flash_attn else ""))
         self.apply_button.setEnabled(True)
 
     def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str, height: float,
@@ -179,12 +180,12 @@ class TuneDialog(QDialog):
         self.accept()
 
 
-def flash_summary(fa: dict[str, Any]) -> str:
+def flash_summary(fa: FlashChoice) -> str:
     """Tune's line on flash attention: the choice and the turn times it rests on."""
-    times = " / ".join(f"{label} {fa[key]:.2f} s" for label, key in (("on", "turn_s_on"),
-                                                                      ("off", "turn_s_off")) if fa[key])
-    return (f" · flash attention {'on' if fa['on'] else 'off'} (a turn with {fa['fill']} tokens "
-            f"of history: {times}; {fa['reason']})")
+    times = " / ".join(f"{label} {s:.2f} s" for label, s in (("on", fa.turn_s_on),
+                                                             ("off", fa.turn_s_off)) if s)
+    return (f" · flash attention {'on' if fa.on else 'off'} (a turn with {fa.fill} tokens "
+            f"of history: {times}; {fa.reason})")
 
 
 class TuneController:
@@ -230,7 +231,7 @@ class TuneController:
         self.dialog.finished.connect(closed)
         self.dialog.show()
 
-    def apply(self, result: dict[str, Any]) -> None:
+    def apply(self, result: TuneResult) -> None:
         """Tune's "Use these": each phase's layers and threads, the measured prompt speeds that
         price a move, and flash attention, into Settings; the model loads again with them."""
         from app.settings import phase_settings

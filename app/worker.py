@@ -291,10 +291,10 @@ class EngineWorker(QObject):
                     gen_tps_by_threads=p.gen_tps_by_threads, max_layers=top)),
                 on_flash=lambda n: self.engine_event.emit(events.TuneNote(
                     0, text=f"Choosing flash attention: {n} more runs, each with a few thousand "
-                            "tokens of history"))).to_dict()
+                            "tokens of history")))
             self.engine_event.emit(events.TuneFinished(0, result=result))
         except Cancelled:
-            self.engine_event.emit(events.TuneFinished(0, result={"cancelled": True}))
+            self.engine_event.emit(events.TuneFinished(0, result=None))
         except Exception as exc:
             self._fail(0, exc)
         if not self._closing.is_set():

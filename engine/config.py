@@ -47,24 +47,6 @@ class PhaseTuning:
                    float(d["prompt_tps_at_prompt"]), int(d.get("image_layers", -1)),
                    float(d.get("image_tps_at_gen", 0.0)), float(d.get("image_tps_at_image", 0.0)))
 
-    @classmethod
-    def from_autotune(cls, result: dict[str, Any]) -> "PhaseTuning":
-        """From `ebb-engine autotune --json` (or the Tune dialog's result)."""
-        by_layers = {int(p["layers"]): p for p in result["points"]}
-        gen, prompt = int(result["best_gen_layers"]), int(result["best_prompt_layers"])
-        threads = int(result.get("best_prompt_threads") or 0)
-
-        def prompt_tps(layers: int, kind: str = "prompt") -> float:
-            p = by_layers[layers]
-            per = {int(t): v for t, v in (p.get(f"{kind}_tps_by_threads") or {}).items()}
-            return float(per.get(threads) or p.get(f"{kind}_tps") or 0.0)
-
-        image = result.get("best_image_layers")
-        images = (int(image), prompt_tps(gen, "image"), prompt_tps(int(image), "image")) \
-            if image is not None else (-1, 0.0, 0.0)
-        return cls(gen, prompt, int(result.get("best_gen_threads") or 0), threads,
-                   prompt_tps(gen), prompt_tps(prompt), *images)
-
 
 @dataclass(frozen=True)
 class SessionConfig:

@@ -8,6 +8,7 @@ from typing import Any
 
 from engine import testhooks
 from engine.stops import StopReason
+from engine.tuned import TuneResult
 
 
 def _now() -> float:
@@ -163,7 +164,7 @@ class TuneNote(Event):
 
 @dataclass(frozen=True)
 class TuneFinished(Event):
-    result: dict[str, Any]  # autotune's JSON (best_gen_layers, best_prompt_layers, points, …)
+    result: TuneResult | None  # None: stopped before it finished
 
 
 @dataclass(frozen=True)

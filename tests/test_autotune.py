@@ -211,6 +211,7 @@ class TurnTimes(Curves):
 
 def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_path):
     from app.settings import phase_settings
+    from engine.tuned import TuneResult
 
     info = model_info(read_gguf(model_path))
     c = TurnTimes(info, on_s=2.0, off_s=1.5)
@@ -221,7 +222,9 @@ def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_pa
     assert [r[1] for r in c.runs] == [True, False, False, True]
     assert {r[0] for r in c.runs} == {tuned.best_gen_layers} and c.runs[0][2] == 1024 - 128 - 32 - 64
     out = tuned.to_dict()
-    assert out["flash_attn"]["on"] is False and phase_settings(out)["flash_attn"] is False
+    assert out["flash_attn"]["on"] is False and phase_settings(tuned)["flash_attn"] is False
+    # the JSON read back is the result (the CLI's --tuning file)
+    assert TuneResult.from_dict(json.loads(json.dumps(out))).to_dict() == out
     assert "flash_attn" not in autotune(TurnTimes(info, 1, 1), 600 * MiB, 0).to_dict()
 
 

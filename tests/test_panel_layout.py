@@ -138,6 +138,7 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
 def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
     from app.tune import TuneDialog
     from engine.measure.autotune import planned_runs
+    from engine.tuned import TuneResult
 
     dlg = TuneDialog()
     qtbot.addWidget(dlg)
@@ -154,7 +155,7 @@ def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
                              "turn_s_off": 1.2, "reason": "off is 1.58x faster"}}
     dlg.note("Choosing flash attention: 4 more runs")
     assert dlg.status.text().startswith("Choosing flash attention")
-    dlg.finish(result)
+    dlg.finish(TuneResult.from_dict(result))
     assert "flash attention off (a turn with 2048 tokens of history: on 1.90 s / off 1.20 s" \
         in dlg.summary.text()
     heights = {m.label.orthoPos for m in dlg._marks if m.value() == 30}

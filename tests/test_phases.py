@@ -8,6 +8,7 @@ from engine.config import PhaseTuning, SessionConfig
 from engine.llama.runtime import GenParams
 from engine.placement.phases import decide_rebalance
 from engine.session import Session
+from engine.tuned import TuneResult
 from tests.helpers import N_THREADS
 
 GP = GenParams(max_tokens=24, temperature=0)
@@ -52,14 +53,14 @@ def test_a_tuning_reads_autotunes_json():
                           "prompt_tps_by_threads": {"1": 60.0, "2": 100.0}},
                          {"layers": 20, "prompt_tps": 400.0, "gen_tps": 20.0,
                           "prompt_tps_by_threads": {"1": 250.0, "2": 400.0}}]}
-    t = PhaseTuning.from_autotune(result)
+    t = TuneResult.from_dict(result).phase_tuning()
     assert t == TUNING
     assert PhaseTuning.from_dict(t.to_dict()) == t
     # with the projector's image batch measured too
     result["best_image_layers"] = 20
     result["points"][0]["image_tps_by_threads"] = {"1": 10.0, "2": 20.0}
     result["points"][1]["image_tps_by_threads"] = {"1": 80.0, "2": 90.0}
-    t = PhaseTuning.from_autotune(result)
+    t = TuneResult.from_dict(result).phase_tuning()
     assert (t.image_layers, t.image_tps_at_gen, t.image_tps_at_image) == (20, 20.0, 90.0)
     assert t.for_images() == PhaseTuning(5, 20, 1, 2, 20.0, 90.0)
     assert PhaseTuning.from_dict(t.to_dict()) == t
@@ -170,7 +171,7 @@ def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
     from app.store import Store
 
     store = Store(tmp_path / "data")
-    for k, v in phase_settings(RESULT).items():
+    for k, v in phase_settings(TuneResult.from_dict(RESULT)).items():
         store.set_setting(k, v)
     s = load_settings(store)
     assert (s["gpu_layers"], s["prompt_layers"], s["threads"], s["threads_batch"]) == (5, 20, 1, 2)
@@ -192,14 +193,15 @@ def test_the_tune_dialog_draws_a_curve_per_thread_count_and_uses_both_phases(qtb
         d.add_point(p["layers"], p["prompt_tps"], p["gen_tps"],
                     {int(t): v for t, v in p["prompt_tps_by_threads"].items()},
                     {int(t): v for t, v in p["gen_tps_by_threads"].items()})
-    d.finish(RESULT)
+    tuned = TuneResult.from_dict(RESULT)
+    d.finish(tuned)
     assert sorted(d.curves) == [("gen", 1), ("gen", 2), ("prompt", 1), ("prompt", 2)]
     xs, ys = d.curves[("prompt", 2)].getData()
     assert list(xs) == [5, 20] and list(ys) == [100.0, 400.0]
     assert "20 layers, 2 threads" in d.summary.text() and "5 layers, 1 thread " in d.summary.text()
     with qtbot.waitSignal(d.apply_result) as got:
         d.apply_button.click()
-    assert got.args[0] is RESULT
+    assert got.args[0] is tuned
 
 
 def test_a_prompt_with_an_image_moves_to_the_image_batchs_placement(model_path, tiny_projector,

@@ -20,6 +20,7 @@ from engine.config import PhaseTuning, SessionConfig
 from engine.hw import process_age_s
 from engine.errors import EbbError
 from engine.stops import StopReason
+from engine.tuned import TuneResult
 
 
 def _read_script(path: str) -> list[dict[str, Any]]:
@@ -50,9 +51,9 @@ def read_tuning_file(path: str) -> tuple[PhaseTuning, bool | None]:
     """Autotune's JSON: the per-phase choice, and flash attention as it chose it (None: it
     did not measure it)."""
     try:
-        result = json.loads(Path(path).read_text())
-        fa = result.get("flash_attn")
-        return PhaseTuning.from_autotune(result), (bool(fa["on"]) if fa else None)
+        result = TuneResult.from_dict(json.loads(Path(path).read_text()))
+        fa = result.flash_attn
+        return result.phase_tuning(), (fa.on if fa else None)
     except OSError as exc:
         raise EbbError(f"cannot read the tuning {path}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError, TypeError, StopIteration) as exc:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -35,90 +35,16 @@ from engine.errors import EbbError
 from engine.gguf.info import ModelInfo
 from engine.config import default_threads
 from engine.placement.plan import DoesNotFit, device_layers, plan_placement
+from engine.tuned import FA_TIE, FlashChoice, Point, TuneResult
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
 INV_PHI = (math.sqrt(5) - 1) / 2
 # flash attention is chosen by the time of a chat turn a few turns in: FA_FILL tokens of
 # history cached (at most the context less the turn), a message of FA_PROMPT tokens, a reply
-# of FA_GEN; within FA_TIE the setting asked for stays (on by default: smaller buffers)
-FA_FILL, FA_PROMPT, FA_GEN, FA_TIE = 2048, 128, 32, 0.03
-
-
-@dataclass(frozen=True)
-class Point:
-    layers: int
-    prompt_tps: float  # at the best thread count for prompts
-    gen_tps: float  # at the best thread count for generation
-    load_s: float
-    accel_bytes: int
-    prompt_threads: int = 0
-    gen_threads: int = 0
-    # every thread count measured at this layer count: tokens/s per phase
-    prompt_tps_by_threads: dict[int, float] = field(default_factory=dict)
-    gen_tps_by_threads: dict[int, float] = field(default_factory=dict)
-    # a prompt as long as the projector's image tokens (0: not measured), at prompt_threads
-    image_tps: float = 0.0
-    image_tps_by_threads: dict[int, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = asdict(self)
-        d["prompt_tps"] = round(self.prompt_tps, 1)
-        d["gen_tps"] = round(self.gen_tps, 2)
-        d["load_s"] = round(self.load_s, 3)
-        d["prompt_tps_by_threads"] = {str(t): round(v, 1) for t, v
-                                      in sorted(self.prompt_tps_by_threads.items())}
-        d["gen_tps_by_threads"] = {str(t): round(v, 2) for t, v
-                                   in sorted(self.gen_tps_by_threads.items())}
-        if self.image_tps:
-            d["image_tps"] = round(self.image_tps, 1)
-            d["image_tps_by_threads"] = {str(t): round(v, 1) for t, v
-                                         in sorted(self.image_tps_by_threads.items())}
-        else:
-            del d["image_tps"], d["image_tps_by_threads"]
-        return d
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    device: str
-    budget_bytes: int
-    headroom_bytes: int
-    max_layers: int
-    best_gen_layers: int
-    best_prompt_layers: int
-    points: tuple[Point, ...]
-    cliff_gen_layers: int | None
-    cliff_prompt_layers: int | None
-    image_tokens: int = 0  # the image batch measured (0: none)
-    best_image_layers: int | None = None
-    cliff_image_layers: int | None = None
-    flash_attn: "FlashChoice | None" = None  # None: not chosen by measurement
-
-    def point(self, layers: int) -> Point:
-        return next(p for p in self.points if p.layers == layers)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device, "vram_budget_bytes": self.budget_bytes,
-            "headroom_bytes": self.headroom_bytes, "max_layers": self.max_layers,
-            "best_gen_layers": self.best_gen_layers,
-            "best_prompt_layers": self.best_prompt_layers,
-            "best_gen_tps": round(self.point(self.best_gen_layers).gen_tps, 2),
-            "best_prompt_tps": round(self.point(self.best_prompt_layers).prompt_tps, 1),
-            "best_gen_threads": self.point(self.best_gen_layers).gen_threads,
-            "best_prompt_threads": self.point(self.best_prompt_layers).prompt_threads,
-            "threads_searched": sorted({t for p in self.points for t in p.gen_tps_by_threads}),
-            "cliff_gen_layers": self.cliff_gen_layers,
-            "cliff_prompt_layers": self.cliff_prompt_layers,
-            "n_runs": len(self.points),
-            **({"image_tokens": self.image_tokens, "best_image_layers": self.best_image_layers,
-                "best_image_tps": round(self.point(self.best_image_layers).image_tps, 1),
-                "cliff_image_layers": self.cliff_image_layers}
-               if self.best_image_layers is not None else {}),
-            "points": [p.to_dict() for p in sorted(self.points, key=lambda p: p.layers)],
-            **({"flash_attn": self.flash_attn.to_dict()} if self.flash_attn is not None else {}),
-        }
+# of FA_GEN; within FA_TIE (engine/tuned.py) the setting asked for stays
+FA_FILL, FA_PROMPT, FA_GEN = 2048, 128, 32
+__all__ = ["FA_TIE", "FlashChoice", "Point", "TuneResult", "autotune", "choose_flash_attn"]
 
 
 class Cancelled(EbbError):
@@ -349,30 +275,6 @@ def planned_runs(top: int) -> int:
     if top <= 3:
         return top + 1
     return 1 + math.ceil(math.log(top) / math.log((1 + 5 ** 0.5) / 2)) + 2
-
-
-@dataclass(frozen=True)
-class FlashChoice:
-    on: bool  # flash attention on for this device
-    layers: int  # measured at (the best generation layer count)
-    fill: int  # tokens of history cached in each run
-    turn_s_on: float  # the faster of the runs with it on (0: not run, it does not fit)
-    turn_s_off: float
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"on": self.on, "layers": self.layers, "fill": self.fill,
-                "turn_s_on": round(self.turn_s_on, 4), "turn_s_off": round(self.turn_s_off, 4),
-                "reason": self.reason}
-
-    @staticmethod
-    def decide(on_s: float, off_s: float, asked: bool, tie: float = FA_TIE) -> bool:
-        """Pure: the faster setting; within `tie` of each other, the one asked for."""
-        if not on_s or not off_s:
-            return bool(on_s) or not off_s and asked
-        if abs(on_s - off_s) <= tie * min(on_s, off_s):
-            return asked
-        return on_s < off_s
 
 
 def choose_flash_attn(measure: Measurer, layers: int, budget: int, headroom: int,
