@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.settings import DEFAULTS, DEMO
+from app.settings import DEMO, Settings
 from engine.config import flash_choice
 from engine.errors import EbbError
 from engine.models.local import find_models, model_folders, projectors_beside
@@ -31,33 +31,32 @@ from engine.units import fmt_bytes, parse_size
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, values: dict[str, Any], parent: Any = None,
+    def __init__(self, v: Settings, parent: Any = None,
                  memory_usage: tuple[int, int] = (0, 0)) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
-        v = {**DEFAULTS, **values}
-        self.budget = QLineEdit(v["vram_budget"], placeholderText="auto (free memory minus a margin), e.g. 6GiB")
-        self.threads = QSpinBox(minimum=0, maximum=256, value=int(v["threads"]), specialValueText="auto")
-        self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=int(v["ctx"]))
-        self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=int(v["image_max_tokens"]),
+        self.budget = QLineEdit(v.vram_budget, placeholderText="auto (free memory minus a margin), e.g. 6GiB")
+        self.threads = QSpinBox(minimum=0, maximum=256, value=v.threads, specialValueText="auto")
+        self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=v.ctx)
+        self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=v.image_max_tokens,
                                    specialValueText="projector default")
-        self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=int(v["gpu_layers"]),
+        self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=v.gpu_layers,
                                    specialValueText="all that fit (or Tune…)")
         self.prompt_layers = QSpinBox(
-            minimum=-1, maximum=1000, value=int(v["prompt_layers"]),
+            minimum=-1, maximum=1000, value=v.prompt_layers,
             specialValueText="as for generation",
             toolTip="A long prompt runs with this many layers on the accelerator and moves back "
                     "before the first generated token, when the move pays (live mover; priced "
                     "from Tune's measurements)")
-        self.threads_batch = QSpinBox(minimum=0, maximum=256, value=int(v["threads_batch"]),
+        self.threads_batch = QSpinBox(minimum=0, maximum=256, value=v.threads_batch,
                                       specialValueText="as for generation")
         self.image_layers = QSpinBox(
-            minimum=-1, maximum=1000, value=int(v["image_layers"]),
+            minimum=-1, maximum=1000, value=v.image_layers,
             specialValueText="as for text prompts",
             toolTip="A prompt with images (a larger batch) runs with this many layers on the "
                     "accelerator: Tune measures where its speed falls off")
-        self.image_speeds = dict(v.get("image_speeds") or {})
-        self.prompt_speeds = dict(v.get("prompt_speeds") or {})
+        self.image_speeds = dict(v.image_speeds)
+        self.prompt_speeds = dict(v.prompt_speeds)
         self.phase_info = QLabel(self._phase_text())
         self.phase_info.setWordWrap(True)
         self.phase_info.setStyleSheet("color: #555;")
@@ -65,13 +64,13 @@ class SettingsDialog(QDialog):
         self.prompt_layers.valueChanged.connect(
             lambda _: self.phase_info.setText(self._phase_text()))
         self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
-                                   value=int(v["max_tokens"]),
+                                   value=v.max_tokens,
                                    specialValueText="none (until the model stops)")
-        self.image_cache = QLineEdit(v["image_cache"], placeholderText="1GiB",
+        self.image_cache = QLineEdit(v.image_cache, placeholderText="1GiB",
                                      toolTip="Image embeddings kept in RAM; the least recently "
                                              "used leave first and are encoded again if needed")
         self.memory_disk = QLineEdit(
-            v["memory_disk"], placeholderText="4GiB",
+            v.memory_disk, placeholderText="4GiB",
             toolTip="The model's memory of each chat (its KV cache) and the encoded pictures, "
                     "kept in the data folder so a chat reopens without being evaluated again; "
                     "the least recently used leave first. 0: keep none")
@@ -83,32 +82,32 @@ class SettingsDialog(QDialog):
         self.overflow = QComboBox()
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
         self.overflow.addItem("stop and say so", "stop")
-        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v["overflow"])))
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v.overflow)))
         self.flash = QComboBox(toolTip="On a CPU, flash attention measured slower once a chat "
                                        "has history; on a GPU it is usually faster. Model → "
                                        "Tune… measures it on this machine.")
         self.flash.addItem("auto: on with an accelerator, off on the CPU alone", "auto")
         self.flash.addItem("on", True)
         self.flash.addItem("off", False)
-        self.flash.setCurrentIndex(max(0, self.flash.findData(v["flash_attn"])))
+        self.flash.setCurrentIndex(max(0, self.flash.findData(v.flash_attn)))
         self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
-                                "link", checked=bool(v["spread"]))
+                                "link", checked=v.spread)
         self.vision = QComboBox()
         self.vision.addItems(["auto", "resident", "swap", "cpu"])
-        self.vision.setCurrentText(v["vision"])
-        self.rpc = QLineEdit(", ".join(v["rpc"]), placeholderText="HOST:PORT, … (trusted networks only)")
+        self.vision.setCurrentText(v.vision)
+        self.rpc = QLineEdit(", ".join(v.rpc), placeholderText="HOST:PORT, … (trusted networks only)")
         self.server = QCheckBox("serve an OpenAI-compatible API (/v1/chat/completions) from "
-                                "this window's model", checked=bool(v["server"]))
-        self.server_host = QLineEdit(v["server_host"], placeholderText="127.0.0.1",
+                                "this window's model", checked=v.server)
+        self.server_host = QLineEdit(v.server_host, placeholderText="127.0.0.1",
                                      toolTip="Loopback (127.0.0.1) answers this machine only; "
                                              "any other address lets other machines in")
-        self.server_port = QSpinBox(minimum=1, maximum=65535, value=int(v["server_port"]))
-        self.server_key = QLineEdit(v["server_api_key"], placeholderText="none: any local program may ask",
+        self.server_port = QSpinBox(minimum=1, maximum=65535, value=v.server_port)
+        self.server_key = QLineEdit(v.server_api_key, placeholderText="none: any local program may ask",
                                     echoMode=QLineEdit.EchoMode.Password)
-        self.hub_endpoint = QLineEdit(v["hub_endpoint"], placeholderText="HF_ENDPOINT, else "
+        self.hub_endpoint = QLineEdit(v.hub_endpoint, placeholderText="HF_ENDPOINT, else "
                                       "https://huggingface.co", toolTip="A mirror of the Hugging "
                                       "Face Hub for Model → Get models…")
-        self.hub_token = QLineEdit(v["hub_token"], placeholderText="HF_TOKEN, else none (gated "
+        self.hub_token = QLineEdit(v.hub_token, placeholderText="HF_TOKEN, else none (gated "
                                    "models need one)", echoMode=QLineEdit.EchoMode.Password)
         self.error = QLabel("")
         self.error.setStyleSheet("color: #c62828;")
@@ -229,7 +228,7 @@ def projector_offer(model: Path) -> tuple[list[str], str]:
     return [str(c.path) for c in fit], " ".join(notes)
 
 
-def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
+def estimate(model: Path, mmproj: str, settings: Settings) -> str:
     """What the choice needs on each device, from the files' headers and the planner."""
     from engine.gguf.info import inspect_files
     from engine.placement.plan import placement_for, projector_need_bytes
@@ -241,8 +240,8 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
     except OSError as exc:  # a folder, a file that cannot be read: said, never raised
         return f"cannot read {exc.filename or 'this file'}: {exc.strerror or exc}"
     m = ins.model
-    ctx = m.fit_context(int(settings.get("ctx", 4096)))
-    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, flash_choice(settings.get("flash_attn")) is not False)
+    ctx = m.fit_context(settings.ctx)
+    full = placement_for(m, "accelerator", m.n_layers + 1, ctx, 512, flash_choice(settings.flash_attn) is not False)
     text = (f"{m.architecture}, {m.n_layers} layers. All on the accelerator: "
             f"{fmt_bytes(full.accel_total_bytes)} (weights {fmt_bytes(full.accel_bytes['weights'])}, "
             f"KV cache {fmt_bytes(full.accel_bytes['kv'])} at {ctx} tokens, compute "
@@ -257,13 +256,14 @@ def estimate(model: Path, mmproj: str, settings: dict[str, Any]) -> str:
 
 
 class ModelPicker(QDialog):
-    def __init__(self, settings: dict[str, Any], parent: Any = None) -> None:
+    def __init__(self, settings: Settings, parent: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.resize(760, 460)
         self.settings = settings
+        self.folders = list(settings.model_folders)  # with those added here (saved on Load)
         self.list = QListWidget()
-        for p in find_models(model_folders(list(settings.get("model_folders", [])))):
+        for p in find_models(model_folders(list(settings.model_folders))):
             self._add_model(p)
         self.list.currentItemChanged.connect(self._on_model)
         self.model_path = QLineEdit(placeholderText="path to a .gguf language model, or 'default'")
@@ -288,7 +288,7 @@ class ModelPicker(QDialog):
         row.addWidget(browse)
         row.addWidget(add_folder)
         lay = QVBoxLayout(self)
-        folders = model_folders(list(settings.get("model_folders", [])))
+        folders = model_folders(list(settings.model_folders))
         found = self.list.count()
         lay.addWidget(QLabel("Models found in Ebb's, LM Studio's and Hugging Face's caches and your "
                              "folders:" if found else
@@ -326,7 +326,7 @@ class ModelPicker(QDialog):
     def _on_add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a model folder")
         if folder:
-            self.settings.setdefault("model_folders", []).append(folder)
+            self.folders.append(folder)
             for p in find_models([Path(folder)]):
                 self._add_model(p)
 

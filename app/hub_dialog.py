@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.settings import Settings
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 
@@ -57,7 +58,7 @@ def _run(target: Callable[[], None]) -> threading.Thread:
 class HubDialog(QDialog):
     open_pair = Signal(str, str)  # model, projector ("" for none)
 
-    def __init__(self, settings: dict[str, Any], machine: Any,
+    def __init__(self, settings: Settings, machine: Any,
                  save_setting: Callable[[str, Any], None], parent: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Get models")
@@ -80,7 +81,7 @@ class HubDialog(QDialog):
 
     # ---------------------------------------------------------------- layout
 
-    def _build(self, settings: dict[str, Any]) -> None:
+    def _build(self, settings: Settings) -> None:
         self.query = QLineEdit(placeholderText="search GGUF models, e.g. qwen2.5-vl, gemma-3, smolvlm")
         self.query.returnPressed.connect(self.search)
         self.images = QCheckBox("Can see images", checked=True)
@@ -91,9 +92,9 @@ class HubDialog(QDialog):
         top = QHBoxLayout()
         for w in (self.query, self.images, self.sort, go):
             top.addWidget(w, 1 if w is self.query else 0)
-        self.mirror = QLineEdit(settings.get("hub_endpoint", ""),
+        self.mirror = QLineEdit(settings.hub_endpoint,
                                 placeholderText="mirror URL (default: HF_ENDPOINT, else huggingface.co)")
-        self.token = QLineEdit(settings.get("hub_token", ""), placeholderText="token for gated models "
+        self.token = QLineEdit(settings.hub_token, placeholderText="token for gated models "
                                "(default: HF_TOKEN)", echoMode=QLineEdit.EchoMode.Password)
         hub_row = QHBoxLayout()
         hub_row.addWidget(QLabel("Mirror"))

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QMetaObject, Qt
 
+from app.settings import Settings
 from engine.server.api import ApiError
 from engine.server.worker import Failed, Job, JobQueue
 
@@ -98,12 +99,12 @@ class LocalServer:
 
         self._refresh = QTimer(label, interval=1000, timeout=self.update_status)
 
-    def apply(self, settings: dict[str, Any]) -> None:
+    def apply(self, settings: Settings) -> None:
         from engine.errors import EbbError
         from engine.server.http import ServerThread, is_loopback
 
         s = settings
-        want = (s["server_host"], int(s["server_port"]), s["server_api_key"]) if s["server"] else None
+        want = (s.server_host, s.server_port, s.server_api_key) if s.server else None
         if want == self._wanted and (want is None or self.thread is not None):
             return
         self._stop_thread()

@@ -6,7 +6,7 @@ demo projector (random weights) wherever a projector path is accepted.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,32 +22,65 @@ DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a pic
               "(red, green, blue, yellow, black, white)")
 DEMO_AUDIO_LABEL = ("generated audio projector: random weights — it runs the whole audio "
                     "pipeline but does not hear")
-DEFAULTS: dict[str, Any] = {"vram_budget": "", "threads": 0, "ctx": 4096, "image_max_tokens": 0,
-                            "flash_attn": "auto", "vision": "auto", "rpc": [], "model_folders": [],
-                            "gpu_layers": -1, "spread": False, "max_tokens": 0,
-                            "overflow": "drop-oldest", "image_cache": "1GiB",
-                            # the model's memory of chats and their encoded pictures, kept in
-                            # the data folder's states/ to reopen a chat at once (0: not kept)
-                            "memory_disk": "4GiB",
-                            # each phase at its best (Model → Tune…): the prompt's layers (-1: as
-                            # generation's) and threads (0: as generation's), and the prompt
-                            # speeds autotune measured per layer count, which price a move
-                            "prompt_layers": -1, "threads_batch": 0, "prompt_speeds": {},
-                            # the same for a prompt with images (a batch of the projector's
-                            # image tokens): -1 as for text prompts
-                            "image_layers": -1, "image_speeds": {},
-                            # Settings → Local server: the OpenAI-compatible endpoint
-                            "server": False, "server_host": "127.0.0.1", "server_port": 8089,
-                            "server_api_key": "",
-                            # a new chat's system prompt and sampling (each chat may have its own)
-                            "system_prompt": "", "temperature": 0.7, "top_p": 0.95,
-                            "repeat_penalty": 1.0, "seed": 0, "json_replies": False,
-                            "top_k": 40, "min_p": 0.05,
-                            # Chat settings' own named presets: name -> the chat settings above
-                            "chat_presets": {},
-                            # Model → Get models…: a Hub mirror ("" : HF_ENDPOINT, else the
-                            # Hub) and a token for gated repos ("": HF_TOKEN)
-                            "hub_endpoint": "", "hub_token": ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every window setting, typed: saved in the store's settings table one key per field,
+    checked on the way in (RULES). Read as `s.ctx`, changed with `dataclasses.replace`."""
+    vram_budget: str = ""  # a size ("6GiB"), or "": the accelerator's free memory less a margin
+    threads: int = 0  # 0: the physical cores
+    ctx: int = 4096
+    image_max_tokens: int = 0  # 0: the projector's default
+    flash_attn: str | bool = "auto"  # "auto", True or False (engine.config.flash_choice)
+    vision: str = "auto"  # auto | resident | swap | cpu
+    rpc: list[str] = field(default_factory=list)
+    model_folders: list[str] = field(default_factory=list)
+    gpu_layers: int = -1  # -1: all that fit
+    spread: bool = False
+    max_tokens: int = 0  # 0: no cap
+    overflow: str = "drop-oldest"
+    image_cache: str = "1GiB"
+    # the model's memory of chats and their encoded pictures, kept in the data folder's
+    # states/ to reopen a chat at once (0: not kept)
+    memory_disk: str = "4GiB"
+    # each phase at its best (Model → Tune…): the prompt's layers (-1: as generation's) and
+    # threads (0: as generation's), and the prompt speeds autotune measured per layer count
+    # (JSON keys: the layer count as text), which price a move
+    prompt_layers: int = -1
+    threads_batch: int = 0
+    prompt_speeds: dict[str, float] = field(default_factory=dict)
+    # the same for a prompt with images (a batch of the projector's image tokens): -1 as for
+    # text prompts
+    image_layers: int = -1
+    image_speeds: dict[str, float] = field(default_factory=dict)
+    # Settings → Local server: the OpenAI-compatible endpoint
+    server: bool = False
+    server_host: str = "127.0.0.1"
+    server_port: int = 8089
+    server_api_key: str = ""
+    # a new chat's system prompt and sampling (each chat may have its own: chat_params)
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    repeat_penalty: float = 1.0
+    seed: int = 0
+    json_replies: bool = False
+    top_k: int = 40
+    min_p: float = 0.05
+    # Chat settings' own named presets: name -> the chat settings above
+    chat_presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Model → Get models…: a Hub mirror ("": HF_ENDPOINT, else the Hub) and a token for gated
+    # repos ("": HF_TOKEN)
+    hub_endpoint: str = ""
+    hub_token: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# every key with its default (the store's view of Settings)
+DEFAULTS: dict[str, Any] = Settings().to_dict()
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
 
@@ -138,7 +171,7 @@ CHAT_KEYS = ("system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_
 
 def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
     """A chat's system prompt and sampling: its own where it has them, else Settings'."""
-    base = {k: v for k, v in load_settings(store).items() if k in CHAT_KEYS}
+    base = {k: v for k, v in load_settings(store).to_dict().items() if k in CHAT_KEYS}
     own = store.setting(f"chat:{conv_id}", {}) if conv_id else {}
     for k, v in (own.items() if isinstance(own, dict) else ()):
         if k in CHAT_KEYS:
@@ -149,13 +182,12 @@ def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
     return base
 
 
-def default_gen_params(s: dict[str, Any]) -> Any:
+def default_gen_params(s: Settings) -> GenParams:
     """Sampling for a chat without its own, from the settings."""
     from engine.llama.runtime import GenParams
 
-    return GenParams(max_tokens=int(s["max_tokens"]), temperature=float(s["temperature"]),
-                     top_p=float(s["top_p"]), top_k=int(s["top_k"]), min_p=float(s["min_p"]),
-                     repeat_penalty=float(s["repeat_penalty"]), seed=int(s["seed"]))
+    return GenParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                     top_k=s.top_k, min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed)
 
 
 def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
@@ -187,7 +219,7 @@ BUILT_IN_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def checked_settings(store: Any) -> tuple[dict[str, Any], list[str]]:
+def checked_settings(store: Any) -> tuple[Settings, list[str]]:
     """Every setting, saved or default; a saved value of the wrong type or out of range falls
     back to its default, and each such one is named in the problems (the window shows them)."""
     out: dict[str, Any] = {}
@@ -204,10 +236,10 @@ def checked_settings(store: Any) -> tuple[dict[str, Any], list[str]]:
             shown = "(unreadable)" if value is _UNREADABLE else repr(value)
             problems.append(f"The setting {key} = {shown} is not valid ({exc}): using "
                             f"{default!r} until it is changed in Settings.")
-    return out, problems
+    return Settings(**out), problems
 
 
-def load_settings(store: Any) -> dict[str, Any]:
+def load_settings(store: Any) -> Settings:
     """Every setting, saved or default (invalid saved values as their defaults)."""
     return checked_settings(store)[0]
 
@@ -221,16 +253,16 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
     s = load_settings(store)
     cfg = SessionConfig(
         model_path=Path(model), mmproj_path=Path(mmproj) if mmproj else None,
-        n_ctx=ctx or int(s["ctx"]), n_threads=threads or (int(s["threads"]) or None),
-        vram_budget_bytes=parse_size(s["vram_budget"]) if s["vram_budget"] else None,
-        vision=str(s["vision"]), flash_attn=flash_choice(s["flash_attn"]),
-        image_max_tokens=int(s["image_max_tokens"]),
-        gpu_layers=int(s["gpu_layers"]) if int(s["gpu_layers"]) >= 0 else None,
-        spread=bool(s["spread"]), overflow=str(s["overflow"]),
-        image_cache_bytes=parse_size(s["image_cache"]) if s["image_cache"] else 1 << 30,
-        state_dir=states_dir(store), state_disk_bytes=parse_size(s["memory_disk"]),
-        n_threads_batch=int(s["threads_batch"]) or None, phases=phase_tuning(s))
-    servers = list(rpc or []) + [r for r in s["rpc"] if r not in (rpc or [])]
+        n_ctx=ctx or s.ctx, n_threads=threads or s.threads or None,
+        vram_budget_bytes=parse_size(s.vram_budget) if s.vram_budget else None,
+        vision=s.vision, flash_attn=flash_choice(s.flash_attn),
+        image_max_tokens=s.image_max_tokens,
+        gpu_layers=s.gpu_layers if s.gpu_layers >= 0 else None,
+        spread=s.spread, overflow=s.overflow,
+        image_cache_bytes=parse_size(s.image_cache) if s.image_cache else 1 << 30,
+        state_dir=states_dir(store), state_disk_bytes=parse_size(s.memory_disk),
+        n_threads_batch=s.threads_batch or None, phases=phase_tuning(s))
+    servers = list(rpc or []) + [r for r in s.rpc if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
 
 
@@ -257,12 +289,12 @@ def remember_model(store: Any, model: str, mmproj: str) -> None:
     store.set_setting("mmproj", mmproj)
 
 
-def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:
+def phase_tuning(s: Settings) -> PhaseTuning | None:
     """The per-phase choice from the settings: only when the two phases' layer counts differ
     and autotune measured prompts at both (a move is priced from those measurements)."""
-    gen, prompt, image = int(s["gpu_layers"]), int(s["prompt_layers"]), int(s["image_layers"])
-    speeds = {int(k): float(v) for k, v in (s.get("prompt_speeds") or {}).items()}
-    images = {int(k): float(v) for k, v in (s.get("image_speeds") or {}).items()}
+    gen, prompt, image = s.gpu_layers, s.prompt_layers, s.image_layers
+    speeds = {int(k): float(v) for k, v in s.prompt_speeds.items()}
+    images = {int(k): float(v) for k, v in s.image_speeds.items()}
     if image < 0 or gen not in images or image not in images:
         image = -1
     text = prompt >= 0 and gen != prompt and gen in speeds and prompt in speeds
@@ -270,7 +302,7 @@ def phase_tuning(s: dict[str, Any]) -> PhaseTuning | None:
         return None
     if not text:  # images alone move: text prompts stay at generation's placement
         prompt = gen
-    return PhaseTuning(gen, prompt, int(s["threads"]), int(s["threads_batch"]),
+    return PhaseTuning(gen, prompt, s.threads, s.threads_batch,
                        speeds.get(gen, 1.0), speeds.get(prompt, 1.0), image,
                        images.get(gen, 0.0), images.get(image, 0.0))
 
@@ -317,9 +349,10 @@ NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_k
              "hub_endpoint", "hub_token", "memory_disk"}
 
 
-def reload_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+def reload_changes(before: Settings, after: Settings) -> str:
     """The settings that changed and need the model loaded again ("ctx 4096 → 8192, ..."), or
     "" when none does."""
-    out = [f"{k} {before.get(k)!r} → {after.get(k)!r}".replace("'", "")
-           for k in after if k not in NO_RELOAD and before.get(k) != after.get(k)]
+    b, a = before.to_dict(), after.to_dict()
+    out = [f"{k} {b[k]!r} → {a[k]!r}".replace("'", "")
+           for k in a if k not in NO_RELOAD and b[k] != a[k]]
     return ", ".join(out)

@@ -52,6 +52,7 @@ from app.notices import NoticeArea
 from app.panel import ElidedLabel, MemoryPanel
 from app.settings import (
     DEMO,
+    Settings,
     chat_gen_params,
     chat_params,
     checked_settings,
@@ -499,7 +500,7 @@ class MainWindow(QMainWindow):
                 self.show_error(str(exc))
 
         dlg = ChatSettingsDialog(self.store.title(self.conv_id), chat_params(self.store, self.conv_id), self,
-                                 presets=self._settings().get("chat_presets") or {},
+                                 presets=self._settings().chat_presets,
                                  save_presets=save_presets)
         if not dlg.exec():
             return
@@ -543,7 +544,7 @@ class MainWindow(QMainWindow):
             self.welcome.hide()
             return
         if self._looked is None:  # once: a walk of the model folders
-            folders = model_folders(self._settings()["model_folders"])
+            folders = model_folders(self._settings().model_folders)
             self._looked = (folders, len(find_models(folders, limit=50)))
         folders, n = self._looked
         self.welcome.setText(welcome_html(folders, n, self._has_accel,
@@ -713,7 +714,7 @@ class MainWindow(QMainWindow):
         (self._redraw.start if busy else self._redraw.stop)()
         self._update_actions()
 
-    def _settings(self) -> dict[str, Any]:
+    def _settings(self) -> Settings:
         return load_settings(self.store)
 
     @Slot()
@@ -730,9 +731,9 @@ class MainWindow(QMainWindow):
                 self.show_error(str(exc))
                 return
             after = self._settings()
-            self.gen_params = replace(self.gen_params, max_tokens=int(after["max_tokens"]))
-            if after["memory_disk"] != before["memory_disk"]:
-                self.request_state_budget.emit(parse_size(after["memory_disk"]))
+            self.gen_params = replace(self.gen_params, max_tokens=after.max_tokens)
+            if after.memory_disk != before.memory_disk:
+                self.request_state_budget.emit(parse_size(after.memory_disk))
             self.local_server.apply(self._settings())
             changed = reload_changes(before, after)
             cfg = self.chat.last_cfg
@@ -749,7 +750,7 @@ class MainWindow(QMainWindow):
     def _on_open_model(self) -> None:
         dlg = ModelPicker(self._settings(), self)
         if dlg.exec() and not self.chat.busy:
-            self.store.set_setting("model_folders", dlg.settings.get("model_folders", []))
+            self.store.set_setting("model_folders", dlg.folders)
             model, mmproj = dlg.choice()
             if model:
                 self.load_model(model, mmproj)
@@ -762,7 +763,7 @@ class MainWindow(QMainWindow):
         settings = self._settings()
         from engine.hw import physical_cores
 
-        threads = int(settings["threads"]) or physical_cores()
+        threads = settings.threads or physical_cores()
         devices = list(self._loaded.devices) if self._loaded else []
         self.hub_dialog = HubDialog(settings, machine_from_devices(devices, threads),
                                     self.store.set_setting, self)
@@ -784,7 +785,7 @@ class MainWindow(QMainWindow):
         cfg = self.chat.last_cfg
         self.whatif_dialog = WhatIfDialog(str(cfg.model_path) if cfg else "default",
                                           str(cfg.mmproj_path or "") if cfg else "",
-                                          int(self._settings()["ctx"]), self)
+                                          self._settings().ctx, self)
         self.whatif_dialog.show()
 
     @property

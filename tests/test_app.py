@@ -250,7 +250,7 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     dlg.start_button.click()
     wait_for(lambda: dlg.tuned is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
     assert dlg.tuned is not None, dlg.status.text()
-    r = dlg.tuned
+    r = dlg.tuned.to_dict()
     assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
     from engine.hw import physical_cores
     from engine.measure.autotune import thread_grid

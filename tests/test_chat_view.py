@@ -170,7 +170,7 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     store.set_setting("flash_attn", True)
     w = open_window(qtbot, store)
     # the default: no cap; a long story runs until the model stops or the context is full
-    w.gen_params = GenParams(temperature=0, max_tokens=int(w._settings()["max_tokens"]))
+    w.gen_params = GenParams(temperature=0, max_tokens=w._settings().max_tokens)
     assert w.gen_params.max_tokens == 0
     send(qtbot, w, STORY)
     whole = store.messages(w.conv_id)[-1]

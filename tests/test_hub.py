@@ -344,12 +344,12 @@ def test_a_stalled_link_is_dropped_and_tried_again_and_a_split_model_comes_whole
 
 def test_settings_keep_the_hub_mirror_and_token_and_need_no_reload(qtbot):
     from app.dialogs import SettingsDialog
-    from app.settings import DEFAULTS, reload_changes
+    from app.settings import Settings, reload_changes
 
-    dlg = SettingsDialog({**DEFAULTS, "hub_endpoint": "https://hf-mirror.example"})
+    dlg = SettingsDialog(Settings(hub_endpoint="https://hf-mirror.example"))
     qtbot.addWidget(dlg)
     assert dlg.hub_endpoint.text() == "https://hf-mirror.example"
     dlg.hub_token.setText("hf_abc")
     after = dlg.values()
     assert (after["hub_endpoint"], after["hub_token"]) == ("https://hf-mirror.example", "hf_abc")
-    assert reload_changes({**DEFAULTS, **after, "hub_token": ""}, {**DEFAULTS, **after}) == ""
+    assert reload_changes(Settings(**{**after, "hub_token": ""}), Settings(**after)) == ""

@@ -174,7 +174,7 @@ def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
     for k, v in phase_settings(TuneResult.from_dict(RESULT)).items():
         store.set_setting(k, v)
     s = load_settings(store)
-    assert (s["gpu_layers"], s["prompt_layers"], s["threads"], s["threads_batch"]) == (5, 20, 1, 2)
+    assert (s.gpu_layers, s.prompt_layers, s.threads, s.threads_batch) == (5, 20, 1, 2)
     assert phase_tuning(s) == TUNING  # the prompt speeds measured at the prompt's threads
     cfg, _ = session_config(store, "default", "")
     assert cfg.phases == TUNING and cfg.n_threads == 1 and cfg.n_threads_batch == 2

@@ -8,6 +8,7 @@ from PIL import Image
 from app.dialogs import estimate
 from engine.models.local import find_models, projectors_beside
 from app.export import export_chat, render
+from app.settings import Settings
 from app.store import Store
 
 
@@ -62,17 +63,17 @@ def test_model_picker_finds_models_and_projectors(tmp_path, model_path, tiny_pro
     found = find_models([tmp_path / "lmstudio", tmp_path / "nowhere"])
     assert found == [folder / "model-Q4.gguf"]  # projectors are not offered as models
     assert projectors_beside(found[0]) == [folder / "mmproj-model-f16.gguf"]
-    text = estimate(found[0], str(folder / "mmproj-model-f16.gguf"), {"ctx": 2048})
+    text = estimate(found[0], str(folder / "mmproj-model-f16.gguf"), Settings(ctx=2048))
     assert "30 layers" in text and "KV cache" in text and "Projector" in text
-    assert "demo projector" in estimate(found[0], "demo", {}).lower()
+    assert "demo projector" in estimate(found[0], "demo", Settings()).lower()
 
 
 def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path):
     from app.dialogs import SettingsDialog
-    from app.settings import session_config
+    from app.settings import Settings, session_config
 
     s = Store(tmp_path)
-    dlg = SettingsDialog({}, None)
+    dlg = SettingsDialog(Settings(), None)
     qtbot.addWidget(dlg)
     dlg.budget.setText("6GiB")
     dlg.threads.setValue(2)
@@ -148,7 +149,7 @@ def test_model_picker_pairs_by_family_and_marks_text_only(qtbot, tmp_path, model
     # Load is off for a pair the picker refuses, and says why; on for one that belongs
     from app.dialogs import ModelPicker
 
-    dlg = ModelPicker({"model_folders": []})
+    dlg = ModelPicker(Settings())
     qtbot.addWidget(dlg)
     dlg.model_path.setText(str(lm))
     dlg._update_estimate()

@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from app.settings import Settings
 from app.store import Store
 from tests.helpers import N_THREADS, fresh_store, open_window, wait_for, wait_for_line
 
@@ -80,7 +82,7 @@ def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
 def test_the_model_dialog_reads_files_on_a_pause_and_never_raises(qtbot, tmp_path, model_path):
     from app.dialogs import ModelPicker
 
-    dlg = ModelPicker({"ctx": 1024})
+    dlg = ModelPicker(Settings(ctx=1024))
     qtbot.addWidget(dlg)
     for ch in str(model_path):
         dlg.model_path.setText(dlg.model_path.text() + ch)  # typing: nothing read yet
@@ -171,8 +173,8 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     before = w._settings()
-    assert reload_changes(before, {**before, "max_tokens": 64, "server_port": 9000}) == ""
-    assert reload_changes(before, {**before, "ctx": 2048}) == "ctx 1024 → 2048"
+    assert reload_changes(before, replace(before, max_tokens=64, server_port=9000)) == ""
+    assert reload_changes(before, replace(before, ctx=2048)) == "ctx 1024 → 2048"
     loads = []
     w.request_load.connect(lambda cfg, rpc: loads.append(cfg))
     from app.dialogs import SettingsDialog
@@ -191,7 +193,7 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
 def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
     from app.dialogs import ModelPicker
 
-    dlg = ModelPicker({"ctx": 1024})
+    dlg = ModelPicker(Settings(ctx=1024))
     qtbot.addWidget(dlg)
     listed = [dlg.list.item(i).data(0x0100) for i in range(dlg.list.count())]
     assert any(str(p).endswith(model_path.name) for p in listed), listed
