@@ -59,7 +59,7 @@ class EngineWorker(QObject):
     def serve_next(self) -> None:
         """The local server's oldest waiting request (app/serving.py), on the window's session;
         the window's conversation is put back afterwards."""
-        from engine.server.api import ApiError
+        from engine.server.api.common import ApiError
         from engine.server.worker import Answer, Failed, answer_job, run_job
 
         backend = self.server_backend

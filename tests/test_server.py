@@ -346,7 +346,7 @@ def test_file_images_are_off_and_say_nothing_of_what_exists(server, tmp_path):
 def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
     """--allow-files FOLDER: a picture inside it is used; outside it, through a link out of
     it, or missing: one message."""
-    from engine.server.api import ImageRef, parse_chat_request
+    from engine.server.api.chat import ImageRef, parse_chat_request
     from engine.server.errors import ApiError
     from engine.server.worker import Job, image_path
 
@@ -764,7 +764,7 @@ def _forecast_follow_up(model, fmt: str, system: str | None = None, last_user: b
     `model` (whose template teaches tool format `fmt`): the prompt the reply answered, and
     the answer. `last_user`: a user message after the result (else the result is last, as
     Mistral's template wants: it allows no two user messages without a reply between)."""
-    from engine.server.api import parse_chat_request
+    from engine.server.api.chat import parse_chat_request
     from engine.server.tools import template_format
     from engine.server.worker import Job, answer_job
     from engine.session import Session, SessionConfig
@@ -963,7 +963,8 @@ def test_reasoning_effort_reaches_a_template_with_a_thinking_switch(tmp_path, mo
     (as llama-server's chat_template_kwargs do, which are honoured too); a template without
     the switch renders as before; Ebb's own names cannot be replaced."""
     from engine.gguf.model_gen import SHAPES, write_model
-    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
     from engine.server.worker import Job, answer_job
     from engine.session import Session, SessionConfig
 

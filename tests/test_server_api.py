@@ -1,4 +1,4 @@
-"""The server's request checks and stop sequences (engine/server/api.py): pure logic."""
+"""The server's request checks and stop sequences (engine/server/api/): pure logic."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.api import ApiError, StopWatcher, image_from_url, parse_chat_request
+from engine.server.api.chat import image_from_url, parse_chat_request
+
+from engine.server.api.common import ApiError, StopWatcher
 
 
 def user(content):
@@ -96,7 +98,8 @@ def test_stop_sequences_cut_the_reply_where_the_first_begins(pieces, stops, show
 def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
     """#29: response_format, legacy functions, logprobs... get a 400 that names them; their neutral values
     (what clients send by default) and fields that change nothing are accepted."""
-    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     for name, value in (("response_format", {"type": "xml"}), ("functions", [{"name": "f"}]),
@@ -113,7 +116,8 @@ def test_a_field_ebb_cannot_honour_is_refused_by_name_never_ignored():
 
 
 def test_response_format_becomes_a_grammar():
-    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     assert parse_chat_request({**base, "response_format": {"type": "text"}}).grammar == ""
@@ -163,7 +167,8 @@ def test_cors_is_off_unless_an_origin_is_allowed():
 
 
 def test_logprobs_are_asked_for_with_their_count():
-    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
 
     base = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
     assert parse_chat_request(base).top_logprobs == -1
@@ -188,7 +193,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 
 def test_a_tool_loop_becomes_a_history_the_model_can_read():
-    from engine.server.api import parse_chat_request
+    from engine.server.api.chat import parse_chat_request
 
     req = parse_chat_request({"model": "m", "tools": [WEATHER, TIME], "messages": [
         {"role": "system", "content": "Be brief."},
@@ -228,7 +233,8 @@ def test_a_tool_loop_becomes_a_history_the_model_can_read():
                    {"role": "user", "content": "Hi"}]}, "messages[0].tool_calls[0]"),
 ])
 def test_a_bad_tool_request_is_a_400_naming_the_field(bad, param):
-    from engine.server.api import ApiError, parse_chat_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
 
     with pytest.raises(ApiError) as exc:
         parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "Hi"}], **bad})
@@ -287,7 +293,7 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     """#29: Hermes-format templates (Qwen2.5, Qwen3, Hermes: <tool_call> blocks) get the tools
     themselves; a template without tools, or with a format Ebb does not know, gets the
     universal system-prompt format."""
-    from engine.server.api import parse_chat_request
+    from engine.server.api.chat import parse_chat_request
     from engine.server.tools import (
         HERMES,
         LLAMA3,
@@ -356,11 +362,8 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
 # ------------------------------------------------------------------ completions, embeddings (#29)
 
 def test_a_completion_request_is_checked():
-    from engine.server.api import (
-        DEFAULT_COMPLETION_TOKENS,
-        ApiError,
-        parse_completion_request,
-    )
+    from engine.server.api.common import ApiError
+    from engine.server.api.completions import DEFAULT_COMPLETION_TOKENS, parse_completion_request
 
     req = parse_completion_request({"model": "m", "prompt": "Once upon"})
     assert req.prompt == "Once upon" and req.max_tokens == DEFAULT_COMPLETION_TOKENS and req.top_logprobs == -1
@@ -380,7 +383,8 @@ def test_a_completion_request_is_checked():
 
 
 def test_an_embedding_request_is_checked():
-    from engine.server.api import ApiError, embedding_list, parse_embedding_request
+    from engine.server.api.common import ApiError
+    from engine.server.api.embeddings import embedding_list, parse_embedding_request
 
     assert parse_embedding_request({"input": "a"}).inputs == ("a",)
     assert parse_embedding_request({"input": ["a", "b"]}).inputs == ("a", "b")
@@ -429,7 +433,9 @@ def test_the_host_header_must_name_where_the_server_listens():
 
 
 def test_llama_cpp_sampler_fields_are_read_and_checked():
-    from engine.server.api import ApiError, parse_chat_request, parse_completion_request
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.api.common import ApiError
+    from engine.server.api.completions import parse_completion_request
 
     base = {"messages": [{"role": "user", "content": "Hi"}]}
     req = parse_chat_request({**base, "top_k": 0, "min_p": 0.05, "repeat_penalty": 1.1,
@@ -458,7 +464,7 @@ def test_llama_cpp_sampler_fields_are_read_and_checked():
 def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
     from dataclasses import replace
 
-    from engine.server.api import parse_chat_request
+    from engine.server.api.chat import parse_chat_request
     from engine.server.tools import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_call, read_calls
 
     tools = parse_tools([WEATHER, TIME])

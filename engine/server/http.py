@@ -18,19 +18,10 @@ from typing import Any, AsyncIterator, Callable
 
 from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's rule, re-exported
 from engine.server.guard import Policy, RequestGuard
-from engine.server.api import (
-    ApiError,
-    choice,
-    chunk,
-    completion,
-    embedding_list,
-    new_id,
-    parse_chat_request,
-    parse_completion_request,
-    parse_embedding_request,
-    text_choice,
-    text_completion,
-)
+from engine.server.api.chat import choice, chunk, completion, parse_chat_request
+from engine.server.api.common import ApiError, new_id
+from engine.server.api.completions import parse_completion_request, text_choice, text_completion
+from engine.server.api.embeddings import embedding_list, parse_embedding_request
 from engine.server.worker import Answer, Backend, Done, Event, Failed, Job, Piece
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)

@@ -18,18 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
-from engine.server.api import (
-    ApiError,
-    ChatRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    ImageRef,
-    StopWatcher,
-    finish_reason,
-    legacy_logprobs,
-    logprobs_within,
-    usage,
-)
+from engine.server.api.chat import ChatRequest, ImageRef
+from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within, usage
+from engine.server.api.completions import CompletionRequest, legacy_logprobs
+from engine.server.api.embeddings import EmbeddingRequest
 from engine.server.tools import (
     OPENERS,
     ArgumentStream,

@@ -1,15 +1,11 @@
-"""OpenAI's chat-completions shape: a request checked into a `ChatRequest`, and the replies.
-
-Pure: no HTTP and no llama.cpp here, so every rule about what a request may hold is tested
-on its own. What is refused, and why, is said in OpenAI's error shape (`ApiError.body`).
-"""
+"""/v1/chat/completions: a request checked into a `ChatRequest` (messages, pictures and clips,
+sampling, tools, response formats), and the reply's shapes, whole and streamed. Pure."""
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
 import json
-import secrets
 import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
@@ -19,9 +15,7 @@ from typing import Any
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
 from engine.server.sampling import FIELDS as SAMPLING_FIELDS
 from engine.server.sampling import Sampling, parse_sampling
-from engine.stops import openai_finish
-
-MAX_STOPS = 4
+from engine.server.api.common import MAX_CHOICES, check_fields, integer, number, stop_sequences, stream_flags
 
 
 @dataclass(frozen=True)
@@ -90,28 +84,6 @@ class ChatRequest:
         from engine.server.tools import offered
 
         return offered(self.tools, self.tool_choice) if self.tool_choice is not None else ()
-
-
-def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ApiError(400, f"'{name}' must be a number", name)
-    if not lo <= value <= hi:
-        raise ApiError(400, f"'{name}' must be between {lo:g} and {hi:g}, got {value}", name)
-    return float(value)
-
-
-def _integer(body: dict[str, Any], name: str, lo: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{name}' must be an integer", name)
-    if value < lo:
-        raise ApiError(400, f"'{name}' must be at least {lo}, got {value}", name)
-    return value
 
 
 def image_from_url(url: Any, param: str) -> ImageRef:
@@ -222,14 +194,11 @@ def _input_audio(spec: Any, where: str) -> ImageRef:
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's
-MAX_CHOICES = 8  # n, and prompts in one /v1/completions request
 # What a chat request may carry. Ebb answers these:
 HANDLED = frozenset({"messages", "model", "n", "stream", "stream_options", "stop", "max_tokens",
                      "max_completion_tokens", "seed", "user", "temperature", "top_p",
                      "response_format", "logprobs", "top_logprobs", "tools", "tool_choice",
                      "parallel_tool_calls", "reasoning_effort", "chat_template_kwargs"}) | SAMPLING_FIELDS
-# Ebb does nothing with these and the reply is the same as if it did: they are accepted.
-SAFE_TO_IGNORE = frozenset({"metadata", "store", "service_tier", "prediction"})
 # Accepted at the value that asks for nothing (what OpenAI's clients send by default); any
 # other value is refused by name rather than silently ignored.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -237,27 +206,11 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
-def check_fields(body: dict[str, Any], handled: frozenset[str] = HANDLED,
-                 neutral: dict[str, tuple[Any, ...]] | None = None) -> None:
-    """A field Ebb does not support is a 400 that names it (never a reply that ignored it);
-    a null value counts as absent."""
-    neutral = NEUTRAL if neutral is None else neutral
-    for name, value in body.items():
-        if value is None or name in handled or name in SAFE_TO_IGNORE:
-            continue
-        if name in neutral:
-            if value in neutral[name]:
-                continue
-            raise ApiError(400, f"Ebb does not support '{name}' (as {json.dumps(value)[:80]}) yet: "
-                                "the reply could not honour it", name)
-        raise ApiError(400, f"unknown or unsupported field '{name}'", name)
-
-
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a /v1/chat/completions body; ApiError(400) says what is wrong and where."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    check_fields(body)
+    check_fields(body, HANDLED, NEUTRAL)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
@@ -314,15 +267,15 @@ def parse_chat_request(body: Any) -> ChatRequest:
     own_system = "\n\n".join(system) if system else None
     if tl.offered(tools, choice):
         system.append(tl.system_text(tools, choice))
-    n = _integer(body, "n", 1) or 1
+    n = integer(body, "n", 1) or 1
     if n > MAX_CHOICES:
         raise ApiError(400, f"'n' is at most {MAX_CHOICES}: each choice is generated in turn", "n")
-    stream, include_usage = _stream_flags(body)
-    stops = _stops(body)
-    max_tokens = _integer(body, "max_completion_tokens", 1)
+    stream, include_usage = stream_flags(body)
+    stops = stop_sequences(body)
+    max_tokens = integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
-    seed = _integer(body, "seed", -(2**63))
+        max_tokens = integer(body, "max_tokens", 1)
+    seed = integer(body, "seed", -(2**63))
     user = body.get("user", "")
     grammar = response_grammar(body.get("response_format"))
     sampling = parse_sampling(body)
@@ -340,7 +293,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if body.get("logprobs") is not None and not isinstance(body.get("logprobs"), bool):
         raise ApiError(400, "'logprobs' must be true or false", "logprobs")
     if body.get("logprobs"):
-        top_logprobs = _integer(body, "top_logprobs", 0) or 0
+        top_logprobs = integer(body, "top_logprobs", 0) or 0
         if top_logprobs > MAX_TOP_LOGPROBS:
             raise ApiError(400, f"'top_logprobs' is at most {MAX_TOP_LOGPROBS}", "top_logprobs")
     elif body.get("top_logprobs"):
@@ -348,7 +301,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(
         system="\n\n".join(system) if system else None, history=tuple(turns[:-1]),
         last=turns[-1], stream=stream, include_usage=include_usage,
-        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
+        temperature=number(body, "temperature", 0.0, 2.0), top_p=number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
         tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
@@ -434,61 +387,6 @@ def response_grammar(fmt: Any) -> str:
         raise ApiError(400, f"the JSON schema cannot be followed: {exc}", "response_format") from None
 
 
-class StopWatcher:
-    """Cuts a streamed reply at the first stop sequence. Text that could still be the start of
-    one is held back until the next piece says whether it is."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.held = ""
-        self.hit = False
-
-    def feed(self, piece: str) -> str:
-        """The text that may be shown now; after a hit, nothing more."""
-        if self.hit:
-            return ""
-        if not self.stops:
-            return piece
-        text = self.held + piece
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
-            self.held = ""
-            return text[:cut]
-        keep = 0  # the longest end of the text that begins a stop sequence
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):
-                    keep = max(keep, k)
-                    break
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
-
-    def flush(self) -> str:
-        """At the end of the reply: what was held back (it was no stop sequence)."""
-        out, self.held = ("" if self.hit else self.held), ""
-        return out
-
-
-def finish_reason(stop_reason: str, stopped_by_sequence: bool) -> str:
-    """OpenAI's finish_reason: a stop sequence is "stop" whatever the loop said."""
-    return "stop" if stopped_by_sequence else openai_finish(stop_reason)
-
-
-def new_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    """OpenAI's usage; `cached_tokens`: the prompt's tokens the model's memory already held
-    (the KV cache, or a kept state of this conversation), not evaluated again."""
-    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens is not None:
-        out["prompt_tokens_details"] = {"cached_tokens": max(0, cached_tokens)}
-    return out
-
-
 def completion(cid: str, model: str, text: str, finish: str, use: dict[str, Any],
                logprobs: list[dict[str, Any]] | None = None,
                tool_calls: list[dict[str, Any]] | None = None,
@@ -508,19 +406,6 @@ def choice(index: int, text: str, finish: str, logprobs: list[dict[str, Any]] | 
             "logprobs": {"content": logprobs} if logprobs is not None else None}
 
 
-def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]] | None:
-    """The entries of the tokens that make up `text` (a stop sequence may have cut the reply)."""
-    if entries is None:
-        return None
-    out, n = [], 0
-    for e in entries:
-        if n >= len(text):
-            break
-        out.append(e)
-        n += len(e["token"])
-    return out
-
-
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,
           use: dict[str, Any] | None = None, choices: bool = True,
           logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
@@ -532,210 +417,3 @@ def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None
     if use is not None:
         out["usage"] = use
     return out
-
-
-# ---------------------------------------------------------------- /v1/completions
-
-COMPLETION_FIELDS = frozenset({"model", "prompt", "stream", "stream_options", "stop", "max_tokens",
-                               "seed", "user", "temperature", "top_p", "echo", "logprobs", "n",
-                               "best_of"}) | SAMPLING_FIELDS
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"suffix": ("",)}
-MAX_COMPLETION_LOGPROBS = 5  # as OpenAI's legacy endpoint
-DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-@dataclass(frozen=True)
-class CompletionRequest:
-    """A raw completion: the prompt as it is (no chat template), text out."""
-    prompt: str | tuple[int, ...]  # text, or token ids (the first, when there are several)
-    stream: bool = False
-    include_usage: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int = DEFAULT_COMPLETION_TOKENS
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    user: str = ""
-    echo: bool = False
-    top_logprobs: int = -1  # -1: none; else the legacy `logprobs` count
-    sampling: Sampling = field(default_factory=Sampling)
-    prompts: tuple[str | tuple[int, ...], ...] = ()  # every prompt, a choice each (() : `prompt`)
-
-    @property
-    def all_prompts(self) -> tuple[str | tuple[int, ...], ...]:
-        return self.prompts or (self.prompt,)
-
-
-def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false", "stream")
-    options = body.get("stream_options")
-    options = {} if options is None else options
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    return stream, bool(options.get("include_usage"))
-
-
-def _stops(body: dict[str, Any]) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,) if stop else ()
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        if len(stop) > MAX_STOPS:
-            raise ApiError(400, f"at most {MAX_STOPS} stop sequences", "stop")
-        return tuple(s for s in stop if s)
-    raise ApiError(400, "'stop' must be a string or a list of strings", "stop")
-
-
-def _one_prompt(value: Any, name: str) -> str | tuple[int, ...]:
-    """A string, or a list of token ids."""
-    found = _prompts(value, name)
-    if len(found) != 1 or not (isinstance(value, str) or all(isinstance(t, int) for t in value)):
-        raise ApiError(400, f"'{name}' must be a string or a list of token ids", name)
-    return found[0]
-
-
-def _prompts(value: Any, name: str) -> tuple[str | tuple[int, ...], ...]:
-    """A string, a list of token ids, or a list of those (a choice each, in order)."""
-    def token_ids(v: Any) -> bool:
-        return isinstance(v, list) and bool(v) and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
-
-    if isinstance(value, str):
-        return (value,)
-    if token_ids(value):
-        return (tuple(value),)
-    if isinstance(value, list) and value and all(isinstance(v, str) or token_ids(v) for v in value):
-        if len(value) > MAX_CHOICES:
-            raise ApiError(400, f"at most {MAX_CHOICES} prompts in one request", name)
-        return tuple(v if isinstance(v, str) else tuple(v) for v in value)
-    raise ApiError(400, f"'{name}' must be a string, a list of token ids, or a list of those", name)
-
-
-def parse_completion_request(body: Any) -> CompletionRequest:
-    """Check a /v1/completions body."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    check_fields(body, COMPLETION_FIELDS, COMPLETION_NEUTRAL)
-    if "prompt" not in body or body["prompt"] is None:
-        raise ApiError(400, "'prompt' is required", "prompt")
-    prompts = _prompts(body["prompt"], "prompt")
-    for name in ("n", "best_of"):
-        if _integer(body, name, 1) not in (None, 1):
-            raise ApiError(400, f"only {name}=1 is supported", name)
-    stream, include_usage = _stream_flags(body)
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise ApiError(400, "'echo' must be true or false", "echo")
-    top_logprobs = _integer(body, "logprobs", 0)
-    if top_logprobs is not None:
-        if top_logprobs > MAX_COMPLETION_LOGPROBS:
-            raise ApiError(400, f"'logprobs' is at most {MAX_COMPLETION_LOGPROBS}", "logprobs")
-        if echo:
-            raise ApiError(400, "Ebb gives logprobs of the reply only, not of an echoed prompt: "
-                                "ask without 'echo'", "logprobs")
-        if stream:
-            raise ApiError(400, "Ebb does not stream logprobs yet: ask without 'stream'", "logprobs")
-    max_tokens = _integer(body, "max_tokens", 0)
-    user = body.get("user", "")
-    return CompletionRequest(
-        prompt=prompts[0], prompts=prompts if len(prompts) > 1 else (), stream=stream,
-        include_usage=include_usage,
-        temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
-        max_tokens=DEFAULT_COMPLETION_TOKENS if max_tokens is None else max_tokens,
-        stop=_stops(body), seed=_integer(body, "seed", -(2**63)),
-        user=user if isinstance(user, str) else "", echo=echo,
-        top_logprobs=-1 if top_logprobs is None else top_logprobs, sampling=parse_sampling(body))
-
-
-def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dict[str, Any] | None:
-    """/v1/completions' logprobs shape from the chat shape's entries; `start`: the text's
-    offset of the first token."""
-    if entries is None:
-        return None
-    offsets, n = [], start
-    for e in entries:
-        offsets.append(n)
-        n += len(e["token"])
-    return {"tokens": [e["token"] for e in entries],
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-            "text_offset": offsets}
-
-
-def text_completion(cid: str, model: str, text: str, finish: str | None,
-                    use: dict[str, Any] | None, logprobs: dict[str, Any] | None = None,
-                    chunk: bool = False, choices: bool = True, index: int = 0,
-                    more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A completion (or a chunk of one); `more`: further choices, as `text_choice()` makes."""
-    out: dict[str, Any] = {
-        "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [text_choice(index, text, finish, logprobs), *(more or [])] if choices else []}
-    if use is not None or not chunk:
-        out["usage"] = use
-    return out
-
-
-def text_choice(index: int, text: str, finish: str | None,
-                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
-
-
-# ---------------------------------------------------------------- /v1/embeddings
-
-EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user", "dimensions"})
-MAX_EMBEDDING_INPUTS = 256
-
-
-@dataclass(frozen=True)
-class EmbeddingRequest:
-    inputs: tuple[str | tuple[int, ...], ...]
-    base64: bool = False  # encoding_format: little-endian float32, base64
-    dimensions: int | None = None
-    user: str = ""
-
-
-def parse_embedding_request(body: Any) -> EmbeddingRequest:
-    """Check a /v1/embeddings body."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    check_fields(body, EMBEDDING_FIELDS, {})
-    value = body.get("input")
-    if value is None:
-        raise ApiError(400, "'input' is required", "input")
-    inputs: list[str | tuple[int, ...]]
-    if isinstance(value, str) or (isinstance(value, list) and value and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value)):
-        inputs = [_one_prompt(value, "input")]
-    elif isinstance(value, list) and value:
-        if len(value) > MAX_EMBEDDING_INPUTS:
-            raise ApiError(400, f"at most {MAX_EMBEDDING_INPUTS} inputs per request", "input")
-        inputs = [_one_prompt(v, f"input[{i}]") for i, v in enumerate(value)]
-    else:
-        raise ApiError(400, "'input' must be a string, a list of strings, or token ids", "input")
-    if any(v == "" for v in inputs):
-        raise ApiError(400, "an input is empty", "input")
-    fmt = body.get("encoding_format") or "float"
-    if fmt not in ("float", "base64"):
-        raise ApiError(400, "'encoding_format' must be float or base64", "encoding_format")
-    user = body.get("user", "")
-    return EmbeddingRequest(tuple(inputs), fmt == "base64", _integer(body, "dimensions", 1),
-                            user if isinstance(user, str) else "")
-
-
-def embedding_list(model: str, vectors: list[list[float]], n_tokens: int,
-                   as_base64: bool) -> dict[str, Any]:
-    import struct
-
-    def encode(v: list[float]) -> Any:
-        return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if as_base64 else v
-
-    return {"object": "list", "model": model,
-            "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
-                     for i, v in enumerate(vectors)],
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
