@@ -34,7 +34,7 @@ def _window_run(args: argparse.Namespace) -> int:
     from app.settings import session_config
     from app.store import Store
     from app.window import MainWindow
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
 
     app = QApplication(sys.argv[:1])
     app.setStyle("Fusion")

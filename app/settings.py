@@ -15,7 +15,7 @@ from engine.tuned import TuneResult
 from engine.units import parse_size
 
 if TYPE_CHECKING:
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
 
 DEMO = "demo"
 DEMO_LABEL = ("demo projector: generated, not trained — at most it tells a picture's colour "
@@ -184,7 +184,7 @@ def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
 
 def default_gen_params(s: Settings) -> GenParams:
     """Sampling for a chat without its own, from the settings."""
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
 
     return GenParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                      top_k=s.top_k, min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed)

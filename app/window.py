@@ -72,7 +72,7 @@ from app.worker import EngineWorker
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.telemetry import Telemetry
 from engine.units import parse_size
 

@@ -21,7 +21,7 @@ from app.settings import resolve_paths
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, turn_with_recovery
 
 

@@ -34,7 +34,8 @@ from engine.gguf.info import (
 )
 from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
-from engine.llama.runtime import GenParams, GenResult, check_context
+from engine.llama.runtime import GenResult, check_context
+from engine.llama.sampling import GenParams
 from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
@@ -228,7 +229,7 @@ class Session:
             self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
             self._reply_open = stops.resumes_from_cache(result.stop_reason)
             self._last_stop = result.stop_reason
-            res.shifted_cells = self.model.runtime.last_shift[1]
+            res.shifted_cells = self.model.runtime.slot.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:  # the reply stays as it was
@@ -259,7 +260,7 @@ class Session:
             result = self._run_prompt(tokens, [], gp or GenParams(), on_text, cancel, tl)
             res.text = result.text
             res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)
-            res.shifted_cells = self.model.runtime.last_shift[1]
+            res.shifted_cells = self.model.runtime.slot.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:
@@ -403,13 +404,13 @@ class Session:
         self.conversation_tag = tag or "x"
         self.model.snapshots.next_tag = self.conversation_tag
         if self.model.runtime is not None:
-            self.model.runtime.keep_on_drop = True
+            self.model.runtime.slot.keep_on_drop = True
 
     def persist(self) -> bool:
         """Keep the model's memory of this conversation on disk now (the window closes or
         is idle). True when a write was started."""
         rt = self.model.runtime
-        return not self.abandoned and rt is not None and rt.persist()
+        return not self.abandoned and rt is not None and rt.slot.persist()
 
     def forget(self, tag: str) -> int:
         """Delete the saved states of the conversation `tag` (a deleted chat)."""
@@ -523,7 +524,7 @@ class Session:
         res.text = result.text
         res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)  # the turn says whether it was on
         assert self.model.runtime is not None
-        res.shifted_cells = self.model.runtime.last_shift[1]
+        res.shifted_cells = self.model.runtime.slot.last_shift[1]
         self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
         self._reply_open = stops.resumes_from_cache(result.stop_reason)
         self._last_stop = result.stop_reason

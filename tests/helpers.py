@@ -157,7 +157,7 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
     loaded (`wait="loaded"`), loaded or refused with an error (`"settled"`), or not at all."""
     from app.settings import session_config
     from app.window import MainWindow
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
 
     for k, v in settings.items():
         store.set_setting(k, v)

@@ -9,7 +9,7 @@ from PySide6.QtCore import QMimeData, QTimer, QUrl
 from PySide6.QtGui import QImage
 
 from app.store import Store
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from tests.helpers import (
     RpcServer,
     free_port,

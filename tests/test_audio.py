@@ -17,7 +17,7 @@ from engine.errors import EbbError
 from engine.gguf.families import GENERATED_AUDIO
 from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_audio_projector
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from engine.media.audio import write_tone
 from tests.helpers import N_THREADS

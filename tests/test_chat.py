@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from tests.helpers import run_cli
 
 QUESTION = "What is the capital of France? Answer in one word."
@@ -55,7 +55,7 @@ def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
 
 def test_prefix_reuse_evaluates_only_new_tokens(text_runtime):
     msgs = [{"role": "user", "content": "Hello there, who are you?"}]
-    text_runtime.reset()
+    text_runtime.slot.reset()
     first = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
     again = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
     assert first.stats.n_prompt_tokens_evaluated == first.stats.n_prompt_tokens
@@ -99,16 +99,16 @@ def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
     rt = text_runtime
     msgs = [{"role": "user", "content": "Name three birds."}]
     gp = GenParams(max_tokens=8, temperature=0)
-    rt.reset()
+    rt.slot.reset()
     first = rt.generate(msgs, gp).text
-    cached = list(rt._cached)
+    cached = list(rt.slot.cells)
     (vec,) = rt.embed([rt.tokenize("A red apple.", add_special=True)])
     assert len(vec) == rt.info.n_embd and abs(sum(x * x for x in vec) - 1) < 1e-6
-    assert rt._cached == cached
+    assert rt.slot.cells == cached
     again = rt.generate(msgs + [{"role": "assistant", "content": first},
                                 {"role": "user", "content": "And three fish?"}], gp)
     assert again.stats.n_prompt_tokens_evaluated < again.stats.n_prompt_tokens  # the prefix was reused
-    rt.reset()
+    rt.slot.reset()
     assert rt.generate(msgs + [{"role": "assistant", "content": first},
                                {"role": "user", "content": "And three fish?"}], gp).text == again.text
 

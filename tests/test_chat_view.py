@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication
 from app.markdown import split_all, split_finished
 from app.store import Message, Store
 from app.transcript import FIRST_MESSAGES, Transcript
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from tests.helpers import open_window, send, shown_text, wait_for
 
 REPLY = """Here is a plan:

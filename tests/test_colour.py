@@ -12,7 +12,7 @@ from PIL import Image
 
 from engine.gguf.projector_gen import COLOURS, write_colour_projector
 from engine.measure.colour_check import QUESTION, SHADES, check_colours, named_and_gap
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from tests.helpers import N_THREADS
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session
 from tests.helpers import N_THREADS
 
@@ -30,7 +30,7 @@ def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
 
     first = session.turn(STORY, gp=GenParams(max_tokens=25, temperature=0))
     assert first.gen.stop_reason == "length"
-    n_cells = session.model.runtime.n_positions()
+    n_cells = session.model.runtime.slot.n_positions()
     second = session.continue_reply(GenParams(max_tokens=40, temperature=0))
     assert second.error is None and second.continued
     assert second.gen.n_prompt_tokens_evaluated == 0  # nothing prefilled

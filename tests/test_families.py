@@ -17,7 +17,7 @@ import pytest
 from engine.gguf.families import GENERATED as FAMILIES
 from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_projector
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from engine.media.projector import probe_projector
 from tests.helpers import N_THREADS, run_cli

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from engine.config import SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session
 from tests.helpers import (
     N_THREADS,
@@ -107,10 +107,10 @@ def test_a_message_larger_than_the_context_is_refused_before_anything_runs(model
     with _session(model_path, tiny_projector) as s:
         s.turn("Hello.", gp=GP)
         history = list(s.history)
-        n_cells = s.model.runtime.n_positions()
+        n_cells = s.model.runtime.slot.n_positions()
         res = s.turn("word " * 600, [picture], GP)
         assert res.error and "this message is" in res.error and "the context holds 512" in res.error
-        assert s.history == history and s.model.runtime.n_positions() == n_cells
+        assert s.history == history and s.model.runtime.slot.n_positions() == n_cells
         assert res.n_images_encoded == 0 and not [sp for sp in res.spans if sp.name == "encode"]
 
 

@@ -8,7 +8,7 @@ from PySide6.QtGui import QGuiApplication
 from app.settings import session_config
 from app.store import Store
 from app.window import MainWindow
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from tests.helpers import track_window, wait_for
 
 

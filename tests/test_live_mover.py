@@ -191,7 +191,7 @@ import engine.llama.runtime as rt
 rt._graph_reserve_fn = lambda: None  # as on a llama.cpp without llama_graph_reserve
 from engine.llama.devices import connect_rpc
 from engine.models.default import default_model_path
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc(sys.argv[1])
 cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2, vision="swap",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import PhaseTuning, SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.placement.phases import decide_rebalance
 from engine.session import Session
 from engine.tuned import TuneResult

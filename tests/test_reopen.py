@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine.config import SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.llama.state_files import MAGIC, SUFFIX, StateFiles, trim_folder
 from engine.session import Session
 from tests.helpers import N_THREADS

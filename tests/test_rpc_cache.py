@@ -133,7 +133,7 @@ import json, sys
 from pathlib import Path
 from engine.llama.devices import connect_rpc
 from engine.models.default import default_model_path
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig, turn_with_recovery
 connect_rpc(sys.argv[1])
 gp = GenParams(max_tokens=8, temperature=0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session
 from tests.helpers import N_THREADS
 

@@ -25,7 +25,7 @@ class StopOnceEvaluated(threading.Event):
     def is_set(self) -> bool:
         if self.watcher_only and threading.current_thread() is threading.main_thread():
             return False
-        return self.rt._n_past >= self.n_past
+        return self.rt.slot.n_past >= self.n_past
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +55,14 @@ def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_b
     import llama_cpp as L
 
     rt = small_batches
-    rt.reset()
+    rt.slot.reset()
     tokens = _prompt(rt, 20)
     # inside: Stop is seen only by the watcher, at its first look, which comes before the
     # prompt starts; only the abort callback can then stop the first batch's graph
     stop = StopOnceEvaluated(rt, 0 if inside else rt.params.n_batch, watcher_only=inside)
     with pytest.raises(TurnCancelled, match="stopped during the prompt"):
         rt.prefill(tokens, stop)
-    n = rt._n_past
+    n = rt.slot.n_past
     if inside:  # the aborted batch left no cell
         assert n == 0
     else:  # at the check before the second batch
@@ -71,10 +71,10 @@ def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_b
     # the next prefill reuses what was evaluated and the reply is the one of an unbroken run
     assert rt.prefill(tokens) == len(tokens) - n
     after_stop = _greedy(rt, 6)
-    rt.reset()
+    rt.slot.reset()
     rt.prefill(tokens)
     assert after_stop == _greedy(rt, 6)
     # and the abort callback is off again: a later prefill with an unset event runs to the end
-    rt.reset()
+    rt.slot.reset()
     assert rt.prefill(tokens, threading.Event()) == len(tokens)
-    assert rt._n_past == len(tokens)
+    assert rt.slot.n_past == len(tokens)

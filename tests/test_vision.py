@@ -113,7 +113,7 @@ import json
 from pathlib import Path
 from engine.llama.devices import connect_rpc
 from engine.models.default import default_model_path
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 connect_rpc("{rpc_server.endpoint}")
 cfg = SessionConfig(default_model_path(), Path("{base_projector}"), n_ctx=1024, n_threads=2,

@@ -93,7 +93,7 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
     from engine.session import Session, turn_with_recovery
 
     if args.script is None and args.prompt is None:

@@ -13,7 +13,7 @@ import functools
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -26,14 +26,15 @@ from engine.config import default_threads
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
-from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
+from engine.llama.embeddings import embed
+from engine.llama.kv_slot import KvSlot
+from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
 from engine.llama.state_files import StateFiles, file_identity
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token
 
 DEFAULT_CTX = 4096
-MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept
 _BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
 
 
@@ -72,7 +73,6 @@ class LoadParams:
     buft_overrides: tuple[tuple[str, str], ...] = ()
 
 
-REPEAT_LAST_N = 64  # tokens the repeat penalty looks back over (llama.cpp's default)
 ABORT_POLL_S = 0.05  # how often a prefill's watcher looks at Stop (see TextRuntime._abort_on)
 
 
@@ -98,24 +98,6 @@ def _strlen_callback() -> Any:
     (go on) or 1 (stop), read as a bool; no Python, no GIL, per graph node."""
     libc = ctypes.CDLL(None)  # this process's own symbols: libc is among them
     return llama().ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
-
-
-@dataclass(frozen=True)
-class GenParams:
-    max_tokens: int = 0  # 0: no cap (until the model stops or the context is full)
-    temperature: float = 0.7
-    seed: int = 0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0  # 1: none; over the last REPEAT_LAST_N tokens
-    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token already used
-    frequency_penalty: float = 0.0  # ... and this much per use
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
-    grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
-    top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
-    # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
-    on_logprob: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -255,23 +237,12 @@ class TextRuntime:
         self.n_threads = default_threads(params.n_threads)
         self.n_threads_batch = params.n_threads_batch or self.n_threads
         self._stack = contextlib.ExitStack()
-        self._cached: list[Any] = []  # one key per KV cell: token id or (image key, i)
-        self._cell_pos: list[int] = []  # each cell's position (an image's cells: its first)
-        self._n_past = 0  # the next position (under M-RoPE an image takes fewer than its cells)
         self._replan = False  # device buffers changed since the last graph: see reschedule
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
-        self.last_shift = (0, 0)  # the last prefill's K-shift: (cells dropped, cells moved)
         self._decoded = False  # the first decode is guarded (engine.llama.native)
         self._cancel: threading.Event | None = None  # set while a prefill may be stopped
         self._abort_flag: Any = None  # the abort callback's flag, while a prefill runs
         self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
-        # states of conversations the cache let go (engine/llama/snapshots.py); the next
-        # prefill keeps the cache's before dropping cells when `keep_on_drop` is set (the
-        # conversation was replaced: another branch or chat), and every prefill looks there
-        self.snapshots = Snapshots()
-        self.keep_on_drop = False
-        self.last_restored = 0  # cells the last prefill took from a kept state
-        self.last_restore_s = 0.0  # and the seconds that took (a disk read included)
         try:
             self._load()
         except BaseException:
@@ -289,6 +260,7 @@ class TextRuntime:
         ctx = self._new_context(self.n_ctx)
         self._stack.callback(L.llama_free, ctx)
         self.ctx = ctx
+        self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
         self.buffers = buffers_from_log()
         for key, n in self.loaded.buffers.items():
             self.buffers[key] = n
@@ -330,73 +302,24 @@ class TextRuntime:
             L.llama_free(ctx)
 
     def embed(self, inputs: Sequence[list[int]]) -> list[list[float]]:
-        """One vector per token list: the model's own pooling (an embedding model's GGUF says
-        which), else the mean over the tokens, L2-normalised. Computed in a context of its own
-        on the loaded weights, so the conversation's KV cache is untouched, with its KV cache in
-        RAM and freed before returning: no device memory stays taken."""
-        import numpy as np
-
-        L = llama()
-        longest = max(len(t) for t in inputs)
-        if longest > self.n_ctx:
+        """One vector per token list (engine/llama/embeddings.py), on the loaded weights in a
+        context of its own: the conversation's KV cache is untouched."""
+        if (longest := max(len(t) for t in inputs)) > self.n_ctx:
             raise EbbError(f"an input is {longest} tokens; the model's context holds {self.n_ctx}",
                            "send a shorter text")
-        cparams = L.llama_context_default_params()
-        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(longest, 8)
-        cparams.n_seq_max = 1
-        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
-        cparams.embeddings = True
-        cparams.offload_kqv = False
-        if self.params.flash_attn is not None:
-            cparams.flash_attn_type = flash_attn_type(self.params.flash_attn)
-        ctx = None
-        for pooling in (L.LLAMA_POOLING_TYPE_UNSPECIFIED, L.LLAMA_POOLING_TYPE_MEAN):
-            cparams.pooling_type = pooling
-            ctx = L.llama_init_from_model(self.model, cparams)
-            if not ctx:
-                raise EbbError(f"llama.cpp could not create a context for embeddings: "
-                               f"{llama_log.last_error('out of memory?')}")
-            if L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE:
-                break  # the model's own, or the mean
-            L.llama_free(ctx)
-        try:
-            if L.llama_pooling_type(ctx) == L.LLAMA_POOLING_TYPE_RANK:
-                raise EbbError("this model ranks pairs of texts; it makes no embeddings")
-            n_embd = L.llama_model_n_embd(self.model)
-            out = []
-            for tokens in inputs:
-                L.llama_memory_clear(L.llama_get_memory(ctx), True)
-                batch = L.llama_batch_init(len(tokens), 0, 1)
-                try:
-                    batch.n_tokens = len(tokens)
-                    for j, tok in enumerate(tokens):
-                        batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, j, 1
-                        batch.seq_id[j][0], batch.logits[j] = 0, True
-                    rc = L.llama_decode(ctx, batch)
-                finally:
-                    L.llama_batch_free(batch)
-                if rc != 0:
-                    raise EbbError(f"llama.cpp could not compute the embedding (code {rc}): "
-                                   f"{llama_log.last_error('no detail')}")
-                vec = np.ctypeslib.as_array(L.llama_get_embeddings_seq(ctx, 0),
-                                            shape=(n_embd,)).astype(np.float64)
-                norm = float(np.linalg.norm(vec))
-                out.append((vec / norm if norm > 0 else vec).tolist())
-            return out
-        finally:
-            L.llama_free(ctx)
+        return embed(self.model, inputs, (self.n_threads, self.n_threads_batch), self.params.flash_attn)
 
     def logits_for(self, tokens: list[int]) -> np.ndarray:
         """Last-position logits of `tokens` from an empty context (the KV cache is cleared)."""
         import numpy as np
 
         L = llama()
-        self.reset()
+        self.slot.reset()
         self._decode_tokens(tokens)
         n_vocab = L.llama_vocab_n_tokens(self.vocab)
         out: np.ndarray = np.array(
             np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(n_vocab,)), copy=True)
-        self.reset()
+        self.slot.reset()
         return out
 
     def _chat_template(self) -> ChatTemplate:
@@ -417,25 +340,17 @@ class TextRuntime:
 
     def use_disk(self, folder: Path, budget_bytes: int) -> StateFiles:
         """Keep states on disk too, in `folder`, for this model file and context settings."""
-        if self.snapshots.disk is None:
-            self.snapshots.disk = StateFiles(folder, self.state_identity(), budget_bytes)
-            self._stack.callback(self.snapshots.disk.close)
+        if self.slot.snapshots.disk is None:
+            self.slot.snapshots.disk = StateFiles(folder, self.state_identity(), budget_bytes)
+            self._stack.callback(self.slot.snapshots.disk.close)
         else:
-            self.snapshots.disk.set_budget(budget_bytes)
-        return self.snapshots.disk
+            self.slot.snapshots.disk.set_budget(budget_bytes)
+        return self.slot.snapshots.disk
 
     def state_identity(self) -> dict[str, Any]:
         """What a saved state of this runtime's cache belongs to (state_files.py). Not the
         placement: llama.cpp's sequence state is host bytes wherever the cells lived."""
         return state_identity(self.params.model_path, self.n_ctx, self.params.flash_attn)
-
-    @property
-    def state_files(self) -> StateFiles | None:
-        return self.snapshots.disk
-
-    @property
-    def tag(self) -> str:
-        return self.snapshots.tag
 
     def __enter__(self) -> "TextRuntime":
         return self
@@ -468,25 +383,6 @@ class TextRuntime:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self._piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def _logprobs(self, token: int, k: int) -> dict[str, Any]:
-        """The sampled token's log-probability and the `k` most likely, from the last logits."""
-        import numpy as np
-
-        L = llama()
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1),
-                                       shape=(self.info.n_vocab,)).astype(np.float64)
-        top = float(logits.max())
-        lp = logits - (top + np.log(np.exp(logits - top).sum()))
-
-        def entry(t: int) -> dict[str, Any]:
-            raw = self._piece(t)
-            return {"token": raw.decode("utf-8", errors="replace"), "logprob": float(lp[t]),
-                    "bytes": list(raw)}
-
-        best = np.argpartition(-lp, k)[:k] if k else np.array([], dtype=int)
-        best = best[np.argsort(-lp[best])]
-        return {**entry(token), "top_logprobs": [entry(int(t)) for t in best]}
-
     def _piece(self, token: int) -> bytes:
         L = llama()
         buf = ctypes.create_string_buffer(64)
@@ -502,9 +398,8 @@ class TextRuntime:
         if rc == 2 and self._abort_flag is not None and self._abort_flag.value:  # our abort
             # llama.cpp removed the aborted micro-batch's cells; those of earlier micro-batches
             # of the same batch are not in our books: drop them too
-            L = llama()
-            L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, self._n_past, -1)
-            raise TurnCancelled(f"stopped during the prompt ({self._n_past} positions in the "
+            self.slot.drop_unrecorded()
+            raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                 "cache; Continue evaluates the rest)")
         if rc != 0:
             raise EbbError(f"llama.cpp decode failed (code {rc}): "
@@ -528,7 +423,7 @@ class TextRuntime:
         L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
             if self._cancel is not None and self._cancel.is_set():
-                raise TurnCancelled(f"stopped during the prompt ({self._n_past} positions in the "
+                raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
             chunk = tokens[i:i + self.params.n_batch]
             n = len(chunk)
@@ -537,16 +432,14 @@ class TextRuntime:
                 batch.n_tokens = n
                 for j, tok in enumerate(chunk):
                     batch.token[j] = tok
-                    batch.pos[j] = self._n_past + j
+                    batch.pos[j] = self.slot.n_past + j
                     batch.n_seq_id[j] = 1
                     batch.seq_id[j][0] = 0
                     batch.logits[j] = 1 if j == n - 1 else 0
                 self._decode(batch)
             finally:
                 L.llama_batch_free(batch)
-            self._cached.extend(chunk)
-            self._cell_pos.extend(range(self._n_past, self._n_past + n))
-            self._n_past += n
+            self.slot.record_tokens(chunk)
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
@@ -579,12 +472,10 @@ class TextRuntime:
         new_n_past = llama().llama_pos(0)
         rc = M.mtmd_helper_decode_image_chunk(
             img.mtmd, self.ctx, img.chunk, emb.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            self._n_past, 0, n_batch, ctypes.byref(new_n_past),
+            self.slot.n_past, 0, n_batch, ctypes.byref(new_n_past),
             M.mtmd_helper_post_decode_callback(), None)  # a NULL callback
         self._check(rc)
-        self._cached.extend((img.key, i) for i in range(n))
-        self._cell_pos.extend([self._n_past] * n)
-        self._n_past = int(new_n_past.value)
+        self.slot.record_image(img.key, n, int(new_n_past.value))
 
     @staticmethod
     def _keys(items: Sequence[PromptItem]) -> list[Any]:
@@ -596,57 +487,11 @@ class TextRuntime:
                 keys.append(it)
         return keys
 
-    def _cached_prefix(self, keys: list[Any]) -> int:
-        """How many of `keys` the KV cache already holds, from the start."""
-        return common_prefix(self._cached, keys)
-
-    def _from_snapshot(self, keys: list[Any], n_keep: int,
-                       cancel: threading.Event | None = None) -> int:
-        """Before a prefill of `keys`: keep the cache's state if it is about to be dropped for
-        another conversation, and take back a kept state (RAM, then disk) that shares more with
-        `keys` than the cache does. Returns the prefix the cache now holds."""
-        self.last_restored, self.last_restore_s = 0, 0.0
-        keep, self.keep_on_drop = self.keep_on_drop, False
-        if keep and n_keep < len(self._cached) and self.snapshots.worth_keeping(len(self._cached)):
-            kept = self.save_state()
-            self.snapshots.add(kept, self.tag)
-            if self.state_files is not None:
-                self.state_files.save(kept, self.tag)
-        self.snapshots.tag = self.snapshots.next_tag  # the cache is the new conversation's now
-        t0 = time.perf_counter()
-        snap, n = self.snapshots.best(keys, n_keep)
-        state: State | None = snap.state if snap is not None else None
-        if self.state_files is not None:
-            entry, n_disk = self.state_files.best(keys, max(n, n_keep))
-            if entry is not None and n_disk - max(n, n_keep) >= MIN_CELLS:
-                loaded = self.state_files.load(entry, cancel)
-                if loaded is not None:
-                    state, n = loaded, n_disk
-                    self.snapshots.add(loaded, self.tag)  # in RAM from now on too
-        if state is None:
-            return n_keep
-        try:
-            self.restore_state(state)
-        except EbbError:  # not taken: the cache is in no known state, so it starts afresh
-            self.reset()
-            return 0
-        self.last_restored, self.last_restore_s = n, time.perf_counter() - t0
-        return n
-
-    def persist(self) -> bool:
-        """Keep the cache's state on disk now (the window closes, or is idle), unless it is
-        kept there already or too short to be worth it. True when a write was started."""
-        if (self.state_files is None or not self.snapshots.worth_keeping(len(self._cached))
-                or self.state_files.has(self._cached)):
-            return False
-        self.state_files.save(self.save_state(), self.tag)
-        return True
-
     def n_to_evaluate(self, items: Sequence[PromptItem]) -> tuple[int, int]:
         """(positions, of them image positions) a prefill of `items` would evaluate past the
         cached prefix (a K-shift may save more): what a per-phase decision weighs."""
         keys = self._keys(items)
-        rest = keys[min(self._cached_prefix(keys), len(keys) - 1):]
+        rest = keys[min(self.slot.cached_prefix(keys), len(keys) - 1):]
         return len(rest), sum(1 for k in rest if isinstance(k, tuple))
 
     def prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None = None) -> int:
@@ -697,20 +542,7 @@ class TextRuntime:
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
         keys = self._keys(items)
-        n_keep = self._from_snapshot(keys, self._cached_prefix(keys), cancel)
-        self.last_shift = (0, 0)
-        n_keep = self._shift_to(keys, n_keep)
-        if self.last_restored:  # the kept state's cells the shift lined up count as restored
-            self.last_restored = n_keep
-        n_keep = min(n_keep, len(keys) - 1)  # always evaluate at least the last position
-        if isinstance(keys[n_keep], tuple):  # never start inside an image: redo all of it
-            while n_keep > 0 and isinstance(keys[n_keep - 1], tuple) and keys[n_keep - 1][0] == keys[n_keep][0]:
-                n_keep -= 1
-        if n_keep < len(self._cached):  # drop from the first cell not kept (by position)
-            self._n_past = self._cell_pos[n_keep]
-            L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, self._n_past, -1)
-            del self._cached[n_keep:]
-            del self._cell_pos[n_keep:]
+        n_keep = self.slot.prefix_for(keys, cancel)
         pos, run = 0, list[int]()
         for it in items:
             width = it.embeddings.shape[0] if isinstance(it, ImageSpan) else 1
@@ -727,65 +559,6 @@ class TextRuntime:
         # wait, so the prompt's time is the prompt's and not the first token's
         L.llama_synchronize(self.ctx)
         return len(keys) - n_keep
-
-    @property
-    def can_shift(self) -> bool:
-        """Whether cached cells can move to other positions (llama.cpp's K-shift): not under
-        M-RoPE, whose positions are not one number."""
-        L = llama()
-        return bool(L.llama_memory_can_shift(L.llama_get_memory(self.ctx)))
-
-    def _shift_to(self, keys: list[Any], n_keep: int) -> int:
-        """The cache holds S + D + K (+ more) and the prompt is S + K + …: drop D's cells and
-        move K's back to follow S (`llama_memory_seq_rm`, `llama_memory_seq_add`; llama.cpp
-        rotates their keys at the next decode), so K is not evaluated again. Returns the
-        prefix now kept. Used when the oldest turns of a conversation left the context."""
-        cached = self._cached
-        if n_keep >= len(cached) or n_keep >= len(keys) or not self.can_shift:
-            return n_keep
-        first = keys[n_keep]
-        if isinstance(first, tuple) and first[1] != 0:  # never from inside an image
-            return n_keep
-        best_b, best_m = -1, 0
-        for b in range(n_keep + 1, len(cached)):
-            if cached[b] != first:
-                continue
-            m, lim = 0, min(len(cached) - b, len(keys) - n_keep)
-            while m < lim and cached[b + m] == keys[n_keep + m]:
-                m += 1
-            if m > best_m:
-                best_b, best_m = b, m
-        if best_m < MIN_SHIFT_CELLS:
-            return n_keep
-        b, m = best_b, best_m
-        if isinstance(keys[n_keep + m - 1], tuple) and n_keep + m < len(keys) and \
-                isinstance(keys[n_keep + m], tuple) and keys[n_keep + m][0] == keys[n_keep + m - 1][0]:
-            return n_keep  # the match would end inside an image
-        L = llama()
-        mem = L.llama_get_memory(self.ctx)
-        p_keep, p_b = self._cell_pos[n_keep], self._cell_pos[b]
-        p_end = self._cell_pos[b + m] if b + m < len(cached) else self._n_past
-        delta = p_b - p_keep
-        L.llama_memory_seq_rm(mem, 0, p_end, -1)
-        L.llama_memory_seq_rm(mem, 0, p_keep, p_b)
-        L.llama_memory_seq_add(mem, 0, p_b, p_end, -delta)
-        self._cached = cached[:n_keep] + cached[b:b + m]
-        self._cell_pos = self._cell_pos[:n_keep] + [p - delta for p in self._cell_pos[b:b + m]]
-        self._n_past = p_end - delta
-        self.last_shift = (b - n_keep, m)
-        return n_keep + m
-
-    def n_positions(self) -> int:
-        """KV cells in use."""
-        return len(self._cached)
-
-    def reset(self) -> None:
-        """Forget the conversation's KV cache."""
-        L = llama()
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        self._cached.clear()
-        self._cell_pos.clear()
-        self._n_past = 0
 
     def reschedule(self) -> None:
         """Device buffers changed: llama.cpp must plan its next graph afresh (a reused graph
@@ -808,66 +581,7 @@ class TextRuntime:
         if fn is None or not fn(self.ctx, 1, 1, 1):
             L.llama_set_adapter_cvec(self.ctx, None, 0, 0, 0, 0)
 
-    # ------------------------------------------------------------ state
-
-    def save_state(self) -> tuple[bytes, list[Any], list[int], int]:
-        """Sequence 0's KV cache (its cells keep their M-RoPE positions) and our record of
-        what it holds, as host bytes."""
-        L = llama()
-        size = L.llama_state_seq_get_size(self.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        return bytes(buf[:n]), list(self._cached), list(self._cell_pos), self._n_past
-
-    def restore_state(self, state: State) -> None:
-        L = llama()
-        data, cached, cell_pos, n_past = state
-        buf = ((ctypes.c_uint8 * len(data)).from_buffer(data) if isinstance(data, bytearray)
-               else (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
-        if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
-            raise EbbError("llama.cpp could not restore the conversation state",
-                           "the conversation goes on without its earlier context")
-        self._cached, self._cell_pos, self._n_past = list(cached), list(cell_pos), n_past
-
     # ------------------------------------------------------------ generation
-
-    def _sampler(self, gp: GenParams) -> Any:
-        L = llama()
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if gp.grammar:  # first: every later stage picks among what the grammar allows
-            g = L.llama_sampler_init_grammar(self.vocab, gp.grammar.encode(), b"root")
-            if not g:
-                L.llama_sampler_free(chain)
-                raise EbbError(f"llama.cpp could not use the reply's grammar: "
-                               f"{llama_log.last_error('no detail')}",
-                               "check the grammar (or the JSON schema it was made from)")
-            L.llama_sampler_chain_add(chain, g)
-        if gp.logit_bias:
-            L.llama_sampler_chain_add(chain, self._logit_bias_sampler(gp.logit_bias, chain))
-        if gp.repeat_penalty != 1.0 or gp.presence_penalty or gp.frequency_penalty:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                self.info.n_vocab, REPEAT_LAST_N, gp.repeat_penalty, gp.frequency_penalty,
-                gp.presence_penalty))
-        if gp.temperature <= 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-        else:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(gp.top_k))
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(gp.top_p, 1))
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(gp.min_p, 1))
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(gp.temperature))
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(gp.seed & 0xFFFFFFFF))
-        return chain
-
-    def _logit_bias_sampler(self, biases: tuple[tuple[int, float], ...], chain: Any) -> Any:
-        L = llama()
-        n_vocab = self.info.n_vocab
-        outside = [t for t, _ in biases if not 0 <= t < n_vocab]
-        if outside:
-            L.llama_sampler_free(chain)
-            raise EbbError(f"logit_bias names token {outside[0]}, and this model's vocabulary "
-                           f"has {n_vocab} tokens (0 to {n_vocab - 1})", "use this model's token ids")
-        entries = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
-        return L.llama_sampler_init_logit_bias(n_vocab, len(biases), entries)  # copies them
 
     def generate(self, messages: list[dict[str, str]], gp: GenParams,
                  on_text: Callable[[str], None] | None = None,
@@ -898,7 +612,7 @@ class TextRuntime:
         return GenResult(text, GenStats(
             n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, prompt_s=prompt_s,
             gen_s=time.perf_counter() - t1, stop_reason=stop, n_prompt_tokens_evaluated=n_eval,
-            n_prompt_tokens_restored=self.last_restored, restore_s=self.last_restore_s,
+            n_prompt_tokens_restored=self.slot.last_restored, restore_s=self.slot.last_restore_s,
             logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None))
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
@@ -907,7 +621,7 @@ class TextRuntime:
         cap or a cancel): its tokens are all in the KV cache and the last one's logits are
         still there, so nothing is prefilled and a greedy reply goes on exactly as if it had
         never stopped. The caller knows that nothing was decoded since."""
-        n_cells = len(self._cached)
+        n_cells = len(self.slot.cells)
         if n_cells >= self.n_ctx - 1:
             return GenResult("", GenStats(n_prompt_tokens=n_cells, stop_reason=StopReason.CONTEXT_FULL))
         t1 = time.perf_counter()
@@ -918,7 +632,7 @@ class TextRuntime:
     def _decode_loop(self, gp: GenParams, on_text: Callable[[str], None] | None,
                      cancel: threading.Event | None, resume: bool = False) -> tuple[str, int, StopReason]:
         L = llama()
-        chain = self._sampler(gp)
+        chain = sampler_chain(gp, self.vocab, self.info.n_vocab)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         if resume:  # the bytes of a character the last stop cut in two
             decoder.setstate(self._utf8_state)
@@ -931,7 +645,7 @@ class TextRuntime:
                     break
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
-                    self.last_logprobs.append(self._logprobs(tok, gp.top_logprobs))
+                    self.last_logprobs.append(logprob_entry(self.ctx, self.info.n_vocab, tok, gp.top_logprobs, self._piece))
                     if gp.on_logprob is not None:
                         gp.on_logprob(self.last_logprobs[-1])
                 if L.llama_vocab_is_eog(self.vocab, tok):
@@ -943,7 +657,7 @@ class TextRuntime:
                     pieces.append(piece)
                     if on_text is not None:
                         on_text(piece)
-                if len(self._cached) >= self.n_ctx - 1:
+                if len(self.slot.cells) >= self.n_ctx - 1:
                     stop = StopReason.CONTEXT_FULL
                     break
                 self._decode_tokens([tok])

@@ -26,7 +26,7 @@ from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.events import SWAP_STEPS
 from engine.llama.bandwidth import COPY_PIECES, measure_bandwidth
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.placement.plan import placement_for, projector_need_bytes
 from engine.session import Session
 from engine.media.images import write_noise_picture

@@ -104,7 +104,7 @@ def check_colours(model: Path, projector: Path, n_threads: int, n_batch: int = 5
     from PIL import Image
 
     from engine.config import SessionConfig
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
     from engine.session import Session
 
     cfg = SessionConfig(model, projector, n_ctx=1024, n_threads=n_threads, n_batch=n_batch,

@@ -34,7 +34,7 @@ def _child(who: str, model: str, n_ctx: int, threads: int, reply: int) -> None:
     out = sys.stdout
     if who == "ebb":
         from engine.config import SessionConfig
-        from engine.llama.runtime import GenParams
+        from engine.llama.sampling import GenParams
         from engine.session import Session
 
         s = Session(SessionConfig(Path(model), n_ctx=n_ctx, n_threads=threads))

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.config import PhaseTuning, SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session
 
 def long_prompt(n_ctx: int) -> str:

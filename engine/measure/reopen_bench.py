@@ -48,7 +48,7 @@ def _runtime(s: Any) -> Any:
 
 def _forget_all(s: Any) -> None:
     """As a new process holds nothing: no KV cells, no RAM states, no encoded pictures."""
-    _runtime(s).reset()
+    _runtime(s).slot.reset()
     s.model.snapshots.clear()
     s.encoder.forget_all()
 
@@ -57,7 +57,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                  picture: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     from engine.config import SessionConfig
     from engine.gguf.info import model_info, read_gguf
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
     from engine.session import Session
 
     info = model_info(read_gguf(model))
@@ -94,7 +94,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                 first = s.turn("Anything else?", gp=gp)
                 n_history = first.gen.n_prompt_tokens
                 s.set_history(hist, tag="bench")
-                _runtime(s).keep_on_drop = False
+                _runtime(s).slot.keep_on_drop = False
                 assert s.persist()
                 disk = s.model.snapshots.disk
                 assert disk is not None
@@ -106,7 +106,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                     order = MODES[r % 3:] + MODES[:r % 3]
                     for mode in order:
                         s.set_history(hist, tag="bench")
-                        _runtime(s).keep_on_drop = False  # nothing written while timed
+                        _runtime(s).slot.keep_on_drop = False  # nothing written while timed
                         if mode != "never_left":
                             _forget_all(s)
                         saved_disk, saved_pics = s.model.snapshots.disk, s.encoder.disk

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.config import SessionConfig
-from engine.llama.runtime import GenParams
+from engine.llama.sampling import GenParams
 from engine.session import Session
 
 

@@ -312,7 +312,7 @@ class ModelResidency:
 
     def _load_text(self) -> TextRuntime:
         rt = TextRuntime(self.text_params(self.placement), self.info)
-        rt.snapshots = self.snapshots
+        rt.slot.snapshots = self.snapshots
         self.n_model_loads += 1
         for (dev, kind), n in rt.buffers.items():
             if kind in _KIND:

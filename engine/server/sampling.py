@@ -28,7 +28,7 @@ class Sampling:
     grammar: str = ""  # GBNF, root rule "root"
 
     def gen_overrides(self) -> dict[str, Any]:
-        """The GenParams fields this request sets (engine.llama.runtime.GenParams)."""
+        """The GenParams fields this request sets (engine.llama.sampling.GenParams)."""
         out: dict[str, Any] = {"presence_penalty": self.presence_penalty,
                                "frequency_penalty": self.frequency_penalty,
                                "logit_bias": self.logit_bias}

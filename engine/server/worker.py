@@ -309,7 +309,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
 
 def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
                 on_logprob: Callable[[dict[str, Any]], None] | None = None) -> Any:
-    from engine.llama.runtime import GenParams
+    from engine.llama.sampling import GenParams
 
     defaults = GenParams()
     return GenParams(max_tokens=req.max_tokens,
