@@ -31,9 +31,9 @@ def _window_run(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.settings import session_config
-    from app.store import Store
-    from app.window import MainWindow
+    from app.core.settings import session_config
+    from app.core.store import Store
+    from app.mainwindow.window import MainWindow
     from engine.llama.sampling import GenParams
 
     app = QApplication(sys.argv[:1])
@@ -143,8 +143,8 @@ def cmd_open(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.store import Store
-    from app.window import MainWindow
+    from app.core.store import Store
+    from app.mainwindow.window import MainWindow
 
     app = QApplication(sys.argv[:1])
     app.setStyle("Fusion")

@@ -60,7 +60,7 @@ def _is_projector(path: Path) -> bool:
 def relaunch(message: str, lost: list[str]) -> None:
     """ggml is about to abort (a remote device died mid-step): start the window again on the
     devices left, saying why. Called on the failing thread; never returns."""
-    from app.settings import LOST_RPC
+    from app.core.settings import LOST_RPC
     from engine.llama.fatal import describe
 
     env = dict(os.environ)
@@ -190,7 +190,7 @@ def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
     """The window, loading `cfg` unless the last start died in llama.cpp's native code: then it
     says so and offers safe mode instead (app/safe_mode.py)."""
     from app import safe_mode
-    from app.window import MainWindow
+    from app.mainwindow.window import MainWindow
     from engine.llama import native
 
     native.enable_crash_log()  # a fatal signal is written down for the next start
@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.resources import resource_path
-    from app.settings import DEMO, session_config
-    from app.store import Store
+    from app.core.resources import resource_path
+    from app.core.settings import DEMO, session_config
+    from app.core.store import Store
     from engine import testhooks
     from engine.models.default import DEFAULT_NAME
     from engine.paths import data_dir

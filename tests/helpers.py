@@ -143,7 +143,7 @@ def close_open_windows() -> None:
 
 def fresh_store(tmp_path: Path) -> Any:
     """A store in a fresh data folder, with a small context and the suite's thread count."""
-    from app.store import Store
+    from app.core.store import Store
 
     s = Store(tmp_path / "data")
     s.set_setting("ctx", 1024)
@@ -155,8 +155,8 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
                 **settings):
     """The real window over `store` (settings written first), shown; waits until the model is
     loaded (`wait="loaded"`), loaded or refused with an error (`"settled"`), or not at all."""
-    from app.settings import session_config
-    from app.window import MainWindow
+    from app.core.settings import session_config
+    from app.mainwindow.window import MainWindow
     from engine.llama.sampling import GenParams
 
     for k, v in settings.items():

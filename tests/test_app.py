@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QTimer, QUrl
 from PySide6.QtGui import QImage
 
-from app.store import Store
+from app.core.store import Store
 from engine.llama.sampling import GenParams
 from tests.helpers import (
     RpcServer,

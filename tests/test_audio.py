@@ -268,7 +268,7 @@ def test_a_recording_from_a_virtual_microphone_is_what_it_heard(virtual_micropho
 
     import numpy as np
 
-    from app.recorder import RATE, Recorder
+    from app.sound.recorder import RATE, Recorder
 
     rec = Recorder()
     rec.start()

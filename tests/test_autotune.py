@@ -210,7 +210,7 @@ class TurnTimes(Curves):
 
 
 def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_path):
-    from app.settings import phase_settings
+    from app.core.settings import phase_settings
     from engine.tuned import TuneResult
 
     info = model_info(read_gguf(model_path))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QUrl
 
-from app.store import Store
+from app.core.store import Store
 from tests.helpers import fresh_store, open_window, send, wait_for
 
 

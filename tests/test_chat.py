@@ -118,7 +118,7 @@ def test_chat_titles_tell_chats_apart():
     title is taken."""
     from pathlib import Path
 
-    from app.chat_state import chat_title
+    from app.core.chat_state import chat_title
 
     assert chat_title("What colour is this picture?\nSecond line", [], set()) == "What colour is this picture?"
     assert chat_title("What colour is this picture?", [], {"What colour is this picture?"}) == \

@@ -11,9 +11,9 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
-from app.markdown import split_all, split_finished
-from app.store import Message, Store
-from app.transcript import FIRST_MESSAGES, Transcript
+from app.core.markdown import split_all, split_finished
+from app.core.store import Message, Store
+from app.widgets.transcript import FIRST_MESSAGES, Transcript
 from engine.llama.sampling import GenParams
 from tests.helpers import open_window, send, shown_text, wait_for
 
@@ -256,8 +256,8 @@ def test_text_can_be_selected_and_copied(view):
 def test_older_messages_loaded_by_scrolling_are_spaced_as_the_others(view):
     """#26: the messages that come in above as the view is scrolled up are laid out block for
     block as if the conversation had been shown whole (they had extra empty paragraphs)."""
-    from app import transcript as T
-    from app.store import Message
+    from app.widgets import transcript as T
+    from app.core.store import Message
 
     msgs = []
     for i in range(60):

@@ -37,7 +37,7 @@ def test_cli_says_which_server_died_mid_reply_and_exits_3():
 
 
 def test_window_restarts_without_the_dead_server_and_keeps_the_conversation(tmp_path):
-    from app.store import Store
+    from app.core.store import Store
 
     server = RpcServer()
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(tmp_path / "data"),

@@ -151,7 +151,7 @@ def test_a_reply_that_fills_the_context_alone_cannot_go_on_and_is_kept(model_pat
 
 
 def test_the_window_says_where_the_models_memory_begins(qtbot, tmp_path):
-    from app.store import Store
+    from app.core.store import Store
 
     store = Store(tmp_path / "data")
     store.set_setting("threads", N_THREADS)
@@ -228,7 +228,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
     import signal
     import sqlite3
 
-    from app.store import Store
+    from app.core.store import Store
 
     data = tmp_path / "data"
     store = Store(data)
@@ -292,8 +292,8 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         if moment not in ("decode", "evict"):
             return  # the window's view of an interrupted reply is checked for those two
         # the window opens it: the reply marked, Regenerate offered
-        from app.settings import session_config
-        from app.window import MainWindow
+        from app.core.settings import session_config
+        from app.mainwindow.window import MainWindow
 
         cfg, rpc = session_config(store, "default", "")
         store.set_setting("vision", "auto")
@@ -314,7 +314,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
 
 
 def _fill_store(folder: Path, n_conv: int = 30) -> dict[int, list[str]]:
-    from app.store import Store
+    from app.core.store import Store
 
     store = Store(folder)
     texts = {}
@@ -331,7 +331,7 @@ def _fill_store(folder: Path, n_conv: int = 30) -> dict[int, list[str]]:
 
 
 def _window_without_model(qtbot, store):
-    from app.window import MainWindow
+    from app.mainwindow.window import MainWindow
 
     w = MainWindow(store, None)
     track_window(w)
@@ -344,7 +344,7 @@ def test_a_damaged_database_is_moved_aside_and_what_can_be_read_is_shown(tmp_pat
     import hashlib
     import random
 
-    from app.store import Store
+    from app.core.store import Store
 
     data = tmp_path / "data"
     texts = _fill_store(data)
@@ -386,7 +386,7 @@ def test_a_damaged_database_is_moved_aside_and_what_can_be_read_is_shown(tmp_pat
 def test_a_database_that_is_not_ours_is_kept_and_a_fresh_one_used(kind, tmp_path):
     import sqlite3
 
-    from app.store import Store
+    from app.core.store import Store
 
     data = tmp_path / "data"
     data.mkdir()
@@ -446,7 +446,7 @@ def _fill_disk(mount: Path) -> Path:
 def test_an_unwritable_data_folder_opens_in_memory_with_what_can_be_read(small_disk, qtbot):
     import subprocess
 
-    from app.store import Store
+    from app.core.store import Store
 
     data = small_disk / "data"
     _fill_store(data, n_conv=2)
@@ -465,7 +465,7 @@ def test_an_unwritable_data_folder_opens_in_memory_with_what_can_be_read(small_d
 
 
 def test_a_full_disk_at_start_opens_in_memory(small_disk):
-    from app.store import Store
+    from app.core.store import Store
 
     _fill_disk(small_disk)
     store = Store(small_disk / "data")
@@ -478,7 +478,7 @@ def test_a_full_disk_at_start_opens_in_memory(small_disk):
 
 def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, pictures,
                                                            tiny_projector):
-    from app.store import Store
+    from app.core.store import Store
 
     data = small_disk / "data"
     store = Store(data)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from PySide6.QtGui import QGuiApplication
 
-from app.settings import session_config
-from app.store import Store
-from app.window import MainWindow
+from app.core.settings import session_config
+from app.core.store import Store
+from app.mainwindow.window import MainWindow
 from engine.llama.sampling import GenParams
 from tests.helpers import track_window, wait_for
 
@@ -102,7 +102,7 @@ def test_the_menu_and_the_welcome_link_ask_for_the_size_and_cancel_starts_nothin
         qtbot, tmp_path, monkeypatch):
     from PySide6.QtWidgets import QInputDialog
 
-    from app.welcome import STANDIN_LINK
+    from app.core.welcome import STANDIN_LINK
 
     asked = []
     monkeypatch.setattr(QInputDialog, "getText",

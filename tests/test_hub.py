@@ -343,8 +343,8 @@ def test_a_stalled_link_is_dropped_and_tried_again_and_a_split_model_comes_whole
 
 
 def test_settings_keep_the_hub_mirror_and_token_and_need_no_reload(qtbot):
-    from app.dialogs import SettingsDialog
-    from app.settings import Settings, reload_changes
+    from app.dialogs.settings import SettingsDialog
+    from app.core.settings import Settings, reload_changes
 
     dlg = SettingsDialog(Settings(hub_endpoint="https://hf-mirror.example"))
     qtbot.addWidget(dlg)

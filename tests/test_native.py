@@ -206,8 +206,8 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
     """A window whose first reply dies by SIGSEGV; the next start shows what happened, does not
     load the model again by itself, and 'Start in safe mode' gets a reply."""
     from app.main import open_window
-    from app.settings import session_config
-    from app.store import Store
+    from app.core.settings import session_config
+    from app.core.store import Store
     from tests.helpers import track_window, wait_for
 
     data, records = tmp_path / "data", tmp_path / "native"

@@ -6,7 +6,7 @@ import time
 
 from PySide6.QtCore import QPointF
 
-from app.store import Store
+from app.core.store import Store
 from engine import events
 from tests.helpers import open_window
 
@@ -74,7 +74,7 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
 
 
 def test_the_chat_keeps_its_width_and_the_layout_is_remembered(qtbot, tmp_path):
-    from app.window import CHAT_MIN_WIDTH, MainWindow
+    from app.mainwindow.window import CHAT_MIN_WIDTH, MainWindow
     from tests.helpers import track_window
 
     store = Store(tmp_path / "data")
@@ -136,7 +136,7 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
 
 
 def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
-    from app.tune import TuneDialog
+    from app.dialogs.tune import TuneDialog
     from engine.measure.autotune import planned_runs
     from engine.tuned import TuneResult
 
@@ -164,8 +164,8 @@ def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
 
 
 def test_the_model_line_says_where_the_layers_are():
-    """#28: the status label's wording is a pure formatter (app/status.py)."""
-    from app.status import loaded_message, model_line
+    """#28: the status label's wording is a pure formatter (app/core/status.py)."""
+    from app.core.status import loaded_message, model_line
     from engine.events import LoadDetails
 
     on_accel = LoadDetails(accelerator="RPC0", mover="live", n_layers_on_accel=12,
@@ -184,7 +184,7 @@ def test_the_model_line_says_where_the_layers_are():
 def test_every_residency_name_is_readable_at_any_width(qtbot):
     """The named cells (embd, out, proj, KV, comp) show their names whole; layer numbers are in
     the cells or, where two digits do not fit, on a scale below whose labels do not overlap."""
-    from app.panel import ResidencyMap
+    from app.widgets.panel import ResidencyMap
     from engine.telemetry import Telemetry
 
     tel = Telemetry()
@@ -224,7 +224,7 @@ def test_every_residency_name_is_readable_at_any_width(qtbot):
 def test_tunes_stop_button_asks_the_runs_to_stop(qtbot):
     """Stop's click reaches the dialog's stop signal (it once raised a TypeError per click and
     the runs went on)."""
-    from app.tune import TuneDialog
+    from app.dialogs.tune import TuneDialog
 
     dlg = TuneDialog()
     qtbot.addWidget(dlg)
@@ -240,7 +240,7 @@ def test_the_panel_follows_the_last_turn_after_a_reload_and_through_a_long_reply
     steps (it showed 0-530 s, the swap a sliver); while a reply runs, the view reaches to now."""
     import time
 
-    from app.panel import MemoryPanel
+    from app.widgets.panel import MemoryPanel
     from engine import events
     from engine.telemetry import Telemetry
 
@@ -276,7 +276,7 @@ def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_sh
     start on such a screen folds it and says how to show it; shown, it scrolls."""
     from PySide6.QtWidgets import QApplication, QScrollArea
 
-    from app.window import FOLD_PANEL_BELOW, PANEL_MIN_WIDTH, MainWindow
+    from app.mainwindow.window import FOLD_PANEL_BELOW, PANEL_MIN_WIDTH, MainWindow
     from tests.helpers import fresh_store, track_window
 
     screen = QApplication.primaryScreen()

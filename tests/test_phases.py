@@ -167,8 +167,8 @@ RESULT = {"device": "RPC0", "vram_budget_bytes": 185 * 2**20, "headroom_bytes": 
 
 
 def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
-    from app.settings import load_settings, phase_settings, phase_tuning, session_config
-    from app.store import Store
+    from app.core.settings import load_settings, phase_settings, phase_tuning, session_config
+    from app.core.store import Store
 
     store = Store(tmp_path / "data")
     for k, v in phase_settings(TuneResult.from_dict(RESULT)).items():
@@ -185,7 +185,7 @@ def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
 
 
 def test_the_tune_dialog_draws_a_curve_per_thread_count_and_uses_both_phases(qtbot):
-    from app.tune import TuneDialog
+    from app.dialogs.tune import TuneDialog
 
     d = TuneDialog()
     qtbot.addWidget(d)

@@ -151,7 +151,7 @@ def test_the_folder_keeps_its_budget_least_recently_used_first(tmp_path):
 def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
     from PySide6.QtCore import Qt
 
-    from app.store import Store
+    from app.core.store import Store
     from tests.helpers import fresh_store, open_window, send, wait_for
 
     def open_chat(w, cid):

@@ -5,11 +5,11 @@ import sqlite3
 
 from PIL import Image
 
-from app.dialogs import estimate
+from app.dialogs.open_model import estimate
 from engine.models.local import find_models, projectors_beside
-from app.export import export_chat, render
-from app.settings import Settings
-from app.store import Store
+from app.core.export import export_chat, render
+from app.core.settings import Settings
+from app.core.store import Store
 
 
 def test_conversations_messages_images_and_settings(tmp_path):
@@ -69,8 +69,8 @@ def test_model_picker_finds_models_and_projectors(tmp_path, model_path, tiny_pro
 
 
 def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path):
-    from app.dialogs import SettingsDialog
-    from app.settings import Settings, session_config
+    from app.dialogs.settings import SettingsDialog
+    from app.core.settings import Settings, session_config
 
     s = Store(tmp_path)
     dlg = SettingsDialog(Settings(), None)
@@ -95,7 +95,7 @@ def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path)
 def test_app_icon_and_desktop_file_exist():
     from PySide6.QtGui import QIcon
 
-    from app.resources import resource_path
+    from app.core.resources import resource_path
 
     assert not QIcon(str(resource_path("ebb.svg"))).isNull()
     desktop = resource_path("ebb.desktop").read_text()
@@ -109,7 +109,7 @@ def test_model_picker_pairs_by_family_and_marks_text_only(qtbot, tmp_path, model
     import gguf
     import numpy as np
 
-    from app.dialogs import model_label, projector_offer
+    from app.dialogs.open_model import model_label, projector_offer
     from engine.gguf.model_gen import ModelShape, write_model
     from engine.gguf.projector_gen import write_projector
 
@@ -147,7 +147,7 @@ def test_model_picker_pairs_by_family_and_marks_text_only(qtbot, tmp_path, model
     q.symlink_to(model_path)
     assert model_label(q).startswith("SmolLM2-135M-Instruct · ") and " · Q4_1   (" in model_label(q)
     # Load is off for a pair the picker refuses, and says why; on for one that belongs
-    from app.dialogs import ModelPicker
+    from app.dialogs.open_model import ModelPicker
 
     dlg = ModelPicker(Settings())
     qtbot.addWidget(dlg)
@@ -196,7 +196,7 @@ def test_a_truncated_database_gives_back_what_sqlite_dump_can_read(tmp_path):
 
 
 def test_a_model_is_named_as_people_know_it():
-    from app.settings import readable_model_name as name
+    from app.core.settings import readable_model_name as name
 
     assert name("/m/SmolLM2-135M-Instruct.Q4_1.gguf", "Smollm2 135M 8k Lc100K Mix1 Ep2") == "SmolLM2-135M-Instruct"
     assert name("Qwen2.5-VL-7B-Instruct-Q4_K_M.gguf") == "Qwen2.5-VL-7B-Instruct"

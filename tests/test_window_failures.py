@@ -11,8 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from app.settings import Settings
-from app.store import Store
+from app.core.settings import Settings
+from app.core.store import Store
 from tests.helpers import N_THREADS, fresh_store, open_window, wait_for, wait_for_line
 
 
@@ -80,7 +80,7 @@ def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
 
 
 def test_the_model_dialog_reads_files_on_a_pause_and_never_raises(qtbot, tmp_path, model_path):
-    from app.dialogs import ModelPicker
+    from app.dialogs.open_model import ModelPicker
 
     dlg = ModelPicker(Settings(ctx=1024))
     qtbot.addWidget(dlg)
@@ -168,7 +168,7 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
 
 
 def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path):
-    from app.settings import reload_changes
+    from app.core.settings import reload_changes
 
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
@@ -177,7 +177,7 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
     assert reload_changes(before, replace(before, ctx=2048)) == "ctx 1024 → 2048"
     loads = []
     w.request_load.connect(lambda cfg, rpc: loads.append(cfg))
-    from app.dialogs import SettingsDialog
+    from app.dialogs.settings import SettingsDialog
 
     SettingsDialog.exec = lambda self: (self.max_tokens.setValue(64), 1)[1]  # only the reply cap
     try:
@@ -191,7 +191,7 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
 
 
 def test_open_model_lists_ebbs_own_cache(qtbot, model_path):
-    from app.dialogs import ModelPicker
+    from app.dialogs.open_model import ModelPicker
 
     dlg = ModelPicker(Settings(ctx=1024))
     qtbot.addWidget(dlg)
@@ -224,7 +224,7 @@ def test_search_shows_the_matching_line_delete_undoes_and_export_writes(qtbot, t
 def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     """#27: per chat, with Settings' as the default: the engine gets the chat's system prompt
     and each reply its sampling (greedy here, so the reply is the one greedy gives)."""
-    from app.settings import chat_params, set_chat_params
+    from app.core.settings import chat_params, set_chat_params
 
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
@@ -264,7 +264,7 @@ def test_a_huge_word_is_laid_out_at_once_and_a_deleted_picture_is_named(qtbot, t
     from PySide6.QtCore import QMimeData
     from PySide6.QtGui import QTextOption
 
-    from app.transcript import LONG_RUN, shorten_long_runs
+    from app.widgets.transcript import LONG_RUN, shorten_long_runs
 
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=4, wait="settled", ctx=8192)  # 200 KB may be pasted
@@ -351,8 +351,8 @@ def test_when_the_last_model_is_gone_the_default_opens_and_says_why(tmp_path):
 def test_chat_settings_have_named_presets(qtbot):
     """#43: built-in presets set the sampling; one saved by name (with its system prompt)
     comes back in a later dialog; a built-in name is not taken over."""
-    from app.chat_settings import ChatSettingsDialog
-    from app.settings import DEFAULTS
+    from app.dialogs.chat_settings import ChatSettingsDialog
+    from app.core.settings import DEFAULTS
 
     kept: list[dict] = []
     dlg = ChatSettingsDialog("t", dict(DEFAULTS), presets={}, save_presets=kept.append)

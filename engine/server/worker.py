@@ -96,7 +96,7 @@ class Job:
 
 class Backend(Protocol):
     """What the HTTP side needs of whoever answers: `ServeWorker` (ebb-engine serve) or the
-    window's engine worker (app/serving.py)."""
+    window's engine worker (app/mainwindow/serving.py)."""
     model_id: str
     model_path: Path
     ready: threading.Event

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QMetaObject, Qt
 
-from app.settings import Settings
+from app.core.settings import Settings
 from engine.server.api.common import ApiError
 from engine.server.worker import Failed, Job, JobQueue
 

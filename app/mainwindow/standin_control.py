@@ -1,5 +1,5 @@
 """The window's stand-in accelerator, one owner: Model → Start a stand-in accelerator… (and the
-welcome's link) asks for its size, starts `app/standin.py`'s child process, polls it on a timer
+welcome's link) asks for its size, starts `app/core/standin.py`'s child process, polls it on a timer
 until it serves, then hands the window its endpoint; the stand-in ends with the window. It also
 answers what the window asks of it: whether a load's device is the stand-in, and what the
 session's config needs for it (the swap shown; its memory not kept back). GUI thread."""
@@ -27,7 +27,7 @@ class StandInControl(QObject):
         self.window = window
         self.log_dir = log_dir  # its log beside the window's (None: in memory)
         self.status, self.error, self.ready = status, error, ready
-        self.standin: Any = None  # app/standin.py's StandIn, while it runs
+        self.standin: Any = None  # app/core/standin.py's StandIn, while it runs
         self.action = QAction("Start a stand-in accelerator…", window)
         self.action.triggered.connect(lambda _checked=False: self.start())
         self.action.setStatusTip("Serve part of this machine's RAM as a device of a "
@@ -42,7 +42,7 @@ class StandInControl(QObject):
     def start(self, size: str | None = None) -> None:
         """Start the stand-in (a child `rpc-serve --device-memory`); `ready(endpoint)` once it
         serves. `size`: None asks the user."""
-        from app.standin import DEFAULT_BYTES, StandIn
+        from app.core.standin import DEFAULT_BYTES, StandIn
         from engine.units import fmt_bytes, parse_size
 
         if self.standin is not None:

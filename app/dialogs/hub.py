@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import Settings
+from app.core.settings import Settings
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from app.store import Message, Store
+from app.core.store import Message, Store
 
 
 def export_chat(store: Store, conversation_id: int, out: Path, every_branch: bool = False,

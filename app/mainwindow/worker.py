@@ -16,8 +16,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.chat_state import ChatHistory
-from app.settings import resolve_paths
+from app.core.chat_state import ChatHistory
+from app.core.settings import resolve_paths
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -53,11 +53,11 @@ class EngineWorker(QObject):
         self._closing = threading.Event()
         self._tune_cancel = threading.Event()
         self.stream = TextStream()
-        self.server_backend: Any = None  # app/serving.py's WindowBackend, while serving
+        self.server_backend: Any = None  # app/mainwindow/serving.py's WindowBackend, while serving
 
     @Slot()
     def serve_next(self) -> None:
-        """The local server's oldest waiting request (app/serving.py), on the window's session;
+        """The local server's oldest waiting request (app/mainwindow/serving.py), on the window's session;
         the window's conversation is put back afterwards."""
         from engine.server.api.common import ApiError
         from engine.server.worker import Answer, Failed, answer_job, run_job

@@ -2,7 +2,7 @@
 
 GUI thread only. All engine work goes to the EngineWorker (its own QThread) through queued
 signals. The streamed reply is taken from the worker in batches on a 30 Hz timer and appended
-to the one transcript (app/transcript.py), never re-rendered from its start.
+to the one transcript (app/widgets/transcript.py), never re-rendered from its start.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_state import (
+from app.core.chat_state import (
     MAX_BYTES_PER_TOKEN,
     ChatHistory,
     ChatState,
@@ -46,11 +46,12 @@ from app.chat_state import (
     oversized,
     users_names,
 )
-from app.composer import Composer
-from app.dialogs import ModelPicker, SettingsDialog
-from app.notices import NoticeArea
-from app.panel import ElidedLabel, MemoryPanel
-from app.settings import (
+from app.widgets.composer import Composer
+from app.dialogs.open_model import ModelPicker
+from app.dialogs.settings import SettingsDialog
+from app.widgets.notices import NoticeArea
+from app.widgets.panel import ElidedLabel, MemoryPanel
+from app.core.settings import (
     DEMO,
     Settings,
     chat_gen_params,
@@ -65,10 +66,10 @@ from app.settings import (
     session_config,
     states_dir,
 )
-from app.status import loaded_message, model_line, phases_line, restored_line
-from app.store import Message, Store
-from app.transcript import Transcript
-from app.worker import EngineWorker
+from app.core.status import loaded_message, model_line, phases_line, restored_line
+from app.core.store import Message, Store
+from app.widgets.transcript import Transcript
+from app.mainwindow.worker import EngineWorker
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -120,7 +121,7 @@ class MainWindow(QMainWindow):
         self._load_reason = ""  # why the next load happens, for the status line
         self._said_start = False  # the start's time goes to the status line once
         self._looked: tuple[list[Path], int] | None = None  # the model folders and their models
-        from app.tune import TuneController
+        from app.mainwindow.tuning import TuneController
 
         self.tuning = TuneController(self)  # Model → Tune layers…: its dialog and runs
         self._build_ui()
@@ -159,7 +160,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ building
 
     def _build_ui(self) -> None:
-        from app.conversation_list import ConversationList
+        from app.widgets.conversation_list import ConversationList
 
         self.chats = ConversationList(self.store, self.chat, self.show_error,
                                       self.statusBar().showMessage)
@@ -167,11 +168,11 @@ class MainWindow(QMainWindow):
         self.chats.deleted.connect(self._on_chat_deleted)
         self._build_menu()
 
-        from app.vision_bar import VisionBar
+        from app.widgets.vision_bar import VisionBar
 
         self.vision = VisionBar()  # the Vision switch and where the projector is
         self.vision.requested.connect(self._on_vision_toggled)
-        self.notice = NoticeArea()  # errors and what happened: each until its ✕ (app/notices.py)
+        self.notice = NoticeArea()  # errors and what happened: each until its ✕ (app/widgets/notices.py)
         self.welcome = QLabel("", wordWrap=True, openExternalLinks=False)
         self.welcome.setTextFormat(Qt.TextFormat.RichText)
         self.welcome.setStyleSheet("background: #eef5fc; color: #1d2b36; padding: 10px; "
@@ -283,9 +284,9 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_about(self) -> None:
-        from app.about import AboutDialog, about_facts, diagnostics_text
+        from app.dialogs.about import AboutDialog, about_facts, diagnostics_text
 
-        from app.store import DB_NAME
+        from app.core.store import DB_NAME
 
         where = str(self.store.folder / DB_NAME)
         facts = about_facts(where + (" (not writable: kept in memory)" if self.store.in_memory
@@ -320,7 +321,7 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
-        from app.standin_control import StandInControl
+        from app.mainwindow.standin_control import StandInControl
 
         self.standin = StandInControl(self, None if self.store.in_memory else self.store.folder,
                                       self.statusBar().showMessage, self.show_error,
@@ -351,7 +352,7 @@ class MainWindow(QMainWindow):
         self.request_tune.connect(self.worker.tune)
         self._thread.finished.connect(self.worker.deleteLater)
         self._thread.start()
-        from app.serving import LocalServer
+        from app.mainwindow.serving import LocalServer
 
         self.local_server = LocalServer(self.worker, self.server_status, self.show_notice)
         self.local_server.apply(self._settings())
@@ -485,13 +486,13 @@ class MainWindow(QMainWindow):
         return chat_gen_params(self.store, self.conv_id, self.gen_params)
 
     def _on_view_picture(self, path: str) -> None:
-        from app.picture_viewer import PictureViewer
+        from app.widgets.picture_viewer import PictureViewer
 
         self.picture_viewer = PictureViewer(Path(path), self)
         self.picture_viewer.show()
 
     def _on_chat_settings(self) -> None:
-        from app.chat_settings import ChatSettingsDialog
+        from app.dialogs.chat_settings import ChatSettingsDialog
 
         def save_presets(presets: dict[str, dict[str, Any]]) -> None:
             try:
@@ -538,7 +539,7 @@ class MainWindow(QMainWindow):
     def _update_welcome(self) -> None:
         """The first start's welcome: while no conversation has a message."""
         from engine.models.local import find_models, model_folders
-        from app.welcome import welcome_html
+        from app.core.welcome import welcome_html
 
         if self.chat.busy or self.store.has_messages():
             self.welcome.hide()
@@ -553,7 +554,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_welcome_link(self, link: str) -> None:
-        from app.welcome import OPEN_LINK, STANDIN_LINK
+        from app.core.welcome import OPEN_LINK, STANDIN_LINK
 
         if link == STANDIN_LINK:
             self.standin.start()
@@ -757,7 +758,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_get_models(self) -> None:
-        from app.hub_dialog import HubDialog
+        from app.dialogs.hub import HubDialog
         from engine.hub.verdict import machine_from_devices
 
         settings = self._settings()
@@ -780,7 +781,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_what_if(self) -> None:
-        from app.whatif_dialog import WhatIfDialog
+        from app.dialogs.whatif import WhatIfDialog
 
         cfg = self.chat.last_cfg
         self.whatif_dialog = WhatIfDialog(str(cfg.model_path) if cfg else "default",
@@ -1001,7 +1002,7 @@ class MainWindow(QMainWindow):
     def _save_layout(self) -> None:
         import base64
 
-        from app.store import StoreError
+        from app.core.store import StoreError
 
         for key, state in (("window_geometry", self.saveGeometry()),
                            ("window_state", self.saveState()), ("window_split", self.split.saveState())):

@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.panel import MemoryPanel
-from app.settings import DEMO
+from app.widgets.panel import MemoryPanel
+from app.core.settings import DEMO
 from engine import events
 from engine.errors import EbbError
 from engine.telemetry import Telemetry

@@ -23,13 +23,13 @@ PICK = "Choose a preset…"
 
 class ChatSettingsDialog(QDialog):
     """`presets`: the user's own named settings (Settings' "chat_presets"); `save_presets`
-    keeps them when one is saved. The built-in ones (app/settings.py) come first."""
+    keeps them when one is saved. The built-in ones (app/core/settings.py) come first."""
 
     def __init__(self, title: str, values: dict[str, Any], parent: Any = None,
                  presets: dict[str, dict[str, Any]] | None = None,
                  save_presets: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> None:
         super().__init__(parent)
-        from app.settings import BUILT_IN_PRESETS
+        from app.core.settings import BUILT_IN_PRESETS
 
         self.setWindowTitle(f"Chat settings — {title}")
         self.own_presets = dict(presets or {})
@@ -108,7 +108,7 @@ class ChatSettingsDialog(QDialog):
 
     def save_named(self, name: str) -> bool:
         """Keep these settings under `name` (a built-in name is not taken over)."""
-        from app.settings import BUILT_IN_PRESETS
+        from app.core.settings import BUILT_IN_PRESETS
 
         name = name.strip()
         if not name or name == PICK or name in BUILT_IN_PRESETS:

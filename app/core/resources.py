@@ -11,7 +11,7 @@ def resource_path(name: str) -> Path:
     meipass = getattr(sys, "_MEIPASS", None)
     if meipass is not None:
         return Path(meipass) / "resources" / name
-    checkout = Path(__file__).resolve().parent.parent / "resources" / name
+    checkout = Path(__file__).resolve().parents[2] / "resources" / name  # app/core/ → the top
     if checkout.exists():
         return checkout
     return Path(sys.prefix) / "share" / "ebb" / "resources" / name

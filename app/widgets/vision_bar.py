@@ -7,7 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QWidget
 
-from app.settings import DEMO_LABEL, DEMO_AUDIO_LABEL
+from app.core.settings import DEMO_LABEL, DEMO_AUDIO_LABEL
 from engine import events
 
 # where the projector is, as the row says it (Residency.projector_device → text)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from app.store import Message, Store, StoreError
+from app.core.store import Message, Store, StoreError
 from engine import stops
 from engine.stops import StopReason
 from engine.config import SessionConfig

@@ -2,7 +2,7 @@
 last of them.
 
 Nothing here re-renders what is already shown. A message is rendered once when it is added; the
-reply being streamed is rendered block by block (app/markdown.py): text that arrives is appended
+reply being streamed is rendered block by block (app/core/markdown.py): text that arrives is appended
 as plain text, and when its block is finished (a blank line, a closing fence) that block alone
 is rendered as Markdown in its place. When the reply ends, it alone is rendered whole with its
 stats line. A long conversation opens with its newest messages; older ones are added above
@@ -31,9 +31,9 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QTextEdit
 
-from app.clips import ClipPlayer, describe
-from app.markdown import Part, code_html, open_code_body, split_all, split_finished
-from app.store import Message
+from app.sound.clips import ClipPlayer, describe
+from app.core.markdown import Part, code_html, open_code_body, split_all, split_finished
+from app.core.store import Message
 from engine.media.audio import is_clip
 from engine.stops import StopReason
 

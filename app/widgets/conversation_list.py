@@ -1,7 +1,7 @@
 """The window's left column: New chat, the search box and the list of conversations, with each
 one's menu (Rename…, Export…, Delete…).
 
-It changes which conversation is open through ChatState (app/chat_state.py) and says so with
+It changes which conversation is open through ChatState (app/core/chat_state.py) and says so with
 `opened`; the window then sends that conversation to the engine and draws it. GUI thread only.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_state import ChatState
-from app.store import Store
+from app.core.chat_state import ChatState
+from app.core.store import Store
 from engine.errors import EbbError
 
 
@@ -154,8 +154,8 @@ class ConversationList(QWidget):
         """The chat as Markdown or JSON (by the file's extension), the open branch or every
         branch, where the user says (starting in their documents folder); its pictures are
         copied into a folder beside the file."""
-        from app.export import export_chat
-        from app.settings import CHAT_KEYS, chat_params
+        from app.core.export import export_chat
+        from app.core.settings import CHAT_KEYS, chat_params
 
         if path is None:
             from PySide6.QtCore import QStandardPaths

@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.clips import ClipPlayer, describe
-from app.recorder import Recorder, RecordError
-from app.store import Message
+from app.sound.clips import ClipPlayer, describe
+from app.sound.recorder import Recorder, RecordError
+from app.core.store import Message
 from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
 from engine.media.images import MAX_IMAGE_PIXELS
 
