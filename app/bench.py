@@ -62,7 +62,7 @@ def _window_run(args: argparse.Namespace) -> int:
 
         spin(lambda: w.chat.loaded)
         w.composer.edit.setPlainText(args.prompt)
-        QTimer.singleShot(0, w.send_message)
+        QTimer.singleShot(0, w.sending.send)
         gui0 = time.thread_time()
         spin(lambda: w.chat.loaded and not w.chat.busy and bool(w.chat.request_id))
         gui_s = time.thread_time() - gui0

@@ -104,7 +104,7 @@ def _test_hooks(window: Any, app: Any, noticed: bool = False) -> None:
                 window.composer.edit.setPlainText(text)
                 if image := testhooks.value(testhooks.IMAGE):
                     window.composer.attach(Path(image))
-                QTimer.singleShot(0, window.send_message)
+                QTimer.singleShot(0, window.sending.send)
 
     def say_streaming() -> None:
         if window.chat.reply_parts:
@@ -153,7 +153,7 @@ def open_paths(window: Any, paths: list[str]) -> None:
         last = window.chat.last_cfg
         model = args.model or (str(last.model_path) if last else "default")
         mmproj = args.mmproj if args.mmproj is not None else ""
-        window.load_model(model, mmproj)
+        window.models.load(model, mmproj)
 
 
 def close_on_sigterm(app: Any, window: Any) -> Any:
@@ -200,7 +200,7 @@ def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
     window = MainWindow(store, None if crash else cfg, rpc)
     if crash is not None:
         print(f"ebb: {crash.describe()}", file=sys.stderr, flush=True)
-        window.add_banner(safe_mode.crash_banner(crash, store, lambda: window.start_load(cfg, rpc)))
+        window.add_banner(safe_mode.crash_banner(crash, store, lambda: window.models.start_load(cfg, rpc)))
     elif native.safe_mode():
         window.add_banner(safe_mode.safe_mode_banner(store))
     return window

@@ -179,7 +179,7 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
 def send(qtbot, w, text, timeout=120_000):
     """Type `text` into the composer, send it and wait until the reply has finished."""
     w.composer.edit.setPlainText(text)
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: not w.chat.busy, timeout=timeout)
 
 

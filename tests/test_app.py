@@ -26,7 +26,7 @@ def _long_reply(qtbot, store, text, parts):
     w = open_window(qtbot, store)
     w.gen_params = GenParams(temperature=0, max_tokens=400)
     w.composer.edit.setPlainText(text)
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > parts, timeout=60_000)
     return w
 
@@ -157,7 +157,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     wait_for(lambda: w.vision.label.text() == "vision off", timeout=30_000)
     w.composer.attach(Path(pictures["a.png"]))
     w.composer.edit.setPlainText("look")
-    w.send_message()
+    w.sending.send()
     assert "Turn vision on" in w.composer.error.text() and w.composer.attachments  # kept, not lost
     w.vision.switch.setChecked(True)
     wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
@@ -290,7 +290,7 @@ def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
     proj = write_projector(tmp_path / "mmproj-8b.gguf", 4096, "base")
     w = open_window(qtbot, store)
     w.whatif_action.trigger()
-    dlg = w.whatif_dialog
+    dlg = w.models.whatif_dialog
     dlg.model.setText(str(header))
     dlg.mmproj.setText(str(proj))
     dlg.vram.setText("8GiB")
@@ -430,7 +430,7 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     # Settings turn it off: nothing listens there any more
     store.set_setting("server", False)
-    w.local_server.apply(w._settings())
+    w.local_server.apply(w.settings())
     assert w.local_server.thread is None and not w.server_status.isVisible()
     import socket
 

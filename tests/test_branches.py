@@ -62,7 +62,7 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     # a reply edited by the user is a version of it too (nothing generated)
     _click(w, "edit", r1.id)
     w.composer.edit.setPlainText("A pear.")
-    w.send_message()
+    w.sending.send()
     assert not w.chat.busy and _texts(store, cid) == [u1.text, "A pear."]
     assert store.messages(cid)[-1].siblings[0] == r1.id
     _click(w, "prev", store.messages(cid)[-1].id)

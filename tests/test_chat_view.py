@@ -170,7 +170,7 @@ def test_a_reply_runs_past_the_old_cap_and_continue_equals_an_uncapped_reply(qtb
     store.set_setting("flash_attn", True)
     w = open_window(qtbot, store)
     # the default: no cap; a long story runs until the model stops or the context is full
-    w.gen_params = GenParams(temperature=0, max_tokens=w._settings().max_tokens)
+    w.gen_params = GenParams(temperature=0, max_tokens=w.settings().max_tokens)
     assert w.gen_params.max_tokens == 0
     send(qtbot, w, STORY)
     whole = store.messages(w.conv_id)[-1]
@@ -204,7 +204,7 @@ def test_stop_then_continue(qtbot, store):
     w = open_window(qtbot, store)
     w.gen_params = GenParams(temperature=0, max_tokens=300)
     w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > 3, timeout=60_000)
     w.stop_button.click()
     wait_for(lambda: not w.chat.busy, timeout=30_000)
@@ -224,7 +224,7 @@ def test_the_window_streams_into_its_one_transcript(qtbot, store):
     assert not hasattr(w, "live_reply")
     w.gen_params = GenParams(temperature=0, max_tokens=200)
     w.composer.edit.setPlainText(STORY)
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: len("".join(w.chat.reply_parts)) > 80, timeout=60_000)
     during = shown_text(w.transcript)
     assert during.startswith(f"You\n{STORY}\nEbb\n")

@@ -490,7 +490,7 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     # sending: nothing saved, nothing lost, nothing half-written, said in the window
     w.composer.edit.setPlainText("A question while the disk is full.")
     w.composer.attach(pictures["a.png"])
-    w.send_message()
+    w.sending.send()
     assert not w.chat.busy
     assert w.composer.text() == "A question while the disk is full." and len(w.composer.attachments) == 1
     assert "the disk is full" in w.composer.error.text()
@@ -498,13 +498,13 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     assert not [p for p in (data / "images").iterdir() if p.suffix == ".part"]
     # space again: it goes
     filler.unlink()
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: not w.chat.busy)
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"]
     # the disk fills while the reply is written: the window is not left busy, says so
     w.gen_params = GenParams(max_tokens=200, temperature=0)
     w.composer.edit.setPlainText("Write a long story about a lighthouse keeper and a storm.")
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > 2, timeout=60_000)
     _fill_disk(small_disk)
     wait_for(lambda: not w.chat.busy)
@@ -525,7 +525,7 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     wait_for(lambda: "not saved yet" not in w.transcript.toPlainText())
     assert "Could not save the reply" not in w.notice.text()
     w.chats.new_chat()  # New chat and Stop still answer
-    w._on_stop()
+    w.sending.stop()
     store.close()
 
 

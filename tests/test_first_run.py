@@ -44,7 +44,7 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert w.chat.last_cfg.mmproj_path is not None  # the demo projector, to show the swap
     assert w.composer.attach(pictures["a.png"])
     w.composer.edit.setPlainText("What colour is this picture?")
-    w.send_message()
+    w.sending.send()
     assert not w.welcome.isVisible()
     wait_for(lambda: not w.chat.busy, timeout=180_000)
     msgs = store.messages(w.conv_id)

@@ -233,7 +233,7 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         store.set_setting("hub_endpoint", hub.endpoint)
         w = open_window(qtbot, store)
         w.get_models_action.trigger()
-        dlg = w.hub_dialog
+        dlg = w.models.hub_dialog
         assert dlg.mirror.text() == hub.endpoint
         dlg.query.setText("smol")
         dlg.search()

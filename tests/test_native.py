@@ -242,7 +242,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
         wait_for(lambda: w.chat.loaded)
         assert store.setting("safe_mode") is True and native.safe_mode()
         w.composer.edit.setPlainText("Hi")
-        w.send_message()
+        w.sending.send()
         wait_for(lambda: not w.chat.busy)
         reply = store.messages(w.conv_id)[-1]
         assert reply.role == "assistant" and reply.text.strip()

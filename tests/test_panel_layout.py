@@ -66,7 +66,7 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
     wait_for(lambda: bar.maximum() > 0)
     bar.setValue(0)  # the user scrolled up to read
     w.composer.edit.setPlainText("And one more question?")
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: not w.chat.busy)
     wait_for(lambda: bar.value() == bar.maximum())
     w.close()
@@ -110,7 +110,7 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.panel.show()
     w.composer.edit.setPlainText("Hi")
-    w.send_message()
+    w.sending.send()
     from tests.helpers import wait_for
 
     wait_for(lambda: not w.chat.busy)

@@ -48,7 +48,7 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     assert w.chat.loaded and store.setting("model") == "default"
     label = w.model_label.text()
     w.last_error = ""
-    w.load_model(str(model_path), str(wrong))
+    w.models.load(str(model_path), str(wrong))
     wait_for(lambda: bool(w.last_error))
     wait_for(lambda: w.chat.loaded)
     assert "with mmproj-for-a-wider-model.gguf:" in w.notice.text()
@@ -56,7 +56,7 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     assert w.model_label.text() == label and w.send_button.isEnabled()
     assert store.setting("mmproj") == "" and store.setting("model") == "default"
     w.composer.edit.setPlainText("Hi")
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: not w.chat.busy)
     assert store.messages(w.conv_id)[-1].role == "assistant"
     w.close()
@@ -139,7 +139,7 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     huge = "All work and no play makes Jack a dull boy. " * 120_000  # 5.3 MB
     w.composer.edit.setPlainText(huge)
-    w.send_message()
+    w.sending.send()
     assert not w.chat.busy  # nothing went to the engine
     assert w.composer.error.isVisible() and "MiB" in w.composer.error.text()
     assert "context (1024 tokens)" in w.composer.error.text()
@@ -160,7 +160,7 @@ def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, t
     assert w.composer.edit.toPlainText() == "a paste that fits"
     # a later message that is sent clears the stale error
     w.composer.edit.setPlainText("Hi")
-    w.send_message()
+    w.sending.send()
     assert not w.composer.error.isVisible()
     wait_for(lambda: not w.chat.busy)
     w.close()
@@ -172,7 +172,7 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
 
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
-    before = w._settings()
+    before = w.settings()
     assert reload_changes(before, replace(before, max_tokens=64, server_port=9000)) == ""
     assert reload_changes(before, replace(before, ctx=2048)) == "ctx 1024 → 2048"
     loads = []
@@ -181,7 +181,7 @@ def test_settings_reload_the_model_only_when_a_setting_needs_it(qtbot, tmp_path)
 
     SettingsDialog.exec = lambda self: (self.max_tokens.setValue(64), 1)[1]  # only the reply cap
     try:
-        w._on_settings()
+        w.models.edit_settings()
     finally:
         del SettingsDialog.exec
     assert loads == [] and w.gen_params.max_tokens == 64
@@ -232,12 +232,12 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     set_chat_params(store, w.conv_id, {"system_prompt": "You are a pirate.", "temperature": 0.0,
                                        "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,
                                        "top_k": 12, "min_p": 0.2, "json_replies": True})
-    w._send_history()
+    w.sending.send_history()
     w.show_conversation()  # as Chat settings' OK does
     sent = []
     w.request_send.connect(lambda rid, text, images, gp: sent.append(gp))
     w.composer.edit.setPlainText("Who are you?")
-    w.send_message()
+    w.sending.send()
     wait_for(lambda: not w.chat.busy)
     (gp,) = sent
     assert (gp.temperature, gp.top_p, gp.repeat_penalty, gp.seed) == (0.0, 0.9, 1.1, 7)
@@ -250,7 +250,7 @@ def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     # another chat has Settings' (no system prompt)
     w.chats.new_chat()
     wait_for(lambda: w.worker._session.cfg.system is None)
-    assert w.chat_gen_params() == w.gen_params
+    assert w.sending.chat_gen_params() == w.gen_params
     w.close()
     store.close()
 
@@ -284,7 +284,7 @@ def test_a_huge_word_is_laid_out_at_once_and_a_deleted_picture_is_named(qtbot, t
     w.composer.edit.setPlainText("What are these?")
     assert w.composer.attach(gone) and w.composer.attach(kept)
     gone.unlink()
-    w.send_message()
+    w.sending.send()
     assert not w.chat.busy and store.n_messages(w.conv_id) == 0
     assert w.composer.error.isVisible() and "gone.png is gone" in w.composer.error.text()
     assert w.composer.attachments == [kept] and w.composer.text() == "What are these?"

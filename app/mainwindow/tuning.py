@@ -62,7 +62,7 @@ class TuneController:
             w.store.set_setting(key, value)
         cfg = w.chat.last_cfg
         if cfg is not None:
-            w.load_model(str(cfg.model_path), str(cfg.mmproj_path or ""))
+            w.models.load(str(cfg.model_path), str(cfg.mmproj_path or ""))
         w.statusBar().showMessage(
             f"Generation: {chosen['gpu_layers']} layers, {chosen['threads'] or 'auto'} threads · "
             f"prompt: {chosen['prompt_layers']} layers, {chosen['threads_batch'] or 'auto'} "

@@ -1,0 +1,306 @@
+"""Sending: a message to its reply. Send (with the checks that keep the composer's text when
+it cannot go), edit, regenerate, continue, a message's versions and branches, the reply
+streamed into the transcript, a reply the engine could not write given back to the composer,
+and a reply a full disk kept tried again until it is saved."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QGuiApplication
+
+from app.core.chat_state import ChatHistory, Pending, chat_tag, oversized, users_names
+from app.core.settings import chat_gen_params, chat_params
+from app.core.status import phases_line, restored_line
+from app.core.store import Message
+from engine import events
+from engine.errors import EbbError
+from engine.llama.sampling import GenParams
+
+REDRAW_MS = 33  # the streamed reply reaches the view about 30 times a second
+RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
+UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
+PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat's memory to disk
+
+
+class Sending:
+    def __init__(self, window: Any) -> None:
+        self.w = window
+        self._copy_names: dict[str, str] = {}  # the store's copy → the user's file, per request
+        # a reply a full disk kept from the store: tried again until it is written
+        self._retry_saving = QTimer(window, interval=RETRY_SAVE_MS)
+        self._retry_saving.timeout.connect(self._on_retry_saving)
+        self.redraw = QTimer(window, interval=REDRAW_MS)  # the stream into the transcript
+        self.redraw.timeout.connect(self.take_stream)
+        self._persist_when_idle = QTimer(window, interval=PERSIST_IDLE_MS, singleShot=True)
+        self._persist_when_idle.timeout.connect(self._on_idle)
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {events.TurnFinished: self.on_turn_finished}
+
+    def send(self) -> None:
+        """Send what the composer holds (Enter, the Send button)."""
+        text, images = self.w.composer.text(), list(self.w.composer.attachments)
+        if (not text and not images) or not self.w.chat.can_send():
+            return
+        gone = [p for p in images if not Path(p).is_file()]
+        if gone:  # deleted or moved since attached: taken off, the rest kept, said by name
+            for p in gone:
+                self.w.composer.detach(p)
+            self.w.composer.show_error(
+                f"{', '.join(Path(p).name for p in gone)} "
+                f"{'is' if len(gone) == 1 else 'are'} gone (deleted or moved since attached) and "
+                "taken off; your text and the other attachments are kept. Send again to send "
+                "without it, or attach it again.")
+            return
+        if images and not self.w.vision.on:
+            self.w.composer.show_error(f"Turn {self.w.vision.switch.text().lower()} on to send pictures "
+                                       "or clips (no reload needed).")
+            return
+        too_big = oversized(text, self.w.models.n_ctx)
+        if too_big:  # refused from its size at once: not stored, not titled, not tokenized
+            self.w.composer.show_error(too_big)
+            return
+        if self.w.composer.editing is not None:
+            try:
+                self._send_edit(self.w.composer.editing, text, images)
+            except EbbError as exc:  # not saved (a full disk): the composer keeps it all
+                self.w.composer.show_error(str(exc))
+            return
+        try:
+            pending = self.w.chat.add_user_message(text, images)
+        except EbbError as exc:  # not saved (a full disk): the composer keeps it all
+            self.w.composer.show_error(str(exc))
+            return
+        self.w.composer.clear()
+        saved = self.w.store.message(pending.message_id)
+        if saved is not None:
+            self.w.transcript.append_message(saved, scroll=True)
+        titled = self.w.store.n_messages(self.w.conv_id) == 1  # the chat is named by this message
+        # the composer gets back what the user gave, the engine the stored copies
+        self._dispatch(Pending(text, images, pending.message_id), pending.images)
+        if titled:  # the list shows the new title
+            self.w.chats.refresh()
+
+    def _dispatch(self, pending: Pending, images: list[Path], history_before: int = 0) -> None:
+        """Ask the engine for the reply. `history_before`: a new version of that message (an
+        edit, a regeneration): the engine's history is first set to the messages ahead of it
+        (its KV cache is kept up to where they differ)."""
+        # the engine reads the store's copies; an error about one names the user's file
+        self._copy_names = {Path(c).name: Path(u).name for c, u in zip(images, pending.images)}
+        if history_before:
+            self.send_history(before=history_before)
+        request_id = self.w.chat.begin(pending)
+        self.w.panel.set_live(True)  # the plots follow the reply to now
+        self.w.welcome.hide()
+        self.w.worker.stream.take()  # nothing left over from an earlier request
+        self.w.transcript.begin_reply(pending.continues, scroll=True)
+        if pending.continues is not None:
+            self.w.request_continue.emit(request_id, self.chat_gen_params())
+        else:
+            self.w.request_send.emit(request_id, pending.text, [str(p) for p in images],
+                                     self.chat_gen_params())
+        self.w.update_actions()
+
+    def _send_edit(self, target: Message, text: str, images: list[Path]) -> None:
+        """Send while editing: a new version of the message (answered, for the user's own)."""
+        if target.role == "assistant":
+            if not text:
+                return
+            self.w.chat.edit_reply(target.id, text)
+            self.w.composer.clear()
+            self.send_history()
+            self.w.show_conversation()
+            return
+        pending = self.w.chat.edit(target.id, text, images)
+        if pending is None:
+            return
+        self.w.composer.clear()
+        self.w.show_conversation()
+        self._dispatch(replace(pending, text=text, images=images), pending.images,
+                       history_before=pending.message_id)
+
+    def regenerate(self, reply_id: int = 0) -> None:
+        """Another version of a reply (the old one stays, ‹ › between them)."""
+        pending = self.w.chat.regenerate(reply_id)
+        if pending is None:
+            return
+        self.w.show_conversation()
+        self._dispatch(pending, pending.images, history_before=pending.message_id)
+
+    def on_regenerate(self) -> None:
+        self.regenerate()
+
+    def continue_last(self) -> None:
+        """Go on with the last reply where it stopped (its cap, or Stop)."""
+        pending = self.w.chat.continue_last()
+        if pending is not None:
+            self._dispatch(pending, [])
+
+    def on_message_action(self, kind: str, message_id: int) -> None:
+        """A message's link: Edit, Regenerate, Delete, or its previous or next version; the
+        system prompt's "change" (kind "system")."""
+        if kind == "system":
+            self.w.edit_chat_settings()
+            return
+        if self.w.chat.busy:
+            self.w.statusBar().showMessage("A reply is being written: wait for it, or Stop it", 8000)
+            return
+        m = self.w.store.message(message_id)
+        if m is None:
+            return
+        try:
+            if kind in ("prev", "next"):
+                i = m.siblings.index(m.id) + (1 if kind == "next" else -1) if m.id in m.siblings else -1
+                if self.w.chat.switch_version(m.id, 1 if kind == "next" else -1):
+                    self.send_history()
+                    self.w.show_conversation(m.siblings[i])
+            elif kind == "edit":
+                self.w.composer.start_edit(m)
+            elif kind == "regen":
+                self.regenerate(m.id)
+            elif kind == "delete":
+                self._delete_branch(m)
+        except EbbError as exc:  # a full disk
+            self.w.show_error(str(exc))
+
+    def _delete_branch(self, m: Message) -> None:
+        ids = self.w.chat.delete_branch(m.id)
+        if not ids:
+            return
+        self.send_history()
+        self.w.show_conversation()
+        n = len(ids)
+        self.w.notice.add(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
+                        ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
+
+    def _undo_delete_branch(self, ids: list[int]) -> None:
+        try:
+            if not self.w.chat.undo_delete_branch(ids):
+                self.w.statusBar().showMessage("Open that chat, with no reply being written, to "
+                                               "bring its messages back", 8000)
+                return
+        except EbbError as exc:
+            self.w.show_error(str(exc))
+            return
+        self.send_history()
+        self.w.show_conversation(ids[0])
+
+    def take_stream(self) -> None:
+        """Timer: what the engine streamed since the last tick, into the transcript at once."""
+        new = [text for rid, text in self.w.worker.stream.take() if rid == self.w.chat.request_id]
+        if new:
+            for t in new:
+                self.w.chat.add_text(self.w.chat.request_id, t)
+            self.w.transcript.stream("".join(new))
+            n, rate = self.w.chat.live_rate()
+            if rate:
+                self.w.statusBar().showMessage(f"Writing: {n} tokens · {rate:.1f} tok/s", 2000)
+
+    def on_turn_finished(self, ev: events.TurnFinished) -> None:
+        res = ev.result
+        self.w.panel.set_live(False)
+        self.set_record_limit(res.gen.n_prompt_tokens + res.gen.n_gen_tokens)
+        if res.device_lost:
+            self.w.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
+                               "that are left.")
+        self.take_stream()  # the last pieces, before the reply is shown as saved
+        if res.phases is not None and res.error is None:
+            self.w.statusBar().showMessage(phases_line(res.phases), 60000)
+        if res.error is None and (said := restored_line(res.gen)):
+            self.w.statusBar().showMessage(said, 60000)
+        self._persist_when_idle.start()  # the chat's memory to disk, once nothing happens
+        turn = res.to_dict()  # the store's edge: the turn's JSON
+        if self.w.chat.last_cfg is not None:  # which model wrote it (an export says)
+            turn["model"] = Path(str(self.w.chat.last_cfg.model_path)).name
+        failed = self.w.chat.finish(turn)
+        if self.w.chat.save_error:
+            self.w.show_error(f"Could not save the reply: {self.w.chat.save_error}. It is kept "
+                            "here and written as soon as a write succeeds.")
+            self._retry_saving.start()
+        if failed is not None:
+            self.give_back(failed, res.error or "")
+        else:
+            self.w.transcript.end_reply(self.w.chat.saved)
+            saved = self.w.chat.saved
+            if saved is not None and saved.stats.get("memory_from") not in (None, self.w.transcript.memory_from):
+                self.w.show_conversation()  # the line "outside the model's memory" moves
+        self.w.update_actions()
+
+    def _on_retry_saving(self) -> None:
+        if not self.w.chat.unsaved:
+            self._retry_saving.stop()
+            return
+        if self.w.chat.busy or not self.w.chat.retry_unsaved():
+            return
+        if not self.w.chat.unsaved:
+            self._retry_saving.stop()
+            self.w.notice.remove_matching("Could not save the reply")
+            self.w.statusBar().showMessage("The reply that could not be saved is saved now", 10000)
+        self.w.show_conversation()
+
+    def give_back(self, pending: Pending, error: str) -> None:
+        """A message the engine could not answer: out of the engine's history, back in the
+        composer (nothing the user wrote is lost), with the reason. A Continue that failed
+        leaves the reply as it was."""
+        error = users_names(error, self._copy_names)
+        self.w.last_error = error
+        if pending.continues is not None:
+            self.w.transcript.end_reply(pending.continues)
+            self.w.show_error(f"Could not continue: {error}")
+            return
+        self.send_history()  # the branch as it stands now (the message taken back)
+        if pending.regenerates:  # the earlier versions of the reply stay
+            self.w.show_conversation()
+            self.w.show_error(f"Could not regenerate the reply: {error}")
+            return
+        edited = self.w.store.message(pending.edits) if pending.edits else None
+        if edited is not None:  # still an edit of that message
+            self.w.composer.start_edit(edited, pending.text, pending.images)
+        else:
+            self.w.composer.restore(pending.text, pending.images)
+        self.w.composer.show_error(error)
+        self.w.show_conversation()
+        self.w.chats.refresh()  # a chat this message had named is "New chat" again
+
+    def send_history(self, before: int | None = None) -> None:
+        """The open branch and the chat's system prompt, to the engine (with `before`, only
+        the messages ahead of that one)."""
+        system = chat_params(self.w.store, self.w.conv_id)["system_prompt"] or None
+        self.w.request_history.emit(ChatHistory(self.w.chat.history(before), system,
+                                                chat_tag(self.w.conv_id)))
+
+    def set_record_limit(self, used: int) -> None:
+        """How long a recording may run: the 30-second chunks the context has room for after
+        `used` cells and the reply's room (at least one chunk when one fits the context), less
+        a second (a clip of exactly k x 30 s takes k + 1 chunks)."""
+        from engine.conversation import reply_room
+        from engine.media.audio import MAX_CLIP_SECONDS
+
+        per = self.w.models.loaded.clip_chunk_tokens if self.w.models.loaded is not None else 0
+        if per <= 0:
+            self.w.composer.record_limit_s = 0
+            return
+        room = self.w.models.n_ctx - reply_room(self.w.models.n_ctx)
+        chunks = max((room - used) // per, 1 if room >= per else 0)  # older turns make room
+        self.w.composer.record_limit_s = float(min(MAX_CLIP_SECONDS, 30 * chunks - 1) if chunks else 0)
+
+    def chat_gen_params(self) -> GenParams:
+        return chat_gen_params(self.w.store, self.w.conv_id, self.w.gen_params)
+
+    def stop(self) -> None:
+        if not self.w.chat.busy and self.w.composer.editing is not None:  # Esc leaves an edit
+            self.w.composer.cancel_edit()
+            return
+        self.w.worker.cancel()
+
+    def copy_reply(self) -> None:
+        last = self.w.chat.last_message()
+        if last is not None and last.role == "assistant":
+            QGuiApplication.clipboard().setText(last.text)
+
+    def _on_idle(self) -> None:
+        if not self.w.chat.busy:
+            self.w.request_persist.emit()
