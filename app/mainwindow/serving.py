@@ -18,15 +18,15 @@ from PySide6.QtCore import QMetaObject, Qt
 
 from app.core.settings import Settings
 from engine.server.api.common import ApiError
-from engine.server.worker import Failed, Job, JobQueue
+from engine.server.worker import Job, QueuedBackend
 
 DEFAULT_QUEUE = 8
 
 
-class WindowBackend:
+class WindowBackend(QueuedBackend):
     def __init__(self, worker: Any, max_queue: int = DEFAULT_QUEUE) -> None:
+        super().__init__(max_queue)
         self.worker = worker
-        self.jobs = JobQueue(max_queue)
         self.image_dir = Path(tempfile.mkdtemp(prefix="ebb-window-server-"))
         self.ready = threading.Event()
         self.load_error: str | None = None
@@ -35,7 +35,6 @@ class WindowBackend:
         self.served = 0
         self.vision = False  # the loaded model's projector takes pictures
         self.hearing = False  # ... and sound clips
-        self.busy_with: Job | None = None  # the job the worker is answering (its thread sets it)
 
     def set_model(self, path: str, vision: bool = False, hearing: bool = False) -> None:
         """The window loaded a model: requests name it from now on."""
@@ -53,21 +52,8 @@ class WindowBackend:
         QMetaObject.invokeMethod(self.worker, "serve_next", Qt.ConnectionType.QueuedConnection)
         return place
 
-    def waiting(self) -> int:
-        return len(self.jobs)
-
-    def position(self, job: Job) -> int | None:
-        return self.jobs.position(job)
-
-    def withdraw(self, job: Job) -> bool:
-        return self.jobs.withdraw(job)
-
     def close(self) -> None:
-        for job in self.jobs.close():
-            job.on_event(Failed(ApiError(503, "the window is closing")))
-        running = self.busy_with
-        if running is not None:  # stops between tokens, so the window can close
-            running.cancel.set()
+        self.stop_all("the window is closing")  # the running job stops: the window can close
         if self.image_dir.exists():
             for f in self.image_dir.glob("*"):
                 f.unlink(missing_ok=True)

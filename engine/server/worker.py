@@ -182,6 +182,33 @@ class JobQueue:
         return left
 
 
+class QueuedBackend:
+    """What both backends share: their jobs wait in one `JobQueue`, and the job being answered
+    (`busy_with`, set by the answering thread) stops between tokens when told to."""
+
+    def __init__(self, max_queue: int) -> None:
+        self.jobs = JobQueue(max_queue)
+        self.busy_with: Job | None = None
+
+    def waiting(self) -> int:
+        return len(self.jobs)
+
+    def position(self, job: Job) -> int | None:
+        return self.jobs.position(job)
+
+    def withdraw(self, job: Job) -> bool:
+        return self.jobs.withdraw(job)
+
+    def stop_all(self, why: str) -> None:
+        """No more jobs: those waiting are told `why` (a 503); the one running stops between
+        tokens."""
+        for job in self.jobs.close():
+            job.on_event(Failed(ApiError(503, why)))
+        running = self.busy_with
+        if running is not None:
+            running.cancel.set()
+
+
 def answer_job(session: Session, job: Job, default_system: str | None) -> tuple[Session, Answer]:
     """Answer one request on `session` (on the thread that owns it). Returns the session to
     use from now on (another when a remote device went away) and the result. The session's
@@ -420,16 +447,16 @@ def run_job(job: Job, answer: Callable[[Job], Answer],
     return result
 
 
-class ServeWorker:
+class ServeWorker(QueuedBackend):
     """`ebb-engine serve`'s engine: loads the model on its own thread, then answers jobs one
     at a time, oldest first."""
 
     def __init__(self, cfg: SessionConfig, image_dir: Path, max_queue: int = 8,
                  on_turn: Callable[[Job, Answer], None] | None = None) -> None:
+        super().__init__(max_queue)
         self.cfg = cfg
         self.image_dir = image_dir
         self.on_turn = on_turn  # after each answered job (a log line)
-        self.jobs = JobQueue(max_queue)
         self.ready = threading.Event()
         self.load_error: str | None = None
         self.session: Session | None = None
@@ -444,7 +471,6 @@ class ServeWorker:
                 self.vision, self.hearing = proj.sees, proj.hears
             except EbbError:
                 self.vision = True
-        self.busy_with: Job | None = None
         self.served = 0
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
         self._thread.start()
@@ -457,20 +483,8 @@ class ServeWorker:
         job.image_dir = self.image_dir
         return self.jobs.submit(job)
 
-    def waiting(self) -> int:
-        return len(self.jobs)
-
-    def position(self, job: Job) -> int | None:
-        return self.jobs.position(job)
-
-    def withdraw(self, job: Job) -> bool:
-        return self.jobs.withdraw(job)
-
     def close(self, timeout: float = 30.0) -> None:
-        for job in self.jobs.close():  # told; the thread ends after the current job
-            job.on_event(Failed(ApiError(503, "the server is shutting down")))
-        if self.busy_with is not None:
-            self.busy_with.cancel.set()
+        self.stop_all("the server is shutting down")  # the thread ends after the current job
         self._thread.join(timeout)
 
     # ------------------------------------------------------------ the worker's thread
