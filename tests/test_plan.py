@@ -152,3 +152,20 @@ def test_the_live_layout_says_what_does_not_fit_with_numbers_that_add_up(model):
     *parts, total, budget_mib = numbers
     assert len(parts) == 4 and "resident projector" in res.reason
     assert abs(sum(parts) - total) < 0.25 and total > budget_mib == pytest.approx(budget / MiB, abs=0.05)
+
+
+def test_one_context_limit_for_planning_and_for_a_session(model):
+    """What planning clamps a setting to is what a session accepts, with the header's length
+    and without it (4096 then)."""
+    from dataclasses import replace
+
+    from engine.errors import EbbError
+    from engine.gguf.info import UNSTATED_CONTEXT
+    from engine.llama.runtime import check_context
+
+    for info in (model, replace(model, n_ctx_train=0)):
+        most = info.fit_context(10**7)
+        assert most == (info.n_ctx_train or UNSTATED_CONTEXT)
+        assert check_context(info, most) == most
+        with pytest.raises(EbbError, match="larger than this model allows"):
+            check_context(info, most + 1)

@@ -335,10 +335,7 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
     proj = cfg.mmproj_path
     if proj is not None:
         proj = default_projector_path(model) if str(proj) == DEMO else existing_file(str(proj), "projector")
-    n_ctx = cfg.n_ctx
-    trained = model_info(read_gguf(model)).n_ctx_train
-    if n_ctx is not None and trained and n_ctx > trained:
-        n_ctx = trained
+    n_ctx = cfg.n_ctx if cfg.n_ctx is None else model_info(read_gguf(model)).fit_context(cfg.n_ctx)
     return replace(cfg, model_path=model, mmproj_path=proj, n_ctx=n_ctx)
 
 

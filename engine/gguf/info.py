@@ -18,6 +18,7 @@ from engine.gguf.ggml_types import UnknownTensorType, tensor_bytes
 GGUF_MAGIC = b"GGUF"
 KV_CACHE_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is f16
 _LAYER_RE = re.compile(r"^(?:blk|v\.blk)\.(\d+)\.")
+UNSTATED_CONTEXT = 4096  # the context of a model whose header does not say its length
 
 
 @dataclass(frozen=True)
@@ -222,10 +223,16 @@ class ModelInfo:
     has_chat_template: bool
     n_ff: int = 0  # the widest feed-forward layer
 
+    @property
+    def max_context(self) -> int:
+        """The longest context this model takes: its training length (UNSTATED_CONTEXT when the
+        header does not say)."""
+        return self.n_ctx_train or UNSTATED_CONTEXT
+
     def fit_context(self, n_ctx: int) -> int:
         """`n_ctx` as far as this model allows: what planning, what-if and a verdict use for a
         setting larger than the model's context (a session refuses one instead: check_context)."""
-        return min(n_ctx, self.n_ctx_train) if self.n_ctx_train else n_ctx
+        return min(n_ctx, self.max_context)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -128,7 +128,7 @@ PromptItem = int | ImageSpan
 
 def check_context(info: ModelInfo, n_ctx: int | None) -> int:
     """The context length to use; EbbError when the request exceeds the model's."""
-    limit = info.n_ctx_train or DEFAULT_CTX
+    limit = info.max_context
     if n_ctx is None:
         return min(DEFAULT_CTX, limit)
     if n_ctx <= 0:

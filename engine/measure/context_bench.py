@@ -51,7 +51,7 @@ def bench_context(model: Path, fills: tuple[int, ...], threads: int, rounds: int
                   n_batch: int = 512, prompt_tokens: int = 128, gen_tokens: int = 16) -> dict[str, Any]:
     from engine.gguf.info import model_info, read_gguf
 
-    most = (model_info(read_gguf(model)).n_ctx_train or 4096) - prompt_tokens - gen_tokens - 64
+    most = model_info(read_gguf(model)).max_context - prompt_tokens - gen_tokens - 64
     fills = tuple(dict.fromkeys(min(f, most) for f in fills))  # the model's context is the limit
     runs: dict[tuple[int, bool], list[tuple[float, float]]] = {}
     for r in range(rounds):

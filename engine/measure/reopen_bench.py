@@ -61,7 +61,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
     from engine.session import Session
 
     info = model_info(read_gguf(model))
-    limit = info.n_ctx_train or 4096
+    limit = info.max_context
     gp = GenParams(temperature=0, max_tokens=1)
     rows: list[dict[str, Any]] = []
     skipped = [n for n in sizes if n + 512 > limit]
