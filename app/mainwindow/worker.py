@@ -81,8 +81,8 @@ class EngineWorker(QObject):
             self.engine_event.emit(events.ServerTurn(
                 a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
                 n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,
-                n_images=int(a.stats.get("n_images", 0)),
-                strategy=str(a.stats.get("strategy", "")), client_gone=a.client_gone))
+                n_images=a.turn.n_images if a.turn else 0,
+                strategy=a.turn.strategy if a.turn else "", client_gone=a.client_gone))
 
         backend.busy_with = job
         try:

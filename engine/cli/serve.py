@@ -35,10 +35,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     image_dir = Path(tempfile.mkdtemp(prefix="ebb-serve-images-"))
 
     def log_turn(job: Job, a: Answer) -> None:
-        line = {"client": job.client, "n_images": a.stats.get("n_images", 0),
-                "strategy": a.stats.get("strategy"), "prompt_tokens": a.prompt_tokens,
+        t = a.turn
+        line = {"client": job.client, "n_images": t.n_images if t else 0,
+                "strategy": t.strategy if t else None, "prompt_tokens": a.prompt_tokens,
                 "completion_tokens": a.completion_tokens, "finish_reason": a.finish_reason,
-                "client_gone": a.client_gone, "gen_tokens_per_s": a.stats.get("gen_tokens_per_s")}
+                "client_gone": a.client_gone,
+                "gen_tokens_per_s": round(t.gen.gen_tokens_per_s, 2) if t else None}
         print(f"ebb-engine serve: {json.dumps(line)}", file=sys.stderr, flush=True)
 
     worker = ServeWorker(cfg, image_dir, max_queue=args.queue, on_turn=log_turn)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
+from engine.events import TurnResult
 from engine.server.api.chat import ChatRequest, ImageRef
 from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within, usage
 from engine.server.api.completions import CompletionRequest, legacy_logprobs
@@ -45,7 +46,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int = 0
     text: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)  # the turn's JSON (TurnResult.to_dict)
+    turn: TurnResult | None = None  # what the engine's turn did (none for embeddings)
     client_gone: bool = False  # the client left before the reply ended
     logprobs: list[dict[str, Any]] | None = None  # chat's shape; a completion's: legacy_logprobs
     legacy_logprobs: dict[str, Any] | None = None
@@ -57,8 +58,9 @@ class Answer:
 
     @property
     def usage(self) -> dict[str, Any]:
-        evaluated = self.stats.get("n_prompt_tokens_evaluated")
-        cached = self.prompt_tokens - int(evaluated) if evaluated is not None and not self.choices else None
+        cached = (self.prompt_tokens - self.turn.gen.n_prompt_tokens_evaluated
+                  if self.turn is not None and self.turn.gen.stop_reason is not None and not self.choices
+                  else None)
         return usage(self.prompt_tokens, self.completion_tokens, cached)
 
 
@@ -323,13 +325,11 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         show(held)
     if res.error is not None:
         raise ApiError(400, res.error)
-    out = res.to_dict()
+    g = res.gen
     result = Answer(
-        res.request_id, "tool_calls" if calls
-        else finish_reason(str(out.get("stop_reason", "")), watcher.hit),
-        int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0)), "".join(shown), out,
-        job.cancel.is_set() and not watcher.hit,
-        logprobs=logprobs_within(out.get("logprobs"), "".join(shown) or held),
+        res.request_id, "tool_calls" if calls else finish_reason(str(g.stop_reason or ""), watcher.hit),
+        g.n_prompt_tokens, g.n_gen_tokens, "".join(shown), res, job.cancel.is_set() and not watcher.hit,
+        logprobs=logprobs_within(g.logprobs, "".join(shown) or held),
         tool_calls=[c.to_openai() for c in calls] or None)
     return session, result
 
@@ -375,14 +375,11 @@ def _completion(session: Session, job: Job, req: CompletionRequest) -> tuple[Ses
     show(watcher.flush())
     if res.error is not None:
         raise ApiError(400, res.error)
-    out = res.to_dict()
-    text = "".join(shown)
+    g, text = res.gen, "".join(shown)
     return session, Answer(
-        res.request_id, finish_reason(str(out.get("stop_reason", "")), watcher.hit),
-        int(out.get("n_prompt_tokens", 0)), int(out.get("n_gen_tokens", 0)), text, out,
-        job.cancel.is_set() and not watcher.hit,
-        legacy_logprobs=legacy_logprobs(logprobs_within(out.get("logprobs"), text[len(echoed):]),
-                                        len(echoed)))
+        res.request_id, finish_reason(str(g.stop_reason or ""), watcher.hit),
+        g.n_prompt_tokens, g.n_gen_tokens, text, res, job.cancel.is_set() and not watcher.hit,
+        legacy_logprobs=legacy_logprobs(logprobs_within(g.logprobs, text[len(echoed):]), len(echoed)))
 
 
 def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:
