@@ -21,7 +21,7 @@ def test_fit_recovers_known_costs(model_path):
     for k in (0, 1, 25):
         p = placement_for(info, "X", k, 1024, 512, True, live=k > 0)
         t = predict_text(info, p, cpu, acc if k else None)
-        runs.append((p, t["gen_s_per_token"], t["prompt_s_per_token"]))
+        runs.append((p, t.gen_s_per_token, t.prompt_s_per_token))
     c, a = fit(info, "CPU", "X", runs)
     for got, want in ((c.gen_s_per_byte, 4e-11), (a.gen_s_per_byte, 1e-11), (a.split_gen_s, 3e-3),
                       (c.prompt_s_per_byte, 2e-12), (a.prompt_s_per_byte, 5e-13),
@@ -56,8 +56,8 @@ def test_calibration_is_stored_consistent_and_predicts_with_it(shared_rpc_server
     info = model_info(read_gguf(model_path))
     run0 = cal["runs"][0]
     pred0 = predict_text(info, placement_for(info, "RPC0", 0, 1024, 512, True), cpu, acc)
-    assert pred0["gen_s_per_token"] == pytest.approx(run0["gen_s_per_token"], rel=1e-9)
-    assert pred0["prompt_s_per_token"] == pytest.approx(run0["prompt_s_per_token"], rel=1e-9)
+    assert pred0.gen_s_per_token == pytest.approx(run0["gen_s_per_token"], rel=1e-9)
+    assert pred0.prompt_s_per_token == pytest.approx(run0["prompt_s_per_token"], rel=1e-9)
     assert min(acc.gen_s_per_byte, acc.prompt_s_per_byte, acc.split_gen_s, acc.split_prompt_s) >= 0
 
     # text, at a placement calibration never ran (the budget holds about 18 layers)

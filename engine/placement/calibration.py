@@ -102,9 +102,25 @@ def split_bytes(model: ModelInfo, placement: Placement) -> tuple[int, int]:
     return cpu, acc
 
 
+@dataclass(frozen=True)
+class TextSpeed:
+    """Predicted seconds per token under a placement, for generation (one token at a time)
+    and a prompt (one batch)."""
+    gen_s_per_token: float
+    prompt_s_per_token: float
+
+    @property
+    def gen_tokens_per_s(self) -> float:
+        return 1 / self.gen_s_per_token if self.gen_s_per_token else 0.0
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return 1 / self.prompt_s_per_token if self.prompt_s_per_token else 0.0
+
+
 def predict_text(model: ModelInfo, placement: Placement, cpu: DeviceCal,
-                 accel: DeviceCal | None) -> dict[str, float]:
-    """Predicted seconds per token (generation, prompt) and tokens/s under `placement`."""
+                 accel: DeviceCal | None) -> TextSpeed:
+    """Predicted seconds per token (generation, prompt) under `placement`."""
     wc, wa = split_bytes(model, placement)
     on_accel = placement.accel is not None and (wa > 0 or placement.live)
     if on_accel and accel is None:
@@ -114,9 +130,7 @@ def predict_text(model: ModelInfo, placement: Placement, cpu: DeviceCal,
     if on_accel and accel is not None:
         gen += wa * accel.gen_s_per_byte + accel.split_gen_s
         prompt += wa * accel.prompt_s_per_byte + accel.split_prompt_s
-    return {"gen_s_per_token": gen, "prompt_s_per_token": prompt,
-            "gen_tokens_per_s": 1 / gen if gen else 0.0,
-            "prompt_tokens_per_s": 1 / prompt if prompt else 0.0}
+    return TextSpeed(gen, prompt)
 
 
 def vision_costs(cpu: DeviceCal, accel: DeviceCal | None, projector_bytes: int,

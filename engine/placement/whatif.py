@@ -157,7 +157,7 @@ def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_B
     acc = accel_cal or d_acc
     pred = predict_text(model, placement, cpu, acc)
     oversize = None
-    prompt_tps = pred["prompt_tokens_per_s"]
+    prompt_tps = pred.prompt_tokens_per_s
     if placement.n_layers_on_accel < model.n_layers:
         oversize = compare_oversize(model, placement, cpu, acc, acc.bus_Bps or bus_Bps,
                                     min(n_prompt, n_ctx), can_stream)
@@ -178,7 +178,7 @@ def what_if(model: ModelInfo, proj: ProjectorInfo | None, vram_bytes: int, bus_B
             vision = dict(result.predicted_s)
     phases = (price_phases(model, placement, cpu, acc, acc.bus_Bps or bus_Bps, n_ctx,
                            min(n_prompt, n_ctx)) if placement.live else None)
-    return WhatIf(placement, ram_w, pred["gen_tokens_per_s"], vision, vplan, prompt_tps,
+    return WhatIf(placement, ram_w, pred.gen_tokens_per_s, vision, vplan, prompt_tps,
                   {"cpu": cpu_cal is not None, "accelerator": accel_cal is not None}, oversize,
                   phases)
 
@@ -194,10 +194,10 @@ def price_phases(model: ModelInfo, fits: Placement, cpu: DeviceCal, acc: DeviceC
     for k in range(fits.n_gpu_layers + 1):
         p = placement_for(model, fits.accel, k, n_ctx, 512, True, live=True)
         by_k[k] = predict_text(model, p, cpu, acc)
-    gen_k = max(by_k, key=lambda k: (by_k[k]["gen_tokens_per_s"], k))
-    prompt_k = max(by_k, key=lambda k: (by_k[k]["prompt_tokens_per_s"], k))
-    t = PhaseTuning(gen_k, prompt_k, 0, 0, by_k[gen_k]["prompt_tokens_per_s"],
-                    by_k[prompt_k]["prompt_tokens_per_s"])
+    gen_k = max(by_k, key=lambda k: (by_k[k].gen_tokens_per_s, k))
+    prompt_k = max(by_k, key=lambda k: (by_k[k].prompt_tokens_per_s, k))
+    t = PhaseTuning(gen_k, prompt_k, 0, 0, by_k[gen_k].prompt_tokens_per_s,
+                    by_k[prompt_k].prompt_tokens_per_s)
     # the session's rule (plan_phase_move), from generation's placement; every count up to
     # `fits` fits the budget, so the room is what `fits` holds beyond generation's
     at_gen = placement_for(model, fits.accel, gen_k, n_ctx, 512, True, live=True)
@@ -206,8 +206,8 @@ def price_phases(model: ModelInfo, fits: Placement, cpu: DeviceCal, acc: DeviceC
                            fits.accel_total_bytes - at_gen.accel_total_bytes)
     decision, move_bytes = move.decision, move.n_bytes
     return {"gen_layers": gen_k, "prompt_layers": prompt_k,
-            "gen_tokens_per_s": round(by_k[gen_k]["gen_tokens_per_s"], 1),
-            "prompt_tokens_per_s": round(by_k[prompt_k]["prompt_tokens_per_s"], 1),
+            "gen_tokens_per_s": round(by_k[gen_k].gen_tokens_per_s, 1),
+            "prompt_tokens_per_s": round(by_k[prompt_k].prompt_tokens_per_s, 1),
             "prompt_tokens_per_s_at_gen_layers": round(t.prompt_tps_at_gen, 1),
             "move_bytes": move_bytes, "move_s": round(decision.cost_s, 4),
             "n_prompt": n_prompt, "pays": decision.move,
