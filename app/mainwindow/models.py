@@ -58,7 +58,7 @@ class Models:
     def on_loaded(self, ev: events.ModelLoaded) -> None:
         d0 = ev.details
         self.w.local_server.backend.set_model(ev.model_path, vision=bool(d0.projector) and d0.projector_sees,
-                                            hearing=bool(d0.projector) and d0.projector_hears)
+                                              hearing=bool(d0.projector) and d0.projector_hears)
         d = ev.details
         self.loaded = d
         self.w.progress.hide()
@@ -68,14 +68,14 @@ class Models:
         self.n_ctx = ev.n_ctx
         self.w.composer.edit.max_paste_bytes = ev.n_ctx * MAX_BYTES_PER_TOKEN
         self.w.set_model_line(model_line(name, ev.n_layers, ev.n_ctx, d, self.w.standin.accel_name(d)),
-                            d.placement_reason)
+                              d.placement_reason)
         if d.requested:
             remember_model(self.w.store, *d.requested)
         self.has_accel = bool(d.accelerator)
         self.w.record_button.setVisible(bool(d.projector) and d.projector_hears)
         self.w.sending.set_record_limit(0)
         self.w.panel.set_device_names({str(d.accelerator): f"stand-in {d.accelerator}"}
-                                    if self.w.standin.is_standin(d) else {})
+                                      if self.w.standin.is_standin(d) else {})
         self.w.update_welcome()
         if d.memory_note:
             self.w.show_notice(d.memory_note + ".")
@@ -121,7 +121,7 @@ class Models:
     def open_pair(self, model: str, mmproj: str) -> None:
         if self.w.chat.busy:
             self.w.show_error("A reply is under way: open the downloaded model from File → Open "
-                            "model once it has finished")
+                              "model once it has finished")
             return
         self.load(model, mmproj)
 

@@ -174,7 +174,7 @@ class Sending:
         self.w.show_conversation()
         n = len(ids)
         self.w.notice.add(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
-                        ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
+                          ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
 
     def _undo_delete_branch(self, ids: list[int]) -> None:
         try:
@@ -218,7 +218,7 @@ class Sending:
         failed = self.w.chat.finish(turn)
         if self.w.chat.save_error:
             self.w.show_error(f"Could not save the reply: {self.w.chat.save_error}. It is kept "
-                            "here and written as soon as a write succeeds.")
+                              "here and written as soon as a write succeeds.")
             self._retry_saving.start()
         if failed is not None:
             self.give_back(failed, res.error or "")
