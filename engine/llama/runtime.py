@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engine import stops
 from engine.stops import StopReason
@@ -28,6 +28,7 @@ from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
 from engine.llama.embeddings import embed
 from engine.llama.kv_slot import KvSlot
+from engine.llama.prefill_stop import PrefillStop
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
 from engine.llama.state_files import StateFiles, file_identity
 
@@ -73,7 +74,6 @@ class LoadParams:
     buft_overrides: tuple[tuple[str, str], ...] = ()
 
 
-ABORT_POLL_S = 0.05  # how often a prefill's watcher looks at Stop (see TextRuntime._abort_on)
 
 
 def state_identity(model_path: Path, n_ctx: int, flash_attn: bool | None) -> dict[str, Any]:
@@ -90,14 +90,6 @@ def _llama_version() -> str:
         return metadata.version("llama_cpp_python")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-@functools.lru_cache(maxsize=1)
-def _strlen_callback() -> Any:
-    """libc's strlen as a ggml_abort_callback: it returns the length of the flag's text, 0
-    (go on) or 1 (stop), read as a bool; no Python, no GIL, per graph node."""
-    libc = ctypes.CDLL(None)  # this process's own symbols: libc is among them
-    return llama().ggml_abort_callback(ctypes.cast(libc.strlen, ctypes.c_void_p).value)
 
 
 @dataclass(frozen=True)
@@ -240,8 +232,6 @@ class TextRuntime:
         self._replan = False  # device buffers changed since the last graph: see reschedule
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self._decoded = False  # the first decode is guarded (engine.llama.native)
-        self._cancel: threading.Event | None = None  # set while a prefill may be stopped
-        self._abort_flag: Any = None  # the abort callback's flag, while a prefill runs
         self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
         try:
             self._load()
@@ -261,6 +251,7 @@ class TextRuntime:
         self._stack.callback(L.llama_free, ctx)
         self.ctx = ctx
         self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
+        self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
         self.buffers = buffers_from_log()
         for key, n in self.loaded.buffers.items():
             self.buffers[key] = n
@@ -395,7 +386,7 @@ class TextRuntime:
     # ------------------------------------------------------------ evaluation
 
     def _check(self, rc: int) -> None:
-        if rc == 2 and self._abort_flag is not None and self._abort_flag.value:  # our abort
+        if rc == 2 and self.prefill_stop.fired:  # our abort
             # llama.cpp removed the aborted micro-batch's cells; those of earlier micro-batches
             # of the same batch are not in our books: drop them too
             self.slot.drop_unrecorded()
@@ -422,7 +413,7 @@ class TextRuntime:
         M-RoPE the next position is not the number of cells)."""
         L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
-            if self._cancel is not None and self._cancel.is_set():
+            if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
             chunk = tokens[i:i + self.params.n_batch]
@@ -499,45 +490,8 @@ class TextRuntime:
         number of positions evaluated. A `cancel` set meanwhile stops it between batches, and
         within one through llama.cpp's abort callback: TurnCancelled, with the KV cache holding
         exactly the positions evaluated before (the next prefill reuses them)."""
-        with self._abort_on(cancel):
+        with self.prefill_stop.armed(cancel):
             return self._prefill(items, cancel)
-
-    @contextlib.contextmanager
-    def _abort_on(self, cancel: threading.Event | None) -> Iterator[None]:
-        """llama.cpp's abort callback stops a prompt's graph when `cancel` is set. ggml calls it
-        for every graph node on its own threads, so it is C, not Python (a Python callback took
-        the GIL per node: the prefill ran 13% slower): libc's strlen on a one-byte flag, which
-        a watcher thread sets when `cancel` is (it looks at once, before the prompt starts,
-        then every ABORT_POLL_S)."""
-        if cancel is None:
-            yield
-            return
-        L = llama()
-        self._cancel = cancel
-        flag = ctypes.create_string_buffer(2)  # "": go on; "x": stop
-        self._abort_flag = flag
-        done, looked = threading.Event(), threading.Event()
-
-        def watch() -> None:
-            while True:
-                if cancel.is_set():
-                    flag.value = b"x"
-                looked.set()
-                if flag.value or done.wait(ABORT_POLL_S):
-                    return
-
-        L.llama_set_abort_callback(self.ctx, _strlen_callback(), ctypes.cast(flag, ctypes.c_void_p))
-        watcher = threading.Thread(target=watch, name="ebb-prefill-stop", daemon=True)
-        watcher.start()
-        looked.wait()  # a Stop pressed before the prompt began stops its first graph
-        try:
-            yield
-        finally:
-            done.set()
-            watcher.join()
-            L.llama_set_abort_callback(self.ctx, L.ggml_abort_callback(0), None)
-            self._cancel = None
-            self._abort_flag = None
 
     def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
         L = llama()
