@@ -251,7 +251,7 @@ def test_pip_installed_entry_points_run(tmp_path):
         r = subprocess.run([str(bindir / cmd[0]), *cmd[1:]], env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "usage" in r.stdout, r.stderr
-    r = subprocess.run([str(bindir / "python"), "-c", "import app.resources as r; "
+    r = subprocess.run([str(bindir / "python"), "-c", "import app.core.resources as r; "
                         "print(r.__file__); print(r.resource_path('ebb.svg'))"],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     module, icon = r.stdout.split()
