@@ -224,14 +224,14 @@ def test_search_shows_the_matching_line_delete_undoes_and_export_writes(qtbot, t
 def test_a_chat_has_its_own_system_prompt_and_sampling(qtbot, tmp_path):
     """#27: per chat, with Settings' as the default: the engine gets the chat's system prompt
     and each reply its sampling (greedy here, so the reply is the one greedy gives)."""
-    from app.core.settings import chat_params, set_chat_params
+    from app.core.settings import ChatParams, chat_params, set_chat_params
 
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
-    assert chat_params(store, w.conv_id)["temperature"] == 0.7  # Settings' default
-    set_chat_params(store, w.conv_id, {"system_prompt": "You are a pirate.", "temperature": 0.0,
-                                       "top_p": 0.9, "repeat_penalty": 1.1, "seed": 7,
-                                       "top_k": 12, "min_p": 0.2, "json_replies": True})
+    assert chat_params(store, w.conv_id).temperature == 0.7  # Settings' default
+    set_chat_params(store, w.conv_id, ChatParams("You are a pirate.", temperature=0.0, top_p=0.9,
+                                                 repeat_penalty=1.1, seed=7, top_k=12, min_p=0.2,
+                                                 json_replies=True))
     w.sending.send_history()
     w.show_conversation()  # as Chat settings' OK does
     sent = []
@@ -352,19 +352,19 @@ def test_chat_settings_have_named_presets(qtbot):
     """#43: built-in presets set the sampling; one saved by name (with its system prompt)
     comes back in a later dialog; a built-in name is not taken over."""
     from app.dialogs.chat_settings import ChatSettingsDialog
-    from app.core.settings import DEFAULTS
+    from app.core.settings import ChatParams
 
     kept: list[dict] = []
-    dlg = ChatSettingsDialog("t", dict(DEFAULTS), presets={}, save_presets=kept.append)
+    dlg = ChatSettingsDialog("t", ChatParams(), presets={}, save_presets=kept.append)
     qtbot.addWidget(dlg)
     dlg.preset.setCurrentText("Precise")
     dlg._on_preset(dlg.preset.currentIndex())
-    assert dlg.values()["temperature"] == 0.2 and dlg.values()["repeat_penalty"] == 1.05
+    assert dlg.values().temperature == 0.2 and dlg.values().repeat_penalty == 1.05
     dlg.system.setPlainText("You are a pirate.")
     assert dlg.save_named("Pirate") and not dlg.save_named("Balanced")
     assert kept[-1]["Pirate"]["system_prompt"] == "You are a pirate."
-    again = ChatSettingsDialog("t", dict(DEFAULTS), presets=kept[-1])
+    again = ChatSettingsDialog("t", ChatParams(), presets=kept[-1])
     qtbot.addWidget(again)
     again.preset.setCurrentText("Pirate")
     again._on_preset(again.preset.currentIndex())
-    assert again.values()["system_prompt"] == "You are a pirate." and again.values()["temperature"] == 0.2
+    assert again.values().system_prompt == "You are a pirate." and again.values().temperature == 0.2

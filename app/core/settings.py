@@ -6,7 +6,7 @@ demo projector (random weights) wherever a projector path is accepted.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,11 +165,29 @@ RULES: dict[str, Any] = {
     "json_replies": _of_type(bool, "true or false"),
     "hub_endpoint": _of_type(str, "a URL, or empty"), "hub_token": _of_type(str, "a text"),
 }
-CHAT_KEYS = ("system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
-             "json_replies")
 
 
-def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ChatParams:
+    """A chat's system prompt and sampling (Model → Chat settings…), named as in Settings:
+    saved per chat under "chat:<id>", the chat's own where it has them, else Settings'."""
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int = 0
+    json_replies: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+CHAT_KEYS = tuple(f.name for f in fields(ChatParams))
+
+
+def chat_params(store: Any, conv_id: int) -> ChatParams:
     """A chat's system prompt and sampling: its own where it has them, else Settings'."""
     base = {k: v for k, v in load_settings(store).to_dict().items() if k in CHAT_KEYS}
     own = store.setting(f"chat:{conv_id}", {}) if conv_id else {}
@@ -179,7 +197,7 @@ def chat_params(store: Any, conv_id: int) -> dict[str, Any]:
                 base[k] = RULES[k](v)
             except ValueError:
                 continue
-    return base
+    return ChatParams(**base)
 
 
 def default_gen_params(s: Settings) -> GenParams:
@@ -199,14 +217,13 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
     p = chat_params(store, conv_id)
     from llama_cpp.llama_grammar import JSON_GBNF
 
-    return replace(base, temperature=float(p["temperature"]), top_p=float(p["top_p"]),
-                   top_k=int(p["top_k"]), min_p=float(p["min_p"]),
-                   repeat_penalty=float(p["repeat_penalty"]), seed=int(p["seed"]),
-                   grammar=str(JSON_GBNF) if p["json_replies"] else "")
+    return replace(base, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+                   repeat_penalty=p.repeat_penalty, seed=p.seed,
+                   grammar=str(JSON_GBNF) if p.json_replies else "")
 
 
-def set_chat_params(store: Any, conv_id: int, params: dict[str, Any]) -> None:
-    store.set_setting(f"chat:{conv_id}", {k: params[k] for k in CHAT_KEYS if k in params})
+def set_chat_params(store: Any, conv_id: int, params: ChatParams) -> None:
+    store.set_setting(f"chat:{conv_id}", params.to_dict())
 
 
 # Chat settings' presets everyone has (the user's own are saved in "chat_presets")

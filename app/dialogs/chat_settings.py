@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
+from app.core.settings import BUILT_IN_PRESETS, ChatParams
+
 PICK = "Choose a preset…"
 
 
@@ -25,12 +27,10 @@ class ChatSettingsDialog(QDialog):
     """`presets`: the user's own named settings (Settings' "chat_presets"); `save_presets`
     keeps them when one is saved. The built-in ones (app/core/settings.py) come first."""
 
-    def __init__(self, title: str, values: dict[str, Any], parent: Any = None,
+    def __init__(self, title: str, values: ChatParams, parent: Any = None,
                  presets: dict[str, dict[str, Any]] | None = None,
                  save_presets: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> None:
         super().__init__(parent)
-        from app.core.settings import BUILT_IN_PRESETS
-
         self.setWindowTitle(f"Chat settings — {title}")
         self.own_presets = dict(presets or {})
         self.save_presets = save_presets
@@ -40,28 +40,28 @@ class ChatSettingsDialog(QDialog):
         self.preset.addItems([PICK, *self.presets])
         self.preset.activated.connect(self._on_preset)
         save = QPushButton("Save as preset…", clicked=self._on_save_preset)
-        self.system = QPlainTextEdit(str(values.get("system_prompt") or ""))
+        self.system = QPlainTextEdit(values.system_prompt)
         self.system.setPlaceholderText("e.g. You are a concise assistant. (empty: none)")
         self.system.setMinimumHeight(90)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, decimals=2,
-                                          value=float(values["temperature"]),
+                                          value=values.temperature,
                                           specialValueText="0 (greedy)")
         self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, decimals=2,
-                                    value=float(values["top_p"]))
-        self.top_k = QSpinBox(minimum=0, maximum=1000, value=int(values.get("top_k", 40)),
+                                    value=values.top_p)
+        self.top_k = QSpinBox(minimum=0, maximum=1000, value=values.top_k,
                               specialValueText="0 (off)",
                               toolTip="Sample among this many most likely tokens")
         self.min_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2,
-                                    value=float(values.get("min_p", 0.05)),
+                                    value=values.min_p,
                                     toolTip="Leave out tokens less likely than this share of "
                                             "the most likely one")
         self.repeat = QDoubleSpinBox(minimum=0.5, maximum=2.0, singleStep=0.05, decimals=2,
-                                     value=float(values["repeat_penalty"]),
+                                     value=values.repeat_penalty,
                                      toolTip="1.00: none; above 1 discourages repeating the "
                                              "last 64 tokens")
-        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=int(values["seed"]))
+        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=values.seed)
         self.json = QCheckBox("Replies are JSON (llama.cpp's grammar allows nothing else)",
-                              checked=bool(values.get("json_replies")))
+                              checked=values.json_replies)
         self.as_default = QCheckBox("Use these for new chats too")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
@@ -108,12 +108,10 @@ class ChatSettingsDialog(QDialog):
 
     def save_named(self, name: str) -> bool:
         """Keep these settings under `name` (a built-in name is not taken over)."""
-        from app.core.settings import BUILT_IN_PRESETS
-
         name = name.strip()
         if not name or name == PICK or name in BUILT_IN_PRESETS:
             return False
-        self.own_presets[name] = self.values()
+        self.own_presets[name] = self.values().to_dict()
         self.presets[name] = self.own_presets[name]
         if self.preset.findText(name) < 0:
             self.preset.addItem(name)
@@ -122,10 +120,7 @@ class ChatSettingsDialog(QDialog):
             self.save_presets(dict(self.own_presets))
         return True
 
-    def values(self) -> dict[str, Any]:
-        return {"system_prompt": self.system.toPlainText().strip(),
-                "temperature": round(self.temperature.value(), 2),
-                "top_p": round(self.top_p.value(), 2), "top_k": self.top_k.value(),
-                "min_p": round(self.min_p.value(), 2),
-                "repeat_penalty": round(self.repeat.value(), 2), "seed": self.seed.value(),
-                "json_replies": self.json.isChecked()}
+    def values(self) -> ChatParams:
+        return ChatParams(self.system.toPlainText().strip(), round(self.temperature.value(), 2),
+                          round(self.top_p.value(), 2), self.top_k.value(), round(self.min_p.value(), 2),
+                          round(self.repeat.value(), 2), self.seed.value(), self.json.isChecked())

@@ -268,7 +268,7 @@ class Sending:
     def send_history(self, before: int | None = None) -> None:
         """The open branch and the chat's system prompt, to the engine (with `before`, only
         the messages ahead of that one)."""
-        system = chat_params(self.w.store, self.w.conv_id)["system_prompt"] or None
+        system = chat_params(self.w.store, self.w.conv_id).system_prompt or None
         self.w.request_history.emit(ChatHistory(self.w.chat.history(before), system,
                                                 chat_tag(self.w.conv_id)))
 

@@ -388,7 +388,7 @@ class MainWindow(QMainWindow):
         try:
             set_chat_params(self.store, self.conv_id, dlg.values())
             if dlg.as_default.isChecked():
-                for k, v in dlg.values().items():
+                for k, v in dlg.values().to_dict().items():
                     self.store.set_setting(k, v)
                 self.gen_params = replace(default_gen_params(self.settings()),
                                           max_tokens=self.gen_params.max_tokens)
@@ -411,7 +411,7 @@ class MainWindow(QMainWindow):
         """The open conversation, drawn afresh (opened, switched to, or a request failed);
         `focus`: a message to scroll to, with `words` marked in it."""
         msgs = self.chat.messages()
-        self.transcript.system_prompt = str(chat_params(self.store, self.conv_id)["system_prompt"] or "")
+        self.transcript.system_prompt = chat_params(self.store, self.conv_id).system_prompt
         self.transcript.show_messages(msgs, self.chat.memory_from(msgs), focus, words or ())
         self.update_welcome()
         self.update_actions()

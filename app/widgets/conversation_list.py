@@ -155,7 +155,7 @@ class ConversationList(QWidget):
         branch, where the user says (starting in their documents folder); its pictures are
         copied into a folder beside the file."""
         from app.core.export import export_chat
-        from app.core.settings import CHAT_KEYS, chat_params
+        from app.core.settings import chat_params
 
         if path is None:
             from PySide6.QtCore import QStandardPaths
@@ -169,9 +169,8 @@ class ConversationList(QWidget):
                 return None
             every_branch = "every branch" in chosen
         out = Path(path)
-        params = chat_params(self.store, cid)
-        meta = {"system_prompt": params.get("system_prompt") or "",
-                "sampling": {k: v for k, v in params.items() if k in CHAT_KEYS and k != "system_prompt"}}
+        params = chat_params(self.store, cid).to_dict()
+        meta = {"system_prompt": params.pop("system_prompt"), "sampling": params}
         try:
             export_chat(self.store, cid, out, every_branch, meta)
         except OSError as exc:
