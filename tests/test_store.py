@@ -318,3 +318,81 @@ def test_a_chat_is_a_tree_migrated_from_lines_searched_trashed_and_exported(tmp_
     md = export_chat(s, 1, tmp_path / "out" / "chat.md").read_text()
     assert "u2 zebra" not in md and "![" in md and "chat_files/" in md and "model: tiny.gguf" in md
     s.close()
+
+
+def _refused_send(s: Store, cid: int, text: str) -> None:
+    """What the window does for a send the engine refuses: the user's message and the reply's
+    streaming row are saved, then taken back (`ChatState._take_back`)."""
+    user = s.add_message(cid, "user", text)
+    reply = s.add_message(cid, "assistant", "", state="streaming")
+    s.delete_message(reply)
+    s.delete_message(user)
+
+
+def test_a_refused_send_leaves_the_chat_as_it_was_and_the_next_chat_takes_nothing(tmp_path):
+    """The leaf of a chat names only its own messages: a refused send (ids 3 and 4 taken back)
+    left chat 1's leaf on id 3, which SQLite gave to chat 2's next message; chat 1 showed
+    empty. Now the deleted message takes the leaf with it and chat 1 ends where it did."""
+    s = Store(tmp_path)
+    first = s.create_conversation()
+    s.add_message(first, "user", "Say yes.")
+    s.add_message(first, "assistant", "Yes.")
+    before = [(m.role, m.text) for m in s.messages(first)]
+    _refused_send(s, first, "What is in this clip?")
+    assert [(m.role, m.text) for m in s.messages(first)] == before
+    second = s.create_conversation()
+    s.add_message(second, "user", "Say no.")
+    s.add_message(second, "assistant", "No.")
+    assert [(m.role, m.text) for m in s.messages(first)] == before
+    assert [m.text for m in s.messages(second)] == ["Say no.", "No."]
+    # the store itself refuses a leaf from another chat, whoever asks
+    import pytest
+
+    from app.core.store import StoreError
+
+    with pytest.raises(StoreError):
+        s.end_branch_at(s.leaf(second), first)
+    assert [(m.role, m.text) for m in s.messages(first)] == before
+
+
+def test_a_store_holding_a_foreign_leaf_is_repaired_on_open(tmp_path):
+    """A database an earlier Ebb left with chat 1's leaf on chat 2's message: on open, chat 1
+    shows its deepest message's branch again."""
+    s = Store(tmp_path)
+    first = s.create_conversation()
+    q = s.add_message(first, "user", "Say yes.")
+    s.add_message(first, "assistant", "Yes.")
+    s.end_branch_at(q, first)
+    s.add_message(first, "assistant", "Yes!")  # a second version of the reply
+    deep = s.add_message(first, "user", "Again.")
+    second = s.create_conversation()
+    other = s.add_message(second, "user", "Say no.")
+    s.db.execute("DROP TRIGGER leaf_in_its_own_chat")  # as an older Ebb's store had it
+    s.db.execute("UPDATE conversations SET leaf_id=? WHERE id=?", (other, first))
+    s.db.commit()
+    s.close()
+    again = Store(tmp_path)
+    assert again.leaf(first) == deep
+    assert [m.text for m in again.messages(first)] == ["Say yes.", "Yes!", "Again."]
+    assert [m.text for m in again.messages(second)] == ["Say no."]
+    again.close()
+
+
+def test_deleting_the_last_version_of_a_reply_stays_on_the_version_beside_it(tmp_path):
+    s = Store(tmp_path)
+    cid = s.create_conversation()
+    first_q = s.add_message(cid, "user", "One?")
+    s.add_message(cid, "assistant", "One.")
+    s.end_branch_at(None, cid)
+    q = s.add_message(cid, "user", "Two?")  # a second version of the first message
+    v1 = s.add_message(cid, "assistant", "v1")
+    for text in ("v2", "v3"):
+        s.end_branch_at(q, cid)
+        s.add_message(cid, "assistant", text)
+    s.open_branch(first_q)  # the other user branch was visited last
+    s.open_branch(v1)
+    v3 = s.messages(cid)[-1].siblings[-1]
+    s.open_branch(v3)
+    s.trash_branch(v3)
+    shown = s.messages(cid)
+    assert [m.text for m in shown] == ["Two?", "v2"] and len(shown[-1].siblings) == 2

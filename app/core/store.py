@@ -42,7 +42,17 @@ CREATE TABLE IF NOT EXISTS attachments (
     position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL, shown_name TEXT);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TRIGGER IF NOT EXISTS leaf_in_its_own_chat BEFORE UPDATE OF leaf_id ON conversations
+WHEN NEW.leaf_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM messages WHERE id = NEW.leaf_id AND conversation_id = NEW.id)
+BEGIN SELECT RAISE(ABORT, 'a chat''s open branch must end at one of its own messages'); END;
+CREATE TRIGGER IF NOT EXISTS leaf_goes_with_its_message AFTER DELETE ON messages BEGIN
+    UPDATE conversations SET leaf_id = NULL WHERE leaf_id = old.id; END;
 """
+# The two triggers keep a chat's open branch (`leaf_id`) on a message of that chat: a leaf is
+# never set to another chat's message, and a message deleted for good takes the leaf with it
+# (SQLite reuses a deleted row's id, so a leaf left on it would name the next chat's message and
+# show its own chat empty). A store that already holds such a leaf is repaired on open.
 # full-text search over the messages (SQLite's FTS5), kept by triggers; a SQLite without FTS5
 # searches titles and messages with LIKE instead
 FTS_SCHEMA = """
@@ -163,6 +173,7 @@ class Store:
             db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent "
                        "ON messages(conversation_id, parent_id)")
             _add_fts(db, rebuild=version < 3)
+            _repair_leaves(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.commit()
         except BaseException:
@@ -421,9 +432,11 @@ class Store:
         parents = self._parents(cid, live=False)
         gone = _subtree(parents, message_id)
         with self._writing("the deletion"):
+            was_open = self._raw_leaf(cid) in gone or not self._raw_leaf(cid)
             self.db.executemany("DELETE FROM messages WHERE id=?", [(m,) for m in gone])
-            if self.leaf(cid) in gone or not self.leaf(cid):
-                self._set_leaf(cid, self.best_leaf(cid, parents.get(message_id)))
+            if was_open:  # the open branch ends where it branched off
+                parent = parents.get(message_id)
+                self._set_leaf(cid, self.best_leaf(cid, parent if parent in parents else None))
 
     # ------------------------------------------------------------ the tree
 
@@ -434,8 +447,15 @@ class Store:
             f"SELECT id, parent_id FROM messages WHERE conversation_id=?{where}", (conversation_id,))}
 
     def _stored_leaf(self, conversation_id: int) -> int:
+        """The leaf as stored, when it is a live message of this chat (0: none)."""
         row = self.db.execute("SELECT c.leaf_id FROM conversations c JOIN messages m "
-                              "ON m.id = c.leaf_id WHERE c.id=? AND m.deleted IS NULL",
+                              "ON m.id = c.leaf_id AND m.conversation_id = c.id "
+                              "WHERE c.id=? AND m.deleted IS NULL", (conversation_id,)).fetchone()
+        return int(row[0]) if row is not None and row[0] else 0
+
+    def _raw_leaf(self, conversation_id: int) -> int:
+        """The leaf column itself, whatever it names (0: NULL)."""
+        row = self.db.execute("SELECT leaf_id FROM conversations WHERE id=?",
                               (conversation_id,)).fetchone()
         return int(row[0]) if row is not None and row[0] else 0
 
@@ -455,6 +475,8 @@ class Store:
         """The end of the branch last open below `under` (None: anywhere in the chat): of the
         live leaves there, the one visited last; `under` itself when nothing follows it."""
         parents = self._parents(conversation_id)
+        if under not in parents:  # gone, or in the trash: anywhere in the chat
+            under = None
         nodes = _subtree(parents, under) if under is not None else set(parents)
         if not nodes:
             return 0
@@ -492,11 +514,16 @@ class Store:
         parents = self._parents(cid)
         gone = sorted(_subtree(parents, message_id))
         with self._writing("the deletion"):
+            was_open = self._raw_leaf(cid) in gone or not self._stored_leaf(cid)
             stamp = time.time()
             self.db.executemany("UPDATE messages SET deleted=? WHERE id=?", [(stamp, m) for m in gone])
-            if self.leaf(cid) in gone or not self.leaf(cid):
+            if was_open:  # the version beside it stays open (the one before, else after)
                 parent = parents.get(message_id)
-                self._set_leaf(cid, self.best_leaf(cid, parent) if parent is not None
+                versions = sorted(m for m, p in parents.items() if p == parent)
+                i = versions.index(message_id)
+                beside = [*versions[:i][::-1], *versions[i + 1:]]
+                self._set_leaf(cid, self.best_leaf(cid, beside[0]) if beside
+                               else self.best_leaf(cid, parent) if parent is not None
                                else self.best_leaf(cid, None))
         return gone
 
@@ -610,6 +637,37 @@ def _link_linear(db: sqlite3.Connection) -> None:
                    "WHERE leaf_id IS NULL OR leaf_id NOT IN (SELECT id FROM messages)")
 
 
+def _repair_leaves(db: sqlite3.Connection) -> int:
+    """A chat whose open branch names no live message of its own (an older Ebb left one on a
+    deleted message whose id the next chat's message took): its deepest message, the newest
+    of those as deep. Returns how many chats were repaired."""
+    bad = [int(r[0]) for r in db.execute(
+        "SELECT c.id FROM conversations c WHERE c.leaf_id IS NOT NULL AND NOT EXISTS ("
+        "SELECT 1 FROM messages m WHERE m.id = c.leaf_id AND m.conversation_id = c.id "
+        "AND m.deleted IS NULL)")]
+    for cid in bad:
+        parents = {int(m): (int(p) if p is not None else None) for m, p in db.execute(
+            "SELECT id, parent_id FROM messages WHERE conversation_id=? AND deleted IS NULL",
+            (cid,))}
+        depth: dict[int, int] = {}
+
+        def depth_of(m: int) -> int:
+            path = []
+            while m not in depth and m in parents and len(path) <= len(parents):
+                path.append(m)
+                m = parents[m]  # type: ignore[assignment]
+            d = depth.get(m, 0)
+            for n in reversed(path):
+                d += 1
+                depth[n] = d
+            return depth[path[0]] if path else d
+
+        deepest = max(parents, key=lambda m: (depth_of(m), m), default=None)
+        with db:
+            db.execute("UPDATE conversations SET leaf_id=? WHERE id=?", (deepest, cid))
+    return len(bad)
+
+
 def _is_write_failure(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(w in text for w in ("disk is full", "readonly", "read-only", "unable to open",
@@ -692,6 +750,7 @@ def _copy_rows(src: sqlite3.Connection, into: sqlite3.Connection) -> tuple[int, 
             into.execute("DELETE FROM messages WHERE conversation_id NOT IN (SELECT id FROM conversations)")
             into.execute("DELETE FROM attachments WHERE message_id NOT IN (SELECT id FROM messages)")
         _link_linear(into)  # chats from before branches (or whose links were lost) are lines
+        _repair_leaves(into)
         n_conv = into.execute("SELECT COUNT(*) FROM conversations").fetchone()[0]
         n_msg = into.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
         return int(n_conv), int(n_msg)
