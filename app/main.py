@@ -157,7 +157,8 @@ def open_paths(window: Any, paths: list[str]) -> None:
 
 
 def close_on_sigterm(app: Any, window: Any) -> Any:
-    """SIGTERM (logout, shutdown, `kill`) closes the window as its close button does: the reply
+    """SIGTERM (logout, shutdown, `kill`) and SIGHUP (the terminal that started it was closed)
+    close the window as its close button does: the reply
     so far is saved, the engine stops, the exit code is 0. Python runs signal handlers only
     between bytecodes, so the signal also writes to a socket whose notifier wakes Qt's loop."""
     import socket
@@ -178,11 +179,14 @@ def close_on_sigterm(app: Any, window: Any) -> Any:
 
     notifier.activated.connect(drain)
 
-    def on_term(_signum: int, _frame: object) -> None:
-        print("ebb: asked to stop (SIGTERM): saving and closing", file=sys.stderr, flush=True)
+    def on_term(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        print(f"ebb: asked to stop ({name}): saving and closing", file=sys.stderr, flush=True)
         QTimer.singleShot(0, window.close)
 
     signal.signal(signal.SIGTERM, on_term)
+    if hasattr(signal, "SIGHUP"):  # the terminal that started Ebb was closed: the same
+        signal.signal(signal.SIGHUP, on_term)
     return (notifier, reader, writer)  # kept alive by the caller
 
 

@@ -138,4 +138,12 @@ def flash_attn_for(cfg: SessionConfig, accel: str | None) -> bool:
     GPU it saves the attention scores' compute buffer and is usually faster."""
     if cfg.flash_attn is not None:
         return cfg.flash_attn
-    return accel is not None and cfg.gpu_layers != 0
+    return is_accelerator(accel) and cfg.gpu_layers != 0
+
+
+CPU_DEVICE = "CPU"  # ggml's CPU device, which a user (or a test) may name as the accelerator
+
+
+def is_accelerator(device: str | None) -> bool:
+    """Whether layers on `device` run anywhere but this machine's CPU (None: no device)."""
+    return device is not None and device.upper() != CPU_DEVICE

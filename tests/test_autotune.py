@@ -290,6 +290,8 @@ def test_flash_attention_auto_is_on_with_an_accelerator_and_off_on_the_cpu_alone
     assert auto.flash_attn is None
     assert flash_attn_for(auto, "RPC0") is True
     assert flash_attn_for(auto, None) is False
+    assert flash_attn_for(auto, "CPU") is False  # the CPU named as the accelerator is the CPU alone
+    assert flash_attn_for(auto, "CUDA0") is True
     assert flash_attn_for(replace(auto, gpu_layers=0), "RPC0") is False  # every layer in RAM
     assert flash_attn_for(replace(auto, flash_attn=True), None) is True  # as set
     assert flash_attn_for(replace(auto, flash_attn=False), "RPC0") is False

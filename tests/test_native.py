@@ -126,10 +126,19 @@ def test_the_amx_buffer_type_is_never_asked_for(monkeypatch, model_path):
     monkeypatch.setattr(native, "cpu_has_amx", lambda: False)
     assert native.use_extra_bufts(True, ["AMX", "CPU_REPACK"]) is True
     assert native.use_extra_bufts(False, ["CPU_REPACK"]) is False
-    monkeypatch.undo()
+    # a real load follows the rule: as on an AMX CPU whose build registers the AMX buffer type
+    # (this build cannot: it is compiled without AMX), the load asks for no extra buffer type
+    monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(ggml, "cpu_extra_buffer_types", lambda: ["AMX", "CPU_REPACK"])
     m = LoadedModel(LoadParams(model_path))
     try:
-        assert m.extra_bufts is True  # this CPU has no AMX: CPU_REPACK is kept
+        assert m.extra_bufts is False
+    finally:
+        m.close()
+    monkeypatch.undo()
+    m = LoadedModel(LoadParams(model_path))  # this machine as it is: the rule on its own facts
+    try:
+        assert m.extra_bufts is native.use_extra_bufts(True, ggml.cpu_extra_buffer_types())
         assert not [line for _lvl, line in llama_log.recent(2000) if "AMX" in line]
     finally:
         m.close()

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.settings import DEMO, Settings
+from app.widgets.start_folder import start_folder
 from engine.config import flash_choice
 from engine.errors import EbbError
 from engine.models.local import find_models, model_folders, projectors_beside
@@ -156,12 +157,13 @@ class ModelPicker(QDialog):
             self.model_path.setText(str(item.data(Qt.ItemDataRole.UserRole)))
 
     def _on_browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", "", "GGUF (*.gguf)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", str(start_folder()),
+                                              "GGUF (*.gguf)")
         if path:
             self.model_path.setText(path)
 
     def _on_add_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        folder = QFileDialog.getExistingDirectory(self, "Add a model folder", str(start_folder()))
         if folder:
             self.folders.append(folder)
             for p in find_models([Path(folder)]):

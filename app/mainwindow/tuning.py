@@ -8,6 +8,12 @@ from app.dialogs.tune import TuneDialog
 from engine.tuned import TuneResult
 
 
+NO_ACCELERATOR = ("Tune measures tokens/s against how many layers sit on an accelerator, and this "
+                  "model runs on the CPU alone: there is no GPU here and no RPC server in Settings. "
+                  "Start the stand-in accelerator (on the welcome page), add an RPC server in "
+                  "Settings, or use a machine with a GPU, then Tune again. Nothing was changed.")
+
+
 class TuneController:
     """Model → Tune layers… for the main window: opens the dialog, asks the worker to tune the
     loaded model, feeds the dialog its runs, and "Use these" into Settings (then a reload)."""
@@ -29,6 +35,9 @@ class TuneController:
         last = w.chat.last_cfg
         if w.chat.busy or last is None:
             w.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
+            return
+        if w.models.has_accel is False:  # said at once, not after a dialog that promised minutes
+            w.show_notice(NO_ACCELERATOR)
             return
         cfg, rpc = session_config(w.store, str(last.model_path), str(last.mmproj_path or ""),
                                   rpc=w.rpc_servers)

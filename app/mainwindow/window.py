@@ -472,13 +472,13 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _on_attach(self) -> None:
-        from PySide6.QtCore import QStandardPaths
+        from app.widgets.start_folder import Location, start_folder
 
-        start = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.PicturesLocation)
+        start = str(start_folder(Location.PicturesLocation))
         pictures = "*.png *.jpg *.jpeg *.webp *.gif *.bmp"
         sound = "*.wav *.mp3 *.flac"
         paths, _ = QFileDialog.getOpenFileNames(
-            self, "Attach pictures or sound clips", start or str(Path.home()),
+            self, "Attach pictures or sound clips", start,
             f"Pictures and sound ({pictures} {sound});;Pictures ({pictures});;Sound clips ({sound})")
         self.composer.attach_all([Path(p) for p in paths])
 

@@ -158,11 +158,10 @@ class ConversationList(QWidget):
         from app.core.settings import chat_params
 
         if path is None:
-            from PySide6.QtCore import QStandardPaths
+            from app.widgets.start_folder import start_file
 
             safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.store.title(cid))
-            docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
-            start = str(Path(docs or Path.home()) / f"{safe.strip() or 'chat'}.md")
+            start = start_file(f"{safe.strip() or 'chat'}.md")
             path, chosen = QFileDialog.getSaveFileName(
                 self, "Export chat", start, ";;".join(EXPORT_FILTERS))
             if not path:

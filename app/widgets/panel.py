@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.widgets.start_folder import start_file
 from engine.events import Span
 from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
@@ -493,6 +494,7 @@ class MemoryPanel(QWidget):
 
     @Slot()
     def _on_save_trace(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save trace", "ebb-trace.json", "Chrome trace (*.json)")
+        path, _ = QFileDialog.getSaveFileName(self, "Save trace", start_file("ebb-trace.json"),
+                                              "Chrome trace (*.json)")
         if path:
             write_chrome_trace(Path(path), list(self.telemetry.spans))
