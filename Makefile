@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 ARGS ?=
 
-.PHONY: setup run test test-loaded test-slow dist test-dist clean
+.PHONY: setup run test test-loaded test-slow test-numerics dist test-dist clean
 
 setup:
 	@$(PYTHON) packaging/bootstrap.py
@@ -24,6 +24,11 @@ test-loaded: setup
 # CI runs them after `make test`
 test-slow: setup
 	$(VENV)/bin/python -m pytest -m "slow and not dist" $(ARGS)
+
+# the tests that compare model outputs, again at other thread counts, another batch size and
+# every CPU variant of the portable build this machine runs (packaging/numerics.py; CI runs it)
+test-numerics: setup
+	@$(PYTHON) packaging/numerics.py $(ARGS)
 
 # the desktop bundle: dist/Ebb/ (launchers Ebb and ebb-engine) and dist/Ebb-<version>-*.tar.gz,
 # with a portable llama.cpp build (cached beside the developer build). See packaging/dist.py.

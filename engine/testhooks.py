@@ -11,6 +11,7 @@ process; unset (as for every user), each does nothing. Any thread.
 | EBB_TEST_PRINT_NOTICE=1 | the window | print the notice and quit |
 | EBB_QUIT_WHEN_SHOWN=1 | the window | print "shown SECONDS VISIBLE" once it is painted, and quit (the start-up time test) |
 | EBB_CALIBRATION=PATH | the calibration store | read and write this file instead of the cache's (each test run keeps its own) |
+| EBB_TEST_N_BATCH=N | every text runtime | evaluate prompts in batches of N (the numerics-shaking run: `make test-numerics`) |
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ IMAGE = "EBB_TEST_IMAGE"
 PRINT_NOTICE = "EBB_TEST_PRINT_NOTICE"
 QUIT_WHEN_SHOWN = "EBB_QUIT_WHEN_SHOWN"
 CALIBRATION = "EBB_CALIBRATION"
+N_BATCH = "EBB_TEST_N_BATCH"
 
 
 def value(name: str) -> str:
@@ -56,3 +58,9 @@ def crash_at_first_decode(safe_mode: bool) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def n_batch(default: int) -> int:
+    """The prompt batch size: EBB_TEST_N_BATCH where set (a whole number from 1), else `default`."""
+    raw = value(N_BATCH)
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default

@@ -4,13 +4,58 @@ waited on and closed. Qt is imported only by the window helpers, so engine-only 
 load it."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-N_THREADS = 2  # ggml spins: never more threads than the CI machine's cores
+# ggml spins: never more threads than the CI machine's cores (the numerics-shaking run,
+# `make test-numerics`, sets EBB_TEST_THREADS to run the output-comparing tests with others)
+N_THREADS = int(os.environ.get("EBB_TEST_THREADS") or 2)
+
+
+# ---------------------------------------------------------------- comparing model outputs
+#
+# llama.cpp's arithmetic depends on the evaluation path (one batch or token by token, a cached
+# prefix and its last token or the whole prompt, flash attention, threads, batch size, the CPU
+# variant): logits differ by up to ~0.9 between paths. A test that compares model outputs does
+# one of two things, and its docstring says which:
+# - SAME PATH: both sides evaluate the same tokens the same way (e.g. the reference is a fresh
+#   session that evaluates the same history in one batch), so they agree to the bit;
+# - DECIDED: the sides take different paths, and `agree_where_decided` compares what holds on
+#   every CPU: the greedy tokens, up to the first step where either side's choice was close.
+DECIDED_BY = 1.0  # logits between the best token and the next: more than paths differ by
+
+
+def margin(entry: dict[str, Any]) -> float:
+    """How far the best token led the next one at a step (a logprobs entry with top 2)."""
+    top = entry["top_logprobs"]
+    return float(top[0]["logprob"] - top[1]["logprob"]) if len(top) > 1 else float("inf")
+
+
+def agree_where_decided(a: list[dict[str, Any]], b: list[dict[str, Any]],
+                        by: float = DECIDED_BY) -> int:
+    """Two greedy replies' logprobs (GenParams(top_logprobs=2)) from different evaluation
+    paths: the same token at every step until either side's choice was closer than `by`, after
+    which they may part. Returns the number of steps compared."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if min(margin(x), margin(y)) < by:
+            return i
+        assert x["bytes"] == y["bytes"], (
+            f"step {i}: {x['token']!r} (by {margin(x):.2f}) against {y['token']!r} "
+            f"(by {margin(y):.2f}), both decided")
+    return min(len(a), len(b))
+
+
+def agree_turn_by_turn(these: list[dict[str, Any]], those: list[dict[str, Any]]) -> int:
+    """Two conversations' turns (`ebb-engine chat --json --top-logprobs 2` lines, or
+    TurnResult.to_dict()s): each turn's reply agrees where decided. Returns the steps compared."""
+    assert len(these) == len(those), (len(these), len(those))
+    for t in (*these, *those):
+        assert "error" not in t and t.get("logprobs") is not None, t.get("error", "no logprobs")
+    return sum(agree_where_decided(a["logprobs"], b["logprobs"]) for a, b in zip(these, those))
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -18,9 +18,10 @@ from engine.llama.lib import llama
 
 def reference_reply(model: Path, mmproj: Path, prompt: str, images: list[Path], n_tokens: int,
                     n_threads: int = 2, n_ctx: int = 2048, n_batch: int = 512,
-                    flash_attn: bool = True) -> tuple[str, list[float]]:
+                    flash_attn: bool = True) -> tuple[str, list[dict[str, Any]]]:
     """The greedy reply llama.cpp's pipeline gives to `prompt` (already templated, one mtmd
-    marker per image, in order), and the top-1/top-2 logit margin at each step."""
+    marker per image, in order), and each step as a logprobs entry: the token, and the best
+    two logits as its `top_logprobs` (only their difference, the margin, is meant)."""
     import llama_cpp.mtmd_cpp as M
     from PIL import Image
 
@@ -69,14 +70,23 @@ def reference_reply(model: Path, mmproj: Path, prompt: str, images: list[Path], 
         pos = n_past.value
         n_vocab = L.llama_vocab_n_tokens(vocab)
         out: list[int] = []
-        margins: list[float] = []
+        steps: list[dict[str, Any]] = []
+
+        def piece(tok: int) -> bytes:
+            buf = ctypes.create_string_buffer(256)
+            n = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, False)
+            return buf.raw[:n]
+
         for _ in range(n_tokens):
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             top2 = np.partition(logits, -2)[-2:]
-            margins.append(float(top2.max() - top2.min()))
             tok = int(np.argmax(logits))
             if L.llama_vocab_is_eog(vocab, tok):
                 break
+            raw = piece(tok)
+            steps.append({"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
+                          "top_logprobs": [{"logprob": float(top2.max())},
+                                           {"logprob": float(top2.min())}]})
             out.append(tok)
             batch = L.llama_batch_init(1, 0, 1)
             batch.n_tokens = 1
@@ -88,12 +98,8 @@ def reference_reply(model: Path, mmproj: Path, prompt: str, images: list[Path], 
             assert L.llama_decode(ctx, batch) == 0
             L.llama_batch_free(batch)
             pos += 1
-        text = b""
-        for tok in out:
-            buf = ctypes.create_string_buffer(256)
-            n = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, False)
-            text += buf.raw[:n]
-        return text.decode("utf-8", errors="replace"), margins
+        text = b"".join(piece(tok) for tok in out)
+        return text.decode("utf-8", errors="replace"), steps
     finally:
         M.mtmd_input_chunks_free(chunks)
         for b in bitmaps:

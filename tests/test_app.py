@@ -197,15 +197,16 @@ def test_window_appears_fast(tmp_path):
 def test_regenerate_and_copy(qtbot, store):
     w = open_window(qtbot, store)
     send(qtbot, w, QUESTION)
-    first = store.messages(w.conv_id)[-1].text
+    first = store.messages(w.conv_id)[-1]
     w.regen_button.click()
     wait_for(lambda: not w.chat.busy)
     msgs = store.messages(w.conv_id)
-    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[-1].text == first  # greedy
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[-1].text.strip()
+    assert msgs[-1].siblings == (first.id, msgs[-1].id)  # a second version; the first stays
     w.copy_button.click()
     from PySide6.QtGui import QGuiApplication
 
-    assert QGuiApplication.clipboard().text() == first
+    assert QGuiApplication.clipboard().text() == msgs[-1].text
 
 
 def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):

@@ -8,13 +8,13 @@ import sys
 import threading
 
 from engine.llama.sampling import GenParams
-from tests.helpers import run_cli
+from tests.helpers import N_THREADS, agree_where_decided, run_cli
 
 QUESTION = "What is the capital of France? Answer in one word."
 
 
 def test_cli_answers_paris_at_temperature_zero():
-    proc = run_cli("chat", "--prompt", QUESTION, "--temp", "0", "--json", "--threads", "2")
+    proc = run_cli("chat", "--prompt", QUESTION, "--temp", "0", "--json", "--threads", str(N_THREADS))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "paris" in out["text"].lower()
@@ -27,8 +27,9 @@ def test_cli_answers_paris_at_temperature_zero():
 
 
 def test_two_greedy_cli_runs_give_identical_text():
+    """SAME PATH: two processes, the same command."""
     args = ("chat", "--prompt", "Name three colours.", "--temp", "0", "--max-tokens", "40",
-            "--json", "--threads", "2")
+            "--json", "--threads", str(N_THREADS))
     a, b = run_cli(*args), run_cli(*args)
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     assert json.loads(a.stdout)["text"] == json.loads(b.stdout)["text"]
@@ -44,9 +45,12 @@ def test_cli_streams_text_to_stdout():
 def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
     msgs = [{"role": "user", "content": "Tell me a short story about a cat."}]
     pieces: list[str] = []
+    """SAME PATH: each reply from an empty cache (the prompt in one batch)."""
     gp = GenParams(max_tokens=30, temperature=0.9, seed=42)
+    text_runtime.slot.reset()
     r1 = text_runtime.generate(msgs, gp, on_text=pieces.append)
     assert "".join(pieces) == r1.text and r1.stats.n_gen_tokens == 30 and r1.stats.stop_reason == "length"
+    text_runtime.slot.reset()
     r2 = text_runtime.generate(msgs, gp)
     assert r2.text == r1.text
     r3 = text_runtime.generate(msgs, GenParams(max_tokens=30, temperature=0.9, seed=43))
@@ -54,13 +58,15 @@ def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
 
 
 def test_prefix_reuse_evaluates_only_new_tokens(text_runtime):
+    """DECIDED: the whole prompt against its cached prefix and last token."""
     msgs = [{"role": "user", "content": "Hello there, who are you?"}]
+    gp = GenParams(max_tokens=8, temperature=0, top_logprobs=2)
     text_runtime.slot.reset()
-    first = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
-    again = text_runtime.generate(msgs, GenParams(max_tokens=8, temperature=0))
+    first = text_runtime.generate(msgs, gp)
+    again = text_runtime.generate(msgs, gp)
     assert first.stats.n_prompt_tokens_evaluated == first.stats.n_prompt_tokens
     assert again.stats.n_prompt_tokens_evaluated == 1
-    assert again.text == first.text
+    agree_where_decided(again.stats.logprobs, first.stats.logprobs)
 
 
 def test_cancel_stops_between_tokens(text_runtime):
@@ -95,22 +101,26 @@ def test_ctrl_c_stops_cleanly_with_partial_result():
 
 def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
     """#29: an embedding is computed in a context of its own: the conversation's KV cache and
-    the reply that follows are those of a run without it."""
+    the reply that follows are those of a run without it. SAME PATH: the run without it
+    evaluates the same two turns the same way (the second on the first's cached prefix)."""
     rt = text_runtime
     msgs = [{"role": "user", "content": "Name three birds."}]
     gp = GenParams(max_tokens=8, temperature=0)
-    rt.slot.reset()
-    first = rt.generate(msgs, gp).text
-    cached = list(rt.slot.cells)
-    (vec,) = rt.embed([rt.tokenize("A red apple.", add_special=True)])
-    assert len(vec) == rt.info.n_embd and abs(sum(x * x for x in vec) - 1) < 1e-6
-    assert rt.slot.cells == cached
-    again = rt.generate(msgs + [{"role": "assistant", "content": first},
-                                {"role": "user", "content": "And three fish?"}], gp)
-    assert again.stats.n_prompt_tokens_evaluated < again.stats.n_prompt_tokens  # the prefix was reused
-    rt.slot.reset()
-    assert rt.generate(msgs + [{"role": "assistant", "content": first},
-                               {"role": "user", "content": "And three fish?"}], gp).text == again.text
+
+    def two_turns(embed_between: bool) -> str:
+        rt.slot.reset()
+        first = rt.generate(msgs, gp).text
+        cached = list(rt.slot.cells)
+        if embed_between:
+            (vec,) = rt.embed([rt.tokenize("A red apple.", add_special=True)])
+            assert len(vec) == rt.info.n_embd and abs(sum(x * x for x in vec) - 1) < 1e-6
+            assert rt.slot.cells == cached
+        again = rt.generate(msgs + [{"role": "assistant", "content": first},
+                                    {"role": "user", "content": "And three fish?"}], gp)
+        assert again.stats.n_prompt_tokens_evaluated < again.stats.n_prompt_tokens  # prefix reused
+        return again.text
+
+    assert two_turns(embed_between=True) == two_turns(embed_between=False)
 
 
 def test_chat_titles_tell_chats_apart():

@@ -1,14 +1,19 @@
 """No cut at a length cap: a reply runs until the model stops by default, and Continue goes on
 with a capped (or stopped) reply, equal to a reply that never stopped (greedy, token for token).
-Real SmolLM2 on the CPU, through the session as the window and the CLI use it."""
+Real SmolLM2 on the CPU, through the session as the window and the CLI use it.
+
+Every reference starts from an empty KV cache, as the run it is compared with does: the prompt
+is evaluated in one batch on both sides (tests/helpers.py, SAME PATH)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from engine.config import SessionConfig
 from engine.llama.sampling import GenParams
 from engine.session import Session
-from tests.helpers import N_THREADS
+from tests.helpers import N_THREADS, agree_where_decided
 
 STORY = "Write a long story about a lighthouse keeper and a storm."
 
@@ -23,10 +28,20 @@ def test_the_default_is_no_cap():
     assert GenParams().max_tokens == 0
 
 
+def _afresh(session: Session) -> None:
+    """A new conversation with nothing in the KV cache: its prompt is evaluated whole."""
+    session.set_history([])
+    session.model.runtime.slot.reset()
+
+
 def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
+    """SAME PATH: the uncapped reply and the capped one evaluate the prompt in one batch from an
+    empty cache, and Continue decodes on from the cache token by token, as the uncapped one
+    does."""
+    _afresh(session)
     whole = session.turn(STORY, gp=GenParams(max_tokens=90, temperature=0))
     assert whole.error is None and whole.gen.n_gen_tokens == 90
-    session.set_history([])
+    _afresh(session)
 
     first = session.turn(STORY, gp=GenParams(max_tokens=25, temperature=0))
     assert first.gen.stop_reason == "length"
@@ -56,18 +71,23 @@ def test_continuing_an_interrupted_reply_counts_the_whole_reply():
 
 
 def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
-    session.set_history([])
-    whole = session.turn(STORY, gp=GenParams(max_tokens=60, temperature=0))
-    session.set_history([])
-    first = session.turn(STORY, gp=GenParams(max_tokens=30, temperature=0))
+    """The capped reply is SAME PATH as the uncapped one (both from an empty cache); the
+    continuation prefills the reply so far instead of having generated it, so it is DECIDED:
+    its tokens are the uncapped reply's until either side's choice was close."""
+    gp = GenParams(max_tokens=60, temperature=0, top_logprobs=2)
+    _afresh(session)
+    whole = session.turn(STORY, gp=gp)
+    _afresh(session)
+    first = session.turn(STORY, gp=replace(gp, max_tokens=30))
+    assert whole.text.startswith(first.text)
     # the conversation is reopened (as when the window starts again): the cache is not trusted
     session.set_history([(t.role, t.text, []) for t in session.history])
-    more = session.continue_reply(GenParams(max_tokens=30, temperature=0))
+    more = session.continue_reply(replace(gp, max_tokens=30))
     assert more.error is None and "prefilled" in more.reason
     assert more.gen.n_prompt_tokens_evaluated > 0
-    # a re-tokenized reply may differ from the sampled tokens; its start is the reply so far
-    assert session.history[-1].text == first.text + more.text
-    assert (first.text + more.text)[:len(first.text)] == whole.text[:len(first.text)]
+    assert session.history[-1].text == first.text + more.text  # one reply, grown
+    assert more.gen.logprobs and whole.gen.logprobs
+    agree_where_decided(more.gen.logprobs, whole.gen.logprobs[first.gen.n_gen_tokens:])
 
 
 def test_continue_with_nothing_to_continue_says_so(session):

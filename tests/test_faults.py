@@ -6,6 +6,7 @@ session, store, window and RPC device; images through a generated projector."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from engine.session import Session
 from tests.helpers import (
     N_THREADS,
     RpcServer,
+    agree_where_decided,
     open_window,
     send,
     track_window,
@@ -60,11 +62,14 @@ def test_turns_past_a_small_context_drop_the_oldest_and_shift_the_rest(model_pat
 
 
 def test_the_reply_after_a_shift_equals_a_fresh_session_on_the_kept_turns(model_path):
+    """DECIDED: the kept turns K-shifted in the cache against a fresh session that evaluates
+    them in one batch (tests/helpers.py)."""
+    gp = replace(GP, top_logprobs=2)
     with _session(model_path) as a:
         i = 0
         while True:
             kept_before = list(a.history)
-            res = a.turn(_turn_text(i), gp=GP)
+            res = a.turn(_turn_text(i), gp=gp)
             assert res.error is None
             if res.n_turns_dropped:
                 break
@@ -74,8 +79,9 @@ def test_the_reply_after_a_shift_equals_a_fresh_session_on_the_kept_turns(model_
         assert a.history[:-2] == kept
     with _session(model_path) as b:
         b.set_history([(t.role, t.text, []) for t in kept])
-        fresh = b.turn(_turn_text(i), gp=GP)
-    assert fresh.text == res.text
+        fresh = b.turn(_turn_text(i), gp=gp)
+    assert fresh.gen.logprobs and res.gen.logprobs
+    agree_where_decided(fresh.gen.logprobs, res.gen.logprobs)
 
 
 def test_the_image_conversation_runs_to_the_end_dropping_older_images_first(model_path, tiny_projector,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.helpers import N_THREADS, RpcServer, free_port, run_cli, wait_for
+from tests.helpers import N_THREADS, RpcServer, agree_where_decided, free_port, run_cli, wait_for
 
 KEY = "test-key-123"
 
@@ -135,6 +135,9 @@ def cli_reply(*flags: str) -> str:
 
 
 def test_models_and_a_greedy_reply_equal_the_cli(server):
+    """The first reply is SAME PATH as the CLI's: the server's first request, from an empty
+    cache, evaluates the prompt in one batch as the CLI does. The streamed one reuses the
+    cached prompt but its last token: DECIDED (tests/helpers.py), by their logprobs."""
     client = server.client()
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
     assert client.models.retrieve("SmolLM2-135M-Instruct.Q4_1").id == "SmolLM2-135M-Instruct.Q4_1"
@@ -144,7 +147,8 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
         client.models.retrieve("gpt-4")
     prompt = "Write a short poem about the sea."
     done = client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}],
-                                          temperature=0, max_tokens=12, seed=1)
+                                          temperature=0, max_tokens=12, seed=1, logprobs=True,
+                                          top_logprobs=2)
     text = done.choices[0].message.content
     assert text and text == cli_reply("--prompt", prompt, "--max-tokens", "12")
     assert done.choices[0].finish_reason == "length"
@@ -153,9 +157,15 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
     # the same, streamed: the pieces make the same text, [DONE] ends it, usage comes last
     stream = client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}],
                                             temperature=0, max_tokens=12, stream=True,
-                                            stream_options={"include_usage": True})
+                                            stream_options={"include_usage": True},
+                                            logprobs=True, top_logprobs=2)
     chunks = list(stream)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    streamed = [lp.model_dump() for c in chunks if c.choices and c.choices[0].logprobs
+                for lp in c.choices[0].logprobs.content or []]
+    whole = [lp.model_dump() for lp in done.choices[0].logprobs.content]
+    assert len(streamed) == 12 and "".join(c.choices[0].delta.content or "" for c in chunks
+                                           if c.choices).strip()
+    agree_where_decided(streamed, whole)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
     assert [c.usage is not None for c in chunks].count(True) == 1  # once: a client sums chunks
@@ -1066,12 +1076,13 @@ def test_a_request_waiting_behind_a_long_reply_sees_its_place_or_a_clear_503(mon
         waiting = b.request("POST", "/v1/chat/completions", body)
         lines = sse_lines(waiting)
         assert next(lines).startswith("data: ")  # the role chunk
-        assert next(ln for ln in lines if ln.startswith(":")) == ": waiting in line, 0 ahead"
+        # the reply being written goes first: it counts (#51: "0 ahead" while one was)
+        assert next(ln for ln in lines if ln.startswith(":")) == ": waiting in line, 1 ahead"
         status, headers, answer = Raw(s.port, timeout=30).call("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         assert status == 503 and headers["retry-after"] == "2"
         message = answer["error"]["message"]
-        assert "busy" in message and "with 1 ahead" in message and "stream the request" in message
+        assert "busy" in message and "with 2 ahead" in message and "stream the request" in message
         busy.close(), waiting.close(), a.close(), b.close()
     finally:
         s.proc.kill()  # held in the prefill for the test: nothing to close cleanly

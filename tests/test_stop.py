@@ -78,3 +78,57 @@ def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_b
     rt.slot.reset()
     assert rt.prefill(tokens, threading.Event()) == len(tokens)
     assert rt.slot.n_past == len(tokens)
+
+
+def test_stop_on_a_device_lands_between_small_batches(shared_rpc_server, model_path):
+    """On the stand-in accelerator llama.cpp's abort callback cannot reach into a batch (the
+    graph runs in the RPC server): a prompt that Stop may end starts with a small batch and
+    sizes the next ones to take a fraction of a second, so Stop lands between two of them
+    (#51: it took 5-9 s), and each batch is told as progress (the window's status line and
+    Steps lane). No timing is asserted: the sizes and where it stopped are."""
+    from engine.llama.devices import connect_rpc, remote_device_names
+    from engine.llama.runtime import FIRST_STOP_BATCH, LoadParams, TextRuntime
+    from tests.helpers import N_THREADS
+
+    connect_rpc(shared_rpc_server.endpoint)
+    device = remote_device_names(shared_rpc_server.endpoint)[0]
+    rt = TextRuntime(LoadParams(model_path, n_ctx=2048, n_threads=N_THREADS, n_gpu_layers=99,
+                                devices=(device,)))
+    try:
+        tokens = rt.tokenize(" ".join(f"item {i} is a word" for i in range(150)), add_special=True)
+        stop, seen = threading.Event(), []
+
+        def progress(done: int, total: int) -> None:
+            seen.append((done, total))
+            if len(seen) == 2:
+                stop.set()
+
+        with pytest.raises(TurnCancelled):
+            rt.prefill(tokens, stop, progress)
+        assert seen[0] == (FIRST_STOP_BATCH, len(tokens)) and len(seen) == 2
+        assert rt.slot.n_past == seen[-1][0] < len(tokens)
+        # without Stop to heed, a prompt goes in whole batches (nothing to size for)
+        rt.slot.reset()
+        whole: list[tuple[int, int]] = []
+        assert rt.prefill(tokens, None, lambda d, t: whole.append((d, t))) == len(tokens)
+        assert whole[0][0] == min(len(tokens), rt.params.n_batch)
+    finally:
+        rt.close()
+
+
+def test_a_prompt_being_read_is_one_growing_step_in_the_panel():
+    """The Steps lane draws the prompt while it is read (its span so far, how many tokens of
+    how many), and its whole span takes that place at its end."""
+    from engine import events
+    from engine.telemetry import Telemetry
+
+    tel = Telemetry()
+    tel.on_event(events.Span(1, name="plan", start_s=9.0, end_s=9.5, device="CPU"))
+    for done, t in ((64, 10.5), (512, 11.5)):
+        tel.on_event(events.PrefillProgress(1, start_s=10.0, n_done=done, n_total=900,
+                                            device="RPC0", t_s=t))
+    assert [s.name for s in tel.spans] == ["plan", "prefill"]
+    assert tel.spans[-1].detail == "512 of 900 tokens so far" and tel.spans[-1].end_s == 11.5
+    tel.on_event(events.Span(1, name="prefill", start_s=10.0, end_s=12.0, device="RPC0"))
+    tel.on_event(events.Span(1, name="decode", start_s=12.0, end_s=13.0, device="RPC0"))
+    assert [(s.name, s.detail) for s in tel.spans] == [("plan", ""), ("prefill", ""), ("decode", "")]

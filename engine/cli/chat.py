@@ -104,7 +104,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         turns = [{"text": args.prompt, "images": args.image}]
     cfg = session_config(args)
     cancel = threading.Event()
-    gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed)
+    gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed,
+                   top_logprobs=args.top_logprobs)
     first_token: list[float] = []  # seconds from the process's start to the first token
 
     def on_text(piece: str) -> None:
@@ -230,4 +231,7 @@ def register(sub: Any) -> None:
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object per turn")
+    p.add_argument("--top-logprobs", type=int, default=-1, metavar="N",
+                   help="with --json: each reply token's logprob and the N most likely "
+                        "(OpenAI's shape, under \"logprobs\")")
     p.set_defaults(func=cmd_chat)
