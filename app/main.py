@@ -149,11 +149,10 @@ def open_paths(window: Any, paths: list[str]) -> None:
     args = parse_args(["--", *paths])
     for image in args.images:
         window.composer.attach(image)
-    if args.model or args.mmproj:
-        last = window.chat.last_cfg
-        model = args.model or (str(last.model_path) if last else "default")
-        mmproj = args.mmproj if args.mmproj is not None else ""
-        window.models.load(model, mmproj)
+    if args.model:
+        window.models.load(args.model, args.mmproj or "")
+    elif args.mmproj:  # with the model that is loaded (not one that failed to load)
+        window.models.open_projector(args.mmproj)
 
 
 def close_on_sigterm(app: Any, window: Any) -> Any:

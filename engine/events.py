@@ -123,6 +123,16 @@ class Span(Event):
 
 
 @dataclass(frozen=True)
+class PrefillProgress(Event):
+    """A prompt being evaluated: `n_done` of `n_total` positions so far, since `start_s`
+    (monotonic), on `device`. Sent after each batch; the prefill's Span follows at its end."""
+    start_s: float
+    n_done: int
+    n_total: int
+    device: str
+
+
+@dataclass(frozen=True)
 class Residency(Event):
     """Where each part lives now: per layer, output, embeddings, projector, and the ledger."""
     layer_devices: tuple[str, ...]

@@ -552,8 +552,12 @@ class Session:
             while pending:
                 pending.pop()()
 
+        def progress(done: int, total: int) -> None:  # the window's status line and Steps lane
+            self._emit(events.PrefillProgress(self._request_id, start_s=t_start, n_done=done,
+                                              n_total=total, device=accel))
+
         try:
-            result = runtime.generate_from(items, gp, on_text, cancel, after_prefill)
+            result = runtime.generate_from(items, gp, on_text, cancel, after_prefill, progress)
         finally:
             while pending:  # the prefill failed: back to generation's placement all the same
                 pending.pop()()

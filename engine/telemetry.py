@@ -46,6 +46,7 @@ class Telemetry:
     _buffers: list[tuple[str, str]] = field(default_factory=list)  # (kind, device), first seen first
     _where_since: dict[str, tuple[str, float]] = field(default_factory=dict)
     _now: float = 0.0  # the time of the last residency event
+    _reading: events.Span | None = None  # the prompt being read: its span so far
 
     def on_event(self, ev: events.Event) -> None:
         if isinstance(ev, events.Residency):
@@ -65,7 +66,22 @@ class Telemetry:
             for dev, kinds in ev.ledger.items():
                 self._sample(dev, ev.t_s, kinds, None)
         elif isinstance(ev, events.Span):
-            self.spans.append(ev)
+            if self._reading is not None and ev.name == "prefill" and self.spans \
+                    and self.spans[-1] is self._reading:
+                self.spans[-1] = ev  # the prompt's whole span takes its progress's place
+            else:
+                self.spans.append(ev)
+            self._reading = None
+        elif isinstance(ev, events.PrefillProgress):
+            # the prompt so far, as a prefill span that grows (its detail: how far it got)
+            span = events.Span(ev.request_id, name="prefill", start_s=ev.start_s,
+                               end_s=ev.t_s, device=ev.device,
+                               detail=f"{ev.n_done:,} of {ev.n_total:,} tokens so far")
+            if self._reading is not None and self.spans and self.spans[-1] is self._reading:
+                self.spans[-1] = span
+            else:
+                self.spans.append(span)
+            self._reading = span
         elif isinstance(ev, events.ServerTurn):
             self.labels[ev.request_id] = ev.client
             if len(self.labels) > MAX_SPANS:

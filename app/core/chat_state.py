@@ -29,6 +29,8 @@ class Pending:
     continues: Message | None = None
     regenerates: bool = False
     edits: int = 0
+    seed: int | None = None  # the seed the reply samples with (None: greedy)
+    seed_fixed: bool = False  # the chat fixes it (else each reply draws its own)
 
 
 COMMIT_EVERY_S = 1.0  # a streaming reply is committed at least this often
@@ -49,6 +51,7 @@ class ChatState:
         self.unsaved: list[Unsaved] = []  # replies a full disk kept from the store, in order
         self.reply_id = 0  # the reply's row while it streams (committed about once a second)
         self._committed_at = 0.0
+        self._begun_at = 0.0  # when the request in flight was sent
         self.last_cfg: SessionConfig | None = None  # what the engine was last asked to load
         self._observers: list[Callable[[], None]] = []
 
@@ -224,6 +227,7 @@ class ChatState:
         self.request_id += 1
         self.pending = pending
         self.reply_parts = []
+        self._begun_at = time.monotonic()
         self._first_at: float | None = None  # when the first piece came (the rate counts from it)
         self.reply_id = 0
         self._committed_at = time.monotonic()
@@ -255,11 +259,15 @@ class ChatState:
         return n, (n - 1) / max(time.monotonic() - self._first_at, 1e-6)
 
     def stopped_result(self) -> dict[str, Any]:
-        """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text and
-        the counts streamed so far (they showed 0 tokens · 0.0 tok/s)."""
+        """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text,
+        the counts streamed so far (they showed 0 tokens · 0.0 tok/s) and the prompt's time as
+        the window saw it, from Send to the first piece (it showed "prompt 0.00s")."""
         n, rate = self.live_rate()
+        prompt_s = (self._first_at - self._begun_at) if self._first_at is not None else (
+            time.monotonic() - self._begun_at)
         return {"text": "".join(self.reply_parts), "stop_reason": StopReason.CANCELLED,
-                "n_gen_tokens": n, "gen_tokens_per_s": round(rate, 2)}
+                "n_gen_tokens": n, "gen_tokens_per_s": round(rate, 2),
+                "prompt_s": round(prompt_s, 3)}
 
     def commit_reply(self) -> None:
         """Commit the reply so far (a kill from here on loses nothing before this)."""
@@ -283,7 +291,8 @@ class ChatState:
                     failed = pending
                     self.store.update_message(old.id, old.text, state=old.state)
                 else:
-                    stats = self._remembered(result, continued_stats(old.stats, reply_stats(result)))
+                    stats = self._remembered(result, continued_stats(
+                        old.stats, reply_stats(result, pending)))
                     text = old.text + result.get("text", "")
                     self.saved = Message(old.id, "assistant", text, [], stats)
                     self.store.update_message(old.id, text, stats)
@@ -292,7 +301,7 @@ class ChatState:
                 failed = pending
                 self._take_back(pending)
             elif pending is not None:
-                stats = self._remembered(result, reply_stats(result))
+                stats = self._remembered(result, reply_stats(result, pending))
                 self.saved = Message(self.reply_id, "assistant", result.get("text", ""), [], stats)
                 if self.reply_id:
                     self.store.update_message(self.reply_id, self.saved.text, stats)
@@ -390,9 +399,9 @@ class Unsaved:
     stats: dict[str, Any]
 
 
-def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
-    """What a saved reply shows under it: tokens, speed, and for image turns the strategy,
-    encode time and swap time."""
+def reply_stats(r: dict[str, Any], pending: Pending | None = None) -> dict[str, Any]:
+    """What a saved reply shows under it: tokens, speed, the seed it sampled with, and for
+    image turns the strategy, encode time and swap time."""
     from engine.events import SWAP_STEPS
 
     stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s",
@@ -402,6 +411,8 @@ def reply_stats(r: dict[str, Any]) -> dict[str, Any]:
                                    "stop_reason", "n_images", "n_turns_dropped",
                                    "n_images_dropped", "n_tokens_dropped", "memory_starts_at",
                                    "device_notes")}
+    if pending is not None and pending.seed is not None:
+        stats["seed"], stats["seed_fixed"] = pending.seed, pending.seed_fixed
     spans = r.get("spans", [])
     stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
     stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)
@@ -414,10 +425,13 @@ def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, A
     out["n_gen_tokens"] = int(before.get("n_gen_tokens") or 0) + int(more.get("n_gen_tokens") or 0)
     if more.get("n_reply_tokens"):  # the engine counted the whole reply (an interrupted one
         out["n_gen_tokens"] = max(out["n_gen_tokens"], int(more["n_reply_tokens"]))  # had none)
-    for k in ("encode_s", "swap_s"):
+    for k in ("encode_s", "swap_s", "prompt_s"):  # the whole reply's, each part's prompt too
         out[k] = float(before.get(k) or 0) + float(more.get(k) or 0)
     out["gen_tokens_per_s"] = more.get("gen_tokens_per_s")
     out["stop_reason"] = more.get("stop_reason")
+    for k in ("seed", "seed_fixed"):  # the newest part's draw
+        if k in more:
+            out[k] = more[k]
     out["continued"] = int(before.get("continued") or 0) + 1
     return out
 

@@ -24,6 +24,11 @@ DEMO_AUDIO_LABEL = ("generated audio projector: random weights — it runs the w
                     "pipeline but does not hear")
 
 
+# a seed of -1: each reply (each version of it too) draws a new one; 0 and up: fixed, so
+# Regenerate gives the same reply
+NEW_SEED_EACH_REPLY = -1
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every window setting, typed: saved in the store's settings table one key per field,
@@ -64,7 +69,7 @@ class Settings:
     temperature: float = 0.7
     top_p: float = 0.95
     repeat_penalty: float = 1.0
-    seed: int = 0
+    seed: int = NEW_SEED_EACH_REPLY
     json_replies: bool = False
     top_k: int = 40
     min_p: float = 0.05
@@ -83,6 +88,18 @@ class Settings:
 DEFAULTS: dict[str, Any] = Settings().to_dict()
 # RPC servers lost during a step before this process restarted itself (see engine/llama/fatal.py)
 LOST_RPC = {e for e in os.environ.get("EBB_LOST_RPC", "").split(",") if e}
+
+
+def reply_seed(seed: int, temperature: float) -> tuple[int | None, bool]:
+    """The seed one reply samples with and whether the chat fixed it: a new draw for each reply
+    unless the seed is fixed; None for a greedy reply (temperature 0: nothing is drawn)."""
+    if temperature <= 0:
+        return None, False
+    if seed == NEW_SEED_EACH_REPLY:
+        import secrets
+
+        return secrets.randbits(32), False
+    return seed, True
 
 
 def _whole(lo: int, hi: int) -> Any:
@@ -160,7 +177,7 @@ RULES: dict[str, Any] = {
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
     "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
-    "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(0, 2**32 - 1),
+    "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(NEW_SEED_EACH_REPLY, 2**32 - 1),
     "top_k": _whole(0, 100_000), "min_p": _between(0.0, 1.0),
     "json_replies": _of_type(bool, "true or false"),
     "hub_endpoint": _of_type(str, "a URL, or empty"), "hub_token": _of_type(str, "a text"),
@@ -177,7 +194,7 @@ class ChatParams:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.0
-    seed: int = 0
+    seed: int = NEW_SEED_EACH_REPLY
     json_replies: bool = False
 
     def to_dict(self) -> dict[str, Any]:

@@ -652,7 +652,7 @@ def _repair_leaves(db: sqlite3.Connection) -> int:
         depth: dict[int, int] = {}
 
         def depth_of(m: int) -> int:
-            path = []
+            path: list[int] = []
             while m not in depth and m in parents and len(path) <= len(parents):
                 path.append(m)
                 m = parents[m]  # type: ignore[assignment]

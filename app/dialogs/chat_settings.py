@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from app.core.settings import BUILT_IN_PRESETS, ChatParams
+from app.core.settings import BUILT_IN_PRESETS, NEW_SEED_EACH_REPLY, ChatParams
 
 PICK = "Choose a preset…"
 
@@ -59,7 +59,11 @@ class ChatSettingsDialog(QDialog):
                                      value=values.repeat_penalty,
                                      toolTip="1.00: none; above 1 discourages repeating the "
                                              "last 64 tokens")
-        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=values.seed)
+        # -1 reads "new each reply": Regenerate then gives another version; a number fixes it
+        self.seed = QSpinBox(minimum=NEW_SEED_EACH_REPLY, maximum=2**31 - 1, value=values.seed,
+                             specialValueText="new each reply",
+                             toolTip="A number gives the same reply each time (Regenerate too); "
+                                     "\"new each reply\" draws a new seed for every reply")
         self.json = QCheckBox("Replies are JSON (llama.cpp's grammar allows nothing else)",
                               checked=values.json_replies)
         self.as_default = QCheckBox("Use these for new chats too")

@@ -22,6 +22,7 @@ class Models:
     def __init__(self, window: Any) -> None:
         self.w = window
         self.loaded: events.LoadDetails | None = None  # the last load's (About's diagnostics)
+        self.loaded_model = ""  # the model that loaded last (not one that failed after it)
         self.has_accel: bool | None = None  # known once a model has loaded
         self.n_ctx = 0  # the loaded model's context (0: none loaded yet)
         self.load_reason = ""  # why the next load happens, for the status line
@@ -61,6 +62,7 @@ class Models:
                                               hearing=bool(d0.projector) and d0.projector_hears)
         d = ev.details
         self.loaded = d
+        self.loaded_model = str(ev.model_path)
         self.w.progress.hide()
         self.w.chat.set_loaded()
         name = readable_model_name(ev.model_path, ev.model_name)
@@ -124,6 +126,11 @@ class Models:
                               "model once it has finished")
             return
         self.load(model, mmproj)
+
+    def open_projector(self, mmproj: str) -> None:
+        """A projector handed over (a later start's file, a drop): paired with the model that is
+        loaded, never with one that failed to load since; with none loaded, the default."""
+        self.load(self.loaded_model or "default", mmproj)
 
     def what_if(self) -> None:
         from app.dialogs.whatif import WhatIfDialog

@@ -12,7 +12,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QGuiApplication
 
 from app.core.chat_state import ChatHistory, Pending, chat_tag, oversized, users_names
-from app.core.settings import chat_gen_params, chat_params
+from app.core.settings import chat_gen_params, chat_params, reply_seed
 from app.core.status import phases_line, restored_line
 from app.core.store import Message
 from engine import events
@@ -38,7 +38,15 @@ class Sending:
         self._persist_when_idle.timeout.connect(self._on_idle)
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {events.TurnFinished: self.on_turn_finished}
+        return {events.TurnFinished: self.on_turn_finished,
+                events.PrefillProgress: self.on_prefill_progress}
+
+    def on_prefill_progress(self, ev: events.PrefillProgress) -> None:
+        """A long prompt shows how far it got (the Steps lane draws it too)."""
+        if ev.n_total:
+            self.w.statusBar().showMessage(
+                f"Reading the prompt: {ev.n_done:,} of {ev.n_total:,} tokens "
+                f"({100 * ev.n_done // ev.n_total}%) · Stop ends it", 5000)
 
     def send(self) -> None:
         """Send what the composer holds (Enter, the Send button)."""
@@ -92,16 +100,20 @@ class Sending:
         self._copy_names = {Path(c).name: Path(u).name for c, u in zip(images, pending.images)}
         if history_before:
             self.send_history(before=history_before)
+        gp = self.chat_gen_params()
+        seed, fixed = reply_seed(gp.seed, gp.temperature)  # each version its own, unless fixed
+        if seed is not None:
+            gp = replace(gp, seed=seed)
+        pending = replace(pending, seed=seed, seed_fixed=fixed)
         request_id = self.w.chat.begin(pending)
         self.w.panel.set_live(True)  # the plots follow the reply to now
         self.w.welcome.hide()
         self.w.worker.stream.take()  # nothing left over from an earlier request
         self.w.transcript.begin_reply(pending.continues, scroll=True)
         if pending.continues is not None:
-            self.w.request_continue.emit(request_id, self.chat_gen_params())
+            self.w.request_continue.emit(request_id, gp)
         else:
-            self.w.request_send.emit(request_id, pending.text, [str(p) for p in images],
-                                     self.chat_gen_params())
+            self.w.request_send.emit(request_id, pending.text, [str(p) for p in images], gp)
         self.w.update_actions()
 
     def _send_edit(self, target: Message, text: str, images: list[Path]) -> None:

@@ -52,6 +52,10 @@ class WindowBackend(QueuedBackend):
         QMetaObject.invokeMethod(self.worker, "serve_next", Qt.ConnectionType.QueuedConnection)
         return place
 
+    def answering(self) -> bool:
+        """A request, or the window's own reply, is being answered (it goes first)."""
+        return super().answering() or self.worker.turn_running.is_set()
+
     def close(self) -> None:
         self.stop_all("the window is closing")  # the running job stops: the window can close
         if self.image_dir.exists():

@@ -490,6 +490,10 @@ class MainWindow(QMainWindow):
     def _on_chat_changed(self) -> None:
         """ChatState changed (loaded, busy, idle): the controls follow it."""
         busy = self.chat.busy
+        if busy:  # the local server counts the window's reply ahead of its waiting requests
+            self.worker.turn_running.set()
+        else:
+            self.worker.turn_running.clear()
         self.send_button.setEnabled(not busy and self.chat.loaded)
         self.stop_button.setEnabled(busy)
         (self.sending.redraw.start if busy else self.sending.redraw.stop)()

@@ -54,6 +54,9 @@ class EngineWorker(QObject):
         self._tune_cancel = threading.Event()
         self.stream = TextStream()
         self.server_backend: Any = None  # app/mainwindow/serving.py's WindowBackend, while serving
+        # the window's own reply is on its way (set by the GUI thread from Send to its end): the
+        # local server counts it ahead of the requests that wait
+        self.turn_running = threading.Event()
 
     @Slot()
     def serve_next(self) -> None:

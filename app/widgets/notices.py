@@ -4,14 +4,16 @@ line fills it); whatever went wrong is said here. GUI thread only.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -22,7 +24,16 @@ STYLES = {
     "warning": ("#fff3cd", "#5c4400", "#e8d48a"),
     "info": ("#e7f1fb", "#1d2b36", "#c5dcf0"),
 }
-MAX_SHOWN = 6  # older ones leave first: the chat keeps its room
+MAX_SHOWN = 3  # older ones leave first: the chat keeps its room
+SHARE_OF_WINDOW = 0.3  # more than this share of the window's height scrolls inside the area
+CAUSE_CHARS = 80  # a notice's cause: its words before the first colon within this many
+
+
+def cause_of(text: str) -> str:
+    """What a notice is about, to keep one per cause: the words before its first colon ("Could
+    not regenerate the reply: ..."), else all of it."""
+    head, colon, _rest = text.partition(":")
+    return head.strip() if colon and len(head) <= CAUSE_CHARS else text.strip()
 
 
 class Notice(QFrame):
@@ -60,19 +71,39 @@ class Notice(QFrame):
         self.deleteLater()
 
 
-class NoticeArea(QWidget):
-    """A column of notices; `text()` is every shown notice's text (what tests and diagnostics
-    read)."""
+class NoticeArea(QScrollArea):
+    """A column of notices, newest first, one per cause, at most MAX_SHOWN; taller than
+    SHARE_OF_WINDOW of the window, it scrolls (the chat below keeps its room). `text()` is every
+    shown notice's text (what tests and diagnostics read)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._layout = QVBoxLayout(self)
+        super().__init__(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self._column = QWidget()
+        self._layout = QVBoxLayout(self._column)
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(4)
+        self.setWidget(self._column)
         self.hide()
 
+    def sizeHint(self) -> QSize:
+        want = self._column.sizeHint()
+        width = self.viewport().width()
+        height = (self._layout.totalHeightForWidth(width) if self._layout.hasHeightForWidth()
+                  else want.height())  # wrapped at the width it has
+        window = self.window()
+        cap = int(window.height() * SHARE_OF_WINDOW) if window is not self else height
+        return QSize(want.width(), max(0, min(height, max(cap, 60))))
+
+    def resizeEvent(self, event: Any) -> None:
+        super().resizeEvent(event)
+        self.updateGeometry()
+
     def notices(self) -> list[Notice]:
-        return [n for n in self.findChildren(Notice) if n.parent() is self and not n.isHidden()]
+        """The shown notices, newest first."""
+        items = (self._layout.itemAt(i).widget() for i in range(self._layout.count()))
+        return [n for n in items if isinstance(n, Notice) and not n.isHidden()]
 
     def add(self, text: str, kind: str = "warning",
             action: tuple[str, Callable[[], None]] | None = None,
@@ -83,20 +114,21 @@ class NoticeArea(QWidget):
         if not text:
             return None
         for n in self.notices():
-            if n.text() == text and action is None:  # said already: once is enough
-                return n
+            if action is None and n.action_button is None and cause_of(n.text()) == cause_of(text):
+                n.close_notice()  # the newest word on the same thing replaces the older one, on top
         notice = Notice(text, kind, action)
         notice.close_button.clicked.connect(self._update)
         if notice.action_button is not None:
             notice.action_button.clicked.connect(self._update)
         if timeout_s:
             QTimer.singleShot(int(timeout_s * 1000), notice, lambda: self._expire(notice))
-        self._layout.addWidget(notice)
+        self._layout.insertWidget(0, notice)  # newest first
         notice.show()  # now: a layout shows a child it gets later only on the next event loop pass
-        shown = self.notices()
-        for old in shown[:-MAX_SHOWN]:
+        for old in self.notices()[MAX_SHOWN:]:
             old.close_notice()
         self.show()
+        self.verticalScrollBar().setValue(0)
+        self.updateGeometry()
         return notice
 
     def _expire(self, notice: Notice) -> None:
@@ -114,4 +146,5 @@ class NoticeArea(QWidget):
         return " ".join(n.text() for n in self.notices())
 
     def _update(self) -> None:
-        self.setVisible(bool([n for n in self.notices() if n.isVisibleTo(self) or not n.isHidden()]))
+        self.setVisible(bool(self.notices()))
+        self.updateGeometry()

@@ -503,6 +503,9 @@ def stats_line(s: dict[str, Any]) -> str:
             f"prompt {num('prompt_s'):.2f}s · {s.get('stop_reason') or ''}")
     if isinstance(s.get("flash_attn"), bool):
         line += f" · flash attention {'on' if s['flash_attn'] else 'off'}"
+    if isinstance(s.get("seed"), int):  # sampled: which draw, and whether Regenerate repeats it
+        line += (f" · seed {s['seed']} "
+                 + ("(fixed in Chat settings)" if s.get("seed_fixed") else "(new each reply)"))
     if s.get("n_images"):
         n_att = int(num("n_images"))
         if not s.get("n_images_encoded") and s.get("strategy") in (None, "", "none"):

@@ -13,11 +13,11 @@ import functools
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from engine import stops
+from engine import stops, testhooks
 from engine.stops import StopReason
 from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
 from engine.events import GenStats
@@ -58,6 +58,14 @@ def _graph_reserve_fn() -> Any:
     return fn
 
 
+# Stop during a prompt on a device (where llama.cpp's abort callback cannot reach into a batch):
+# the first batch is this small, and the next ones are sized to take about STOP_WITHIN_S each
+DEFAULT_BATCH = 512
+FIRST_STOP_BATCH = 64
+MIN_STOP_BATCH = 16
+STOP_WITHIN_S = 0.4
+
+
 @dataclass(frozen=True)
 class LoadParams:
     model_path: Path
@@ -68,7 +76,7 @@ class LoadParams:
     devices: tuple[str, ...] | None = ()  # accelerators to use (none: CPU only); None: all
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, in order
     flash_attn: bool | None = None  # None: llama.cpp decides
-    n_batch: int = 512
+    n_batch: int = DEFAULT_BATCH
     repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
     # (regex, device name or "CPU"): llama.cpp's tensor_buft_overrides, first match wins
     buft_overrides: tuple[tuple[str, str], ...] = ()
@@ -223,6 +231,10 @@ class TextRuntime:
     """One loaded language model with one context (sequence 0). Close frees everything."""
 
     def __init__(self, params: LoadParams, info: ModelInfo | None = None) -> None:
+        # the numerics-shaking run evaluates prompts in other batches (engine/testhooks.py);
+        # a batch size chosen on purpose stays
+        if params.n_batch == DEFAULT_BATCH:
+            params = replace(params, n_batch=testhooks.n_batch(params.n_batch))
         self.params = params
         self.info = info or model_info(read_gguf(params.model_path))
         self.n_ctx = check_context(self.info, params.n_ctx)
@@ -408,16 +420,23 @@ class TextRuntime:
             self._check(llama().llama_decode(self.ctx, batch))
         self._decoded = True
 
-    def _decode_tokens(self, tokens: list[int]) -> None:
+    def _decode_tokens(self, tokens: list[int],
+                       on_batch: Callable[[int], None] | None = None) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under
-        M-RoPE the next position is not the number of cells)."""
+        M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch.
+        Where Stop cannot reach inside a batch (layers on a device: llama.cpp's abort callback
+        is the CPU backend's), batches are sized to take about STOP_WITHIN_S each."""
         L = llama()
-        for i in range(0, len(tokens), self.params.n_batch):
+        i, size = 0, self._first_batch()
+        adaptive = size < self.params.n_batch
+        while i < len(tokens):
             if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
-            chunk = tokens[i:i + self.params.n_batch]
+            chunk = tokens[i:i + size]
+            i += len(chunk)
             n = len(chunk)
+            t0 = time.perf_counter()
             batch = L.llama_batch_init(n, 0, 1)
             try:
                 batch.n_tokens = n
@@ -431,6 +450,20 @@ class TextRuntime:
             finally:
                 L.llama_batch_free(batch)
             self.slot.record_tokens(chunk)
+            if adaptive and n == size:  # Stop's reach: the next batch's size
+                L.llama_synchronize(self.ctx)
+                took = time.perf_counter() - t0
+                size = min(self.params.n_batch,
+                           max(MIN_STOP_BATCH, int(size * STOP_WITHIN_S / max(took, 1e-4))))
+            if on_batch is not None:
+                on_batch(n)
+
+    def _first_batch(self) -> int:
+        """The first prompt batch: all of n_batch where Stop reaches into a batch (the CPU
+        alone, or no Stop to heed), else a small one whose time sizes the next."""
+        if self.prefill_stop.armed_now and self.params.n_gpu_layers and self.params.devices != ():
+            return min(self.params.n_batch, FIRST_STOP_BATCH)
+        return self.params.n_batch
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
@@ -485,30 +518,41 @@ class TextRuntime:
         rest = keys[min(self.slot.cached_prefix(keys), len(keys) - 1):]
         return len(rest), sum(1 for k in rest if isinstance(k, tuple))
 
-    def prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None = None) -> int:
+    def prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> int:
         """Evaluate items, reusing the longest prefix already in the KV cache. Returns the
         number of positions evaluated. A `cancel` set meanwhile stops it between batches, and
         within one through llama.cpp's abort callback: TurnCancelled, with the KV cache holding
-        exactly the positions evaluated before (the next prefill reuses them)."""
+        exactly the positions evaluated before (the next prefill reuses them).
+        `on_progress(done, total)`: positions evaluated so far, after each batch and image."""
         with self.prefill_stop.armed(cancel):
-            return self._prefill(items, cancel)
+            return self._prefill(items, cancel, on_progress)
 
-    def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None) -> int:
+    def _prefill(self, items: Sequence[PromptItem], cancel: threading.Event | None,
+                 on_progress: Callable[[int, int], None] | None) -> int:
         L = llama()
         keys = self._keys(items)
         n_keep = self.slot.prefix_for(keys, cancel)
+        total, done = len(keys) - n_keep, [0]
+
+        def advanced(n: int) -> None:
+            done[0] += n
+            if on_progress is not None:
+                on_progress(done[0], total)
+
         pos, run = 0, list[int]()
         for it in items:
             width = it.embeddings.shape[0] if isinstance(it, ImageSpan) else 1
             if pos + width > n_keep:
                 if isinstance(it, ImageSpan):
-                    self._decode_tokens(run)
+                    self._decode_tokens(run, advanced)
                     run = []
                     self._decode_image(it)
+                    advanced(width)
                 else:
                     run.append(it)
             pos += width
-        self._decode_tokens(run)
+        self._decode_tokens(run, advanced)
         # llama_decode may return before a device finishes (the RPC backend is asynchronous):
         # wait, so the prompt's time is the prompt's and not the first token's
         L.llama_synchronize(self.ctx)
@@ -548,15 +592,17 @@ class TextRuntime:
     def generate_from(self, items: Sequence[PromptItem], gp: GenParams,
                       on_text: Callable[[str], None] | None = None,
                       cancel: threading.Event | None = None,
-                      after_prefill: Callable[[], None] | None = None) -> GenResult:
+                      after_prefill: Callable[[], None] | None = None,
+                      on_progress: Callable[[int, int], None] | None = None) -> GenResult:
         """Prefill `items` and generate. `after_prefill` runs between the two (outside both
-        times): a session moves layers to the generation placement there."""
+        times): a session moves layers to the generation placement there. `on_progress`: the
+        prefill's (positions done, of total)."""
         n_prompt = len(self._keys(items))
         if n_prompt >= self.n_ctx:
             raise EbbError(f"the conversation is {n_prompt} tokens, the context holds "
                            f"{self.n_ctx}", "start a new conversation or raise --ctx")
         t0 = time.perf_counter()
-        n_eval = self.prefill(items, cancel)
+        n_eval = self.prefill(items, cancel, on_progress)
         prompt_s = time.perf_counter() - t0
         if after_prefill is not None:
             after_prefill()

@@ -144,7 +144,7 @@ def build_app(worker: Backend, api_key: str | None = None,
                     return Response(status_code=499)
                 waited = time.monotonic() - queued
                 if max_wait_s and waited > max_wait_s:
-                    ahead = worker.position(job)
+                    ahead = worker.ahead_of(job)
                     if ahead is not None and worker.withdraw(job):  # not begun: a clear 503
                         return error(ApiError(
                             503, f"the model is busy (the window's reply or other requests): "
@@ -187,7 +187,7 @@ def build_app(worker: Backend, api_key: str | None = None,
     def waiting_comment(job: Job) -> str:
         """A stream's keep-alive: its place in line while it waits (an SSE comment: clients
         skip it, a person watching the stream sees it)."""
-        ahead = worker.position(job)
+        ahead = worker.ahead_of(job)
         return ": waiting\n\n" if ahead is None else f": waiting in line, {ahead} ahead\n\n"
 
     async def chat_stream(job: Job, events: asyncio.Queue[Event], cid: str,

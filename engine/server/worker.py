@@ -111,7 +111,7 @@ class Backend(Protocol):
 
     def waiting(self) -> int: ...
 
-    def position(self, job: Job) -> int | None: ...
+    def ahead_of(self, job: Job) -> int | None: ...
 
     def withdraw(self, job: Job) -> bool: ...
 
@@ -195,8 +195,15 @@ class QueuedBackend:
     def waiting(self) -> int:
         return len(self.jobs)
 
-    def position(self, job: Job) -> int | None:
-        return self.jobs.position(job)
+    def answering(self) -> bool:
+        """Whether something is being answered now (ahead of every job that waits)."""
+        return self.busy_with is not None
+
+    def ahead_of(self, job: Job) -> int | None:
+        """How many go before `job`: those that wait before it and what is being answered now
+        (None once it has begun, or left)."""
+        place = self.jobs.position(job)
+        return None if place is None else place + int(self.answering())
 
     def withdraw(self, job: Job) -> bool:
         return self.jobs.withdraw(job)
