@@ -9,8 +9,9 @@ or DECIDED). This runs those tests:
 - with the developer build, at 1 thread and at 3 (the suite's default is 2), and with prompts
   evaluated in batches of 96 instead of 512;
 - with the portable build (the bundle's: ggml's CPU backend once per instruction-set level),
-  once for each CPU variant this machine can run, each alone in its library folder so ggml
-  loads that one.
+  with CPU variants this machine can run, each alone in its library folder so ggml loads that
+  one: the best (what a user's machine like this one loads), AVX2's (haswell: most users'),
+  and the plainest (x64: a CPU without AVX); `--all-variants` runs every one.
 
 It ends with one line `N passed, N failed` over all runs; a run that fails names its settings.
 """
@@ -87,6 +88,14 @@ def cpu_variants(package: Path) -> list[tuple[str, int]]:
     return sorted(found, key=lambda v: -v[1])
 
 
+def chosen(variants: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The best of them, haswell's (AVX2) and the plainest, each once, best first."""
+    if not variants:
+        return []
+    picks = [variants[0], *[v for v in variants if v[0] == "haswell"], variants[-1]]
+    return list(dict.fromkeys(picks))
+
+
 def variant_overlay(package: Path, variant: str) -> Path:
     """A folder to put first on PYTHONPATH whose `llama_cpp` has only this CPU variant (hard
     links: no copies), so ggml can load no other."""
@@ -142,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-variants", action="store_true",
                     help="only the developer build's shakes (no portable build)")
+    ap.add_argument("--all-variants", action="store_true",
+                    help="every CPU variant this machine runs (default: best, haswell, plainest)")
     ap.add_argument("pytest_args", nargs="*", help="passed to pytest (e.g. -k reopen)")
     args = ap.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -151,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = cpu_variants(package)
         say("CPU variants this machine runs: "
             + (", ".join(f"{v} ({s})" for v, s in variants) or "none (not a portable build)"))
+        if not args.all_variants:
+            variants = chosen(variants)
         for variant, _score in variants:
             overlay = variant_overlay(package, variant)
             runs.append((f"CPU variant {variant}",

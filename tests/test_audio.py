@@ -53,6 +53,7 @@ def _session(lm: Path, mm: Path, n_ctx: int = N_CTX) -> Session:
                                  flash_attn=True))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("family", GENERATED_AUDIO)
 def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
     lm, mm = pairs[family]

@@ -1,6 +1,8 @@
 """Headless chat with the real SmolLM2 model through real llama.cpp."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import signal
 import subprocess
@@ -26,6 +28,7 @@ def test_cli_answers_paris_at_temperature_zero():
     assert out["n_prompt_tokens"] > 10 and out["n_gen_tokens"] > 0
 
 
+@pytest.mark.numerics
 def test_two_greedy_cli_runs_give_identical_text():
     """SAME PATH: two processes, the same command."""
     args = ("chat", "--prompt", "Name three colours.", "--temp", "0", "--max-tokens", "40",
@@ -42,6 +45,7 @@ def test_cli_streams_text_to_stdout():
     assert "tok/s" in proc.stderr
 
 
+@pytest.mark.numerics
 def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
     msgs = [{"role": "user", "content": "Tell me a short story about a cat."}]
     pieces: list[str] = []
@@ -57,6 +61,7 @@ def test_streamed_pieces_make_the_text_and_seed_repeats(text_runtime):
     assert r3.text != r1.text
 
 
+@pytest.mark.numerics
 def test_prefix_reuse_evaluates_only_new_tokens(text_runtime):
     """DECIDED: the whole prompt against its cached prefix and last token."""
     msgs = [{"role": "user", "content": "Hello there, who are you?"}]
@@ -99,6 +104,7 @@ def test_ctrl_c_stops_cleanly_with_partial_result():
     assert "stop: cancelled" in err
 
 
+@pytest.mark.numerics
 def test_embeddings_leave_the_conversations_cache_as_it_was(text_runtime):
     """#29: an embedding is computed in a context of its own: the conversation's KV cache and
     the reply that follows are those of a run without it. SAME PATH: the run without it

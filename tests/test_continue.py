@@ -34,6 +34,7 @@ def _afresh(session: Session) -> None:
     session.model.runtime.slot.reset()
 
 
+@pytest.mark.numerics
 def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
     """SAME PATH: the uncapped reply and the capped one evaluate the prompt in one batch from an
     empty cache, and Continue decodes on from the cache token by token, as the uncapped one
@@ -70,6 +71,7 @@ def test_continuing_an_interrupted_reply_counts_the_whole_reply():
     assert stats["n_gen_tokens"] == 52
 
 
+@pytest.mark.numerics
 def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
     """The capped reply is SAME PATH as the uncapped one (both from an empty cache); the
     continuation prefills the reply so far instead of having generated it, so it is DECIDED:

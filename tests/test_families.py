@@ -59,6 +59,7 @@ def _conversation(lm: Path, mm: Path, pictures: dict[str, Path]) -> list[tuple[s
 
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_equals_llama_cpp_and_repeats(family, pairs, pictures):
     lm, mm = pairs[family]

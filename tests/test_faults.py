@@ -61,6 +61,7 @@ def test_turns_past_a_small_context_drop_the_oldest_and_shift_the_rest(model_pat
     assert all(r.gen.n_prompt_tokens <= 512 - s.reply_room for r in results)
 
 
+@pytest.mark.numerics
 def test_the_reply_after_a_shift_equals_a_fresh_session_on_the_kept_turns(model_path):
     """DECIDED: the kept turns K-shifted in the cache against a fresh session that evaluates
     them in one batch (tests/helpers.py)."""

@@ -8,6 +8,8 @@ another device is DECIDED; a state passed over evaluates the history in one batc
 session's reference does (SAME PATH)."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import struct
 from dataclasses import replace
@@ -38,6 +40,7 @@ def _chat(s: Session, questions, images=()) -> list[tuple[str, str, list[str]]]:
     return hist
 
 
+@pytest.mark.numerics
 def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, tiny_projector,
                                                                     pictures, tmp_path):
     states = tmp_path / "states"
@@ -68,6 +71,7 @@ def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, 
     assert not list(states.glob("7-*" + SUFFIX))
 
 
+@pytest.mark.numerics
 def test_restored_after_an_overflow_on_another_device_and_after_a_stop(model_path, tmp_path,
                                                                         shared_rpc_server):
     """The context overflowed and dropped turns before the chat was left; it is taken up with
@@ -107,6 +111,7 @@ def test_restored_after_an_overflow_on_another_device_and_after_a_stop(model_pat
         assert again.gen.n_prompt_tokens_restored > 0
 
 
+@pytest.mark.numerics
 def test_a_damaged_or_foreign_state_is_passed_over(model_path, tmp_path):
     """SAME PATH: the reference is a fresh session with no states that evaluates the same
     history in one batch, as a session that passes a bad state over does (the session that

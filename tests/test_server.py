@@ -134,6 +134,7 @@ def cli_reply(*flags: str) -> str:
 # ------------------------------------------------------------------ text
 
 
+@pytest.mark.numerics
 def test_models_and_a_greedy_reply_equal_the_cli(server):
     """The first reply is SAME PATH as the CLI's: the server's first request, from an empty
     cache, evaluates the prompt in one batch as the CLI does. The streamed one reuses the
@@ -259,6 +260,11 @@ def test_a_wrong_key_is_refused(server):
     status, headers, body = Raw(server.port).call(
         "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert status == 401 and body["error"]["type"] == "authentication_error"
+    # /health says only whether it is up without the key; with it, what it serves (#52)
+    for key in (None, "wrong"):
+        assert Raw(server.port).call("GET", "/health", key=key)[2] == {"status": "ok"}
+    full = Raw(server.port).call("GET", "/health", key=KEY)[2]
+    assert full["status"] == "ok" and full["model"] == "SmolLM2-135M-Instruct.Q4_1"
 
 
 def test_a_bad_image_is_a_400_and_the_server_keeps_serving(server, tmp_path):
@@ -303,7 +309,7 @@ def test_web_pages_and_rebound_host_names_get_nothing(server):
     me = f"127.0.0.1:{server.port}"
     chat = json.dumps({"messages": [{"role": "user", "content": "Say yes."}], "max_tokens": 2})
     auth = {"Authorization": f"Bearer {KEY}"}
-    before = Raw(server.port).call("GET", "/health")[2]["served"]
+    before = Raw(server.port).call("GET", "/health", key=KEY)[2]["served"]
     cases = [  # (headers, expected status, error code)
         ({"Host": me, "Origin": "http://evil.example", "Content-Type": "text/plain"}, 403,
          "origin_not_allowed"),
@@ -323,7 +329,7 @@ def test_web_pages_and_rebound_host_names_get_nothing(server):
     got, body = _hostile(server.port, "GET", "/v1/models",
                          {"Host": me, "Origin": "http://evil.example", **auth})
     assert got == 403 and body["error"]["code"] == "origin_not_allowed"
-    assert Raw(server.port).call("GET", "/health")[2]["served"] == before  # nothing ran
+    assert Raw(server.port).call("GET", "/health", key=KEY)[2]["served"] == before  # nothing ran
     for host in (me, f"localhost:{server.port}", "localhost"):
         got, body = _hostile(server.port, "POST", "/v1/chat/completions",
                              {"Host": host, "Content-Type": "application/json; charset=utf-8",
@@ -355,7 +361,7 @@ def test_file_images_are_off_and_say_nothing_of_what_exists(server, tmp_path):
 
 def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
     """--allow-files FOLDER: a picture inside it is used; outside it, through a link out of
-    it, or missing: one message."""
+    it, missing, inside but not a picture or too large: one message, with no path."""
     from engine.server.api.chat import ImageRef, parse_chat_request
     from engine.server.errors import ApiError
     from engine.server.worker import Job, image_path
@@ -366,16 +372,21 @@ def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
     Image.new("RGB", (8, 8)).save(folder / "in.png")
     Image.new("RGB", (8, 8)).save(outside / "out.png")
     (folder / "link.png").symlink_to(outside / "out.png")
+    (folder / "notes.png").write_text("not a picture")  # inside, but no picture (#52)
+    with open(folder / "huge.png", "wb") as f:  # inside, but over the size limit (sparse)
+        f.truncate(2048 * 2**20)
     job = Job(parse_chat_request({"messages": [{"role": "user", "content": "x"}]}), "c",
               lambda ev: None, image_folder=folder)
     assert image_path(job, ImageRef(path=folder / "in.png")) == (folder / "in.png").resolve()
     refused = set()
     for path in (outside / "out.png", folder / "link.png", folder / "missing.png",
-                 folder / ".." / "private" / "out.png", folder):
+                 folder / ".." / "private" / "out.png", folder, folder / "notes.png",
+                 folder / "huge.png"):
         with pytest.raises(ApiError) as err:
             image_path(job, ImageRef(path=path))
         refused.add((err.value.status, err.value.message))
-    assert len(refused) == 1
+    assert len(refused) == 1  # one message: nothing said of what exists or why
+    assert str(tmp_path) not in next(iter(refused))[1]
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
@@ -401,7 +412,7 @@ const tries = [
 Promise.all(tries.map(p => p.then(v => "read: " + v, e => "blocked: " + e)))
   .then(rs => {{ document.getElementById("out").textContent = rs.join("\\n"); }});
 </script></body>""")
-    before = Raw(server.port).call("GET", "/health")[2]["served"]
+    before = Raw(server.port).call("GET", "/health", key=KEY)[2]["served"]
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:
@@ -420,7 +431,7 @@ Promise.all(tries.map(p => p.then(v => "read: " + v, e => "blocked: " + e)))
     lines = out.split(">", 1)[-1].splitlines()
     assert lines[0] == "read: status unreadable, opaque", r.stdout[-3000:]  # no-cors: a blind send
     assert len(lines) == 3 and all(ln.startswith("blocked: ") for ln in lines[1:]), lines
-    assert Raw(server.port).call("GET", "/health")[2]["served"] == before  # nothing ran
+    assert Raw(server.port).call("GET", "/health", key=KEY)[2]["served"] == before  # nothing ran
 
 
 def test_llama_cpp_sampler_fields_are_honoured(server, text_runtime):

@@ -59,6 +59,9 @@ def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
      "messages[0].content[0].image_url", "base64"),
     (user([{"type": "image_url", "image_url": {"url": "ftp://x"}}]),
      "messages[0].content[0].image_url", "scheme"),
+    # a clip sent as a picture (#52): pointed to input_audio, not only "not a picture"
+    (user([{"type": "image_url", "image_url": {"url": "data:audio/wav;base64,UklGRg=="}}]),
+     "messages[0].content[0].image_url", "send a sound clip as an 'input_audio' part"),
     (user([{"type": "image_url", "image_url": {"url": "file://otherhost/x.png"}}]),
      "messages[0].content[0].image_url", "local file"),
     ({"messages": [{"role": "assistant", "content": [{"type": "image_url", "image_url": "x"}]},

@@ -1,6 +1,8 @@
 """Layers dealt over two RPC devices (and RAM) by the planner, run by llama.cpp's split."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from engine.gguf.info import model_info, read_gguf
@@ -27,6 +29,7 @@ def test_plan_spread_ranks_by_link_and_explains(model_path):
     assert tight.placement.accel is None and "not even the output layer" in tight.reasons[1]
 
 
+@pytest.mark.numerics
 def test_spread_over_two_rpc_devices_matches_cpu(tmp_path, pictures, tiny_projector):
     (tmp_path / "a.png").write_bytes(pictures["a.png"].read_bytes())
     script = tmp_path / "s.json"

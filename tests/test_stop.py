@@ -50,6 +50,7 @@ def _greedy(rt, n: int) -> list[int]:
     return [rt.decode_greedy() for _ in range(n)]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("inside", [False, True], ids=["between-batches", "inside-a-batch"])
 def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_batches, inside):
     import llama_cpp as L

@@ -102,8 +102,9 @@ class NoticeArea(QScrollArea):
 
     def notices(self) -> list[Notice]:
         """The shown notices, newest first."""
-        items = (self._layout.itemAt(i).widget() for i in range(self._layout.count()))
-        return [n for n in items if isinstance(n, Notice) and not n.isHidden()]
+        items = (self._layout.itemAt(i) for i in range(self._layout.count()))
+        widgets = (it.widget() for it in items if it is not None)
+        return [n for n in widgets if isinstance(n, Notice) and not n.isHidden()]
 
     def add(self, text: str, kind: str = "warning",
             action: tuple[str, Callable[[], None]] | None = None,

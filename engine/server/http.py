@@ -262,10 +262,17 @@ def build_app(worker: Backend, api_key: str | None = None,
                                    "and /v1/embeddings"))
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok" if worker.ready.is_set() and not worker.load_error
-                             else ("error" if worker.load_error else "loading"),
-                             "model": worker.model_id, "waiting": worker.waiting(),
-                             "served": worker.served, "time": time.time()})
+        """Whether the server is up, for anyone; what it serves and how busy it is, for a
+        caller with the key when one is set (a web page or another user learns nothing)."""
+        status = ("ok" if worker.ready.is_set() and not worker.load_error
+                  else ("error" if worker.load_error else "loading"))
+        try:
+            check_key(request)
+        except ApiError:
+            return JSONResponse({"status": status})
+        return JSONResponse({"status": status, "model": worker.model_id,
+                             "waiting": worker.waiting(), "served": worker.served,
+                             "time": time.time()})
 
     routes = [Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", one_model, methods=["GET"]),

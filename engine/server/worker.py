@@ -422,10 +422,14 @@ def _allowed_file(path: Path, folder: Path | None) -> Path:
         raise ApiError(400, "this server takes no file:// images: send the picture as a data URL "
                             "(data:image/png;base64,...), or start it with --allow-files FOLDER",
                        "messages", code="file_images_off")
+    from engine.media.images import load_image
+
     try:
         real, root = path.resolve(), folder.resolve()
         usable = real.is_relative_to(root) and real.is_file()
-    except (OSError, RuntimeError, ValueError):
+        if usable:  # inside the folder too, what is wrong with it stays unsaid (#52): a
+            load_image(real)  # message naming its size or the decoder's words told too much
+    except (OSError, RuntimeError, ValueError, EbbError):
         usable = False
     if not usable:
         raise ApiError(400, "a file:// image must be a picture inside the folder this server "

@@ -92,6 +92,11 @@ def image_from_url(url: Any, param: str) -> ImageRef:
         raise ApiError(400, "'image_url.url' must be a non-empty string", param)
     if url.startswith("data:"):
         head, sep, payload = url.partition(",")
+        if head.lower().startswith(("data:audio/", "data:video/")):
+            kind = head[5:].split(";", 1)[0]
+            raise ApiError(400, f"'image_url' takes pictures, and this data URL is {kind}: send "
+                                "a sound clip as an 'input_audio' part ({\"type\": \"input_audio\", "
+                                "\"input_audio\": {\"data\": BASE64, \"format\": \"wav\"}})", param)
         if not sep or ";base64" not in head:
             raise ApiError(400, "an image data URL must be base64: data:image/png;base64,...", param)
         try:
