@@ -40,6 +40,7 @@ class LoadDetails:
     memory_note: str = ""  # the device held less than its budget said: what was done
     projector: str = ""  # its path; "" without one
     projector_synthetic: bool = False
+    projector_names_colours: bool = False  # the demo's colour projector
     projector_sees: bool = True  # takes pictures
     projector_hears: bool = False  # takes sound clips
     clip_chunk_tokens: int = 0  # tokens a 30-second chunk of sound takes (0: does not hear)

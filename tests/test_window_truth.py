@@ -248,3 +248,30 @@ def test_a_continued_reply_closed_mid_stream_keeps_the_whole_replys_counts(qtbot
     assert saved.stats["n_gen_tokens"] > 25, saved.stats  # 20 before, and what came since
     assert saved.stats["prompt_s"] > first.stats["prompt_s"] > 0  # the continuation's wait too
     assert saved.stats["continued"] == 1
+
+
+def test_the_demo_names_the_colour_at_the_windows_default_sampling(qtbot, store, tmp_path):
+    """The README's first chat: the demo projector, the window's default sampling (temperature
+    0.7, a new seed each reply), a red picture and "What colour is this picture? Answer with one
+    word." The chat is given the greedy preset (its own, said in a notice), so the demo names
+    the colour every time; a new chat the same."""
+    from dataclasses import replace
+
+    from PIL import Image
+
+    from app.core.settings import DEMO_GREEDY_NOTE, chat_params, default_gen_params
+    from engine.measure.colour_check import QUESTION
+
+    w = open_window(qtbot, store, mmproj="demo", vision="cpu")
+    w.gen_params = replace(default_gen_params(w.settings()), max_tokens=8)
+    assert w.gen_params.temperature == 0.7 and w.models.loaded.projector_names_colours
+    for colour, rgb in (("red", (220, 20, 30)), ("blue", (20, 30, 220))):
+        picture = tmp_path / f"{colour}.png"
+        Image.new("RGB", (300, 200), rgb).save(picture)
+        w.chats.new_chat()
+        assert w.composer.attach(picture)
+        send(qtbot, w, QUESTION)
+        reply = store.messages(w.conv_id)[-1]
+        assert colour in reply.text.lower(), reply.text
+        assert chat_params(store, w.conv_id).temperature == 0
+        assert DEMO_GREEDY_NOTE in w.notice.text()

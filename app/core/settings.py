@@ -253,6 +253,29 @@ BUILT_IN_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+GREEDY_PRESET = "Greedy (always the same reply)"
+# The demo projector is closed-form: it makes a picture read "(a solid red picture)", and the
+# 135M demo model names the colour as its most likely word. Sampled at the window's default
+# (temperature 0.7, min-p 0.05, new seeds) it named the right colour 18 times in 48 (8 shades,
+# 6 colours, 4 seeds: "The colour is purple.", "This is a toy car."); greedy, every time (the
+# colour check's 30 shades). So a chat that sends the demo a picture replies greedily, and says so.
+DEMO_GREEDY_NOTE = ("This chat now replies greedily (Chat settings: “Greedy”): the demo projector "
+                    "is a generated toy that only tells a picture's colour, and the small demo "
+                    "model names it as its most likely word; sampled at temperature 0.7 it named "
+                    "the right colour 18 times in 48. Chat settings… changes it back.")
+
+
+def demo_chat_params(store: Any, conv_id: int) -> bool:
+    """A chat about to send the demo projector a picture, with no sampling of its own: give it
+    the greedy preset (kept as its own, shown in Chat settings). True when it was set now."""
+    if not conv_id or isinstance(store.setting(f"chat:{conv_id}"), dict):
+        return False
+    base = chat_params(store, conv_id)
+    greedy = {k: v for k, v in BUILT_IN_PRESETS[GREEDY_PRESET].items() if k in CHAT_KEYS}
+    set_chat_params(store, conv_id, replace(base, **greedy))
+    return True
+
+
 def checked_settings(store: Any) -> tuple[Settings, list[str]]:
     """Every setting, saved or default; a saved value of the wrong type or out of range falls
     back to its default, and each such one is named in the problems (the window shows them)."""

@@ -12,7 +12,13 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QGuiApplication
 
 from app.core.chat_state import ChatHistory, Pending, chat_tag, oversized, users_names
-from app.core.settings import chat_gen_params, chat_params, reply_seed
+from app.core.settings import (
+    DEMO_GREEDY_NOTE,
+    chat_gen_params,
+    chat_params,
+    demo_chat_params,
+    reply_seed,
+)
 from app.core.status import phases_line, restored_line
 from app.core.store import Message
 from engine import events
@@ -79,6 +85,7 @@ class Sending:
             return
         try:
             pending = self.w.chat.add_user_message(text, images)
+            self._greedy_for_the_demo(images)
         except EbbError as exc:  # not saved (a full disk): the composer keeps it all
             self.w.composer.show_error(str(exc))
             return
@@ -91,6 +98,15 @@ class Sending:
         self._dispatch(Pending(text, images, pending.message_id), pending.images)
         if titled:  # the list shows the new title
             self.w.chats.refresh()
+
+    def _greedy_for_the_demo(self, images: list[Path]) -> None:
+        """A picture for the demo projector, in a chat with no sampling of its own: the chat
+        replies greedily from now on (its own setting, said once), so the demo names the
+        colour every time (app/core/settings.py, DEMO_GREEDY_NOTE)."""
+        d = self.w.models.loaded
+        if (images and d is not None and d.projector_names_colours
+                and demo_chat_params(self.w.store, self.w.conv_id)):
+            self.w.show_notice(DEMO_GREEDY_NOTE, "info")
 
     def _dispatch(self, pending: Pending, images: list[Path], history_before: int = 0) -> None:
         """Ask the engine for the reply. `history_before`: a new version of that message (an

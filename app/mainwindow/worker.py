@@ -177,6 +177,7 @@ class EngineWorker(QObject):
                 placement_reason=s.model.placement_reason, memory_note=s.model.memory_note,
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                 projector_synthetic=bool(proj and proj.synthetic), vision=s.encoder.enabled,
+                projector_names_colours=bool(proj and proj.names_colours),
                 projector_sees=bool(proj is None or proj.sees),
                 projector_hears=bool(proj and proj.hears), clip_chunk_tokens=s.clip_chunk_tokens(),
                 rpc_bytes_sent=s.load_rpc_bytes_sent,

@@ -314,6 +314,7 @@ class ProjectorInfo:
     n_image_tokens_measured: int = 0
     sees: bool = True  # a vision encoder: takes pictures
     hears: bool = False  # an audio encoder: takes sound (an omni projector has both)
+    names_colours: bool = False  # Ebb's demo: the closed-form colour projector ("ebb.kind")
 
     @property
     def compute_buffer_bytes(self) -> int:
@@ -424,6 +425,7 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
     return ProjectorInfo(
         path=str(gf.path), projector_type=ptype, family=projector_family(ptype),
         synthetic=bool(md.get("ebb.synthetic", False)), image_size=image_size,
+        names_colours=md.get("ebb.kind") == "colour",
         patch_size=patch_size, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
         n_layers=int(md.get("clip.vision.block_count", 0)),
         n_image_tokens=(image_size // patch_size) ** 2,
