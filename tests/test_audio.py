@@ -111,8 +111,10 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
     with open(long, "r+b") as f:
         f.truncate(44 + 8000 * 7200)
     gp = GenParams(max_tokens=4, temperature=0)
+    slow = tmp_path / "one-hertz.wav"  # 5 samples at 1 Hz: no 5-second clip (#52)
+    slow.write_bytes(_wav_header(rate=1, bits=8, n_bytes=5) + bytes(5))
     expect = {empty: "empty", silent: "no sound", damaged: "damaged", ogg: "not a sound format",
-              long: "2:00:00 long"}
+              long: "2:00:00 long", slow: "1 samples a second"}
     with _session(lm, mm, n_ctx=1024) as s:
         ok = s.turn("Hello", [], gp)
         assert ok.error is None
@@ -182,7 +184,8 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     from tests.helpers import fresh_store, open_window, send
 
     lm, mm = pairs["ultravox"]
-    w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=4)
+    store = fresh_store(tmp_path)
+    w = open_window(qtbot, store, str(lm), str(mm), max_tokens=4)
     assert w.vision.switch.text() == "Hearing"
     clip = write_tone(tmp_path / "doorbell.wav", 660, 2.5)
     assert w.composer.attach(clip)
@@ -207,9 +210,17 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     assert w.composer.record_label.text().endswith("/ 0:29"), w.composer.record_label.text()
     recorded = w.composer.stop_recording()
     assert recorded is not None and recorded in w.composer.attachments and not w.composer.record_bar.isVisible()
+    # a voice stays in the user's data folder, readable by the user alone (#52: it went to a
+    # shared /tmp folder anyone could read)
+    assert recorded.parent == store.folder / "recordings"
+    assert recorded.parent.stat().st_mode & 0o777 == 0o700 and recorded.stat().st_mode & 0o777 == 0o600
     send(qtbot, w, "And this?")
     assert not w.last_error, w.last_error
     assert "▶ ♪ recording-" in w.transcript.toPlainText()
+    kept = store.messages(w.conv_id)[-2].images[0]  # the store's copy goes with its chat
+    assert kept.parent == store.images_dir and store.images_dir.stat().st_mode & 0o777 == 0o700
+    w.close()
+    assert not recorded.exists()  # the unsent original leaves with the window
 
 
 def test_a_clip_swaps_onto_the_stand_in_accelerator_as_a_picture_does(pairs, clips, pictures,
@@ -290,3 +301,45 @@ def test_a_recording_from_a_virtual_microphone_is_what_it_heard(virtual_micropho
         x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(float)
     spectrum = np.abs(np.fft.rfft(x[-RATE:]))  # the last second: 1 Hz a bin
     assert abs(int(np.argmax(spectrum)) - 880) <= 2
+
+
+PLAY_AND_EXIT = """
+import sys, time
+from pathlib import Path
+from app.sound.clips import ClipPlayer
+player = ClipPlayer(print)
+player.toggle(Path(sys.argv[1]))
+while not player.poll():  # the stream says when it ends
+    time.sleep(0.05)
+assert player.playing is None
+player.toggle(Path(sys.argv[1]))  # and ▶ again plays it again
+assert player.playing is not None
+print("playing again", flush=True)
+# the process ends here with the device open: it must not wait on it
+"""
+
+
+def test_a_clip_that_played_plays_again_and_never_holds_the_process(virtual_microphone, tmp_path,
+                                                                    qtbot):
+    """#52: after a clip ended the next ▶ was silent, and a process that had played a clip
+    never ended (miniaudio's device thread). Played through a private PulseAudio server."""
+    import subprocess
+    import sys
+
+    from app.widgets.composer import Composer
+
+    clip = write_tone(tmp_path / "ding.wav", 660, 0.3)
+    proc = subprocess.run([sys.executable, "-c", PLAY_AND_EXIT, str(clip)], capture_output=True,
+                          text=True, timeout=120)  # before: it never ended
+    assert proc.returncode == 0 and "playing again" in proc.stdout, proc.stderr
+    composer = Composer()
+    qtbot.addWidget(composer)
+    assert composer.attach(clip)
+    button = composer._play_buttons[clip]
+    composer.toggle_play(clip)
+    assert button.text() == "■"  # a stop state while it plays
+    qtbot.waitUntil(lambda: button.text() == "▶", timeout=60_000)  # back at its end
+    composer.toggle_play(clip)
+    assert button.text() == "■" and composer.player.playing == clip
+    composer.toggle_play(clip)
+    assert button.text() == "▶" and composer.player.playing is None

@@ -129,6 +129,8 @@ class Store:
         path = self.folder / DB_NAME
         try:
             self.images_dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):  # the pictures and voices people send: theirs alone
+                self.images_dir.chmod(0o700)
             self.db = self._open(path)
         except sqlite3.DatabaseError as exc:  # damaged, not a database, or from a newer Ebb
             if _is_write_failure(exc):

@@ -42,6 +42,7 @@ from app.core.chat_state import (
     chat_tag,
 )
 from app.widgets.composer import Composer
+from app.sound.recorder import clear_recordings
 from app.widgets.notices import NoticeArea
 from app.widgets.panel import ElidedLabel, MemoryPanel
 from app.core.settings import (
@@ -164,6 +165,7 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.regen_button)
         acts.addWidget(self.copy_button)
         self.composer = Composer()
+        self.composer.recordings_dir = self.store.folder / "recordings"  # the user's alone
         self.transcript.problem.connect(self.composer.show_error)  # e.g. a clip that cannot play
         self.transcript.view_picture.connect(self._on_view_picture)
         self.composer.send_requested.connect(self.sending.send)
@@ -581,6 +583,8 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._save_layout()
+        self.transcript.player.stop()  # an open sound device kept the process alive (#52)
+        self.composer.player.stop()
         self.local_server.close()
         self.worker.closing()
         # A load in progress is not cut short (llama.cpp finishes it first): the window goes
@@ -595,4 +599,5 @@ class MainWindow(QMainWindow):
             self.sending.take_stream()
             self.chat.finish(self.chat.stopped_result())
         self.standin.stop()  # after the session let go of its memory (shutdown above)
+        clear_recordings(self.composer.recordings_dir)  # the sent ones are the store's now
         super().closeEvent(event)

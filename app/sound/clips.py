@@ -6,7 +6,10 @@ gets a message, never a crash. GUI thread only (the player's device runs its own
 """
 from __future__ import annotations
 
+import atexit
 import re
+import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,15 +32,20 @@ def describe(path: Path, shown_name: str = "") -> tuple[str, str | None]:
 
 class ClipPlayer:
     """One clip at a time; playing another stops the first. `on_problem(text)` hears of a
-    clip or a sound output that cannot play."""
+    clip or a sound output that cannot play. The stream tells when it ends (`poll` closes the
+    device then), so ▶ after a clip ended plays it again, and a device is never left open at
+    exit: miniaudio's device keeps its thread, and the process waited on it for ever (#52)."""
 
     def __init__(self, on_problem: Callable[[str], None]) -> None:
         self.on_problem = on_problem
         self.device: Any = None
         self.playing: Path | None = None
+        self._ended = threading.Event()
+        _players.add(self)
 
     def toggle(self, path: Path) -> None:
-        """Play `path`, or stop it when it is the one playing."""
+        """Play `path`, or stop it when it is the one playing (a clip that ended plays again)."""
+        self.poll()
         was = self.playing
         self.stop()
         if was != Path(path):
@@ -48,7 +56,8 @@ class ClipPlayer:
 
         try:
             clip_info(path)
-            stream = miniaudio.stream_file(str(path))
+            ended = threading.Event()
+            stream = _until_end(miniaudio.stream_file(str(path)), ended)
             device = miniaudio.PlaybackDevice()
             device.start(stream)
         except EbbError as exc:
@@ -57,7 +66,15 @@ class ClipPlayer:
         except (miniaudio.MiniaudioError, OSError) as exc:
             self.on_problem(f"Cannot play {path.name}: no sound output here ({exc})")
             return
-        self.device, self.playing = device, path
+        self.device, self.playing, self._ended = device, path, ended
+
+    def poll(self) -> bool:
+        """Close the device of a clip that has ended; True when one did (the view's ■ goes
+        back to ▶). The widgets call it on a timer while something plays."""
+        if self.playing is not None and self._ended.is_set():
+            self.stop()
+            return True
+        return False
 
     def stop(self) -> None:
         if self.device is not None:
@@ -66,3 +83,32 @@ class ClipPlayer:
             except Exception:  # noqa: BLE001 - a device that is already gone
                 pass
         self.device, self.playing = None, None
+
+
+def _until_end(stream: Any, ended: threading.Event) -> Any:
+    """miniaudio's stream (primed, as stream_file returns it), telling `ended` when it has no
+    more samples (the device then plays silence until it is closed); primed itself."""
+    watched = _watch(stream, ended)
+    next(watched)
+    return watched
+
+
+def _watch(stream: Any, ended: threading.Event) -> Any:
+    required = yield b""
+    while True:
+        try:
+            samples = stream.send(required)
+        except StopIteration:
+            ended.set()
+            return
+        required = yield samples
+
+
+_players: weakref.WeakSet[ClipPlayer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_players() -> None:
+    """At exit, every device still open is closed: an open one kept the process alive."""
+    for player in list(_players):
+        player.stop()

@@ -8,8 +8,9 @@ words for the window, never a crash.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-import tempfile
+import os
 import threading
 import time
 import wave
@@ -108,25 +109,41 @@ class Recorder:
         with self._lock:
             self._chunks.clear()
 
-    def stop(self, folder: Path | None = None) -> Path:
-        """End the recording; the clip as a WAV in `folder` (default: a temporary folder of
-        Ebb's). RecordError when nothing was captured."""
+    def stop(self, folder: Path) -> Path:
+        """End the recording; the clip as a WAV in `folder` (the data folder's `recordings`:
+        a voice stays with the user's data), the folder and the file readable by the user
+        alone. RecordError when nothing was captured."""
         self._close()
         with self._lock:
             data = b"".join(self._chunks)
             self._chunks.clear()
         if not data:
             raise RecordError("Nothing was recorded: the microphone sent no sound")
-        folder = folder or Path(tempfile.gettempdir()) / "ebb-recordings"
-        folder.mkdir(parents=True, exist_ok=True)
+        private_folder(folder)
         path = folder / time.strftime("recording-%H%M%S.wav")
         n = 1
         while path.exists():
             n += 1
             path = path.with_name(time.strftime(f"recording-%H%M%S-{n}.wav"))
-        with wave.open(str(path), "wb") as w:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never world-readable
+        with os.fdopen(fd, "wb") as f, wave.open(f, "wb") as w:
             w.setnchannels(1)
             w.setsampwidth(2)
             w.setframerate(RATE)
             w.writeframes(data)
         return path
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made if need be, that only the user may enter (0700)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # a file system without modes: as it is
+        folder.chmod(0o700)
+    return folder
+
+
+def clear_recordings(folder: Path) -> None:
+    """The recordings that were never sent (a sent one's copy is the store's, with its chat)."""
+    if folder.is_dir():
+        for f in folder.glob("recording-*.wav"):
+            f.unlink(missing_ok=True)

@@ -116,6 +116,9 @@ def save_pasted(image: QImage) -> Path:
     return final
 
 
+PLAY_POLL_MS = 200  # how often a playing clip is asked whether it ended
+
+
 class Composer(QWidget):
     send_requested = Signal()
 
@@ -123,6 +126,9 @@ class Composer(QWidget):
         super().__init__()
         self.attachments: list[Path] = []  # pictures and clips, in the order attached
         self.player = ClipPlayer(self.show_error)
+        self._play_buttons: dict[Path, QToolButton] = {}  # each clip chip's ▶ (■ while it plays)
+        # while a clip plays: its end turns ■ back into ▶ (the player hears it from the stream)
+        self._play_timer = QTimer(self, interval=PLAY_POLL_MS, timeout=self._on_play_tick)
         self.edit = MessageEdit(placeholderText="Message Ebb — Enter sends, Shift+Enter new line, "
                                                 "Ctrl+V pastes an image; drop pictures or clips")
         self.edit.setMaximumHeight(96)
@@ -150,6 +156,8 @@ class Composer(QWidget):
         # recording from the microphone: the time so far against the limit, a level meter
         self.recorder: Recorder | None = None
         self.record_backend = ""  # "" the system's; tests: "null" (miniaudio's silent device)
+        # where recordings are written: the window sets the data folder's (app/sound/recorder.py)
+        self.recordings_dir = Path.home() / ".cache" / "ebb" / "recordings"
         self.record_limit_s = float(MAX_CLIP_SECONDS)  # the window sets it from the context left
         self.record_bar = QWidget()
         rb = QHBoxLayout(self.record_bar)
@@ -245,7 +253,7 @@ class Composer(QWidget):
         if rec is None:
             return None
         try:
-            path = rec.stop()
+            path = rec.stop(self.recordings_dir)
         except RecordError as exc:
             self.show_error(str(exc))
             return None
@@ -307,7 +315,26 @@ class Composer(QWidget):
         self.attachments = list(images)
         self._rebuild_strip()
 
+    def toggle_play(self, path: Path) -> None:
+        """A clip chip's ▶: play it (■ while it plays), or stop it."""
+        self.player.toggle(path)
+        self._show_playing()
+        if self.player.playing is not None:
+            self._play_timer.start()
+
+    def _on_play_tick(self) -> None:
+        if self.player.poll() or self.player.playing is None:
+            self._play_timer.stop()
+            self._show_playing()
+
+    def _show_playing(self) -> None:
+        for path, button in self._play_buttons.items():
+            playing = self.player.playing == path
+            button.setText("■" if playing else "▶")
+            button.setToolTip(f"{'Stop' if playing else 'Play'} {path.name}")
+
     def _rebuild_strip(self) -> None:
+        self._play_buttons = {}
         while self.strip.count() > 1:
             item = self.strip.takeAt(0)
             widget = item.widget() if item is not None else None
@@ -323,7 +350,8 @@ class Composer(QWidget):
         lay.setContentsMargins(4, 2, 4, 2)
         box.setStyleSheet("QWidget { background: #eef3f8; border-radius: 4px; }")
         play = QToolButton(text="▶", toolTip=f"Play {path.name} (again: stop)")
-        play.clicked.connect(lambda: self.player.toggle(path))
+        play.clicked.connect(lambda: self.toggle_play(path))
+        self._play_buttons[path] = play
         remove = QToolButton(text="✕", toolTip=f"Remove {path.name}")
         remove.clicked.connect(lambda: self.detach(path))
         lay.addWidget(play)

@@ -18,6 +18,9 @@ AUDIO_SUFFIXES = (".wav", ".mp3", ".flac")  # what mtmd's helper decodes
 # sound a user may well pick that the decoder does not take: said so, not tried as a picture
 OTHER_SOUND_SUFFIXES = (".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma", ".aiff", ".aif", ".amr", ".webm")
 MAX_CLIP_SECONDS = 30 * 60  # longer is refused from the header: 30 minutes of chunks
+# the sample rates a clip may have: telephone's 8 kHz to studio's 192 kHz (mtmd resamples any of
+# them to the model's 16 kHz); a 1 Hz header would make 5 samples a 5-second clip of nothing
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 192_000
 # as a picture's: the store and the cache key read an attachment whole (image_digest checks it)
 MAX_CLIP_FILE_BYTES = MAX_IMAGE_FILE_BYTES
 
@@ -85,6 +88,10 @@ def clip_info(path: Path) -> ClipInfo:
                        "use another copy of the clip") from None
     if info.num_frames <= 0 or info.sample_rate <= 0:
         raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
+    if not MIN_SAMPLE_RATE <= info.sample_rate <= MAX_SAMPLE_RATE:
+        raise EbbError(f"{path.name} says it has {info.sample_rate:,} samples a second; sound "
+                       f"clips have {MIN_SAMPLE_RATE:,} to {MAX_SAMPLE_RATE:,} (a header from a "
+                       "broken recorder?)", "record or export the clip again")
     seconds = info.num_frames / info.sample_rate
     if seconds > MAX_CLIP_SECONDS:
         raise EbbError(f"{path.name} is {fmt_seconds(seconds)} long; Ebb takes clips up to "
