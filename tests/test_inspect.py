@@ -165,3 +165,52 @@ def test_bench_context_prints_flash_attention_ratios_per_fill():
     for r in rows:
         assert r["prompt_ratio_on_off"] > 0 and r["gen_ratio_on_off"] > 0
     print("\nflash attention on ÷ off:", [(r["fill"], r["prompt_ratio_on_off"], r["gen_ratio_on_off"]) for r in rows])
+
+
+def test_a_split_model_is_read_whole_from_its_first_part(tmp_path, model_path):
+    """#52: `inspect`, `plan`, Open model's estimate and the planner read a split GGUF as its
+    first part (49.83 MiB of 92.10; 30/30 layers planned where 13 fit). Real splits, written
+    as llama.cpp's gguf-split writes them (split.no, split.count, NAME-0000k-of-0000n.gguf): the
+    first part reads as the whole model, llama.cpp loads it, the Hub's verdict and the local
+    one agree, and a later part or a missing one is said by name."""
+    from engine.errors import EbbError
+    from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.model_gen import ModelShape, write_model
+    from engine.hub.remote import remote_gguf
+    from engine.gguf.info import merge_parts
+    from engine.hub.verdict import judge
+    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.placement.plan import plan_placement
+    from tests.hub import LoopbackHub
+    from tests.test_hub import MACHINES
+
+    shape = ModelShape(n_layers=6, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_ctx_train=4096)
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "split").mkdir()
+    whole = write_model(tmp_path / "whole" / "m.gguf", shape, model_path, seed=1)
+    first = write_model(tmp_path / "split" / "m.gguf", shape, model_path, seed=1,
+                        split_max_tensors=20)
+    parts = sorted(first.parent.glob("m-*-of-*.gguf"))
+    assert first == parts[0] and len(parts) >= 3
+    one, split = model_info(read_gguf(whole)), model_info(read_gguf(first))
+    assert split.tensor_bytes == one.tensor_bytes and split.layer_bytes == one.layer_bytes
+    assert split.non_layer_bytes == one.non_layer_bytes
+    budget = one.non_layer_bytes + 3 * max(one.layer_bytes) + (64 << 20)
+    a = plan_placement(split, "RPC0", budget, 1024, 512, True)
+    b = plan_placement(one, "RPC0", budget, 1024, 512, True)
+    assert a.n_layers_on_accel == b.n_layers_on_accel < shape.n_layers + 1
+    proc = run_cli("inspect", str(first), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model"]["tensor_bytes"] == one.tensor_bytes
+    TextRuntime(LoadParams(first, n_ctx=256, n_threads=1)).close()  # llama.cpp loads it so
+    with LoopbackHub() as hub:  # the Hub's verdict reads every part's header: the same
+        hub.add("ebb/split-GGUF", {p.name: p for p in parts}, tags=["gguf"])
+        remote = model_info(merge_parts([remote_gguf("ebb/split-GGUF", p.name, endpoint=hub.endpoint)
+                                         for p in parts]))
+    for machine in MACHINES:
+        assert judge(remote, None, machine) == judge(split, None, machine)
+    with pytest.raises(EbbError, match="open its first part, m-00001-of-"):
+        read_gguf(parts[1])
+    parts[-1].unlink()
+    with pytest.raises(EbbError, match=f"{parts[-1].name} is missing"):
+        read_gguf(first)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +173,49 @@ def parse_gguf_prefix(prefix: bytes, file_bytes: int, name: str) -> GGUFFile:
     return GGUFFile(Path(name), file_bytes, metadata, tuple(tensors))
 
 
+# llama.cpp's split files (gguf-split, convert --split-max-tensors): PREFIX-00001-of-00003.gguf
+SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
 def read_gguf(path: Path) -> GGUFFile:
-    """Parse header and tensor table; raise EbbError for anything that is not a whole GGUF."""
-    path = Path(path)
+    """Parse header and tensor table; raise EbbError for anything that is not a whole GGUF. A
+    split model is read whole from its first part (llama.cpp loads it so): every part's tensors,
+    the first part's metadata (a split model read as its first part planned 30/30 layers where
+    13 fit); a later part, or a set with a part missing, is an EbbError naming what to do."""
+    gf = _read_one(Path(path))
+    count = int(gf.metadata.get("split.count") or 1)
+    if count <= 1:
+        return gf
+    no = int(gf.metadata.get("split.no") or 0)
+    m = SPLIT_NAME.match(gf.path.name)
+    if m is None:
+        raise EbbError(f"{gf.path.name} is part {no + 1} of a model split in {count}, and its name "
+                       "does not say where the other parts are (NAME-00001-of-"
+                       f"{count:05d}.gguf)", "give the parts llama.cpp's split names")
+    first = gf.path.with_name(f"{m['stem']}-00001-of-{count:05d}.gguf")
+    if no != 0:
+        raise EbbError(f"{gf.path.name} is part {no + 1} of {count} of a split model",
+                       f"open its first part, {first.name}")
+    names = [gf.path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
+    missing = [p.name for p in names if not p.is_file()]
+    if missing:
+        raise EbbError(f"{gf.path.name} is the first of {count} parts of a split model, and "
+                       f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing beside it",
+                       "download every part into the same folder")
+    return merge_parts([gf, *(_read_one(p) for p in names)])
+
+
+def merge_parts(parts: list[GGUFFile]) -> GGUFFile:
+    """A split GGUF's parts as one file (read here or from the Hub): the first part's path and
+    metadata, every part's tensors and bytes."""
+    if len(parts) == 1:
+        return parts[0]
+    return replace(parts[0], file_bytes=sum(p.file_bytes for p in parts),
+                   tensors=tuple(t for p in parts for t in p.tensors))
+
+
+def _read_one(path: Path) -> GGUFFile:
+    """One file's header and tensor table."""
     with open(path, "rb") as fh:
         magic = fh.read(4)
         if magic != GGUF_MAGIC:

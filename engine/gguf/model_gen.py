@@ -139,13 +139,15 @@ def _tensors(s: ModelShape, n_vocab: int, arch: str = "llama") -> Iterator[tuple
     yield "output_norm.weight", (s.n_embd,)
 
 
-def _llama_writer(out: Path, shape: ModelShape, name: str, arch: str = "llama") -> Any:
-    """A GGUF writer with the hyper-parameters of `shape` set for `arch`."""
+def _llama_writer(out: Path, shape: ModelShape, name: str, arch: str = "llama",
+                  split_max_tensors: int = 0) -> Any:
+    """A GGUF writer with the hyper-parameters of `shape` set for `arch` (split in parts of at
+    most `split_max_tensors` tensors, as llama.cpp's gguf-split writes them; 0: one file)."""
     import gguf
 
     if arch not in ARCHS:
         raise EbbError(f"unknown model architecture '{arch}'", f"use one of {', '.join(ARCHS)}")
-    w = gguf.GGUFWriter(str(out), arch=arch)
+    w = gguf.GGUFWriter(str(out), arch=arch, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_bool("ebb.synthetic", True)
     w.add_block_count(shape.n_layers)
@@ -166,15 +168,18 @@ def _llama_writer(out: Path, shape: ModelShape, name: str, arch: str = "llama") 
 
 
 def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 0,
-                family: str = "mlp", chat_template: str | None = None) -> Path:
+                family: str = "mlp", chat_template: str | None = None,
+                split_max_tensors: int = 0) -> Path:
     """A language model for a vision `family` (FAMILY_MODELS; "mlp" is plain llama);
-    `chat_template` (Jinja) in place of the tokenizer source's."""
+    `chat_template` (Jinja) in place of the tokenizer source's. With `split_max_tensors` it is
+    split as llama.cpp splits models (OUT-00001-of-0000N.gguf, ...): returns the first part."""
     import gguf
 
     if family not in FAMILY_MODELS:
         raise EbbError(f"unknown model family '{family}'", f"use one of {', '.join(FAMILY_MODELS)}")
     arch, extra = FAMILY_MODELS[family]
-    w = _llama_writer(out, shape, f"Ebb synthetic {arch} for {family} (random weights)", arch)
+    w = _llama_writer(out, shape, f"Ebb synthetic {arch} for {family} (random weights)", arch,
+                      split_max_tensors)
     w.add_string("ebb.family", family)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     n_vocab = _copy_tokenizer(tokenizer_from, w, extra, skip=("tokenizer.chat_template",)
@@ -204,7 +209,8 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
             a *= 1.0 / np.sqrt(shp[1])
             w.write_tensor_data(a.astype(np.float16))
     w.close()
-    return out
+    parts = w.format_shard_names(Path(out))
+    return parts[0]
 
 
 def write_sparse_model(out: Path, like: str) -> Path:

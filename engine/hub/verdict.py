@@ -148,18 +148,8 @@ def judge_remote(repo: str, quant: Any, proj: ProjectorInfo | None, machine: Mac
                  n_ctx: int = 4096) -> Verdict:
     """The verdict for a quantisation on the Hub (`catalog.Quant`: every part's header is
     read, a split model's tensors are in all of them) with a projector already read."""
-    from engine.gguf.info import model_info
+    from engine.gguf.info import merge_parts, model_info
     from engine.hub.remote import remote_gguf
 
     parts = [remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts]
     return judge(model_info(merge_parts(parts)), proj, machine, n_ctx)
-
-
-def merge_parts(parts: list[Any]) -> Any:
-    """A split GGUF's parts as one file: the first part's metadata, every part's tensors."""
-    from dataclasses import replace
-
-    if len(parts) == 1:
-        return parts[0]
-    return replace(parts[0], file_bytes=sum(p.file_bytes for p in parts),
-                   tensors=tuple(t for p in parts for t in p.tensors))
