@@ -317,6 +317,31 @@ def test_no_network_is_one_line_at_once():
     assert "mirror" in str(err.value)
 
 
+def test_a_hub_that_takes_the_connection_and_never_answers_is_said_not_waited_on(monkeypatch):
+    """#52: `models search` and the dialog waited for ever on a hub that accepted the connection
+    and sent nothing (huggingface_hub's client has no timeout). Now every Hub call has connect
+    and read timeouts (here shortened) and says so."""
+    import socket
+
+    from huggingface_hub.utils import close_session
+
+    from engine.hub import remote
+    from engine.hub.catalog import repo_files
+
+    monkeypatch.setattr(remote, "HUB_READ_S", 1.0)
+    close_session()  # the next client is made with these timeouts
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # accepts (the kernel does), never reads or answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        for call in (lambda: search("qwen", endpoint=endpoint),
+                     lambda: repo_files("ebb/any-GGUF", endpoint=endpoint)):
+            with pytest.raises(EbbError, match="did not answer within 1 s") as err:
+                call()
+            assert "mirror" in str(err.value)
+    close_session()
+
+
 def test_a_stalled_link_is_dropped_and_tried_again_and_a_split_model_comes_whole(
         hub, families, tmp_path, monkeypatch):
     """A link that stops sending is given up after the stall time and the rest asked for; a

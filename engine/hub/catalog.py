@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import EbbError
+from engine.hub import remote
 from engine.hub.remote import check_reachable, hub_error
 
 SORTS = {"downloads": "downloads", "updated": "lastModified"}
@@ -87,7 +88,51 @@ def sort_files(repo: str, files: list[HubFile]) -> RepoFiles:
 def _api(endpoint: str | None, token: str | None) -> Any:
     from huggingface_hub import HfApi
 
+    with_timeouts()
     return HfApi(endpoint=endpoint, token=token)
+
+
+def with_timeouts() -> None:
+    """Every call through `huggingface_hub` gets connect and read timeouts (remote.py's
+    HUB_CONNECT_S, HUB_READ_S): its own client waits for ever (`timeout=None`), and a hub that
+    accepted the connection and never answered held `models search` and the dialog at
+    "Searching…" for good (#52)."""
+    global _timeouts_set
+    if _timeouts_set:
+        return
+    from huggingface_hub.utils import _http, set_client_factory
+
+    def enforce(request: Any) -> None:
+        """huggingface_hub asks for no timeout on each request (timeout=None): the request's
+        own timeouts, after it was built, are what the transport obeys."""
+        asked = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {
+            "connect": asked.get("connect") or remote.HUB_CONNECT_S,
+            "pool": asked.get("pool") or remote.HUB_CONNECT_S,
+            "read": asked.get("read") or remote.HUB_READ_S,
+            "write": asked.get("write") or remote.HUB_READ_S}
+
+    import httpx2
+
+    class SilenceEnds(httpx2.HTTPTransport):
+        """A hub that says nothing within the timeout is not asked again: huggingface_hub
+        retries timeouts five times with backoff (over three minutes at 30 s each)."""
+
+        def handle_request(self, request: Any) -> Any:
+            try:
+                return super().handle_request(request)
+            except httpx2.TimeoutException as exc:
+                raise remote.HubSilent(str(exc) or type(exc).__name__) from exc
+
+    def factory() -> Any:  # called when huggingface_hub makes its client: its own, but these
+        return httpx2.Client(event_hooks={"request": [_http.hf_request_event_hook, enforce]},
+                             follow_redirects=True, timeout=None, transport=SilenceEnds())
+
+    set_client_factory(factory)
+    _timeouts_set = True
+
+
+_timeouts_set = False
 
 
 def search(query: str, sees_images: bool = False, sort: str = "downloads", limit: int = 20,

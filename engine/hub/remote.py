@@ -17,6 +17,8 @@ from engine.gguf.info import GGUFFile, HeaderIncomplete, parse_gguf_prefix
 FIRST_BYTES = 512 << 10  # most headers end here; a 150k-token vocabulary needs a few MB
 MAX_HEADER_BYTES = 64 << 20  # a header past this is not one Ebb will read remotely
 TIMEOUT_S = 30.0
+# every Hub call: how long to wait for the connection, and for each answer on it
+HUB_CONNECT_S, HUB_READ_S = 10.0, 30.0
 
 
 def check_reachable(endpoint: str, timeout_s: float = 3.0) -> None:
@@ -40,6 +42,10 @@ def check_reachable(endpoint: str, timeout_s: float = 3.0) -> None:
                        "Face Hub mirror)") from None
 
 
+class HubSilent(Exception):
+    """The Hub took the connection and did not answer in time (not retried)."""
+
+
 def hub_error(exc: Exception, what: str, endpoint: str) -> EbbError:
     """One clear line for what went wrong talking to the Hub."""
     status = getattr(getattr(exc, "response", None), "status_code", None)
@@ -51,6 +57,11 @@ def hub_error(exc: Exception, what: str, endpoint: str) -> EbbError:
         return EbbError(f"{what} was not found on {endpoint} (404)", "check the name")
     if status is not None:
         return EbbError(f"the Hub answered {status} for {what}", "try again later")
+    if isinstance(exc, HubSilent) or "timeout" in type(exc).__name__.lower():
+        return EbbError(f"the Hub at {endpoint} took the connection but did not answer within "
+                        f"{HUB_READ_S:.0f} s ({what})",
+                        "try again later, or set a mirror (HF_ENDPOINT, or Settings → Hugging "
+                        "Face Hub mirror)")
     return EbbError(f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc})",
                     "check the network, or set a mirror (HF_ENDPOINT, or Settings → Hugging "
                     "Face Hub mirror)")
