@@ -117,6 +117,17 @@ def variant_overlay(package: Path, variant: str) -> Path:
     return top
 
 
+LOADED = ("from engine.llama.lib import llama; llama(); "
+          "from engine.llama.about import cpu_backend_file; print(cpu_backend_file())")
+
+
+def loaded_variant(env: dict[str, str]) -> str:
+    """The CPU backend library a process with `env` loads (what the run really tests)."""
+    r = subprocess.run([str(bootstrap.venv_python()), "-c", LOADED], cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, **env))
+    return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else "none"
+
+
 def run_tests(label: str, env: dict[str, str], pytest_args: list[str]) -> tuple[int, int]:
     """One run of the numerics tests; (passed, failed)."""
     report = WORK / f"report-{re.sub(r'[^a-z0-9]+', '-', label.lower())}.xml"
@@ -166,9 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             variants = chosen(variants)
         for variant, _score in variants:
             overlay = variant_overlay(package, variant)
-            runs.append((f"CPU variant {variant}",
-                         {"PYTHONPATH": os.pathsep.join(filter(None, [str(overlay),
-                                                                      os.environ.get("PYTHONPATH")]))}))
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(overlay),
+                                                               os.environ.get("PYTHONPATH")]))}
+            loaded = loaded_variant(env)
+            if loaded != f"libggml-cpu-{variant}.so":  # a run that tests another variant is none
+                say(f"CPU variant {variant}: the process loaded {loaded}, not it")
+                return 1
+            runs.append((f"CPU variant {variant}", env))
     results = {label: run_tests(label, env, args.pytest_args) for label, env in runs}
     failing = [label for label, (_p, f) in results.items() if f]
     passed = sum(p for p, _f in results.values())

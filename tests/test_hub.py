@@ -157,6 +157,60 @@ def test_a_damaged_byte_is_said_and_the_file_kept_aside(hub, families, tmp_path)
     assert dest.read_bytes() == lm.read_bytes()
 
 
+def test_a_file_is_ready_only_when_it_is_the_hubs_and_a_gguf(hub, families, tmp_path):
+    """#52: a finished file replaced upstream by a same-size one was called ready; a part whose
+    saved ETag names another file was spliced; a file that is not a GGUF was called ready; a
+    retry showed a frozen bar; a failed run left a .lock."""
+    lm, mm = families["mlp"]
+    hub.add("ebb/m-GGUF", {"m.gguf": lm}, tags=["gguf"])
+    [quant] = repo_files("ebb/m-GGUF", endpoint=hub.endpoint).quants
+    dest = tmp_path / "m.gguf"
+    download_file("ebb/m-GGUF", quant.parts[0], dest, hub.endpoint)
+    assert dest.read_bytes() == lm.read_bytes()
+    # upstream, a new file of the same size: found by its sha256, downloaded again
+    newer = tmp_path / "newer.gguf"
+    data = bytearray(lm.read_bytes())
+    data[-1] ^= 0xFF
+    newer.write_bytes(bytes(data))
+    hub.add("ebb/m-GGUF", {"m.gguf": newer}, tags=["gguf"])
+    [quant] = repo_files("ebb/m-GGUF", endpoint=hub.endpoint).quants
+    n_before = len(hub.requests)
+    download_file("ebb/m-GGUF", quant.parts[0], dest, hub.endpoint)
+    assert dest.read_bytes() == newer.read_bytes() and len(hub.requests) > n_before
+    # a part left from the older file (its ETag saved) is started again before any byte
+    part = part_path(dest)
+    part.write_bytes(lm.read_bytes()[:1000])
+    part.with_name(part.name + ".etag").write_text(f'"{hub.sha256(lm)}"')
+    dest.unlink()
+    hub.requests.clear()
+    download_file("ebb/m-GGUF", quant.parts[0], dest, hub.endpoint)
+    assert dest.read_bytes() == newer.read_bytes()
+    assert all(r in ("", "bytes=0-") for _, path, r in hub.requests if "/cdn/" in path)
+    # a "model" that is not a GGUF is kept aside, never ready; nothing left locked
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"<html>not a model</html>" * 100)
+    hub.add("ebb/fake-GGUF", {"fake.gguf": fake}, tags=["gguf"])
+    [quant] = repo_files("ebb/fake-GGUF", endpoint=hub.endpoint).quants
+    out = tmp_path / "dl" / "fake.gguf"
+    with pytest.raises(EbbError, match="not a GGUF file"):
+        download_file("ebb/fake-GGUF", quant.parts[0], out, hub.endpoint)
+    assert not out.exists() and out.with_name("fake.gguf.not-gguf").exists()
+    assert not list(out.parent.glob("*.lock")) and not list(out.parent.glob("*.etag"))
+    # a link that stops: the wait before the next try is said
+    (tmp_path / "m2").mkdir()
+    hub.cuts = [1000]
+    said: list[str] = []
+    download_file("ebb/m-GGUF", quant_of(hub, "ebb/m-GGUF"), tmp_path / "m2" / "m.gguf",
+                  hub.endpoint, on_progress=lambda p: said.append(p.words()),
+                  cancel=threading.Event(), backoff_s=0.01)
+    assert any("retrying (1), next try in 0 s" in w for w in said), said
+
+
+def quant_of(hub, repo: str):
+    [quant] = repo_files(repo, endpoint=hub.endpoint).quants
+    return quant.parts[0]
+
+
 def test_two_downloads_of_one_file_one_wins_and_a_gated_repo_says_what_to_do(hub, families,
                                                                               tmp_path):
     lm, _ = families["idefics3"]

@@ -293,10 +293,7 @@ class HubDialog(QDialog):
     def _on_progress(self, p: Any) -> None:
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * p.done_bytes / max(p.total_bytes, 1)))
-        left = f", about {p.left_s:.0f} s left" if p.left_s is not None else ""
-        retry = f" (try {p.attempt})" if p.attempt > 1 else ""
-        self.status.setText(f"{p.name}: {fmt_bytes(p.done_bytes)} of {fmt_bytes(p.total_bytes)}, "
-                            f"{fmt_bytes(int(p.rate_Bps))}/s{left}{retry}")
+        self.status.setText(p.words())
 
     def _on_fetched(self, got: Any) -> None:
         self.fetched = got

@@ -93,11 +93,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     install_sigint(cancel)
 
     def show(p: Progress) -> None:
-        left = f", {p.left_s:.0f}s left" if p.left_s is not None else ""
-        print(f"\r{p.name}: {fmt_bytes(p.done_bytes)} of {fmt_bytes(p.total_bytes)} "
-              f"({p.done_bytes / max(p.total_bytes, 1):.0%}), {fmt_bytes(int(p.rate_Bps))}/s{left}"
-              + (f", try {p.attempt}" if p.attempt > 1 else "") + "   ",
-              end="", file=sys.stderr, flush=True)
+        print(f"\r{p.words()}   ", end="", file=sys.stderr, flush=True)
 
     try:
         got = fetch_pair(args.repo, quant, projector, args.endpoint, args.token,

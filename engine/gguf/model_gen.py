@@ -209,7 +209,7 @@ def write_model(out: Path, shape: ModelShape, tokenizer_from: Path, seed: int = 
             a *= 1.0 / np.sqrt(shp[1])
             w.write_tensor_data(a.astype(np.float16))
     w.close()
-    parts = w.format_shard_names(Path(out))
+    parts: list[Path] = w.format_shard_names(Path(out))
     return parts[0]
 
 

@@ -100,7 +100,8 @@ def with_timeouts() -> None:
     global _timeouts_set
     if _timeouts_set:
         return
-    from huggingface_hub.utils import _http, set_client_factory
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http
 
     def enforce(request: Any) -> None:
         """huggingface_hub asks for no timeout on each request (timeout=None): the request's

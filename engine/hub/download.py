@@ -49,10 +49,27 @@ class Progress:
     total_bytes: int
     rate_Bps: float  # over the last few seconds
     attempt: int  # 1, then 2, 3... after retries
+    retry_in_s: float = 0.0  # > 0: the link failed; the next try comes this many seconds on
 
     @property
     def left_s(self) -> float | None:
         return (self.total_bytes - self.done_bytes) / self.rate_Bps if self.rate_Bps > 0 else None
+
+    def words(self) -> str:
+        """What the CLI and the dialog say of it: bytes, rate, time left, and a retry's wait."""
+        from engine.units import fmt_bytes
+
+        head = f"{self.name}: {fmt_bytes(self.done_bytes)} of {fmt_bytes(self.total_bytes)}"
+        if self.retry_in_s > 0:
+            return (f"{head}: the link stopped; retrying ({self.attempt - 1}), next try in "
+                    f"{self.retry_in_s:.0f} s")
+        left = f", about {self.left_s:.0f} s left" if self.left_s is not None else ""
+        retry = f" (try {self.attempt})" if self.attempt > 1 else ""
+        return (f"{head} ({self.done_bytes / max(self.total_bytes, 1):.0%}), "
+                f"{fmt_bytes(int(self.rate_Bps))}/s{left}{retry}")
+
+
+GGUF_MAGIC = b"GGUF"
 
 
 def part_path(dest: Path) -> Path:
@@ -90,22 +107,55 @@ def _check_room(folder: Path, need_bytes: int, name: str) -> None:
     free = shutil.disk_usage(folder).free
     if free < need_bytes + FREE_MARGIN_BYTES:
         raise EbbError(f"not enough free disk for {name}: {need_bytes / 2**30:.2f} GiB more is "
-                       f"needed, {free / 2**30:.2f} GiB is free in {folder}",
+                       f"needed and {FREE_MARGIN_BYTES / 2**20:.0f} MiB is kept free beside it, "
+                       f"{free / 2**30:.2f} GiB is free in {folder}",
                        "free some space; the part already downloaded is kept")
+
+
+def _sha_note(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".sha256")
+
+
+def _is_current(dest: Path, f: HubFile) -> bool:
+    """Whether the finished `dest` is the Hub's `f`: its size, and its sha256 (noted when it was
+    verified, else hashed now, once) against the listing's (a same-size file replaced upstream
+    was called ready: #52)."""
+    if not dest.exists() or dest.stat().st_size != f.size_bytes:
+        return False
+    if not f.sha256:
+        return True
+    note = _sha_note(dest)
+    have = note.read_text().strip() if note.exists() else _hash_part(dest).hexdigest()
+    if not note.exists():
+        note.write_text(have)
+    return have == f.sha256
+
+
+def _stale_part(part: Path, f: HubFile) -> bool:
+    """A part whose saved ETag names another file than the listing's (the Hub's ETag of an LFS
+    file is its sha256): it is started again before any byte is asked for."""
+    etag_file = part.with_name(part.name + ".etag")
+    if not (f.sha256 and part.exists() and etag_file.exists()):
+        return False
+    etag = etag_file.read_text().strip().removeprefix("W/").strip('"')
+    return len(etag) == 64 and etag != f.sha256
 
 
 def download_file(repo: str, f: HubFile, dest: Path, endpoint: str | None = None,
                   token: str | None = None, on_progress: Callable[[Progress], None] | None = None,
                   cancel: threading.Event | None = None, retries: int = 8,
                   backoff_s: float = 1.0) -> Path:
-    """`f` of `repo` into `dest`, resumed from any part left before. Returns `dest`."""
-    if dest.exists() and dest.stat().st_size == f.size_bytes:
+    """`f` of `repo` into `dest`, resumed from any part left before. Returns `dest`. A file
+    here that is not the Hub's any more (its sha256) is downloaded again beside it and replaces
+    it once verified."""
+    if _is_current(dest, f):
         return dest
     lock = _lock(dest)
+    part = part_path(dest)
     try:
-        part = part_path(dest)
-        if part.exists() and part.stat().st_size > f.size_bytes:
-            part.unlink()  # longer than the file: not a part of this one
+        if part.exists() and (part.stat().st_size > f.size_bytes or _stale_part(part, f)):
+            part.unlink()  # not a part of this file: started again
+            part.with_name(part.name + ".etag").unlink(missing_ok=True)
         _check_room(dest.parent, f.size_bytes - (part.stat().st_size if part.exists() else 0),
                     f.name)
         digest = [_hash_part(part)]  # a list: a restarted file gets a new hash
@@ -124,19 +174,20 @@ def download_file(repo: str, f: HubFile, dest: Path, endpoint: str | None = None
                                    "free some space and download again: it goes on from "
                                    f"{part.stat().st_size / 2**20:.0f} MiB") from None
                 failures = _retry_or_raise(exc, _in_a_row(failures, part, before), retries,
-                                           backoff_s, f, endpoint, cancel)
+                                           backoff_s, f, endpoint, cancel, part, on_progress)
             except Exception as exc:  # noqa: BLE001 - the HTTP client's errors of many kinds
                 status = getattr(getattr(exc, "response", None), "status_code", None) or 0
                 if 400 <= status < 500:  # asking again would be answered the same
                     raise hub_error(exc, f"{repo}/{f.name}", endpoint or "the Hub") from None
                 failures = _retry_or_raise(exc, _in_a_row(failures, part, before), retries,
-                                           backoff_s, f, endpoint, cancel)
+                                           backoff_s, f, endpoint, cancel, part, on_progress)
         _verify(part, dest, f, digest[0].hexdigest())
         return dest
-    finally:
+    finally:  # no lock left behind, nor an ETag without its part (#52)
+        dest.with_name(dest.name + ".lock").unlink(missing_ok=True)  # while still held
         lock.close()
-        if dest.exists():
-            dest.with_name(dest.name + ".lock").unlink(missing_ok=True)
+        if not part.exists():
+            part.with_name(part.name + ".etag").unlink(missing_ok=True)
 
 
 def _in_a_row(failures: int, part: Path, before: int) -> int:
@@ -145,13 +196,17 @@ def _in_a_row(failures: int, part: Path, before: int) -> int:
 
 
 def _retry_or_raise(exc: Exception, failures: int, retries: int, backoff_s: float, f: HubFile,
-                    endpoint: str | None, cancel: threading.Event | None) -> int:
+                    endpoint: str | None, cancel: threading.Event | None, part: Path,
+                    on_progress: Callable[[Progress], None] | None) -> int:
     failures += 1
     if failures > retries:
         raise EbbError(f"the download of {f.name} failed {failures} times in a row "
                        f"({type(exc).__name__}: {exc})",
                        "check the network and download again: it goes on from where it stopped") from None
     wait = min(backoff_s * 2 ** (failures - 1), 60.0)
+    if on_progress is not None:  # the wait is said, not shown as a progress frozen for minutes
+        have = part.stat().st_size if part.exists() else 0
+        on_progress(Progress(f.name, have, f.size_bytes, 0.0, failures + 1, retry_in_s=wait))
     if cancel is not None and cancel.wait(wait):
         raise DownloadPaused(f.name)
     return failures
@@ -209,6 +264,15 @@ def _tell(on_progress: Callable[[Progress], None] | None, f: HubFile, have: int,
 
 
 def _verify(part: Path, dest: Path, f: HubFile, sha256: str) -> None:
+    if f.name.endswith(".gguf"):  # a file that is not a GGUF is never called ready
+        with open(part, "rb") as fh:
+            magic = fh.read(4)
+        if magic != GGUF_MAGIC:
+            aside = dest.with_name(dest.name + ".not-gguf")
+            os.replace(part, aside)
+            raise EbbError(f"{f.name} from the Hub is not a GGUF file (it starts with {magic!r}); "
+                           f"it is kept aside as {aside.name}",
+                           "pick another file, or check the mirror (HF_ENDPOINT)")
     if f.sha256 and sha256 != f.sha256:
         aside = dest.with_name(dest.name + ".sha256-mismatch")
         os.replace(part, aside)
@@ -218,3 +282,4 @@ def _verify(part: Path, dest: Path, f: HubFile, sha256: str) -> None:
                        "may serve a damaged copy")
     os.replace(part, dest)
     part.with_name(part.name + ".etag").unlink(missing_ok=True)
+    _sha_note(dest).write_text(sha256)
