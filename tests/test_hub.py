@@ -94,6 +94,19 @@ def test_search_filters_sorts_and_lists_quants_and_projectors(hub, families, mod
         repo_files("ebb/missing", endpoint=hub.endpoint)
 
 
+def test_a_speed_without_this_machines_measurements_says_it_is_an_estimate(families):
+    """#52: on a fresh install the verdict's tokens/s was 3-50x off and read as a fact."""
+    from engine.placement.calibration import DeviceCal
+
+    model = model_info(read_gguf(families["mlp"][0]))
+    bare = Machine(None, 0, 64 << 30, 2)
+    measured = Machine(None, 0, 64 << 30, 2, cpu_cal=DeviceCal("CPU", 1e-10, 1e-11))
+    assert "(estimate, uncalibrated: ebb-engine calibrate)" in judge(model, None, bare).text
+    assert "estimate" not in judge(model, None, measured).text
+    gpu = Machine("CUDA0", 8 << 30, 64 << 30, 8, cpu_cal=DeviceCal("CPU", 1e-10, 1e-11))
+    assert "uncalibrated" in judge(model, None, gpu).text  # the GPU's own was never measured
+
+
 def test_split_files_are_one_quantisation_and_an_incomplete_set_is_none():
     def f(name: str, size: int = 10) -> HubFile:
         return HubFile(name, size, None)

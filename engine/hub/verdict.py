@@ -61,13 +61,16 @@ def judge(model: ModelInfo, proj: ProjectorInfo | None, machine: Machine,
     pictures = w.vision_plan.strategy if w.vision_plan is not None else None  # the session's choice
     picture_s = w.vision.get(pictures) if pictures is not None else None
     fits = ram <= machine.ram_available_bytes
+    # the speed rests on measurements of the devices the layers run on, where there are some
+    calibrated = ((on == 0 or machine.accel_cal is not None)
+                  and (on == model.n_layers or machine.cpu_cal is not None))
     return Verdict(fits, model.n_layers, on, machine.accel, w.gen_tokens_per_s, pictures,
                    picture_s, ram, _words(model, machine, on, w.gen_tokens_per_s, pictures,
-                                          ram, fits))
+                                          ram, fits, calibrated))
 
 
 def _words(model: ModelInfo, machine: Machine, on: int, tps: float, pictures: str | None,
-           ram: int, fits: bool) -> str:
+           ram: int, fits: bool, calibrated: bool = True) -> str:
     if not fits:
         return (f"does not fit in RAM: {fmt_bytes(ram)} of weights would stay in RAM, "
                 f"{fmt_bytes(machine.ram_available_bytes)} is free")
@@ -78,7 +81,10 @@ def _words(model: ModelInfo, machine: Machine, on: int, tps: float, pictures: st
         where = f"all {on} layers on {accel}"
     else:
         where = f"{on} of {model.n_layers} layers on {accel}"
-    parts = [where, f"about {tps:.0f} tokens/s"]
+    # uncalibrated, the speed was 3-50x off on a fresh install (#52): it says it is a guess
+    speed = f"about {tps:.0f} tokens/s" + ("" if calibrated else
+                                           " (estimate, uncalibrated: ebb-engine calibrate)")
+    parts = [where, speed]
     if pictures is not None:
         parts.append(STRATEGY_WORDS[pictures].format(accel=accel))
     return "; ".join(parts)
