@@ -27,6 +27,7 @@ from engine.conversation import Conversation, HistoryTurn, fit_history
 from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
+    SoundRefused,
     check_projector_matches,
     model_info,
     projector_info,
@@ -63,7 +64,15 @@ class Session:
         self.n_ctx = check_context(self.info, cfg.n_ctx)
         self.threads = thread_plan(cfg, physical_cores())  # every phase's, in one place
         self.n_threads = self.threads.gen
-        self.proj_info = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
+        # why the projector given is not used (sound this llama.cpp cannot encode): the model
+        # then runs for text, and the window, the CLI and the endpoint say so
+        self.projector_refused = ""
+        try:
+            self.proj_info = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
+        except SoundRefused as exc:
+            self.projector_refused = f"{exc.what}: sound is off, the model answers text"
+            cfg = self.cfg = replace(cfg, mmproj_path=None)
+            self.proj_info = None
         if self.proj_info is not None:
             check_projector_matches(self.info, self.proj_info)
         self.abandoned = False

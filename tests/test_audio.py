@@ -87,14 +87,37 @@ def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
     print(f"\n{family}: {first!r}")
 
 
-def test_an_ultravox_with_its_real_stack_factor_is_refused_not_a_crash(pairs, tmp_path, clips):
+def test_an_ultravox_with_its_real_stack_factor_leaves_a_text_model_not_a_crash(
+        pairs, tmp_path, clips, qtbot):
     """Ultravox's real stack factor (8) makes this llama.cpp count 187 tokens a chunk while its
-    graph makes 188, and clip.cpp aborts the process on encoding: Ebb refuses it at open."""
+    graph makes 188, and clip.cpp aborts the process on encoding. Ebb refuses the projector for
+    sound and loads the language model for text, saying why sound is off: in a session, in the
+    window (it was left with no model and Send off: #52) and at `serve` (it answered 503 for
+    ever and `/v1/models` said vision)."""
+    from tests.helpers import fresh_store, open_window
+    from tests.test_server import Server
+
     lm, _ = pairs["ultravox"]
     mm = write_audio_projector(tmp_path / "mm-ultravox-8.gguf", SHAPE.n_embd, family="ultravox")
-    with pytest.raises(EbbError) as e:
-        _session(lm, mm).close()
-    assert "187" in str(e.value) and "188" in str(e.value) and "stop the app" in str(e.value)
+    with _session(lm, mm) as s:
+        assert "187" in s.projector_refused and "188" in s.projector_refused
+        assert "sound is off" in s.projector_refused and s.proj_info is None
+        assert s.turn("Hello", [], GenParams(max_tokens=2, temperature=0)).error is None
+        res = s.turn("What is this?", [clips["a.wav"]], GenParams(max_tokens=2, temperature=0))
+        assert res.error and "a.wav" in res.error  # a clip is refused by name, nothing aborts
+    w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=2)
+    assert w.chat.loaded and w.send_button.isEnabled()
+    assert "sound is off" in w.notice.text() and w.notice.isVisible()
+    server = Server("--model", str(lm), "--mmproj", str(mm), api_key=None)
+    try:
+        model = server.client(key="none").models.list().data[0]
+        assert not {"audio", "vision"} & set(model.model_extra["capabilities"])
+        reply = server.client(key="none").chat.completions.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+        assert reply.choices[0].message.content is not None
+    finally:
+        server.stop()
+    assert any("sound is off" in line for line in server.log)
 
 
 def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, tmp_path, pictures):

@@ -81,6 +81,8 @@ class Models:
         self.w.update_welcome()
         if d.memory_note:
             self.w.show_notice(d.memory_note + ".")
+        if d.projector_refused:  # the model answers text; why sound is off, and what to do
+            self.w.show_notice(f"{d.projector_refused[0].upper()}{d.projector_refused[1:]}.")
         for note in d.backend_notes:
             if not d.safe_mode and note not in self.w.notice.text():  # safe mode: its banner
                 self.w.show_notice(note[0].upper() + note[1:] + ".")

@@ -129,6 +129,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from engine.llama.about import backend_notes
 
     notes = backend_notes()  # a GPU backend built in but not loaded, safe mode: said once
+    if session.projector_refused:
+        notes.append(session.projector_refused)
     for note in notes:
         print(f"ebb-engine: note: {note}", file=sys.stderr, flush=True)
     install_sigint(cancel)  # from here on the first Ctrl-C stops between tokens

@@ -428,6 +428,11 @@ def audio_chunk_tokens(md: dict[str, Any]) -> tuple[int, int]:
     return counted, made
 
 
+class SoundRefused(EbbError):
+    """A projector that only hears, which this llama.cpp cannot encode sound with (it would
+    abort): the language model still runs, for text."""
+
+
 def audio_count_problem(md: dict[str, Any]) -> str | None:
     """Why llama.cpp would abort encoding sound with this projector, or None."""
     counted, made = audio_chunk_tokens(md)
@@ -449,8 +454,8 @@ def projector_info(gf: GGUFFile) -> ProjectorInfo:
                        "pass the mmproj .gguf that belongs to the model")
     if hears and (problem := audio_count_problem(md)):
         if not sees:
-            raise EbbError(f"{gf.path.name}: {problem}",
-                           "use a llama.cpp build that counts it right, or another audio model")
+            raise SoundRefused(f"{gf.path.name}: {problem}",
+                               "use a llama.cpp build that counts it right, or another audio model")
         hears = False  # an omni projector: its pictures still work; sound is refused
     if not sees:
         return _audio_projector_info(gf)

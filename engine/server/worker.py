@@ -9,6 +9,7 @@ session stops between tokens. Dicts are made only at the JSON edge (http.py).
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -474,11 +475,12 @@ class ServeWorker(QueuedBackend):
         if cfg.mmproj_path is not None:
             from engine.gguf.info import projector_info, read_gguf
 
-            try:  # the header says which: a damaged one says so when the model loads
+            try:  # the header says which: a damaged one says so when the model loads, and a
+                # projector refused for sound leaves a model that answers text (said at start)
                 proj = projector_info(read_gguf(cfg.mmproj_path))
                 self.vision, self.hearing = proj.sees, proj.hears
             except EbbError:
-                self.vision = True
+                pass
         self.served = 0
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
         self._thread.start()
@@ -502,6 +504,9 @@ class ServeWorker(QueuedBackend):
 
         try:
             self.session = Session(self.cfg)
+            if self.session.projector_refused:  # text only: said where the server is watched
+                print(f"ebb-engine: note: {self.session.projector_refused}", file=sys.stderr,
+                      flush=True)
         except EbbError as exc:
             self.load_error = str(exc)
         except Exception as exc:  # noqa: BLE001 - said to every client, not a crash
