@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EbbError
 from engine.gguf.families import GENERATED_AUDIO
 from engine.gguf.model_gen import ModelShape, write_model
 from engine.gguf.projector_gen import write_audio_projector
