@@ -275,6 +275,27 @@ def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tm
     assert model.read_bytes() == lm.read_bytes() and proj.read_bytes() == mm.read_bytes()
     note = json.loads((model.parent / "ebb-pair.json").read_text())
     assert note[model.name]["projector"] == proj.name
+    # no quantisation named: the one that suits this machine, said with why (#52)
+    auto = run_cli("models", "get", "ebb/llava-GGUF", "--json")
+    assert auto.returncode == 0, auto.stderr
+    assert "picked Q8_0 for this machine" in auto.stderr
+    assert Path(json.loads(auto.stdout)["model"]) == model
+
+
+def test_the_quantisation_recommended_suits_the_machine():
+    from engine.hub.verdict import Verdict, recommend
+
+    def v(fits, on, accel="CUDA0", n=28):
+        return Verdict(fits, n, on, accel, 10.0, None, None, 0, f"{on} layers")
+
+    gpu = [("Q2_K", v(True, 28)), ("Q4_K_M", v(True, 28)), ("Q8_0", v(True, 20)), ("F16", v(False, 9))]
+    assert recommend(gpu)[0] == "Q4_K_M" and "all fit on CUDA0" in recommend(gpu)[1]
+    partial = [("Q4_K_M", v(True, 20)), ("Q8_0", v(True, 12))]
+    assert recommend(partial)[0] == "Q4_K_M" and "most layers" in recommend(partial)[1]
+    cpu = [("Q2_K", v(True, 0, None)), ("Q4_K_M", v(True, 0, None)), ("Q8_0", v(True, 0, None))]
+    assert recommend(cpu)[0] == "Q4_K_M"
+    assert recommend([("Q2_K", v(True, 0, None)), ("Q8_0", v(True, 0, None))])[0] == "Q8_0"
+    assert recommend([("F16", v(False, 0, None))]) is None
 
 
 def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_picture(

@@ -4,6 +4,7 @@ fetched so that nothing is lost (engine/hub)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -73,6 +74,29 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recommended(args: argparse.Namespace, files: Any) -> Any:
+    """No quantisation named: the one `recommend` picks for this machine, said with why."""
+    from engine.hub.verdict import judge_remote, recommend, remote_projector, this_machine
+
+    machine = this_machine(getattr(args, "threads", None))
+    projector = None
+    if files.projectors and not args.no_mmproj:
+        with contextlib.suppress(EbbError):  # judged as text only
+            projector = remote_projector(args.repo, files.projectors[0], args.endpoint, args.token)
+    judged = []
+    for q in files.quants:
+        with contextlib.suppress(EbbError):  # a header that cannot be read is not picked
+            judged.append((q.label, judge_remote(args.repo, q, projector, machine, args.endpoint,
+                                                 args.token)))
+    pick = recommend(judged)
+    if pick is None:
+        raise EbbError(f"none of {args.repo}'s quantisations fits this machine",
+                       "see `ebb-engine models show " + args.repo + "` for each one's verdict")
+    label, why = pick
+    print(f"ebb-engine: picked {label} for this machine: {why}", file=sys.stderr, flush=True)
+    return next(q for q in files.quants if q.label == label)
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     """Download a quantisation (all its parts) and the projector, resumable; Ctrl-C pauses."""
     from engine.hub.catalog import repo_files
@@ -80,8 +104,11 @@ def cmd_get(args: argparse.Namespace) -> int:
     from engine.hub.fetch import fetch_pair
 
     files = repo_files(args.repo, args.endpoint, args.token)
-    quant = next((q for q in files.quants if q.label.lower() == args.quant.lower()
-                  or q.parts[0].name == args.quant), None)
+    if args.quant is None:
+        quant = _recommended(args, files)
+    else:
+        quant = next((q for q in files.quants if q.label.lower() == args.quant.lower()
+                      or q.parts[0].name == args.quant), None)
     if quant is None:
         raise EbbError(f"{args.repo} has no quantisation {args.quant!r}",
                        "pick one of " + ", ".join(q.label for q in files.quants))
@@ -132,7 +159,9 @@ def register(sub: Any) -> None:
     s = models.add_parser("get", help="download a quantisation and its projector (resumable)",
                           parents=[flag_parser("json")])
     s.add_argument("repo")
-    s.add_argument("quant", help="Q4_K_M, ... or a file name")
+    s.add_argument("quant", nargs="?", default=None,
+                   help="Q4_K_M, ... or a file name (default: the one that suits this machine "
+                        "best, said with why)")
     s.add_argument("--mmproj", default=None, metavar="FILE", help="which projector (default: the "
                    "largest, so least quantised)")
     s.add_argument("--no-mmproj", action="store_true", help="the language model only")

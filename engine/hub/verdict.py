@@ -159,3 +159,27 @@ def judge_remote(repo: str, quant: Any, proj: ProjectorInfo | None, machine: Mac
 
     parts = [remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts]
     return judge(model_info(merge_parts(parts)), proj, machine, n_ctx)
+
+
+def recommend(verdicts: list[tuple[str, Verdict]]) -> tuple[str, str] | None:
+    """Which quantisation to take when none is named, and why (pure): with an accelerator, the
+    largest whose every layer fits on it, else the one that puts the most layers there (the
+    smaller on a tie); on the CPU alone, Q4_K_M where it fits (llama.cpp's and Ollama's balance
+    of size and quality), else the largest that fits. `verdicts`: (label, verdict), smallest
+    file first. None when nothing fits this machine."""
+    fitting = [(label, v) for label, v in verdicts if v.fits]
+    if not fitting:
+        return None
+    if fitting[0][1].accel is not None:
+        whole = [(label, v) for label, v in fitting if v.n_layers_on_accel >= v.n_layers]
+        if whole:
+            label, v = whole[-1]
+            return label, f"the largest whose {v.n_layers} layers all fit on {v.accel}: {v.text}"
+        label, v = max(fitting, key=lambda lv: (lv[1].n_layers_on_accel, -fitting.index(lv)))
+        return label, f"it puts the most layers on {v.accel}: {v.text}"
+    for label, v in fitting:
+        if label.upper() == "Q4_K_M":
+            return label, f"a balance of size and quality that fits: {v.text}"
+    label, v = fitting[-1]
+    return label, f"the largest that fits this machine's RAM: {v.text}"
+
