@@ -323,6 +323,12 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         w.get_models_action.trigger()
         dlg = w.models.hub_dialog
         assert dlg.mirror.text() == hub.endpoint
+        # it opens on the most downloaded models that see images, not on a blank list (#52)
+        wait_for(lambda: dlg.results.count() == 1)
+        assert "ebb/smol-colour-GGUF" in dlg.results.item(0).text()
+        dlg.images.setChecked(False)  # "Can see images" is remembered
+        assert store.setting("hub_images") is False
+        dlg.images.setChecked(True)
         dlg.query.setText("smol")
         dlg.search()
         wait_for(lambda: dlg.results.count() == 1)  # "can see images" leaves the text-only repo out
@@ -331,12 +337,21 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
                  and "reading" not in dlg.table.item(0, 2).text())
         verdict = dlg.table.item(0, 2).text()
         assert "on the CPU" in verdict and "pictures" in verdict, verdict
-        dlg.table.selectRow(0)
-        assert dlg.download.isEnabled() and dlg.projector.currentData() == projector.name
+        # no row clicked: Download takes the quantisation that suits this machine
+        assert dlg.download.isEnabled() and "suits this machine" in dlg.download.text()
+        assert dlg.projector.currentData() == projector.name
+        folder = tmp_path / "cache" / "models" / "hub" / "ebb" / "smol-colour-GGUF"
+        hub.stall = (1 << 20, 3.0)  # a slow link: Cancel lands while it downloads
+        dlg.start_download()
+        wait_for(lambda: dlg.bar.value() > 0 or dlg.error.isVisible())
+        dlg.stop.click()
+        wait_for(lambda: "Cancelled" in dlg.status.text() or dlg.error.isVisible())
+        assert not dlg.error.isVisible(), dlg.error.text()
+        assert not list(folder.glob("*.part")) and not list(folder.glob("*.etag"))
+        hub.stall = None
         dlg.start_download()
         wait_for(lambda: dlg.open_now.isEnabled() or dlg.error.isVisible())
         assert not dlg.error.isVisible(), dlg.error.text()
-        folder = tmp_path / "cache" / "models" / "hub" / "ebb" / "smol-colour-GGUF"
         assert (folder / projector.name).read_bytes() == projector.read_bytes()
         dlg.open_now.click()
         wait_for(lambda: w.chat.loaded and w.chat.last_cfg is not None

@@ -79,6 +79,7 @@ class Settings:
     # repos ("": HF_TOKEN)
     hub_endpoint: str = ""
     hub_token: str = ""
+    hub_images: bool = True  # Get models' "Can see images", as it was left
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +182,7 @@ RULES: dict[str, Any] = {
     "top_k": _whole(0, 100_000), "min_p": _between(0.0, 1.0),
     "json_replies": _of_type(bool, "true or false"),
     "hub_endpoint": _of_type(str, "a URL, or empty"), "hub_token": _of_type(str, "a text"),
+    "hub_images": _of_type(bool, "true or false"),
 }
 
 
@@ -400,7 +402,7 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
 NO_RELOAD = {"max_tokens", "server", "server_host", "server_port", "server_api_key", "model_folders",
              "system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
              "json_replies",
-             "hub_endpoint", "hub_token", "memory_disk"}
+             "hub_endpoint", "hub_token", "hub_images", "memory_disk"}
 
 
 def reload_changes(before: Settings, after: Settings) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -70,6 +71,11 @@ class HubDialog(QDialog):
         self.cancel = threading.Event()
         self.fetched: Any = None
         self._generation = 0  # a newer listing makes an older one's verdicts stale
+        self._searches = 0  # a newer search makes an older one's results stale
+        self.verdicts: dict[int, Any] = {}  # row -> Verdict, as they come (the recommendation)
+        self._downloading: list[Any] = []  # the files of the download under way (Cancel)
+        self._folder = Path()  # where they go
+        self._cancelled = False
         self._build(settings)
         self.jobs.found.connect(self._on_found)
         self.jobs.listed.connect(self._on_listed)
@@ -78,13 +84,16 @@ class HubDialog(QDialog):
         self.jobs.fetched.connect(self._on_fetched)
         self.jobs.failed.connect(self._on_failed)
         self.jobs.paused.connect(self._on_paused)
+        # it opens on something: the most downloaded GGUF models (that see images, if ticked)
+        self.search()
 
     # ---------------------------------------------------------------- layout
 
     def _build(self, settings: Settings) -> None:
         self.query = QLineEdit(placeholderText="search GGUF models, e.g. qwen2.5-vl, gemma-3, smolvlm")
         self.query.returnPressed.connect(self.search)
-        self.images = QCheckBox("Can see images", checked=True)
+        self.images = QCheckBox("Can see images", checked=settings.hub_images)
+        self.images.toggled.connect(lambda on: self._save("hub_images", bool(on)))
         self.sort = QComboBox()
         self.sort.addItem("Most downloaded", "downloads")
         self.sort.addItem("Recently updated", "updated")
@@ -131,10 +140,13 @@ class HubDialog(QDialog):
         self.download = QPushButton("Download", clicked=self.start_download, enabled=False)
         self.pause = QPushButton("Pause", enabled=False)
         self.pause.clicked.connect(lambda _checked=False: self.cancel.set())
+        # Cancel: the download stops and its parts go (Pause keeps them)
+        self.stop = QPushButton("Cancel download", enabled=False, clicked=self.cancel_download)
         self.open_now = QPushButton("Open now", clicked=self._on_open, enabled=False)
         buttons = QHBoxLayout()
         buttons.addWidget(self.status, 1)
-        for b in (self.download, self.pause, self.open_now, QPushButton("Close", clicked=self.close)):
+        for b in (self.download, self.pause, self.stop, self.open_now,
+                  QPushButton("Close", clicked=self.close)):
             buttons.addWidget(b)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
@@ -163,8 +175,10 @@ class HubDialog(QDialog):
         endpoint, token = self._hub()
         query, images, sort = self.query.text().strip(), self.images.isChecked(), self.sort.currentData()
         self._say("")
-        self.status.setText("Searching…")
-        self._try(lambda: self.jobs.found.emit(search(query, images, sort, 40, endpoint, token)))
+        self.status.setText("Searching…" if query else "Finding the most downloaded models…")
+        self._searches += 1
+        n = self._searches
+        self._try(lambda: self.jobs.found.emit((n, search(query, images, sort, 40, endpoint, token))))
 
     def _try(self, work: Callable[[], None]) -> None:
         def run() -> None:
@@ -176,7 +190,10 @@ class HubDialog(QDialog):
                 self.jobs.failed.emit(f"{type(exc).__name__}: {exc}")
         _run(run)
 
-    def _on_found(self, hits: list[Any]) -> None:
+    def _on_found(self, found: tuple[int, list[Any]]) -> None:
+        n, hits = found
+        if n != self._searches:
+            return  # a newer search is under way: its results count
         self.results.clear()
         for h in hits:
             item = QListWidgetItem(f"{h.repo}\n    {h.downloads:,} downloads · {h.last_modified[:10]}"
@@ -205,6 +222,7 @@ class HubDialog(QDialog):
             return  # the user picked another repo meanwhile
         self.files = files
         self._generation += 1
+        self.verdicts = {}
         self.repo_label.setText(f"{files.repo}: judged for this machine "
                                 f"({self.machine.accel or 'CPU only'}) from each file's header")
         self.table.setRowCount(len(files.quants))
@@ -246,6 +264,9 @@ class HubDialog(QDialog):
         if generation != self._generation or row >= self.table.rowCount():
             return
         text = v if isinstance(v, str) else v.text
+        if not isinstance(v, str):
+            self.verdicts[row] = v
+            self._update_buttons()
         item = QTableWidgetItem(text)
         item.setToolTip(text)
         if isinstance(v, str) or not v.fits:
@@ -254,20 +275,36 @@ class HubDialog(QDialog):
 
     # ---------------------------------------------------------------- download
 
+    def recommended_row(self) -> int | None:
+        """The row engine.hub.verdict.recommend picks from the verdicts so far (None: none)."""
+        from engine.hub.verdict import recommend
+
+        if not self.files:
+            return None
+        rows = sorted(self.verdicts)
+        pick = recommend([(self.files.quants[r].label, self.verdicts[r]) for r in rows])
+        return next((r for r in rows if self.files.quants[r].label == pick[0]), None) if pick else None
+
     def _update_buttons(self) -> None:
         busy = self.pause.isEnabled()
-        self.download.setEnabled(bool(self.files) and bool(self.table.selectedItems()) and not busy)
+        picked = bool(self.table.selectedItems())
+        rec = None if picked else self.recommended_row()
+        self.download.setText("Download" if picked or rec is None else
+                              f"Download {self.files.quants[rec].label} (suits this machine)")
+        self.download.setEnabled(bool(self.files) and (picked or rec is not None) and not busy)
 
     def chosen(self) -> tuple[Any, Any]:
+        """The quantisation clicked, else the one recommended for this machine, and the projector."""
         rows = {i.row() for i in self.table.selectedItems()}
-        quant = self.files.quants[min(rows)] if self.files and rows else None
+        row = min(rows) if rows else self.recommended_row()
+        quant = self.files.quants[row] if self.files and row is not None else None
         name = self.projector.currentData()
         proj = next((p for p in self.files.projectors if p.name == name), None) if self.files else None
         return quant, proj
 
     def start_download(self) -> None:
         from engine.hub.download import DownloadPaused
-        from engine.hub.fetch import fetch_pair
+        from engine.hub.fetch import fetch_pair, repo_folder
 
         quant, proj = self.chosen()
         if quant is None:
@@ -277,10 +314,14 @@ class HubDialog(QDialog):
         self._say("")
         self.bar.setVisible(True)
         self.pause.setEnabled(True)
+        self.stop.setEnabled(True)
         self.download.setEnabled(False)
         self.open_now.setEnabled(False)
         self.status.setText(f"Downloading {quant.label}…")
         repo = self.files.repo
+        self._downloading = [*quant.parts, *([proj] if proj is not None else [])]
+        self._folder = repo_folder(repo)
+        self._cancelled = False
 
         def work() -> None:
             try:
@@ -290,14 +331,29 @@ class HubDialog(QDialog):
                 self.jobs.paused.emit()
         self._try(work)
 
+    def cancel_download(self) -> None:
+        """Stop the download and delete what it had written (Pause keeps it)."""
+        self._cancelled = True
+        self.cancel.set()
+
     def _on_progress(self, p: Any) -> None:
+        """One bar over every file of the pair (the model's parts and the projector)."""
+        total = sum(f.size_bytes for f in self._downloading) or p.total_bytes
+        before = 0
+        for f in self._downloading:  # the files ahead of this one are done
+            if f.name == p.name:
+                break
+            before += f.size_bytes
         self.bar.setRange(0, 1000)
-        self.bar.setValue(int(1000 * p.done_bytes / max(p.total_bytes, 1)))
-        self.status.setText(p.words())
+        self.bar.setValue(int(1000 * (before + p.done_bytes) / max(total, 1)))
+        left = len(self._downloading) - 1
+        self.status.setText(p.words() + (f" · {fmt_bytes(before + p.done_bytes)} of "
+                                         f"{fmt_bytes(total)} in all" if left else ""))
 
     def _on_fetched(self, got: Any) -> None:
         self.fetched = got
         self.pause.setEnabled(False)
+        self.stop.setEnabled(False)
         self.open_now.setEnabled(True)
         self._update_buttons()
         self.status.setText(f"Downloaded {got.model.name}"
@@ -305,12 +361,24 @@ class HubDialog(QDialog):
                             + f" to {got.model.parent}. Open it now, or later from File → Open model.")
 
     def _on_paused(self) -> None:
+        from engine.hub.download import part_path
+
         self.pause.setEnabled(False)
+        self.stop.setEnabled(False)
         self._update_buttons()
+        if self._cancelled:  # Cancel: what was written goes
+            for f in self._downloading:
+                part = part_path(self._folder / f.name)
+                for leftover in (part, part.with_name(part.name + ".etag")):
+                    leftover.unlink(missing_ok=True)
+            self.bar.setVisible(False)
+            self.status.setText("Cancelled: nothing of it is kept.")
+            return
         self.status.setText("Paused: Download goes on from where it stopped (also after a restart).")
 
     def _on_failed(self, text: str) -> None:
         self.pause.setEnabled(False)
+        self.stop.setEnabled(False)
         self._update_buttons()
         self.status.setText("")
         self._say(text)
