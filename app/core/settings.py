@@ -238,7 +238,7 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
 
     return replace(base, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
                    repeat_penalty=p.repeat_penalty, seed=p.seed,
-                   grammar=str(JSON_GBNF) if p.json_replies else "")
+                   grammar=str(JSON_GBNF) if p.json_replies else "", json_reply=p.json_replies)
 
 
 def set_chat_params(store: Any, conv_id: int, params: ChatParams) -> None:

@@ -27,6 +27,7 @@ from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
 from engine.llama.embeddings import embed
+from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
 from engine.llama.prefill_stop import PrefillStop
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
@@ -638,10 +639,18 @@ class TextRuntime:
             decoder.setstate(self._utf8_state)
         pieces: list[str] = []
         n_gen, stop = 0, StopReason.LENGTH
+        # a JSON reply with a cap ends in one complete value: when the cap is near, the text
+        # that closes it is written instead of what the model would sample
+        json_tail = JsonTail() if gp.json_reply and gp.max_tokens and not resume else None
         try:
             while not gp.max_tokens or n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
                     stop = StopReason.CANCELLED
+                    break
+                closed = (self._close_json(json_tail, gp.max_tokens - n_gen, pieces, on_text)
+                          if json_tail is not None else None)
+                if closed is not None:
+                    n_gen += closed
                     break
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
@@ -655,6 +664,8 @@ class TextRuntime:
                 piece = decoder.decode(self._piece(tok))
                 if piece:
                     pieces.append(piece)
+                    if json_tail is not None:
+                        json_tail.feed(piece)
                     if on_text is not None:
                         on_text(piece)
                 if len(self.slot.cells) >= self.n_ctx - 1:
@@ -675,6 +686,27 @@ class TextRuntime:
             if on_text is not None:
                 on_text(tail)
         return "".join(pieces), n_gen, stop
+
+
+    def _close_json(self, tail: JsonTail, room: int, pieces: list[str],
+                    on_text: Callable[[str], None] | None) -> int | None:
+        """When the text that closes the JSON reply needs about all the `room` tokens left (a
+        margin for one token that opens more), write it (into the KV cache too): the number
+        of its tokens; None while there is room."""
+        closer = tail.closer()
+        tokens = self.tokenize(closer, add_special=False) if closer else []
+        if len(tokens) + JSON_CLOSE_MARGIN < room or tail.done:
+            return None
+        if tokens:
+            self._decode_tokens(tokens)
+            pieces.append(closer)
+            tail.feed(closer)
+            if on_text is not None:
+                on_text(closer)
+        return len(tokens)
+
+
+JSON_CLOSE_MARGIN = 8  # tokens kept for the closer beyond its length: one token may open several
 
 
 CHATML_TEMPLATE = (

@@ -27,6 +27,8 @@ class GenParams:
     frequency_penalty: float = 0.0  # ... and this much per use
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     grammar: str = ""  # GBNF (root rule "root"): only what it allows is sampled (JSON replies)
+    # the grammar is JSON's: with a cap, the reply ends in one complete value (json_tail.py)
+    json_reply: bool = False
     top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
     # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
     on_logprob: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)

@@ -294,6 +294,8 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
     images = [image_path(job, i) for i in last.images]
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
+    if req.json_reply and grammar == req.grammar:  # response_format's JSON, not a tool grammar
+        gp = replace(gp, json_reply=True)
     watcher = StopWatcher(req.stop)
     gate = CallGate(bool(usable) and calls_allowed, OPENERS.get(fmt or "", "{"))  # a call is held
     streamer = ArgumentStream(fmt)  # ... and streamed as tool_calls deltas instead

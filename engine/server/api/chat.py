@@ -54,6 +54,7 @@ class ChatRequest:
     user: str = ""
     top_logprobs: int = -1  # -1: no logprobs; else the sampled token's and this many best
     grammar: str = ""  # GBNF the reply must follow (response_format, or the tools' calls)
+    json_reply: bool = False  # response_format asks JSON: a capped reply ends in a whole value
     tools: tuple[Any, ...] = ()  # engine.server.tools.Tool
     tool_choice: Any = None  # engine.server.tools.ToolChoice
     extra: dict[str, Any] = field(default_factory=dict)
@@ -283,6 +284,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     seed = integer(body, "seed", -(2**63))
     user = body.get("user", "")
     grammar = response_grammar(body.get("response_format"))
+    json_reply = bool(grammar)  # json_object or json_schema
     sampling = parse_sampling(body)
     if sampling.grammar:
         if grammar or tl.offered(tools, choice):
@@ -309,7 +311,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=number(body, "temperature", 0.0, 2.0), top_p=number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens or 0, stop=stops, seed=seed,
         user=user if isinstance(user, str) else "", grammar=grammar, top_logprobs=top_logprobs,
-        tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
+        json_reply=json_reply, tools=tools, tool_choice=choice, own_system=own_system, messages=tuple(native),
         sampling=sampling, n=n, template_kwargs=_template_kwargs(body.get("chat_template_kwargs")),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
         answered=tl.answered_calls(native))
