@@ -134,6 +134,30 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
     assert again.returncode == 0 and "shown" in out, err
 
 
+def test_sighup_saves_and_closes_as_sigterm_does(tmp_path):
+    """#51: the terminal that started Ebb closed (SIGHUP) ended the window with nothing saved
+    or logged; now it is a close like SIGTERM's: the reply so far is saved, exit code 0."""
+    data = tmp_path / "data"
+    s = Store(data)
+    s.set_setting("ctx", 1024)
+    s.close()
+    proc = _window_process(data, EBB_TEST_SEND="Write a long story about a lighthouse keeper.")
+    try:
+        wait_for_line(proc.stdout, "streaming")
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "asked to stop (SIGHUP)" in (proc.stderr.read() if proc.stderr else "")
+    store = Store(data)
+    (conv,) = store.conversations()
+    reply = store.messages(conv.id)[-1]
+    assert reply.role == "assistant" and reply.text.strip()
+    assert reply.stats.get("stop_reason") == "cancelled" and not store.recovered
+    store.close()
+
+
 def test_a_huge_paste_is_refused_from_its_size_and_kept_in_the_composer(qtbot, tmp_path):
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
