@@ -224,3 +224,29 @@ def test_threads_that_reach_the_library_at_once_all_get_it():
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip().splitlines()[-1] == "ok", proc.stdout
+
+
+def test_a_files_hash_is_worked_out_once_per_version_of_it(tmp_path, monkeypatch):
+    """#54: the default model was hashed (98 MB) at every start and load. The hash is kept by
+    path, size and modification time: the same file is not read again; a changed one is."""
+    import hashlib
+    import os
+
+    from engine.models import default
+
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "models").mkdir(parents=True)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"a" * 4096)
+    assert default.sha256_file(f) == hashlib.sha256(b"a" * 4096).hexdigest()
+    reads: list[str] = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (reads.append(str(p)), real_open(p, *a, **k))[1])
+    assert default.sha256_file(f) == hashlib.sha256(b"a" * 4096).hexdigest()
+    assert str(f) not in reads  # kept: not hashed again
+    monkeypatch.undo()
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    f.write_bytes(b"b" * 4096)
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert default.sha256_file(f) == hashlib.sha256(b"b" * 4096).hexdigest()

