@@ -196,9 +196,9 @@ def test_notices_are_newest_first_one_per_cause_and_few(qtbot):
 def test_a_request_waiting_behind_the_windows_reply_counts_it(qtbot, store):
     """The local server's line counts the window's own reply, which goes first: a stream that
     waits behind it reads "1 ahead" (it read "0 ahead")."""
+    import http.client
+    import json
     import threading
-
-    import httpx
 
     from engine.llama.sampling import GenParams
     from tests.helpers import free_port
@@ -212,14 +212,19 @@ def test_a_request_waiting_behind_the_windows_reply_counts_it(qtbot, store):
     lines: list[str] = []
 
     def ask() -> None:
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions",
-                          headers={"Authorization": "Bearer k"}, timeout=60,
-                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                                "stream": True}) as r:
-            for line in r.iter_lines():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Authorization": "Bearer k", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        try:
+            while raw := r.fp.readline():
+                line = raw.decode().strip()
                 lines.append(line)
                 if line.startswith(":"):  # its place in line: enough
                     return
+        finally:
+            conn.close()
 
     t = threading.Thread(target=ask)
     t.start()
