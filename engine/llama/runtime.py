@@ -59,11 +59,11 @@ def _graph_reserve_fn() -> Any:
     return fn
 
 
-# Stop during a prompt on a device (where llama.cpp's abort callback cannot reach into a batch):
+# Stop during a prompt on an RPC device (llama.cpp's abort callback cannot reach into its graph):
 # the first batch is this small, and the next ones are sized to take about STOP_WITHIN_S each
 DEFAULT_BATCH = 512
 FIRST_STOP_BATCH = 64
-MIN_STOP_BATCH = 16
+MIN_STOP_BATCH = 32
 STOP_WITHIN_S = 0.4
 
 
@@ -460,9 +460,12 @@ class TextRuntime:
                 on_batch(n)
 
     def _first_batch(self) -> int:
-        """The first prompt batch: all of n_batch where Stop reaches into a batch (the CPU
-        alone, or no Stop to heed), else a small one whose time sizes the next."""
-        if self.prefill_stop.armed_now and self.params.n_gpu_layers and self.params.devices != ():
+        """The first prompt batch: all of n_batch where Stop reaches into a batch, else a small
+        one whose time sizes the next. Only an RPC device's graph runs where the abort callback
+        cannot reach (in another process); a GPU's part of a batch is quick, and its layers'
+        batches keep their size (small ones would slow a GPU's prompt)."""
+        remote = any(d.startswith("RPC") for d in self.params.devices or ())
+        if self.prefill_stop.armed_now and self.params.n_gpu_layers and remote:
             return min(self.params.n_batch, FIRST_STOP_BATCH)
         return self.params.n_batch
 
