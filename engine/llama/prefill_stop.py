@@ -36,11 +36,6 @@ class PrefillStop:
         return self._cancel is not None and self._cancel.is_set()
 
     @property
-    def armed_now(self) -> bool:
-        """A prefill that Stop may end is running."""
-        return self._cancel is not None
-
-    @property
     def fired(self) -> bool:
         """The abort callback stopped a graph: llama_decode's code 2 was ours."""
         return self._flag is not None and bool(self._flag.value)

@@ -59,12 +59,7 @@ def _graph_reserve_fn() -> Any:
     return fn
 
 
-# Stop during a prompt on an RPC device (llama.cpp's abort callback cannot reach into its graph):
-# the first batch is this small, and the next ones are sized to take about STOP_WITHIN_S each
 DEFAULT_BATCH = 512
-FIRST_STOP_BATCH = 64
-MIN_STOP_BATCH = 32
-STOP_WITHIN_S = 0.4
 
 
 @dataclass(frozen=True)
@@ -424,20 +419,14 @@ class TextRuntime:
     def _decode_tokens(self, tokens: list[int],
                        on_batch: Callable[[int], None] | None = None) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under
-        M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch.
-        Where Stop cannot reach inside a batch (layers on a device: llama.cpp's abort callback
-        is the CPU backend's), batches are sized to take about STOP_WITHIN_S each."""
+        M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch."""
         L = llama()
-        i, size = 0, self._first_batch()
-        adaptive = size < self.params.n_batch
-        while i < len(tokens):
+        for i in range(0, len(tokens), self.params.n_batch):
             if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
-            chunk = tokens[i:i + size]
-            i += len(chunk)
+            chunk = tokens[i:i + self.params.n_batch]
             n = len(chunk)
-            t0 = time.perf_counter()
             batch = L.llama_batch_init(n, 0, 1)
             try:
                 batch.n_tokens = n
@@ -451,23 +440,8 @@ class TextRuntime:
             finally:
                 L.llama_batch_free(batch)
             self.slot.record_tokens(chunk)
-            if adaptive and n == size:  # Stop's reach: the next batch's size
-                L.llama_synchronize(self.ctx)
-                took = time.perf_counter() - t0
-                size = min(self.params.n_batch,
-                           max(MIN_STOP_BATCH, int(size * STOP_WITHIN_S / max(took, 1e-4))))
             if on_batch is not None:
                 on_batch(n)
-
-    def _first_batch(self) -> int:
-        """The first prompt batch: all of n_batch where Stop reaches into a batch, else a small
-        one whose time sizes the next. Only an RPC device's graph runs where the abort callback
-        cannot reach (in another process); a GPU's part of a batch is quick, and its layers'
-        batches keep their size (small ones would slow a GPU's prompt)."""
-        remote = any(d.startswith("RPC") for d in self.params.devices or ())
-        if self.prefill_stop.armed_now and self.params.n_gpu_layers and remote:
-            return min(self.params.n_batch, FIRST_STOP_BATCH)
-        return self.params.n_batch
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
