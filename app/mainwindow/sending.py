@@ -84,8 +84,8 @@ class Sending:
                 self.w.composer.show_error(str(exc))
             return
         try:
+            self._greedy_for_the_demo(images)  # before the message: a failed write saves neither
             pending = self.w.chat.add_user_message(text, images)
-            self._greedy_for_the_demo(images)
         except EbbError as exc:  # not saved (a full disk): the composer keeps it all
             self.w.composer.show_error(str(exc))
             return
