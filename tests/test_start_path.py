@@ -170,6 +170,36 @@ def test_importing_a_high_level_module_directly_keeps_the_package_whole():
                                                                  "Llama": "Llama"}
 
 
+_PROBED_MID_LOGGER = """
+import builtins, sys
+real = builtins.__import__
+
+def probing(name, *args, **kwargs):  # as PySide's import hook does: inspect.unwrap probes
+    module = real(name, *args, **kwargs)  # __wrapped__ on what was imported
+    if sys._getframe(1).f_globals.get("__name__") == "llama_cpp._logger":
+        hasattr(module, "__wrapped__")
+    return module
+
+builtins.__import__ = probing
+from engine.llama.binding import binding
+binding().llama_log_set
+import llama_cpp
+print("ok", "llama_cpp.llama" in sys.modules, llama_cpp.Llama.__name__)
+"""
+
+
+def test_a_probe_for_a_dunder_mid_import_does_not_run_the_package():
+    """CI went red: the window's start died in `import llama_cpp._logger` with "cannot import name
+    'logger' from partially initialized module 'llama_cpp._logger'". PySide's import hook probed
+    `__wrapped__` on the package from inside _logger's own `import llama_cpp`, and that probe
+    ran the whole package, which imports _logger again. A probe is answered without it; the
+    package still runs when a real name is asked for."""
+    proc = subprocess.run([sys.executable, "-c", _PROBED_MID_LOGGER], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "ok False Llama"
+
+
 def test_a_command_builds_only_its_groups_parser_and_every_command_is_listed():
     """`ebb-engine chat` builds chat's parser alone (#31); GROUPS must name what each module
     registers, or a command would be missing from its own start."""

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 _package_lock = threading.RLock()
+_PACKAGE_DUNDERS = frozenset({"__version__"})  # the dunder names the package's __init__ defines
 
 
 def binding() -> Any:
@@ -38,6 +39,12 @@ def _unexecuted_package(spec: Any) -> Any:
     executed = threading.Event()
 
     def rest_of_package(name: str) -> Any:  # PEP 562: called only for a name not there yet
+        if name.startswith("__") and name.endswith("__") and name not in _PACKAGE_DUNDERS:
+            # a probe, not a use: PySide's import hook runs inspect.unwrap on imported modules
+            # (`hasattr(mod, "__wrapped__")`), here from inside llama_cpp._logger's own
+            # `import llama_cpp`; running the package then re-entered _logger half-made
+            # (ImportError, and the window's start died)
+            raise AttributeError(f"module 'llama_cpp' has no attribute {name!r}")
         bound = sys.modules.get("llama_cpp.llama_cpp")
         if bound is not None and not name.startswith("_") and hasattr(bound, name):
             return getattr(bound, name)
