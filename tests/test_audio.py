@@ -22,6 +22,7 @@ from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from engine.media.audio import write_tone
 from tests.helpers import N_THREADS, agree_turn_by_turn, agree_where_decided
+from tests.media_files import write_encoded_tone
 from tests.mtmd_reference import reference_reply
 
 SHAPE = ModelShape(n_layers=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_ctx_train=4096)
@@ -128,6 +129,10 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
     damaged.write_bytes(clips["a.wav"].read_bytes()[:20] + b"\x00" * 8)
     ogg = tmp_path / "voice.ogg"
     ogg.write_bytes(b"OggS" + bytes(200))
+    cut = tmp_path / "cut.m4a"  # a voice note whose download stopped half-way
+    cut.write_bytes(write_encoded_tone(tmp_path / "whole.m4a", 440, 2.0).read_bytes()[:3000])
+    silent_film = tmp_path / "no-sound.webm"
+    _write_silent_film(silent_film)
     long = tmp_path / "two-hours.wav"  # a header that says two hours (a sparse file)
     long.write_bytes(_wav_header(rate=8000, bits=8, n_bytes=8000 * 7200))
     with open(long, "r+b") as f:
@@ -135,8 +140,9 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
     gp = GenParams(max_tokens=4, temperature=0)
     slow = tmp_path / "one-hertz.wav"  # 5 samples at 1 Hz: no 5-second clip (#52)
     slow.write_bytes(_wav_header(rate=1, bits=8, n_bytes=5) + bytes(5))
-    expect = {empty: "empty", silent: "no sound", damaged: "damaged", ogg: "not a sound format",
-              long: "2:00:00 long", slow: "1 samples a second"}
+    expect = {empty: "empty", silent: "no sound", damaged: "damaged", ogg: "damaged",
+              long: "2:00:00 long", slow: "1 samples a second", cut: "damaged",
+              silent_film: "no sound track"}
     with _session(lm, mm, n_ctx=1024) as s:
         ok = s.turn("Hello", [], gp)
         assert ok.error is None
@@ -154,6 +160,52 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
         res = s.turn("And this?", [pictures["a.png"]], gp)
         assert res.error and "does not see" in res.error and s.history == kept
         assert s.turn("Still there?", [], gp).error is None
+
+
+def _write_silent_film(path: Path) -> None:
+    """A WebM with pictures and no sound track."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libvpx", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(5):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 40, np.uint8), format="rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+
+
+def test_voice_notes_in_ogg_m4a_and_webm_are_heard(pairs, clips, tmp_path):
+    """#52: Ogg/Opus (a phone's voice note), M4A/AAC and WebM/Opus (a browser's recording,
+    written as MediaRecorder writes it: no length in the header) were refused. PyAV decodes
+    them to the samples mtmd's helper makes of a WAV: 16 kHz mono float, the tone's pitch and
+    length; the engine hears each, and asked again, encodes nothing."""
+    import numpy as np
+
+    from engine.media import avfile
+    from engine.media.audio import clip_info, is_clip
+
+    notes = [write_encoded_tone(tmp_path / "note.ogg", 440, 2.0),
+             write_encoded_tone(tmp_path / "note.m4a", 440, 2.0),
+             write_encoded_tone(tmp_path / "note.webm", 440, 2.0, streamed=True)]
+    formats = {n.suffix: clip_info(n).format for n in notes}
+    assert formats == {".ogg": "Ogg/Opus", ".m4a": "M4A/AAC", ".webm": "WebM/Opus"}
+    for note in notes:
+        assert is_clip(note) and abs(clip_info(note).seconds - 2.0) < 0.1, note
+        x = np.frombuffer(avfile.samples(note, 16000), np.float32)
+        assert abs(len(x) / 16000 - 2.0) < 0.1
+        pitch = np.argmax(np.abs(np.fft.rfft(x))) * 16000 / len(x)
+        assert abs(pitch - 440) < 5, (note, pitch)
+    lm, mm = pairs["qwen2a"]
+    gp = GenParams(max_tokens=2, temperature=0)
+    with _session(lm, mm, n_ctx=4096) as s:
+        for note in notes:
+            res = s.turn("What is this sound?", [note], gp)
+            assert res.error is None, res.error
+            assert res.to_dict()["n_image_tokens_encoded"] > 0
+        res = s.turn("And the first one again?", [notes[0]], gp)
+        assert res.error is None and res.to_dict()["n_image_tokens_encoded"] == 0
 
 
 def _wav_header(rate: int, bits: int, n_bytes: int) -> bytes:
@@ -193,8 +245,14 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
                             want.gen.logprobs)
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
-                {"type": "input_audio", "input_audio": {**audio, "format": "ogg"}}]}])
-        assert "'ogg' is not one Ebb decodes" in str(e.value)
+                {"type": "input_audio", "input_audio": {**audio, "format": "midi"}}]}])
+        assert "'midi' is not one Ebb decodes" in str(e.value)
+        # a browser's recording (WebM/Opus, no length in its header) is heard too (#52)
+        note = write_encoded_tone(clips["b.wav"].with_name("note.webm"), 440, 1.5, streamed=True)
+        voice = {"data": base64.b64encode(note.read_bytes()).decode(), "format": "webm"}
+        got = client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this sound?"}, {"type": "input_audio", "input_audio": voice}]}])
+        assert got.choices[0].message.content is not None and got.usage.prompt_tokens > 100
     finally:
         server.stop()
 
@@ -365,3 +423,11 @@ def test_a_clip_that_played_plays_again_and_never_holds_the_process(virtual_micr
     assert button.text() == "■" and composer.player.playing == clip
     composer.toggle_play(clip)
     assert button.text() == "▶" and composer.player.playing is None
+    # a phone's voice note plays too (PyAV decodes it on the device's thread) and ends
+    note = write_encoded_tone(tmp_path / "voice-note.ogg", 440, 0.3)
+    assert composer.attach(note)
+    chip = " ".join(lbl.text() for lbl in composer.findChildren(type(composer.error)))
+    assert "♪ voice-note.ogg · 0:00 · Ogg/Opus" in chip, chip
+    composer.toggle_play(note)
+    assert composer._play_buttons[note].text() == "■" and composer.player.playing == note
+    qtbot.waitUntil(lambda: composer._play_buttons[note].text() == "▶", timeout=60_000)

@@ -61,6 +61,7 @@ def test_bundle_answers_a_prompt_with_no_python_and_an_empty_home(bundle, tmp_pa
                                       env=user_env(home), capture_output=True, text=True,
                                       timeout=120, check=True).stdout)
     assert about["frozen"] and Path(about["default_model"]).is_relative_to(bundle)
+    assert about["sound_decoder"].startswith("PyAV "), about["sound_decoder"]  # FFmpeg's libraries came
     assert not (home / ".cache" / "ebb" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").exists()
     # ggml picked a CPU variant for this machine from the bundle's own modules
     assert re.fullmatch(r"libggml-cpu-[a-z0-9_.]+\.so", about["cpu_backend"]), about["cpu_backend"]

@@ -1,7 +1,8 @@
 """Sound clips in the window: what a clip's chip says, and playing one back.
 
 Playback is miniaudio's (the decoder llama.cpp's mtmd embeds): it decodes and plays on its
-own audio thread, so the GUI thread only starts and stops it. A machine with no sound output
+own audio thread, so the GUI thread only starts and stops it. Clips miniaudio cannot read (Ogg,
+M4A, WebM, ...) are decoded by PyAV on that same thread, piece by piece. A machine with no sound output
 gets a message, never a crash. GUI thread only (the player's device runs its own thread).
 """
 from __future__ import annotations
@@ -11,10 +12,13 @@ import re
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from engine.errors import EbbError
+from engine.media import avfile
 from engine.media.audio import clip_info, fmt_seconds
+
+PLAY_RATE = 44100  # what a clip plays at (16-bit stereo): every sound output takes it
 
 
 def describe(path: Path, shown_name: str = "") -> tuple[str, str | None]:
@@ -55,10 +59,14 @@ class ClipPlayer:
         import miniaudio
 
         try:
-            clip_info(path)
+            clip = clip_info(path)
             ended = threading.Event()
-            stream = _until_end(miniaudio.stream_file(str(path)), ended)
-            device = miniaudio.PlaybackDevice()
+            if clip.by_mtmd:
+                source = miniaudio.stream_file(str(path), nchannels=2, sample_rate=PLAY_RATE)
+            else:  # Ogg, M4A, WebM, ...: PyAV decodes on the device's thread, as it plays
+                source = _pcm_stream(avfile.pcm_chunks(path, PLAY_RATE, 2), frame_bytes=4)
+            stream = _until_end(source, ended)
+            device = miniaudio.PlaybackDevice(nchannels=2, sample_rate=PLAY_RATE)
             device.start(stream)
         except EbbError as exc:
             self.on_problem(f"Cannot play {path.name}: {exc.what}")
@@ -83,6 +91,31 @@ class ClipPlayer:
             except Exception:  # noqa: BLE001 - a device that is already gone
                 pass
         self.device, self.playing = None, None
+
+
+def _pcm_stream(chunks: Iterator[bytes], frame_bytes: int) -> Any:
+    """PCM pieces as a primed miniaudio stream: each answer the frames it was asked for. A
+    clip that breaks off mid-way ends there (its decoder's EbbError stops the stream)."""
+    def frames() -> Any:
+        buf = bytearray()
+        want = (yield b"") or 1024
+        try:
+            for chunk in chunks:
+                buf += chunk
+                while len(buf) >= want * frame_bytes:
+                    piece = bytes(buf[:want * frame_bytes])
+                    del buf[:len(piece)]
+                    want = (yield piece) or want
+        except EbbError:
+            return
+        while buf:
+            piece = bytes(buf[:want * frame_bytes])
+            del buf[:len(piece)]
+            want = (yield piece) or want
+
+    stream = frames()
+    next(stream)
+    return stream
 
 
 def _until_end(stream: Any, ended: threading.Event) -> Any:

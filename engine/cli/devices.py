@@ -38,6 +38,7 @@ def cmd_about(args: argparse.Namespace) -> int:
 
     from engine.models.default import default_model_path
     from engine.llama.about import runtime_info
+    from engine.media.avfile import sound_decoder
     from engine.paths import cache_dir, data_dir
 
     try:
@@ -48,6 +49,7 @@ def cmd_about(args: argparse.Namespace) -> int:
         ebb = "unknown (not installed)"
     facts = {"ebb": ebb, "python": platform.python_version(), "executable": sys.executable,
              "frozen": bool(getattr(sys, "frozen", False)), **runtime_info(),
+             "sound_decoder": sound_decoder(),
              "default_model": str(default_model_path()), "cache_dir": str(cache_dir()),
              "data_dir": str(data_dir())}
     if args.json:

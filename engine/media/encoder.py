@@ -23,7 +23,7 @@ from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.llama.state_files import file_identity
 from engine.media.embedding_files import EmbeddingFiles
-from engine.media.audio import clip_info, is_clip
+from engine.media.audio import clip_info, decode_for_projector, is_clip
 from engine.media.images import CLIP_HEIGHT, LoadedMedia, image_digest, load_image
 from engine.media.projector import Bitmap, Encoded, MediaPiece, ProjectorRuntime
 
@@ -178,18 +178,19 @@ class MediaEncoder:
 
     def load(self, path: Path) -> LoadedMedia:
         """A picture or a sound clip (told by its first bytes), decoded for the projector. A
-        clip's header is checked first; its samples come from mtmd's own decoder."""
+        clip's header is checked first; its samples come from mtmd's own decoder (WAV, MP3,
+        FLAC) or PyAV (the rest)."""
         path = Path(path)
         if not is_clip(path):
             return load_image(path)
-        clip_info(path)  # empty, damaged, unknown or too long: refused by name before decoding
+        clip = clip_info(path)  # empty, damaged, unknown or too long: refused before decoding
         if self.ram is None or not self.ram.hears:
             raise EbbError(f"{path.name} is a sound clip, and "
                            + ("the loaded projector does not hear" if self.ram is not None
                               else "no projector is loaded"),
                            "load a model with an audio or omni projector, or remove the clip")
         data = path.read_bytes()
-        samples = self.ram.decode_audio(data, path.name)
+        samples = decode_for_projector(path, data, clip, self.ram.sample_rate, self.ram.decode_audio)
         if len(samples) < 4:
             raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
         return LoadedMedia(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,

@@ -176,17 +176,23 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
 MAX_AUDIO_PART_BYTES = 64 * 1024 * 1024
 
 
-def _input_audio(spec: Any, where: str) -> ImageRef:
-    """OpenAI's `input_audio` part: {"data": base64, "format": "wav" | "mp3"} (and "flac")."""
-    from engine.media.audio import sniff
+AUDIO_PART_FORMATS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "ogg": ".ogg", "opus": ".ogg",
+                      "m4a": ".m4a", "aac": ".aac", "webm": ".webm"}
 
+
+def _input_audio(spec: Any, where: str) -> ImageRef:
+    """OpenAI's `input_audio` part: {"data": base64, "format": "wav" | "mp3"} (and flac, and a
+    phone's or browser's ogg, opus, m4a, aac, webm)."""
+    from engine.media.audio import AV_CONTAINER_KINDS, sniff
+
+    names = ", ".join(AUDIO_PART_FORMATS)
     if not isinstance(spec, dict) or not isinstance(spec.get("data"), str):
         raise ApiError(400, "an input_audio part needs {\"data\": base64, \"format\": \"wav\" or "
                             "\"mp3\"}", where)
     fmt = spec.get("format")
-    if fmt not in ("wav", "mp3", "flac"):
-        raise ApiError(400, f"input_audio format {fmt!r} is not one Ebb decodes (wav, mp3 and "
-                            "flac are)", f"{where}.format")
+    if fmt not in AUDIO_PART_FORMATS:
+        raise ApiError(400, f"input_audio format {fmt!r} is not one Ebb decodes ({names} are)",
+                       f"{where}.format")
     if len(spec["data"]) > MAX_AUDIO_PART_BYTES * 4 // 3 + 4:
         raise ApiError(413, f"a clip is at most {MAX_AUDIO_PART_BYTES // (1024 * 1024)} MiB", where)
     try:
@@ -195,7 +201,10 @@ def _input_audio(spec: Any, where: str) -> ImageRef:
         raise ApiError(400, "input_audio data is not valid base64", f"{where}.data") from None
     kind = sniff(data[:12])
     if kind is None:
-        raise ApiError(400, "input_audio data is not a WAV, MP3 or FLAC clip", f"{where}.data")
+        raise ApiError(400, f"input_audio data is not a sound clip Ebb decodes ({names})",
+                       f"{where}.data")
+    if kind in AV_CONTAINER_KINDS:  # a container that may hold a video: the part says it is sound
+        return ImageRef(data=data, suffix=AUDIO_PART_FORMATS[fmt])
     return ImageRef(data=data, suffix=f".{kind.lower()}")
 
 
