@@ -363,6 +363,59 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         assert "red" in reply, reply
 
 
+def test_a_download_goes_on_when_the_dialog_closes_and_the_window_says_when_it_is_done(
+        qtbot, store, model_path, tmp_path, monkeypatch):
+    """#52: closing Get models paused its download, and nothing showed downloads once it was
+    shut. Downloads belong to the window: one goes on with the dialog closed (the menu says
+    so), the window's notice offers to open it when done, the dialog opened again lists it;
+    closing the window pauses one under way and keeps its part."""
+    from tests.helpers import open_window, wait_for
+
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    with LoopbackHub() as hub:
+        for repo in ("ebb/first-GGUF", "ebb/second-GGUF"):
+            hub.add(repo, {"smol-Q4_1.gguf": model_path}, tags=["gguf"])
+        store.set_setting("hub_endpoint", hub.endpoint)
+        store.set_setting("hub_images", False)
+        w = open_window(qtbot, store)
+        w.get_models_action.trigger()
+        dlg = w.models.hub_dialog
+
+        def download(row: int) -> None:
+            wait_for(lambda: dlg.results.count() == 2)
+            dlg.results.setCurrentRow(row)
+            wait_for(lambda: dlg.download.isEnabled() and dlg.table.rowCount() == 1)
+            hub.stall = (1 << 20, 2.0)  # a slow link: the download is under way when we look
+            dlg.start_download()
+            wait_for(lambda: dlg.bar.value() > 0 or dlg.error.isVisible())
+            assert not dlg.error.isVisible(), dlg.error.text()
+
+        download(0)
+        first = w.downloads.running()[0]
+        dlg.close()
+        assert w.get_models_action.text() == "Get models… (1 downloading)"
+        wait_for(lambda: first.state != "downloading")
+        assert first.state == "done" and w.get_models_action.text() == "Get models…"
+        got = first.fetched.model
+        assert got.read_bytes() == model_path.read_bytes()
+        notice = w.notice.notices()[0]
+        assert f"Downloaded {got.name}" in notice.text() and notice.action_button.text() == "Open it"
+        w.grab().save(str(tmp_path / "downloaded-notice.png"))
+        w.get_models_action.trigger()  # the same dialog, as it was, with the list
+        assert w.models.hub_dialog is dlg and dlg.isVisible()
+        assert dlg.list.count() == 1 and "done" in dlg.list.item(0).text() and dlg.open_now.isEnabled()
+        download(1)
+        second = w.downloads.running()[0]
+        assert dlg.list.count() == 2 and second.repo in dlg.list.item(1).text()
+        dlg.grab().save(str(tmp_path / "downloads-list.png"))
+        w.close()  # mid-download: paused, its part kept for the next start
+        wait_for(lambda: second.state != "downloading")
+        assert second.state == "paused"
+        from engine.hub.download import part_path
+
+        assert part_path(second.folder / "smol-Q4_1.gguf").stat().st_size >= 1 << 20
+
+
 def test_a_disk_that_fills_keeps_the_part_and_the_download_goes_on_once_there_is_room(
         hub, families, tmp_path, monkeypatch):
     """A small tmpfs as the models disk: once the download has begun, something else fills

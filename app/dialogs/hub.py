@@ -4,14 +4,14 @@ a model with its projector, resumable, then open the pair.
 
 The network work runs on short-lived Python threads (never the GUI thread, never the engine's
 worker, which owns llama.cpp: the machine comes from the loaded session's devices); results come
-back to the GUI thread through `_Jobs`' queued signals. Closing the dialog pauses a download
-(its part is kept; Download again goes on from there).
+back to the GUI thread through `_Jobs`' queued signals. Downloads belong to the window
+(app/mainwindow/downloads.py): closing the dialog leaves them running, and the dialog's
+Downloads list shows every one of them when it opens again.
 """
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.settings import Settings
+from app.widgets.downloads import CANCELLED, DONE, FAILED, PAUSED, RUNNING, Download, Downloads
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 
@@ -44,10 +45,7 @@ class _Jobs(QObject):
     found = Signal(object)  # list[RepoHit]
     listed = Signal(object)  # RepoFiles
     judged = Signal(int, object)  # row, Verdict or an error's text
-    progress = Signal(object)  # engine.hub.download.Progress
-    fetched = Signal(object)  # engine.hub.fetch.Fetched
     failed = Signal(str)  # one line for the user
-    paused = Signal()
 
 
 def _run(target: Callable[[], None]) -> threading.Thread:
@@ -60,7 +58,8 @@ class HubDialog(QDialog):
     open_pair = Signal(str, str)  # model, projector ("" for none)
 
     def __init__(self, settings: Settings, machine: Any,
-                 save_setting: Callable[[str, Any], None], parent: Any = None) -> None:
+                 save_setting: Callable[[str, Any], None], downloads: Downloads,
+                 parent: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Get models")
         self.resize(980, 600)
@@ -68,22 +67,23 @@ class HubDialog(QDialog):
         self.jobs = _Jobs(self)
         self.files: Any = None  # the chosen repo's RepoFiles
         self.repo = ""
-        self.cancel = threading.Event()
+        self.downloads = downloads
+        self.current: int | None = None  # the download the bar and the buttons follow
         self.fetched: Any = None
         self._generation = 0  # a newer listing makes an older one's verdicts stale
         self._searches = 0  # a newer search makes an older one's results stale
         self.verdicts: dict[int, Any] = {}  # row -> Verdict, as they come (the recommendation)
-        self._downloading: list[Any] = []  # the files of the download under way (Cancel)
-        self._folder = Path()  # where they go
-        self._cancelled = False
         self._build(settings)
         self.jobs.found.connect(self._on_found)
         self.jobs.listed.connect(self._on_listed)
         self.jobs.judged.connect(self._on_judged)
-        self.jobs.progress.connect(self._on_progress)
-        self.jobs.fetched.connect(self._on_fetched)
         self.jobs.failed.connect(self._on_failed)
-        self.jobs.paused.connect(self._on_paused)
+        downloads.changed.connect(self._on_download_news)
+        downloads.ended.connect(self._on_download_ended)
+        for d in downloads.all:  # what is under way, or was, since the window opened
+            self._show_in_list(d.number)
+        if downloads.all:
+            self._follow((downloads.running() or downloads.all)[-1].number)
         # it opens on something: the most downloaded GGUF models (that see images, if ticked)
         self.search()
 
@@ -137,9 +137,11 @@ class HubDialog(QDialog):
         split.setSizes([330, 650])
         self.bar = QProgressBar(visible=False)
         self.status = QLabel("", wordWrap=True)
+        # every download since the window opened; the bar and the buttons follow the one picked
+        self.list = QListWidget(visible=False, maximumHeight=96)
+        self.list.currentRowChanged.connect(self._on_list_row)
         self.download = QPushButton("Download", clicked=self.start_download, enabled=False)
-        self.pause = QPushButton("Pause", enabled=False)
-        self.pause.clicked.connect(lambda _checked=False: self.cancel.set())
+        self.pause = QPushButton("Pause", enabled=False, clicked=self.pause_download)
         # Cancel: the download stops and its parts go (Pause keeps them)
         self.stop = QPushButton("Cancel download", enabled=False, clicked=self.cancel_download)
         self.open_now = QPushButton("Open now", clicked=self._on_open, enabled=False)
@@ -153,6 +155,9 @@ class HubDialog(QDialog):
         lay.addLayout(hub_row)
         lay.addWidget(self.error)
         lay.addWidget(split, 1)
+        self.list_label = QLabel("Downloads (they go on when this dialog is closed)", visible=False)
+        lay.addWidget(self.list_label)
+        lay.addWidget(self.list)
         lay.addWidget(self.bar)
         lay.addLayout(buttons)
         self.table.itemSelectionChanged.connect(self._update_buttons)
@@ -286,12 +291,17 @@ class HubDialog(QDialog):
         return next((r for r in rows if self.files.quants[r].label == pick[0]), None) if pick else None
 
     def _update_buttons(self) -> None:
-        busy = self.pause.isEnabled()
+        busy = self._following(RUNNING)
         picked = bool(self.table.selectedItems())
         rec = None if picked else self.recommended_row()
         self.download.setText("Download" if picked or rec is None else
                               f"Download {self.files.quants[rec].label} (suits this machine)")
         self.download.setEnabled(bool(self.files) and (picked or rec is not None) and not busy)
+        self.pause.setEnabled(busy)
+        self.stop.setEnabled(busy or self._following(PAUSED))
+
+    def _following(self, state: str) -> bool:
+        return self.current is not None and self.downloads.get(self.current).state == state
 
     def chosen(self) -> tuple[Any, Any]:
         """The quantisation clicked, else the one recommended for this machine, and the projector."""
@@ -303,82 +313,80 @@ class HubDialog(QDialog):
         return quant, proj
 
     def start_download(self) -> None:
-        from engine.hub.download import DownloadPaused
-        from engine.hub.fetch import fetch_pair, repo_folder
-
         quant, proj = self.chosen()
         if quant is None:
             return
         endpoint, token = self._hub()
-        self.cancel.clear()
         self._say("")
-        self.bar.setVisible(True)
-        self.pause.setEnabled(True)
-        self.stop.setEnabled(True)
-        self.download.setEnabled(False)
+        self.fetched = None
         self.open_now.setEnabled(False)
-        self.status.setText(f"Downloading {quant.label}…")
-        repo = self.files.repo
-        self._downloading = [*quant.parts, *([proj] if proj is not None else [])]
-        self._folder = repo_folder(repo)
-        self._cancelled = False
+        d = self.downloads.start(self.files.repo, quant, proj, endpoint, token)
+        self._follow(d.number)
 
-        def work() -> None:
-            try:
-                self.jobs.fetched.emit(fetch_pair(repo, quant, proj, endpoint, token,
-                                                  self.jobs.progress.emit, self.cancel))
-            except DownloadPaused:
-                self.jobs.paused.emit()
-        self._try(work)
+    def pause_download(self) -> None:
+        """Stop, keeping what was written: Download again goes on from there."""
+        if self.current is not None:
+            self.downloads.pause(self.current)
 
     def cancel_download(self) -> None:
         """Stop the download and delete what it had written (Pause keeps it)."""
-        self._cancelled = True
-        self.cancel.set()
+        if self.current is not None:
+            self.downloads.cancel(self.current)
 
-    def _on_progress(self, p: Any) -> None:
-        """One bar over every file of the pair (the model's parts and the projector)."""
-        total = sum(f.size_bytes for f in self._downloading) or p.total_bytes
-        before = 0
-        for f in self._downloading:  # the files ahead of this one are done
-            if f.name == p.name:
-                break
-            before += f.size_bytes
+    def _show_in_list(self, number: int) -> None:
+        d = self.downloads.get(number)
+        while self.list.count() <= number:
+            self.list.addItem("")
+        self.list.item(number).setText(d.line())
+        self.list.setVisible(True)
+        self.list_label.setVisible(True)
+
+    def _on_list_row(self, row: int) -> None:
+        if row >= 0:
+            self._follow(row)
+
+    def _follow(self, number: int) -> None:
+        """The bar, the words and the buttons now speak of download `number`."""
+        self.current = number
+        if self.list.currentRow() != number:
+            self.list.setCurrentRow(number)
+        d = self.downloads.get(number)
+        self.fetched = d.fetched
+        self.open_now.setEnabled(d.state == DONE)
+        self.bar.setVisible(d.state in (RUNNING, PAUSED, DONE))
         self.bar.setRange(0, 1000)
-        self.bar.setValue(int(1000 * (before + p.done_bytes) / max(total, 1)))
-        left = len(self._downloading) - 1
-        self.status.setText(p.words() + (f" · {fmt_bytes(before + p.done_bytes)} of "
-                                         f"{fmt_bytes(total)} in all" if left else ""))
-
-    def _on_fetched(self, got: Any) -> None:
-        self.fetched = got
-        self.pause.setEnabled(False)
-        self.stop.setEnabled(False)
-        self.open_now.setEnabled(True)
+        self.bar.setValue(int(1000 * d.fraction))
+        self.status.setText(self._words(d))
         self._update_buttons()
-        self.status.setText(f"Downloaded {got.model.name}"
-                            + (f" with {got.projector.name}" if got.projector else "")
-                            + f" to {got.model.parent}. Open it now, or later from File → Open model.")
 
-    def _on_paused(self) -> None:
-        from engine.hub.download import part_path
+    @staticmethod
+    def _words(d: Download) -> str:
+        if d.state == RUNNING:
+            return d.words or f"Downloading {d.quant.label}…"
+        if d.state == DONE:
+            got = d.fetched
+            return (f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if got.projector else "")
+                    + f" to {got.model.parent}. Open it now, or later from File → Open model.")
+        if d.state == PAUSED:
+            return "Paused: Download goes on from where it stopped (also after a restart)."
+        if d.state == CANCELLED:
+            return "Cancelled: nothing of it is kept."
+        return ""
 
-        self.pause.setEnabled(False)
-        self.stop.setEnabled(False)
-        self._update_buttons()
-        if self._cancelled:  # Cancel: what was written goes
-            for f in self._downloading:
-                part = part_path(self._folder / f.name)
-                for leftover in (part, part.with_name(part.name + ".etag")):
-                    leftover.unlink(missing_ok=True)
-            self.bar.setVisible(False)
-            self.status.setText("Cancelled: nothing of it is kept.")
-            return
-        self.status.setText("Paused: Download goes on from where it stopped (also after a restart).")
+    def _on_download_news(self, number: int) -> None:
+        self._show_in_list(number)
+        if number == self.current:
+            self._follow(number)
+
+    def _on_download_ended(self, number: int) -> None:
+        d = self.downloads.get(number)
+        if number == self.current:
+            if d.state == CANCELLED:
+                self.bar.setVisible(False)
+            if d.state == FAILED:
+                self._say(d.words)
 
     def _on_failed(self, text: str) -> None:
-        self.pause.setEnabled(False)
-        self.stop.setEnabled(False)
         self._update_buttons()
         self.status.setText("")
         self._say(text)
@@ -389,6 +397,3 @@ class HubDialog(QDialog):
                                 str(self.fetched.projector) if self.fetched.projector else "")
             self.accept()
 
-    def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
-        self.cancel.set()  # a download pauses; its part stays for the next time
-        super().closeEvent(event)

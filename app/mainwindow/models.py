@@ -117,10 +117,15 @@ class Models:
 
         threads = settings.threads or physical_cores()
         devices = list(self.loaded.devices) if self.loaded else []
-        self.hub_dialog = HubDialog(settings, machine_from_devices(devices, threads),
-                                    self.w.store.set_setting, self.w)
-        self.hub_dialog.open_pair.connect(self.open_pair)
+        machine = machine_from_devices(devices, threads)
+        if self.hub_dialog is None:  # one dialog: closed and opened again, it is as it was
+            self.hub_dialog = HubDialog(settings, machine, self.w.store.set_setting,
+                                        self.w.downloads, self.w)
+            self.hub_dialog.open_pair.connect(self.open_pair)
+        self.hub_dialog.machine = machine  # the devices of the model loaded now
         self.hub_dialog.show()
+        self.hub_dialog.raise_()
+        self.hub_dialog.activateWindow()
 
     def open_pair(self, model: str, mmproj: str) -> None:
         if self.w.chat.busy:

@@ -57,6 +57,7 @@ from app.core.settings import (
 from app.core.store import Store
 from app.widgets.transcript import Transcript
 from app.mainwindow.models import Models
+from app.widgets.downloads import Downloads
 from app.mainwindow.sending import UNDO_S, Sending
 from app.mainwindow.tuning import TuneController
 from app.mainwindow.worker import EngineWorker
@@ -103,6 +104,9 @@ class MainWindow(QMainWindow):
         # the controllers, each with one job; they reach the window's parts through it
         self.sending = Sending(self)  # a message to its reply: send, edit, regenerate, continue
         self.models = Models(self)  # what is loaded: open, get, settings that reload
+        self.downloads = Downloads(self)  # the Hub's, under way whether the dialog is open or not
+        self.downloads.changed.connect(self._on_download_news)
+        self.downloads.ended.connect(self._on_download_ended)
         self.tuning = TuneController(self)  # Model → Tune layers…: its dialog and runs
         self._build_ui()
         self._handlers: dict[type, Any] = {
@@ -337,6 +341,28 @@ class MainWindow(QMainWindow):
         """A message above the chat until its ✕ is pressed (what went wrong with the data
         folder, what happened before a restart, a device that came up short)."""
         self.notice.add(text, kind)
+
+    def _on_download_news(self, _number: int) -> None:
+        n = len(self.downloads.running())
+        self.get_models_action.setText(f"Get models… ({n} downloading)" if n else "Get models…")
+
+    def _on_download_ended(self, number: int) -> None:
+        """A download that ends while Get models is shut says so here (Open, or why not)."""
+        from app.widgets.downloads import DONE, FAILED
+
+        dialog = self.models.hub_dialog
+        if dialog is not None and dialog.isVisible():
+            return  # the dialog says it
+        d = self.downloads.get(number)
+        if d.state == DONE:
+            got = d.fetched
+            model, proj = str(got.model), str(got.projector) if got.projector else ""
+            self.notice.add(f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if proj else "")
+                            + f" to {got.model.parent}.", "info",
+                            action=("Open it", lambda: self.models.open_pair(model, proj)))
+        elif d.state == FAILED:
+            self.show_error(f"The download of {d.name} stopped: {d.words} (Model → Get models… "
+                            "goes on from where it stopped)")
 
     def show_error(self, text: str) -> None:
         """An error, where the user looks (above the chat) and until read; stderr too."""
@@ -587,6 +613,7 @@ class MainWindow(QMainWindow):
         self.transcript.player.stop()  # an open sound device kept the process alive (#52)
         self.composer.player.stop()
         self.local_server.close()
+        self.downloads.pause_all()  # their parts are kept: the next Download goes on from there
         self.worker.closing()
         # A load in progress is not cut short (llama.cpp finishes it first): the window goes
         # at once rather than standing frozen until then; the process ends after it.
