@@ -22,6 +22,15 @@ class HistoryTurn:
     # more of the message for the chat template: an assistant's `tool_calls`, a result's
     # `tool_call_id` and `name` (the local server's function calling, engine/server/tools.py)
     extra: dict[str, Any] | None = None
+    # text around an image's marker where it is not a picture's plain one (nothing before, a
+    # new line after): a video's frames ("Video:", timestamps), a PDF's pages, by image key
+    labels: tuple[tuple[str, str, str], ...] = ()
+
+    def label(self, key: str) -> tuple[str, str]:
+        for k, before, after in self.labels:
+            if k == key:
+                return before, after
+        return "", "\n"
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,10 @@ class TurnResult:
     spans: list[Span] = field(default_factory=list)
     device_peak_bytes: dict[str, int] = field(default_factory=dict)
     n_images: int = 0
+    # each attachment as the message keeps it (a video's frames, a PDF's pages: attachments.py)
+    attachments: list[str] = field(default_factory=list)
+    attachment_lines: list[str] = field(default_factory=list)  # "2:10 · 32 frames, ... tokens"
+    notes: list[str] = field(default_factory=list)  # what the user should know (frames left out)
     n_images_encoded: int = 0  # the message's images encoded in this turn
     n_images_cached: int = 0  # the message's images whose embeddings were already known
     n_image_tokens_encoded: int = 0  # image tokens (every chunk) encoded in this turn

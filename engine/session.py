@@ -41,6 +41,9 @@ from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
+from engine.media import kinds
+from engine.media.attachments import PICTURE_LABEL, Expanded, Projector, expand
+from engine.media.attachments import parse as parse_ref
 from engine.media.embedding_files import EmbeddingFiles
 from engine.media.encoder import MediaEncoder
 from engine.media.images import LoadedMedia
@@ -154,7 +157,12 @@ class Session:
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
         self._check_device()
         try:
-            images = [self.encoder.load(Path(p)) for p in image_paths]
+            parts = self._expand(image_paths, role, text)
+            images = [m for e in parts for m in e.media]
+            res.attachments = [e.ref for e in parts]
+            res.attachment_lines = [e.line for e in parts]
+            res.notes = [n for e in parts for n in e.notes]
+            text = "\n\n".join([*(e.text for e in parts if e.text), text]) if any(e.text for e in parts) else text
             if images and (self.encoder.ram is None or not self.encoder.enabled):
                 raise EbbError("this message has pictures or clips but the projector is off"
                                if self.proj_info else
@@ -162,7 +170,10 @@ class Session:
                                "turn the projector on (the Vision or Hearing switch)" if self.proj_info
                                else "start with --mmproj FILE.gguf")
             pending = self._pending_history_images()  # may drop unreadable ones from history
-            turn = HistoryTurn(role, text, tuple(self.encoder.remember(i) for i in images), extra)
+            labels = tuple((k, *lab) for e in parts for k, lab in zip(
+                (self.encoder.key(m) for m in e.media), e.labels) if lab != PICTURE_LABEL)
+            turn = HistoryTurn(role, text, tuple(self.encoder.remember(i) for i in images), extra,
+                               labels)
             self._fit(turn, pending + images, res)  # before any image is encoded
             kept = {k for t in self.history for k in t.image_keys}
             pending = [i for i in pending if self.encoder.key(i) in kept]
@@ -391,15 +402,22 @@ class Session:
         `tag` names the conversation (a chat's id): its saved states go by it (`forget`)."""
         history = []
         for role, text, paths, *more in turns:
-            keys = []
+            keys: list[str] = []
+            labels: list[tuple[str, str, str]] = []
+            texts: list[str] = []
             for p in paths:
-                if self.encoder.ram is None:
-                    continue
                 try:
-                    keys.append(self.encoder.key_of_file(Path(p)))
+                    got = self.encoder.keys_of(str(p), self._projector_view())
                 except EbbError:
-                    continue  # a saved image that went missing: leave it out
-            history.append(HistoryTurn(role, text, tuple(keys), more[0] if more else None))
+                    continue  # a saved attachment that went missing: leave it out
+                keys += [k for k, _ in got.keys]
+                labels += [(k, *lab) for (k, _), lab in zip(got.keys, got.labels) if lab != PICTURE_LABEL]
+                if got.text:
+                    texts.append(got.text)
+            if texts:
+                text = "\n\n".join([*texts, text])
+            history.append(HistoryTurn(role, text, tuple(keys), more[0] if more else None,
+                                       tuple(labels)))
         self.history = history
         self._reply_open = False
         self._last_stop = ""
@@ -503,14 +521,42 @@ class Session:
         keys: list[str] = []
         for t in [*(self.history if history is None else history), *([extra] if extra else [])]:
             images = t.image_keys if use_images else ()
-            msgs.append({"role": t.role, "content": "".join(f"{marker}\n" for _ in images) + t.text,
-                         **(t.extra or {})})
+            media = "".join(f"{before}{marker}{after}" for before, after in map(t.label, images))
+            msgs.append({"role": t.role, "content": media + t.text, **(t.extra or {})})
             keys.extend(images)
         return msgs, keys
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self._messages()[0]
+
+    def _projector_view(self) -> Projector | None:
+        """What attachments need of the loaded projector: whether it sees, the size frames and
+        pages are made at, and its token count for a picture."""
+        ram = self.encoder.ram
+        if ram is None or not self.encoder.enabled:
+            return None
+        return Projector(ram.sees, self.encoder.side, lambda w, h: ram.image_tokens(w, h)[0])
+
+    def _expand(self, refs: Sequence[str | Path], role: str, text: str) -> list[Expanded]:
+        """Each attachment's pictures, labels and text. A video takes the frames the context
+        has room for: what is free after the conversation and this message, or half the
+        context where less is free (older turns then leave, as for any long message)."""
+        proj = self._projector_view()
+        load = self.encoder.load
+        refs = [str(r) for r in refs]
+        n_videos = sum(kinds.kind_of(parse_ref(r).path) == kinds.VIDEO for r in refs)
+        room = 0
+        if n_videos:
+            assert self.model.runtime is not None
+            usable = self.n_ctx - self.reply_room
+            used = self._count(self.history, HistoryTurn(role, text), self._pending_history_images())
+            room = max(usable - used, usable // 2) // n_videos
+        parts = []
+        for r in refs:
+            e = expand(r, proj, room, load)
+            parts.append(e)
+        return parts
 
     def _pending_history_images(self) -> list[LoadedMedia]:
         """Earlier images not encoded yet (a saved conversation, reopened). One that can no

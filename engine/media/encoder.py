@@ -23,6 +23,8 @@ from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.llama.state_files import file_identity
 from engine.media.embedding_files import EmbeddingFiles
+from engine.media.attachments import (DEFAULT_SIDE, PICTURE_LABEL, Keys, Projector, is_part,
+                                      load_part, saved_keys)
 from engine.media.audio import clip_info, decode_for_projector, is_clip
 from engine.media.images import CLIP_HEIGHT, LoadedMedia, image_digest, load_image
 from engine.media.projector import Bitmap, Encoded, MediaPiece, ProjectorRuntime
@@ -141,6 +143,25 @@ class MediaEncoder:
         self._paths[key] = str(path)
         return key
 
+    @property
+    def side(self) -> int:
+        """The size video frames and PDF pages are made at: the projector's input size."""
+        return int(self.info.image_size) if self.info and self.info.image_size else DEFAULT_SIDE
+
+    def keys_of(self, ref: str, proj: Projector | None) -> Keys:
+        """A saved message's attachment as image keys (remembered, to be loaded when a turn
+        needs them), labels and text: a picture or clip from its bytes, a video's frames and a
+        PDF's pages from the reference (attachments.saved_keys)."""
+        got = saved_keys(ref, proj, lambda content: f"{self._proj_id}:{content}", self.load)
+        if got.keys or got.text:
+            for key, part in got.keys:
+                self._paths[key] = part
+            return got
+        if self.ram is None:
+            return got
+        key = self.key_of_file(Path(ref))
+        return Keys([(key, ref)], [PICTURE_LABEL])
+
     def remember(self, img: LoadedMedia) -> str:
         key = self.key(img)
         self._paths[key] = img.path
@@ -180,6 +201,8 @@ class MediaEncoder:
         """A picture or a sound clip (told by its first bytes), decoded for the projector. A
         clip's header is checked first; its samples come from mtmd's own decoder (WAV, MP3,
         FLAC) or PyAV (the rest)."""
+        if is_part(str(path)):  # a video's frame or a PDF's page of a saved message
+            return load_part(str(path), self.side)
         path = Path(path)
         if not is_clip(path):
             return load_image(path)

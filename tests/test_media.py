@@ -1,0 +1,228 @@
+"""#53: videos and documents through the engine. The tests write their own videos (PyAV: MP4,
+MOV, MKV, WebM, AVI, GIF) and PDFs (Pillow's picture PDFs as a scanner writes them, a text PDF
+written by hand, one locked by pikepdf). The demo colour projector names what it is shown, so
+a frame or a page that reached the model is checked by its colour, not only by its bytes."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.errors import EbbError
+from engine.gguf.projector_gen import COLOURS, write_colour_projector
+from engine.llama.sampling import GenParams
+from engine.measure.colour_check import QUESTION, SHADES
+from engine.media import attachments, documents, kinds, video
+from engine.session import Session, SessionConfig
+from tests.helpers import N_THREADS
+from tests.media_files import (encrypt_pdf, write_encoded_tone, write_picture_pdf, write_text_pdf,
+                               write_video)
+
+RED, GREEN, BLUE = (SHADES[c][0] for c in ("red", "green", "blue"))
+GREEDY = GenParams(max_tokens=12, temperature=0)
+
+
+def first_colour(text: str) -> str | None:
+    return next((w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS), None)
+
+
+@pytest.fixture(scope="module")
+def colour_projector(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_colour_projector(tmp_path_factory.mktemp("colour") / "colour.gguf", model_path)
+
+
+@pytest.fixture(scope="module")
+def seeing(model_path, colour_projector):
+    with Session(SessionConfig(model_path, colour_projector, n_ctx=2048, n_threads=N_THREADS,
+                               vision="cpu")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reading(model_path):
+    with Session(SessionConfig(model_path, None, n_ctx=2048, n_threads=N_THREADS)) as s:
+        yield s
+
+
+def test_every_container_is_a_video_and_gives_the_frame_on_screen(tmp_path):
+    """MP4 (H.264), MOV, MKV (VP9), WebM (VP8, with sound), AVI (MJPEG) and an animated GIF:
+    each is told a video by its content, and a frame asked for at a time is the scene then."""
+    for suffix in video_suffixes():
+        path = write_video(tmp_path / f"scenes{suffix}", [(RED, 2.0), (BLUE, 2.0)],
+                           sound_hz=440 if suffix == ".webm" else 0)
+        assert kinds.kind_of(path) == kinds.VIDEO, suffix
+        info = video.probe(path)
+        assert abs(info.seconds - 4.0) < 0.1 and (info.width, info.height) == (96, 64), (suffix, info)
+        frames = video.decode(path, [0.5, 1.9, 2.1, 3.9], (48, 32))
+        got = [_nearest(im.getpixel((10, 10))) for _, im in frames]
+        assert got == ["red", "red", "blue", "blue"], (suffix, got)
+    voice = write_encoded_tone(tmp_path / "voice.webm", 440, 1.0)  # WebM with sound alone: a clip
+    assert kinds.kind_of(voice) == kinds.CLIP
+
+
+def video_suffixes() -> list[str]:
+    return [".mp4", ".mov", ".mkv", ".webm", ".avi", ".gif"]
+
+
+def _nearest(rgb) -> str:
+    return min(("red", RED), ("green", GREEN), ("blue", BLUE),
+               key=lambda c: sum((a - b) ** 2 for a, b in zip(rgb, c[1])))[0]
+
+
+def test_frames_fit_the_room_repeats_go_and_the_layout_is_llama_cpps():
+    info = video.VideoInfo(130.0, 30.0, 1920, 1080, "h264", "MP4", True)
+    s = video.plan(info, tokens_per_frame=64, room_tokens=2048)  # 32 frames fit
+    assert len(s.times()) == 32 and s.every_s == pytest.approx(130 / 32, abs=1e-3)
+    assert video.plan(info, 64, 10**9).every_s == pytest.approx(130 / video.MAX_FRAMES, abs=1e-3)
+    short = video.VideoInfo(2.0, 30.0, 64, 64, "h264", "MP4", False)
+    assert video.plan(short, 1, 10**9).every_s == 1 / video.MAX_FPS  # never more than 4 a second
+    assert video.plan(info, 64, 2048, start=10, end=70, every_s=30).times() == [10.0, 40.0]
+    with pytest.raises(EbbError, match="room for 10"):
+        video.plan(info, 64, 10)
+    assert video.frame_size(info, 448) == (448, 252)
+    # llama.cpp's helper: "Video:" first, a timestamp after the first frame at or past each 5 s
+    assert video.layout([0.0, 2.5, 5.0, 7.5, 10.0]) == [
+        ("Video:", "[0m0.00s]"), ("", ""), ("", "[0m5.00s]"), ("", ""), ("", "[0m10.00s]")]
+    assert video.layout([0.0, 65.5])[1] == ("", "[1m5.50s]")
+
+
+def test_a_video_reaches_the_model_frame_by_frame_and_is_encoded_once(seeing, tmp_path):
+    """A video of one colour is named right; one whose colour changes gives a frame from each
+    part (repeats left out, and said); the prompt is laid out as llama.cpp's; the same video in
+    a later message, and the chat reopened from its saved reference, encode nothing."""
+    green = write_video(tmp_path / "green.webm", [(GREEN, 3.0)])
+    seeing.set_history([])
+    res = seeing.turn(QUESTION, [green], GREEDY)
+    assert res.error is None and first_colour(res.text) == "green", (res.error, res.text)
+    assert res.n_images_encoded == 1 and "repeated the one before" in " ".join(res.notes)
+    changing = write_video(tmp_path / "changing.mp4", [(RED, 2.0), (GREEN, 2.0), (BLUE, 2.0)])
+    seeing.set_history([])
+    res = seeing.turn(QUESTION, [changing], GREEDY)
+    assert res.error is None, res.error
+    ref = attachments.parse(res.attachments[0])
+    assert ref.frames == (0.0, 2.0, 4.0), res.attachments  # one frame from each part
+    assert res.n_images_encoded == 3 and "3 frames" in res.attachment_lines[0]
+    content = seeing.messages[0]["content"]
+    marker = seeing.encoder.marker
+    assert content.startswith(f"Video:{marker}[0m0.00s]{marker}{marker}\n"), content
+    again = seeing.turn("And this one?", [changing], GREEDY)
+    assert again.error is None and again.n_image_tokens_encoded == 0  # cached by content
+    seeing.set_history([("user", QUESTION, res.attachments), ("assistant", res.text, [])])
+    reopened = seeing.turn("What colour came last?", [], GREEDY)
+    assert reopened.error is None and reopened.n_image_tokens_encoded == 0
+    assert seeing.messages[0]["content"] == content
+
+
+def test_a_pdf_is_pages_to_a_model_that_sees_and_text_to_one_that_reads(seeing, reading, tmp_path):
+    scan = write_picture_pdf(tmp_path / "scan.pdf", [RED, BLUE, GREEN])
+    seeing.set_history([])
+    res = seeing.turn(QUESTION, [f"{scan}#pages=2"], GREEDY)
+    assert res.error is None and first_colour(res.text) == "blue", (res.error, res.text)
+    assert res.attachments == [f"{scan}#pages=2"] and "1 page as pictures" in res.attachment_lines[0]
+    letter = write_text_pdf(tmp_path / "letter.pdf", ["The secret word is marmalade.", "Page two."])
+    reading.set_history([])
+    res = reading.turn("What is the secret word?", [letter], GREEDY)
+    assert res.error is None, res.error
+    assert "marmalade" in reading.messages[0]["content"] and "[page 2]" in reading.messages[0]["content"]
+    kept = list(reading.history)
+    refusals = {scan: "no text in it: it is scanned",
+                encrypt_pdf(letter, tmp_path / "locked.pdf", "hunter2"): "locked with a password",
+                _damaged(tmp_path / "damaged.pdf"): "damaged",
+                write_picture_pdf(tmp_path / "long.pdf", [RED] * 100, (20, 20)): "has 100 pages; Ebb takes up to 64"}
+    for path, words in refusals.items():
+        res = reading.turn("What does it say?", [path], GREEDY)
+        assert res.error and words in res.error and path.name in res.error, (path, res.error)
+        assert reading.history == kept
+    res = reading.turn("And these?", [f"{tmp_path / 'long.pdf'}#pages=98-100&as=text"], GREEDY)
+    assert res.error and "no text" in res.error  # a range of a long one is taken (then read)
+
+
+def _damaged(path: Path) -> Path:
+    path.write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ngarbage")
+    return path
+
+
+def test_a_text_file_goes_in_fenced_and_named_and_a_binary_one_is_refused(reading, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Plan\nBuy ```milk```.\n")
+    reading.set_history([])
+    res = reading.turn("Summarise.", [notes], GREEDY)
+    assert res.error is None, res.error
+    content = reading.messages[0]["content"]
+    assert content.startswith("notes.md:\n````markdown\n# Plan\nBuy ```milk```.\n````\n\nSummarise.")
+    blob = tmp_path / "data.txt"
+    blob.write_bytes(b"ab\x00\x01" * 100)
+    res = reading.turn("And this?", [blob], GREEDY)
+    assert res.error and "not text" in res.error
+
+
+def test_a_video_with_no_pictures_a_damaged_one_and_a_ten_hour_one_are_refused(seeing, tmp_path):
+    from fractions import Fraction
+
+    import av
+
+    long = tmp_path / "ten-hours.mkv"
+    with av.open(str(long), "w") as out:  # two frames ten hours apart
+        s = out.add_stream("libvpx-vp9", rate=1)
+        s.width, s.height, s.pix_fmt = 32, 32, "yuv420p"
+        s.codec_context.time_base = s.time_base = Fraction(1, 1)
+        import numpy as np
+
+        for pts in (0, 36000):
+            f = av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")
+            f.pts = pts
+            out.mux(s.encode(f))
+        out.mux(s.encode(None))
+    whole = write_video(tmp_path / "whole.mp4", [(RED, 2.0)])
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole.read_bytes()[:400])
+    sound_only = write_encoded_tone(tmp_path / "sound-only.m4a", 440, 1.0)
+    for path, words in {long: "10:00:0. long", cut: "damaged", sound_only: "no pictures"}.items():
+        with pytest.raises(EbbError, match=words):
+            video.probe(path)
+    seeing.set_history([])
+    res = seeing.turn(QUESTION, [cut], GREEDY)
+    assert res.error and "cut.mp4" in res.error
+    res = seeing.turn(QUESTION, [f"{whole}#frames=0"], GREEDY)  # a saved reference works
+    assert res.error is None and first_colour(res.text) == "red", (res.error, res.text)
+
+
+def test_the_frames_of_a_video_borrow_the_stand_in_device_once(model_path, colour_projector,
+                                                               rpc_server, tmp_path):
+    """A video of three scenes through the swap on the RPC device: the three frames are
+    encoded under one borrow (one evict, one restore), and the reply names a colour."""
+    from tests.helpers import run_cli
+
+    clip = write_video(tmp_path / "three.mp4", [(RED, 1.0), (GREEN, 1.0), (BLUE, 1.0)])
+    proc = run_cli("chat", "--model", str(model_path), "--mmproj", str(colour_projector),
+                   "--rpc", rpc_server.endpoint, "--vision", "swap", "--prompt", QUESTION,
+                   "--image", str(clip), "--temp", "0", "--max-tokens", "8", "--ctx", "2048",
+                   "--threads", str(N_THREADS), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    turn = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert turn["strategy"] == "swap" and turn["n_images_encoded"] == 3, turn
+    steps = [s["name"] for s in turn["spans"]]
+    assert steps.count("evict") == 1 and steps.count("restore") == 1, steps
+    assert first_colour(turn["text"]) in COLOURS
+
+
+def test_one_place_decides_what_a_file_is(tmp_path):
+    from PIL import Image
+
+    png = tmp_path / "picture.txt"  # a picture with a text file's name is a picture
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    plain = tmp_path / "README"
+    plain.write_text("hello")
+    still = tmp_path / "still.gif"
+    Image.new("RGB", (4, 4)).save(still)
+    assert [kinds.kind_of(p) for p in (png, plain, still)] == [kinds.PICTURE, kinds.TEXT, kinds.PICTURE]
+    assert kinds.kind_of(write_text_pdf(tmp_path / "doc.bin", ["x"])) == kinds.PDF
+    assert documents.parse_pages("3-5", 10) == (3, 5) and documents.parse_pages("", 4) == (1, 4)
+    with pytest.raises(EbbError, match="outside"):
+        documents.parse_pages("9-12", 10)
+    ref = attachments.parse("/x/clip #1.mp4#every=4&from=10&to=70")
+    assert (ref.path, ref.every_s, ref.start, ref.end) == (Path("/x/clip #1.mp4"), 4.0, 10.0, 70.0)
+    assert attachments.parse(str(ref)) == ref
+    assert attachments.parse("/x/odd#name.mp4").path == Path("/x/odd#name.mp4")
