@@ -45,6 +45,9 @@ class LoadDetails:
     projector_sees: bool = True  # takes pictures
     projector_hears: bool = False  # takes sound clips
     clip_chunk_tokens: int = 0  # tokens a 30-second chunk of sound takes (0: does not hear)
+    # tokens a video frame or a PDF page takes, made at `picture_side` pixels (0: does not see)
+    picture_tokens: int = 0
+    picture_side: int = 0
     vision: bool = False  # the projector is on (pictures and clips, whichever it takes)
     rpc_bytes_sent: int = 0
     backend_notes: tuple[str, ...] = ()  # a GPU backend built in that cannot run here

@@ -309,6 +309,15 @@ class Session:
         """The last request's number (its spans and turn carry it)."""
         return self._request_id
 
+    def picture_tokens(self) -> tuple[int, int]:
+        """(tokens a square picture at the side frames and pages are made at takes, that side);
+        (0, 0) when the projector does not see."""
+        pr = self.encoder.ram
+        if pr is None or not pr.sees:
+            return 0, 0
+        side = self.encoder.side
+        return pr.image_tokens(side, side)[0], side
+
     def clip_chunk_tokens(self) -> int:
         """Tokens a 30-second chunk of sound takes with this projector (0: it does not hear)."""
         from engine.media.projector import ONE_CHUNK_SECONDS

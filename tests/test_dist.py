@@ -112,6 +112,7 @@ def _cpu_variants_this_machine_runs(lib: Path) -> list[str]:
     return runs
 
 
+@pytest.mark.timeout(1800)  # a dozen variants, a colour check each: minutes more on a busy machine
 def test_the_demo_names_every_colour_on_each_cpu_variant_this_machine_runs(bundle, tmp_path):
     """A user's CPU picks another variant than this machine's best: each one this CPU can run,
     loaded alone (a copy of the bundle, hard-linked, with the other variants taken out), names

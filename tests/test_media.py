@@ -205,6 +205,9 @@ def test_the_frames_of_a_video_borrow_the_stand_in_device_once(model_path, colou
     assert turn["strategy"] == "swap" and turn["n_images_encoded"] == 3, turn
     steps = [s["name"] for s in turn["spans"]]
     assert steps.count("evict") == 1 and steps.count("restore") == 1, steps
+    # the Steps lane names each: frame i of n
+    assert [s.get("detail") for s in turn["spans"] if s["name"] == "encode"] == [
+        f"three.mp4 frame {i} of 3" for i in (1, 2, 3)], turn["spans"]
     assert first_colour(turn["text"]) in COLOURS
 
 
@@ -226,3 +229,100 @@ def test_one_place_decides_what_a_file_is(tmp_path):
     assert (ref.path, ref.every_s, ref.start, ref.end) == (Path("/x/clip #1.mp4"), 4.0, 10.0, 70.0)
     assert attachments.parse(str(ref)) == ref
     assert attachments.parse("/x/odd#name.mp4").path == Path("/x/odd#name.mp4")
+
+
+def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_was_taken(
+        qtbot, model_path, colour_projector, tmp_path, monkeypatch):
+    """The composer takes a video (its chip: length, container, the frames planned and their
+    tokens; the message's total against the context's room), a locked PDF (its password asked,
+    an unlocked copy attached) and a 100-page one (a range asked); sent, the transcript says
+    what was taken, the store keeps it, and the chat reopened answers with nothing encoded."""
+    from PySide6.QtWidgets import QLabel
+
+    from tests.helpers import fresh_store, open_window, send
+
+    store = fresh_store(tmp_path)
+    store.set_setting("ctx", 2048)
+    w = open_window(qtbot, store, str(model_path), str(colour_projector), max_tokens=8)
+    clip = write_video(tmp_path / "changing.mp4", [(RED, 2.0), (GREEN, 2.0), (BLUE, 2.0)])
+    assert w.composer.attach(clip)
+    chip = " ".join(lbl.text() for lbl in w.composer.findChildren(QLabel))
+    assert "▣ changing.mp4 · 0:06 · MP4 · up to 24 frames, 4 a second" in chip, chip
+    assert w.composer.budget.isVisible() and "tokens of the" in w.composer.budget.text()
+    letter = write_text_pdf(tmp_path / "letter.pdf", ["The secret word is marmalade."])
+    locked = encrypt_pdf(letter, tmp_path / "statement.pdf", "hunter2")
+    answers = iter(["wrong", "hunter2"])  # a wrong password is asked again
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: next(answers))
+    assert w.composer.attach(locked)
+    unlocked = w.composer.attachments[-1]
+    assert unlocked.name == "statement.pdf" and unlocked != locked
+    assert unlocked.stat().st_mode & 0o777 == 0o600 and documents.pdf_info(unlocked).pages == 1
+    w.composer.detach(unlocked)
+    long = write_picture_pdf(tmp_path / "long.pdf", [RED] * 100, (20, 20))
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: "99-100")
+    assert w.composer.attach(long)
+    assert str(w.composer.attachments[-1]).endswith("long.pdf#pages=99-100")
+    chip = " ".join(lbl.text() for lbl in w.composer.findChildren(QLabel))
+    assert "▤ long.pdf · 100 pages · pages 99-100 · as pictures" in chip, chip
+    w.composer.detach(w.composer.attachments[-1])
+    w.grab().save(str(tmp_path / "video-chip.png"))
+    send(qtbot, w, QUESTION)
+    assert not w.last_error, w.last_error
+    user = store.messages(w.conv_id)[-2]
+    assert list(user.fragments.values()) == ["frames=0,2,4"], user.fragments
+    assert "▣ changing.mp4 · 0:06 · MP4 · 3 frames" in w.transcript.toPlainText()
+    w.sending.send_history()  # the chat as reopened: its references, nothing decoded
+    send(qtbot, w, "And the colour before that?")
+    assert not w.last_error, w.last_error
+    reply = store.messages(w.conv_id)[-1]
+    assert reply.stats.get("encode_s") == 0 and first_colour(reply.text) in COLOURS, reply
+    w.grab().save(str(tmp_path / "video-sent.png"))
+    w.close()
+
+
+def test_the_endpoint_takes_input_video_and_file_parts(model_path, colour_projector, tmp_path):
+    """llama-server's `input_video` (data) and OpenAI's `file` part (a PDF as file_data, a text
+    file by its name) reach the model; what the window refuses, the endpoint refuses in
+    OpenAI's error shape."""
+    import base64
+
+    import openai
+
+    from tests.test_server import Server
+
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    green = write_video(tmp_path / "green.mp4", [(GREEN, 2.0)])
+    scan = write_picture_pdf(tmp_path / "scan.pdf", [BLUE])
+    notes = tmp_path / "notes.txt"
+    notes.write_text("The meeting is on Tuesday.")
+    locked = encrypt_pdf(write_text_pdf(tmp_path / "l.pdf", ["x"]), tmp_path / "locked.pdf", "pw")
+    server = Server("--model", str(model_path), "--mmproj", str(colour_projector), "--ctx", "2048",
+                    api_key=None)
+    try:
+        client = server.client(key="none")
+
+        def ask(part: dict) -> str:
+            got = client.chat.completions.create(
+                model="m", temperature=0, max_tokens=12,
+                messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION}, part]}])
+            return got.choices[0].message.content or ""
+
+        video_part = {"type": "input_video", "input_video": {"data": b64(green), "format": "mp4"}}
+        assert first_colour(ask(video_part)) == "green"
+        pdf_part = {"type": "file", "file": {"filename": "scan.pdf",
+                                             "file_data": f"data:application/pdf;base64,{b64(scan)}"}}
+        assert first_colour(ask(pdf_part)) == "blue"
+        assert ask({"type": "file", "file": {"filename": "notes.txt", "file_data": b64(notes)}})
+        refusals = [({"type": "input_video", "input_video": {"data": b64(notes), "format": "mp4"}},
+                     "not a video"),
+                    ({"type": "file", "file": {"file_id": "file-abc"}}, "no Files API"),
+                    ({"type": "file", "file": {"filename": "locked.pdf", "file_data": b64(locked)}},
+                     "locked with a password")]
+        for part, words in refusals:
+            with pytest.raises(openai.BadRequestError) as e:
+                ask(part)
+            assert words in str(e.value), (words, str(e.value))
+    finally:
+        server.stop()

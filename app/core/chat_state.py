@@ -116,7 +116,7 @@ class ChatState:
         if before is not None:
             ids = self.store.branch_to(before)[:-1]
             msgs = self.store.messages(self.conv_id, ids=ids)
-        return [(m.role, m.text, [str(p) for p in m.images]) for m in msgs]
+        return [(m.role, m.text, [str(p) for p in m.refs()]) for m in msgs]
 
     # ------------------------------------------------------------ versions and branches
 
@@ -189,7 +189,7 @@ class ChatState:
             self.store.rename(self.conv_id, chat_title(text, images, taken))
         mid = self.store.add_message(self.conv_id, "user", text, images)
         saved = self.store.message(mid)
-        return Pending(text, saved.images if saved else [], mid)
+        return Pending(text, saved.refs() if saved else [], mid)
 
     def last_message(self) -> Message | None:
         msgs = self.store.messages(self.conv_id, self.store.last_message_id(self.conv_id))
@@ -219,7 +219,7 @@ class ChatState:
         if user is None or user.role != "user":
             return None
         self.store.end_branch_at(user.id, self.conv_id)
-        return Pending(user.text, user.images, user.id, regenerates=True)
+        return Pending(user.text, user.refs(), user.id, regenerates=True)
 
     def begin(self, pending: Pending) -> int:
         """A request is on its way for `pending`; returns its id. The reply's row is made now

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.media.attachments import split as split_ref
 from engine.errors import EbbError
 
 SCHEMA = """
@@ -109,6 +110,14 @@ class Message:
     siblings: tuple[int, ...] = ()
     # an attachment's name as the user's file had it (the store keeps it by content hash)
     shown_names: dict[str, str] = field(default_factory=dict)
+    # what was taken from an attachment (a video's frames, a PDF's pages: "frames=0,4,8"), by
+    # its stored path; engine/media/attachments.py reads it
+    fragments: dict[str, str] = field(default_factory=dict)
+
+    def refs(self) -> list[Path]:
+        """The attachments as the engine takes them: each stored file with what was taken."""
+        return [Path(f"{p}#{self.fragments[str(p)]}") if self.fragments.get(str(p)) else p
+                for p in self.images]
 
 
 @dataclass
@@ -172,6 +181,9 @@ class Store:
                 # the name the user's file had (a clip's chip says it): added, not a new schema
                 # (an older Ebb reads and writes the table as before)
                 db.execute("ALTER TABLE attachments ADD COLUMN shown_name TEXT")
+            if "fragment" not in {r[1] for r in db.execute("PRAGMA table_info(attachments)")}:
+                # what was taken from a video or a PDF (an older Ebb sees the whole file)
+                db.execute("ALTER TABLE attachments ADD COLUMN fragment TEXT")
             db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent "
                        "ON messages(conversation_id, parent_id)")
             _add_fts(db, rebuild=version < 3)
@@ -358,7 +370,8 @@ class Store:
         """Save a message after `parent` (default: the open branch's last message; None: a
         first message) and make it the open branch's end. StoreError when it cannot be saved:
         nothing of it is kept then."""
-        stored = [self.store_image(p) for p in images or []]
+        refs = [split_ref(p) for p in images or []]
+        stored = [self.store_image(src) for src, _ in refs]
         now = time.time()
         if parent is _LEAF:  # the open branch's end as it is stored (None: a first message)
             parent = self._stored_leaf(conversation_id) or None
@@ -370,15 +383,25 @@ class Store:
                     (conversation_id, role, text, now, json.dumps(stats or {}), state, parent, now))
                 mid = int(cur.lastrowid or 0)
                 self.db.executemany(
-                    "INSERT INTO attachments (message_id, position, sha256, filename, shown_name) "
-                    "VALUES (?,?,?,?,?)",
-                    [(mid, i, sha, name, self._shown_name(Path(src)))
-                     for i, ((sha, name), src) in enumerate(zip(stored, images or []))])
+                    "INSERT INTO attachments (message_id, position, sha256, filename, shown_name, "
+                    "fragment) VALUES (?,?,?,?,?,?)",
+                    [(mid, i, sha, name, self._shown_name(src), frag or None)
+                     for i, ((sha, name), (src, frag)) in enumerate(zip(stored, refs))])
                 self.db.execute("UPDATE conversations SET updated=?, leaf_id=? WHERE id=?",
                                 (now, mid, conversation_id))
         except sqlite3.DatabaseError as exc:
             raise _write_error("the message", exc, self.folder) from None
         return mid
+
+    def set_fragments(self, message_id: int, fragments: list[str]) -> None:
+        """What the engine took from each attachment of a sent message (its frames, its pages),
+        in order: a reopened chat puts back exactly that."""
+        try:
+            with self.db:
+                self.db.executemany("UPDATE attachments SET fragment=? WHERE message_id=? AND position=?",
+                                    [(f or None, message_id, i) for i, f in enumerate(fragments)])
+        except sqlite3.DatabaseError as exc:
+            raise _write_error("the message", exc, self.folder) from None
 
     def update_message(self, message_id: int, text: str, stats: dict[str, Any] | None = None,
                        state: str = "complete") -> None:
@@ -578,12 +601,14 @@ class Store:
                     f"WHERE id IN ({marks})", chunk):
                 rows[int(mid)] = Message(int(mid), role, text, [], json.loads(stats or "{}"), state,
                                          parent, tuple(children.get(parent, [mid])))
-            for mid, name, shown in self.db.execute(
-                    f"SELECT message_id, filename, shown_name FROM attachments "
+            for mid, name, shown, frag in self.db.execute(
+                    f"SELECT message_id, filename, shown_name, fragment FROM attachments "
                     f"WHERE message_id IN ({marks}) ORDER BY message_id, position", chunk):
                 rows[int(mid)].images.append(self.images_dir / name)
                 if shown:
                     rows[int(mid)].shown_names[str(self.images_dir / name)] = str(shown)
+                if frag:
+                    rows[int(mid)].fragments[str(self.images_dir / name)] = str(frag)
         return [rows[m] for m in wanted if m in rows]
 
     def _drop_unused_images(self) -> None:

@@ -22,6 +22,8 @@ from app.core.settings import (
 from app.core.status import phases_line, restored_line
 from app.core.store import Message
 from engine import events
+from engine.media.attachments import split as split_ref
+from engine.media.kinds import CLIP, PICTURE, VIDEO, kind_of
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 
@@ -59,7 +61,7 @@ class Sending:
         text, images = self.w.composer.text(), list(self.w.composer.attachments)
         if (not text and not images) or not self.w.chat.can_send():
             return
-        gone = [p for p in images if not Path(p).is_file()]
+        gone = [p for p in images if not split_ref(p)[0].is_file()]
         if gone:  # deleted or moved since attached: taken off, the rest kept, said by name
             for p in gone:
                 self.w.composer.detach(p)
@@ -69,7 +71,7 @@ class Sending:
                 "taken off; your text and the other attachments are kept. Send again to send "
                 "without it, or attach it again.")
             return
-        if images and not self.w.vision.on:
+        if any(kind_of(split_ref(p)[0]) in (PICTURE, CLIP, VIDEO) for p in images) and not self.w.vision.on:
             self.w.composer.show_error(f"Turn {self.w.vision.switch.text().lower()} on to send pictures "
                                        "or clips (no reload needed).")
             return
@@ -113,7 +115,7 @@ class Sending:
         edit, a regeneration): the engine's history is first set to the messages ahead of it
         (its KV cache is kept up to where they differ)."""
         # the engine reads the store's copies; an error about one names the user's file
-        self._copy_names = {Path(c).name: Path(u).name for c, u in zip(images, pending.images)}
+        self._copy_names = {split_ref(c)[0].name: split_ref(u)[0].name for c, u in zip(images, pending.images)}
         if history_before:
             self.send_history(before=history_before)
         gp = self.chat_gen_params()
@@ -240,6 +242,16 @@ class Sending:
         if res.error is None and (said := restored_line(res.gen)):
             self.w.statusBar().showMessage(said, 60000)
         self._persist_when_idle.start()  # the chat's memory to disk, once nothing happens
+        pending = self.w.chat.pending
+        taken = [split_ref(r)[1] for r in res.attachments]
+        retell = res.error is None and any(taken) and pending is not None and pending.continues is None
+        if retell and pending is not None:
+            try:  # the frames and pages the engine took: a reopened chat puts back the same
+                self.w.store.set_fragments(pending.message_id, taken)
+            except EbbError:
+                retell = False  # kept as attached: reopened, it is chosen again the same way
+        for note in res.notes:  # named as the user's file, not the store's copy
+            self.w.show_notice(users_names(note, self._copy_names), "info")
         turn = res.to_dict()  # the store's edge: the turn's JSON
         if self.w.chat.last_cfg is not None:  # which model wrote it (an export says)
             turn["model"] = Path(str(self.w.chat.last_cfg.model_path)).name
@@ -253,8 +265,10 @@ class Sending:
         else:
             self.w.transcript.end_reply(self.w.chat.saved)
             saved = self.w.chat.saved
-            if saved is not None and saved.stats.get("memory_from") not in (None, self.w.transcript.memory_from):
-                self.w.show_conversation()  # the line "outside the model's memory" moves
+            if retell or (saved is not None and saved.stats.get("memory_from")
+                          not in (None, self.w.transcript.memory_from)):
+                # the line "outside the model's memory" moves; a video says the frames it gave
+                self.w.show_conversation()
         self.w.update_actions()
 
     def _on_retry_saving(self) -> None:
@@ -307,11 +321,17 @@ class Sending:
         from engine.conversation import reply_room
         from engine.media.audio import MAX_CLIP_SECONDS
 
-        per = self.w.models.loaded.clip_chunk_tokens if self.w.models.loaded is not None else 0
+        loaded = self.w.models.loaded
+        room = self.w.models.n_ctx - reply_room(self.w.models.n_ctx)
+        # a video's frames and a PDF's pages: what each takes, against what the context has
+        # free (at least half of it: older turns leave for a long message)
+        self.w.composer.picture_tokens = loaded.picture_tokens if loaded is not None and loaded.vision else 0
+        self.w.composer.room_tokens = max(room - used, room // 2) if loaded is not None else 0
+        self.w.composer.recount()
+        per = loaded.clip_chunk_tokens if loaded is not None else 0
         if per <= 0:
             self.w.composer.record_limit_s = 0
             return
-        room = self.w.models.n_ctx - reply_room(self.w.models.n_ctx)
         chunks = max((room - used) // per, 1 if room >= per else 0)  # older turns make room
         self.w.composer.record_limit_s = float(min(MAX_CLIP_SECONDS, 30 * chunks - 1) if chunks else 0)
 

@@ -501,14 +501,11 @@ class MainWindow(QMainWindow):
     @Slot()
     def _on_attach(self) -> None:
         from app.widgets.start_folder import Location, start_folder
-        from engine.media.audio import AUDIO_SUFFIXES, OTHER_SOUND_SUFFIXES
+        from engine.media.kinds import attach_filter
 
         start = str(start_folder(Location.PicturesLocation))
-        pictures = "*.png *.jpg *.jpeg *.webp *.gif *.bmp"
-        sound = " ".join(f"*{s}" for s in AUDIO_SUFFIXES + OTHER_SOUND_SUFFIXES)
         paths, _ = QFileDialog.getOpenFileNames(
-            self, "Attach pictures or sound clips", start,
-            f"Pictures and sound ({pictures} {sound});;Pictures ({pictures});;Sound clips ({sound})")
+            self, "Attach pictures, clips, videos, PDFs or text files", start, attach_filter())
         self.composer.attach_all([Path(p) for p in paths])
 
     def _on_vision_toggled(self, on: bool) -> None:

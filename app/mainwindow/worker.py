@@ -181,6 +181,7 @@ class EngineWorker(QObject):
                 projector_refused=s.projector_refused,
                 projector_sees=bool(proj is None or proj.sees),
                 projector_hears=bool(proj and proj.hears), clip_chunk_tokens=s.clip_chunk_tokens(),
+                picture_tokens=s.picture_tokens()[0], picture_side=s.picture_tokens()[1],
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
                 # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                 backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),

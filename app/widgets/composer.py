@@ -14,7 +14,9 @@ from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QImage, QKeyEvent, QPixmap, QTextOption
 from PySide6.QtWidgets import (
     QHBoxLayout,
+    QInputDialog,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
@@ -26,7 +28,10 @@ from PySide6.QtWidgets import (
 from app.sound.clips import ClipPlayer, describe
 from app.sound.recorder import Recorder, RecordError
 from app.core.store import Message
+from app.core.media_words import TEXT_BYTES_PER_TOKEN, Look, is_document_like, look
+from engine.media import attachments
 from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
+from engine.media.documents import MAX_PAGES
 from engine.media.images import MAX_IMAGE_PIXELS
 
 THUMB = 64
@@ -124,13 +129,19 @@ class Composer(QWidget):
 
     def __init__(self) -> None:
         super().__init__()
-        self.attachments: list[Path] = []  # pictures and clips, in the order attached
+        self.attachments: list[Path] = []  # in the order attached (a PDF's: "#pages=3-5")
+        self._looks: dict[str, Look] = {}  # a video's, PDF's or text file's words and cost
+        # what a frame or a page takes with the loaded projector, and the context's free room:
+        # the window sets them (a video's frames are chosen to fit; the budget line says)
+        self.picture_tokens = 0
+        self.room_tokens = 0
         self.player = ClipPlayer(self.show_error)
         self._play_buttons: dict[Path, QToolButton] = {}  # each clip chip's ▶ (■ while it plays)
         # while a clip plays: its end turns ■ back into ▶ (the player hears it from the stream)
         self._play_timer = QTimer(self, interval=PLAY_POLL_MS, timeout=self._on_play_tick)
         self.edit = MessageEdit(placeholderText="Message Ebb — Enter sends, Shift+Enter new line, "
-                                                "Ctrl+V pastes an image; drop pictures or clips")
+                                                "Ctrl+V pastes an image; drop pictures, clips, "
+                                                "videos, PDFs or text files")
         self.edit.setMaximumHeight(96)
         self.edit.send_requested.connect(self.send_requested)
         self.edit.escape_pressed.connect(self.cancel_edit)
@@ -180,16 +191,67 @@ class Composer(QWidget):
         lay.addWidget(self.edit_bar)
         lay.addWidget(self.record_bar)
         lay.addLayout(self.strip)
+        self.budget = QLabel("", wordWrap=True)
+        self.budget.hide()
+        self.edit.textChanged.connect(self._update_budget)
+        lay.addWidget(self.budget)
         lay.addWidget(self.error)
         lay.addWidget(self.edit)
 
     def text(self) -> str:
         return self.edit.toPlainText().strip()
 
-    @staticmethod
-    def problem(path: Path) -> str | None:
+    def look(self, ref: Path) -> Look:
+        """A video's, a PDF's or a text file's words and cost (kept until it is taken off)."""
+        key = str(ref)
+        if key not in self._looks:
+            self._looks[key] = look(ref, picture_tokens=self.picture_tokens, room_tokens=self.room_tokens)
+        return self._looks[key]
+
+    def recount(self) -> None:
+        """The model or the room changed: each attachment's words and cost again."""
+        self._looks.clear()
+        self._rebuild_strip()
+
+    def problem(self, path: Path) -> str | None:
         """Why `path` cannot be attached (a quick look at its header), or None."""
+        if is_document_like(path):
+            return self.look(path).problem
         return describe(path)[1] if is_clip(path) else check_image(path)
+
+    def ask_text(self, title: str, label: str, default: str = "", secret: bool = False) -> str | None:
+        """A line from the user (a page range, a password); None when cancelled."""
+        mode = QLineEdit.EchoMode.Password if secret else QLineEdit.EchoMode.Normal
+        text, ok = QInputDialog.getText(self, title, label, mode, default)
+        return text.strip() if ok and text.strip() else None
+
+    def _settle(self, path: Path) -> Path | None:
+        """A PDF that needs a word from the user first: its password (an unlocked copy, in the
+        data folder, is attached), its page range (a long one). Others as they are; None when
+        the user cancelled."""
+        if not is_document_like(path):
+            return path
+        seen = self.look(path)
+        if seen.locked:
+            from engine.media.documents import PasswordNeeded, unlocked_copy
+
+            while True:
+                word = self.ask_text("Password", f"{path.name} is locked. Its password:", secret=True)
+                if word is None:
+                    return None
+                try:
+                    path = unlocked_copy(path, word, self.recordings_dir.parent / "unlocked")
+                    break
+                except PasswordNeeded:
+                    continue  # not right: asked again (Cancel ends it)
+            seen = self.look(path)
+        if seen.pages > MAX_PAGES and not attachments.parse(path).pages:
+            pages = self.ask_text("Pages", f"{path.name} has {seen.pages:,} pages; Ebb takes up to "
+                                  f"{MAX_PAGES} at a time. Which pages?", f"1-{MAX_PAGES}")
+            if pages is None:
+                return None
+            path = Path(f"{path}#pages={pages}")
+        return path
 
     def attach(self, path: Path) -> bool:
         return not self.attach_all([Path(path)])
@@ -198,7 +260,11 @@ class Composer(QWidget):
         """Attach those that can be; the others are named with their reasons, one line each
         (several bad files dropped at once said only the last). Returns those lines."""
         refused = []
-        for path in map(Path, paths):
+        for given in map(Path, paths):
+            settled = self._settle(given)
+            if settled is None:
+                continue  # the user cancelled the question: nothing attached, nothing to say
+            path = settled
             problem = self.problem(path)
             if problem:
                 refused.append(f"{path.name}: {problem} — not attached")
@@ -339,9 +405,14 @@ class Composer(QWidget):
             item = self.strip.takeAt(0)
             widget = item.widget() if item is not None else None
             if widget is not None:
+                widget.hide()  # at once: deleteLater waits for the event loop
                 widget.deleteLater()
         for i, path in enumerate(self.attachments):
-            self.strip.insertWidget(i, self._thumb(path))
+            chip = self._thumb(path)
+            self.strip.insertWidget(i, chip)
+            chip.show()  # now: a layout shows a child it gets later only on the next event pass
+        self._looks = {k: v for k, v in self._looks.items() if Path(k) in self.attachments}
+        self._update_budget()
 
     def _clip_chip(self, path: Path) -> QWidget:
         """A clip: its name, length and format, a play button and a remove button."""
@@ -359,7 +430,38 @@ class Composer(QWidget):
         lay.addWidget(remove)
         return box
 
+    def _doc_chip(self, path: Path) -> QWidget:
+        """A video, a PDF or a text file: what it is and what it costs, and a remove button."""
+        box = QWidget()
+        lay = QHBoxLayout(box)
+        lay.setContentsMargins(4, 2, 4, 2)
+        box.setStyleSheet("QWidget { background: #eef3f8; border-radius: 4px; }")
+        words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=140)
+        words.setToolTip(str(attachments.split(path)[0]))
+        remove = QToolButton(text="✕", toolTip=f"Remove {attachments.split(path)[0].name}")
+        remove.clicked.connect(lambda: self.detach(path))
+        lay.addWidget(words)
+        lay.addWidget(remove)
+        return box
+
+    def _update_budget(self) -> None:
+        """Before Send: what the message will take of the context, about, against its room."""
+        if not self.attachments or not self.room_tokens:
+            self.budget.hide()
+            return
+        text = len(self.text().encode()) // TEXT_BYTES_PER_TOKEN
+        total = text + sum(self.look(p).tokens if is_document_like(p) else self.picture_tokens
+                           for p in self.attachments)
+        over = total > self.room_tokens
+        self.budget.setText(f"This message: ≈{total:,} tokens of the {self.room_tokens:,} the "
+                            "context has free" + (" — too many: remove something, or start a new "
+                                                  "chat" if over else ""))
+        self.budget.setStyleSheet("color: #c62828;" if over else "color: #555555;")
+        self.budget.show()
+
     def _thumb(self, path: Path) -> QWidget:
+        if is_document_like(path):
+            return self._doc_chip(path)
         if is_clip(path):
             return self._clip_chip(path)
         box = QWidget()

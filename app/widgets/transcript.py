@@ -34,6 +34,7 @@ from PySide6.QtWidgets import QTextBrowser, QTextEdit
 from app.sound.clips import ClipPlayer, describe
 from app.core.markdown import Part, code_html, open_code_body, split_all, split_finished
 from app.core.store import Message
+from app.core.media_words import is_document_like, look
 from engine.media.audio import is_clip
 from engine.stops import StopReason
 
@@ -269,7 +270,8 @@ class Transcript(QTextBrowser):
         cur.insertHtml(_actions_html(m))
         if m.images:
             cur.insertBlock(_block_format())
-            cur.insertHtml(" ".join(self._image_html(p, m.shown_names.get(str(p), ""))
+            cur.insertHtml(" ".join(self._image_html(p, m.shown_names.get(str(p), ""),
+                                                     m.fragments.get(str(p), ""))
                                     for p in m.images))
         for part in split_all(shorten_long_runs(m.text)):
             self.insert_part(cur, part)
@@ -313,7 +315,12 @@ class Transcript(QTextBrowser):
         if table is not None:  # left in the last cell: go on after the table
             cur.setPosition(table.lastPosition() + 1)
 
-    def _image_html(self, path: Path, shown_name: str = "") -> str:
+    def _image_html(self, path: Path, shown_name: str = "", fragment: str = "") -> str:
+        if is_document_like(path):  # a video, a PDF, a text file: what it is, and what was taken
+            if not path.is_file():
+                return f"<i>[{html.escape(shown_name or path.name)} missing]</i>"
+            ref = f"{path}#{fragment}" if fragment else str(path)
+            return f"<span>{html.escape(look(ref, shown_name, cost=False).words)}</span>"
         if is_clip(path):  # a sound clip: its chip, and a link that plays it
             if not path.is_file():
                 return f"<i>[clip missing: {html.escape(path.name)}]</i>"

@@ -80,6 +80,13 @@ def parse(ref: str | Path) -> Ref:
                        "write it as every=4&from=10&to=70, frames=0,4,8 or pages=3-5") from None
 
 
+def split(ref: str | Path) -> tuple[Path, str]:
+    """(the file, what was taken from it: the fragment, "" for all of it)."""
+    r = parse(ref)
+    text = str(r)
+    return r.path, text.partition("#")[2] if text != str(r.path) else ""
+
+
 @dataclass
 class Expanded:
     """What one attachment puts in the prompt."""
@@ -252,3 +259,21 @@ def saved_keys(ref: str, proj: Projector | None, key_of: Callable[[str], str],
         e = expand(ref, proj, 1 << 30, load_single)
         return Keys([(key_of(m.sha256), m.path) for m in e.media], e.labels, e.text)
     return Keys()  # a picture or a clip: the caller keys the file as it is
+
+
+def shown_names(refs: list[str]) -> list[str]:
+    """What the timeline calls each picture of a message: a file's name; a video's frame as
+    "walk.mp4 frame 2 of 32", a PDF's page as "report.pdf page 3"."""
+    bases = [str(r).rpartition("#")[0] if is_part(r) else "" for r in refs]
+    totals = {b: bases.count(b) for b in bases if b}
+    seen: dict[str, int] = {}
+    out = []
+    for r, base in zip(refs, bases):
+        if not base:
+            out.append(Path(r).name)
+            continue
+        seen[base] = seen.get(base, 0) + 1
+        what, _, value = str(r).rpartition("#")[2].partition("=")
+        out.append(f"{Path(base).name} page {value}" if what == "page"
+                   else f"{Path(base).name} frame {seen[base]} of {totals[base]}")
+    return out

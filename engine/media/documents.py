@@ -60,6 +60,25 @@ def _open(path: Path, password: str | None = None) -> Any:
                        "use another copy of the document") from None
 
 
+def unlocked_copy(path: Path, password: str, folder: Path) -> Path:
+    """A copy of the encrypted PDF without its lock, in `folder` (the user's own, private), named
+    as the original: the password opens it once and is kept nowhere."""
+    import pypdfium2.raw as raw
+
+    doc = _open(path, password)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dest = folder / Path(path).name
+    try:
+        doc.save(str(dest), flags=raw.FPDF_REMOVE_SECURITY)
+    except OSError as exc:
+        raise EbbError(f"{Path(path).name} could not be unlocked into {folder} ({exc})",
+                       "free some disk space") from None
+    finally:
+        doc.close()
+    dest.chmod(0o600)
+    return dest
+
+
 def pdf_info(path: Path, password: str | None = None) -> PdfInfo:
     doc = _open(path, password)
     try:

@@ -56,6 +56,22 @@ def kind_of(path: Path) -> str | None:
     return _by_name(suffix)
 
 
+def kind_of_bytes(data: bytes) -> str | None:
+    """The kind of a file sent as bytes (the endpoint's parts), by its first bytes alone: a
+    container that may hold sound or pictures counts as a video here (its part said which)."""
+    head = data[:16]
+    if head[:5] == b"%PDF-":
+        return PDF
+    if (head[:4] == _AVI[0] and head[8:12] == _AVI[1]) or head[:6] in (b"GIF87a", b"GIF89a"):
+        return VIDEO
+    sound = sniff(head[:12])
+    if sound in AV_CONTAINER_KINDS:
+        return VIDEO
+    if _looks_like_picture(head):
+        return PICTURE
+    return CLIP if sound is not None else None
+
+
 def _by_name(suffix: str) -> str | None:
     for kind, suffixes in ((PDF, PDF_SUFFIXES), (VIDEO, VIDEO_SUFFIXES), (CLIP, SOUND_SUFFIXES),
                            (PICTURE, PICTURE_SUFFIXES), (TEXT, TEXT_SUFFIXES)):

@@ -27,6 +27,7 @@ from engine.llama.runtime import ImageSpan, PromptItem
 from engine.placement.plan import CPU, DoesNotFit, plan_vision
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
+from engine.media.attachments import shown_names
 from engine.media.encoder import MediaEncoder
 from engine.media.images import LoadedMedia
 from engine.media.projector import TextPiece, TokenizedPrompt
@@ -76,7 +77,8 @@ class TurnMedia:
             return
         enc, model = self.encoder, self.model
         enc.pin({enc.chunk_key(keys[p.image], p.index) for p in prompt.images()})
-        names = {enc.key(i): (Path(i.path).name, len(i.rgb)) for i in images}
+        names = {enc.key(i): (shown, len(i.rgb))
+                 for i, shown in zip(images, shown_names([i.path for i in images]))}
         todo: dict[str, ChunkWork] = {}
         for piece in prompt.images():
             key = keys[piece.image]

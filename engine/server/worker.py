@@ -425,17 +425,21 @@ def _allowed_file(path: Path, folder: Path | None) -> Path:
         raise ApiError(400, "this server takes no file:// images: send the picture as a data URL "
                             "(data:image/png;base64,...), or start it with --allow-files FOLDER",
                        "messages", code="file_images_off")
+    from engine.media import kinds, video
     from engine.media.images import load_image
 
     try:
         real, root = path.resolve(), folder.resolve()
         usable = real.is_relative_to(root) and real.is_file()
         if usable:  # inside the folder too, what is wrong with it stays unsaid (#52): a
-            load_image(real)  # message naming its size or the decoder's words told too much
+            if kinds.kind_of(real) == kinds.VIDEO:  # message naming its size or the decoder's
+                video.probe(real)                   # words told too much
+            else:
+                load_image(real)
     except (OSError, RuntimeError, ValueError, EbbError):
         usable = False
     if not usable:
-        raise ApiError(400, "a file:// image must be a picture inside the folder this server "
+        raise ApiError(400, "a file:// image or video must be one inside the folder this server "
                             "allows (--allow-files)", "messages", code="file_image_refused")
     return real
 

@@ -167,9 +167,17 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
             if role != "user":
                 raise ApiError(400, f"sound is read from user messages only, not {role}", where)
             images.append(_input_audio(part.get("input_audio"), f"{where}.input_audio"))
+        elif kind in ("input_video", "video_url"):
+            if role != "user":
+                raise ApiError(400, f"videos are read from user messages only, not {role}", where)
+            images.append(_input_video(part.get(kind), f"{where}.{kind}"))
+        elif kind == "file":
+            if role != "user":
+                raise ApiError(400, f"files are read from user messages only, not {role}", where)
+            images.append(_file_part(part.get("file"), f"{where}.file"))
         else:
-            raise ApiError(400, f"unsupported content part type {kind!r} (text, image_url and "
-                                "input_audio are)", where)
+            raise ApiError(400, f"unsupported content part type {kind!r} (text, image_url, "
+                                "input_audio, input_video and file are)", where)
     return "\n".join(texts), tuple(images)
 
 
@@ -206,6 +214,79 @@ def _input_audio(spec: Any, where: str) -> ImageRef:
     if kind in AV_CONTAINER_KINDS:  # a container that may hold a video: the part says it is sound
         return ImageRef(data=data, suffix=AUDIO_PART_FORMATS[fmt])
     return ImageRef(data=data, suffix=f".{kind.lower()}")
+
+
+MAX_MEDIA_PART_BYTES = 256 * 1024 * 1024  # a video or a document sent inline
+VIDEO_FORMATS = {"mp4": ".mp4", "mov": ".mov", "mkv": ".mkv", "webm": ".webm", "avi": ".avi",
+                 "gif": ".gif", "m4v": ".m4v"}
+
+
+def _base64_part(text: Any, where: str, what: str) -> bytes:
+    """A part's base64 (or a data URL's), decoded; refused past MAX_MEDIA_PART_BYTES."""
+    if not isinstance(text, str) or not text:
+        raise ApiError(400, f"{what} needs its data as base64", where)
+    if text.startswith("data:"):
+        head, sep, text = text.partition(",")
+        if not sep or ";base64" not in head:
+            raise ApiError(400, f"{what}'s data URL must be base64", where)
+    if len(text) > MAX_MEDIA_PART_BYTES * 4 // 3 + 4:
+        raise ApiError(413, f"{what} is at most {MAX_MEDIA_PART_BYTES // (1024 * 1024)} MiB", where)
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{what}'s base64 is invalid", where) from None
+    if not data:
+        raise ApiError(400, f"{what} is empty", where)
+    return data
+
+
+def _input_video(spec: Any, where: str) -> ImageRef:
+    """llama-server's `input_video` part ({"data": base64, "format": "mp4"}, or {"url": ...}),
+    or `video_url` ({"url": "data:video/mp4;base64,..." or "file://..."})."""
+    if isinstance(spec, str):
+        spec = {"url": spec}
+    if not isinstance(spec, dict):
+        raise ApiError(400, "a video part needs {\"data\": base64, \"format\": \"mp4\"} or "
+                            "{\"url\": ...}", where)
+    url = spec.get("url")
+    if isinstance(url, str) and url.startswith("file:"):
+        parsed = urllib.parse.urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise ApiError(400, f"a file:// URL must name a local file, not host {parsed.netloc!r}", where)
+        return ImageRef(path=Path(urllib.parse.unquote(parsed.path)))
+    if isinstance(url, str) and url.startswith(("http:", "https:")):
+        raise ApiError(400, "Ebb does not fetch videos from the network: send the data, or a local "
+                            "file:// path", where)
+    fmt = str(spec.get("format") or "")
+    if not fmt and isinstance(url, str) and url.startswith("data:video/"):
+        fmt = url[len("data:video/"):].split(";")[0].replace("quicktime", "mov").replace("x-matroska", "mkv")
+    data = _base64_part(spec.get("data") or url, where, "a video")
+    from engine.media.kinds import VIDEO, kind_of_bytes
+
+    if kind_of_bytes(data) != VIDEO:
+        raise ApiError(400, "the video's data is not a video Ebb reads (MP4, MOV, MKV, WebM, AVI, "
+                            "animated GIF)", where)
+    return ImageRef(data=data, suffix=VIDEO_FORMATS.get(fmt.lower(), ".mp4"))
+
+
+def _file_part(spec: Any, where: str) -> ImageRef:
+    """OpenAI's `file` part: {"filename": "report.pdf", "file_data": "data:application/pdf;
+    base64,..."}: a PDF, or a text file (by its name)."""
+    from engine.media.kinds import PDF, TEXT_SUFFIXES, kind_of_bytes
+
+    if not isinstance(spec, dict):
+        raise ApiError(400, "a file part needs {\"filename\": ..., \"file_data\": base64}", where)
+    if spec.get("file_id") and not spec.get("file_data"):
+        raise ApiError(400, "Ebb has no Files API: send the file inline as 'file_data'", where)
+    name = str(spec.get("filename") or "document")
+    data = _base64_part(spec.get("file_data"), where, "a file")
+    suffix = Path(name).suffix.lower()
+    if kind_of_bytes(data) == PDF:
+        return ImageRef(data=data, suffix=".pdf")
+    if suffix in TEXT_SUFFIXES:
+        return ImageRef(data=data, suffix=suffix)
+    raise ApiError(400, f"{name!r} is not a PDF or a text file (by its name: .txt, .md, .csv, "
+                        "code, ...)", where)
 
 
 MAX_TOP_LOGPROBS = 20  # as OpenAI's

@@ -1,0 +1,85 @@
+"""What an attached video, PDF or text file is called in the window (its chip in the composer,
+its line in the transcript), why one cannot be attached, and what it will cost the context
+before Send. Qt-free; a header's look at most (nothing is decoded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import EbbError
+from engine.media import attachments, documents, kinds, video
+from engine.units import fmt_bytes
+
+# glyphs every desktop font has (an emoji's is missing from many: a box shows instead)
+ICONS = {kinds.VIDEO: "▣", kinds.PDF: "▤", kinds.TEXT: "≡"}
+TEXT_BYTES_PER_TOKEN = 4  # a text's tokens before Send, roughly (the engine counts exactly)
+
+
+@dataclass(frozen=True)
+class Look:
+    words: str  # "▣ walk.mp4 · 2:10 · MP4 · up to 32 frames, one every 4 s · ≈2,048 tokens"
+    problem: str | None  # why it cannot be attached, or None
+    tokens: int = 0  # what it will take of the context, about (0: unknown)
+    pages: int = 0  # a PDF's pages
+    locked: bool = False  # an encrypted PDF: its password opens it
+
+
+def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
+         room_tokens: int = 0, cost: bool = True) -> Look:
+    """A video's, a PDF's or a text file's words. `picture_tokens`: what a frame or a page
+    takes with the loaded projector (0: it does not see); `room_tokens`: what the context has
+    free (a video's frames are chosen to fit it); `cost`: False for a sent one (the transcript:
+    what it is and what was taken, nothing read past the header)."""
+    path = attachments.split(ref)[0]
+    r = attachments.parse(ref)
+    kind = kinds.kind_of(path)
+    name = shown_name or path.name
+    icon = ICONS.get(kind or "", "•")
+    try:
+        if kind == kinds.VIDEO:
+            info = video.probe(path)
+            head = f"{icon} {name} · {video.fmt_seconds(info.seconds)} · {info.format}"
+            if r.frames or not cost:
+                taken = f" · {len(r.frames)} frame{'s' if len(r.frames) != 1 else ''}" if r.frames else ""
+                return Look(f"{head}{taken}", None, len(r.frames) * picture_tokens)
+            if not picture_tokens:
+                return Look(head, "a video needs a model that sees (a vision projector)")
+            s = video.plan(info, picture_tokens, max(room_tokens, picture_tokens), r.start, r.end, r.every_s)
+            n = len(s.times())
+            spacing = f"one every {s.every_s:g} s" if s.every_s >= 1 else f"{1 / s.every_s:g} a second"
+            return Look(f"{head} · up to {n} frames, {spacing} · ≈{n * picture_tokens:,} tokens", None,
+                        n * picture_tokens)
+        if kind == kinds.PDF:
+            info_pdf = documents.pdf_info(path)
+            first, last = documents.parse_pages(r.pages, info_pdf.pages)
+            n = last - first + 1
+            pages = f" · pages {first}-{last}" if (first, last) != (1, info_pdf.pages) else ""
+            head = f"{icon} {name} · {info_pdf.pages:,} page{'s' if info_pdf.pages != 1 else ''}{pages}"
+            if not cost:
+                return Look(head + (" · as text" if r.as_text else ""), None, pages=info_pdf.pages)
+            if n > documents.MAX_PAGES:
+                return Look(head, f"it has {info_pdf.pages:,} pages; Ebb takes up to "
+                            f"{documents.MAX_PAGES} at a time: choose a range", pages=info_pdf.pages)
+            if picture_tokens and not r.as_text:
+                return Look(f"{head} · as pictures · ≈{n * picture_tokens:,} tokens", None,
+                            n * picture_tokens, info_pdf.pages)
+            text = documents.pdf_as_text(path, first, last)
+            tokens = len(text.encode()) // TEXT_BYTES_PER_TOKEN
+            return Look(f"{head} · as text · ≈{tokens:,} tokens", None, tokens, info_pdf.pages)
+        if kind == kinds.TEXT:
+            if not cost:
+                return Look(f"{icon} {name} · {fmt_bytes(path.stat().st_size)} of text", None)
+            text = documents.text_file(path)
+            tokens = len(text.encode()) // TEXT_BYTES_PER_TOKEN
+            return Look(f"{icon} {name} · {fmt_bytes(path.stat().st_size)} of text · ≈{tokens:,} tokens",
+                        None, tokens)
+    except EbbError as exc:
+        why = exc.what.replace(path.name, "it", 1) if exc.what.startswith(path.name) else exc.what
+        return Look(f"{icon} {name}", why, locked=isinstance(exc, documents.PasswordNeeded))
+    return Look(f"{icon} {name}", "not a file Ebb reads")
+
+
+def is_document_like(ref: str | Path) -> bool:
+    """A video, a PDF or a text file (not a picture or a clip)."""
+    return kinds.kind_of(attachments.split(ref)[0]) in ICONS
