@@ -545,7 +545,8 @@ class Session:
         ram = self.encoder.ram
         if ram is None or not self.encoder.enabled:
             return None
-        return Projector(ram.sees, self.encoder.side, lambda w, h: ram.image_tokens(w, h)[0])
+        return Projector(ram.sees, self.encoder.side, lambda w, h: ram.image_tokens(w, h)[0],
+                         ram.hears, ram.sample_rate)
 
     def _expand(self, refs: Sequence[str | Path], role: str, text: str) -> list[Expanded]:
         """Each attachment's pictures, labels and text. A video takes the frames the context

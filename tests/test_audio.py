@@ -431,3 +431,23 @@ def test_a_clip_that_played_plays_again_and_never_holds_the_process(virtual_micr
     composer.toggle_play(note)
     assert composer._play_buttons[note].text() == "■" and composer.player.playing == note
     qtbot.waitUntil(lambda: composer._play_buttons[note].text() == "▶", timeout=60_000)
+
+
+def test_an_omni_projector_hears_a_videos_sound_with_its_frames(pairs, tmp_path):
+    """#53: a video to a projector that sees and hears: its frames, then its sound as a clip;
+    reopened from the saved reference, nothing is encoded again."""
+    from tests.media_files import write_video
+
+    lm, mm = pairs["qwen2.5o"]
+    clip = write_video(tmp_path / "talk.mp4", [((220, 20, 30), 1.0), ((20, 30, 220), 1.0)],
+                       sound_hz=440)
+    gp = GenParams(max_tokens=2, temperature=0)
+    with _session(lm, mm) as s:
+        res = s.turn("What happens here?", [clip], gp)
+        assert res.error is None, res.error
+        assert res.n_images_encoded == 3 and "with its sound" in res.attachment_lines[0]
+        marker = s.encoder.marker
+        assert s.messages[0]["content"].count(marker) == 3
+        s.set_history([("user", "What happens here?", res.attachments), ("assistant", res.text, [])])
+        again = s.turn("And then?", [], gp)
+        assert again.error is None and again.n_image_tokens_encoded == 0

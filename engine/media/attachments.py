@@ -104,6 +104,8 @@ class Projector:
     sees: bool
     side: int  # the size frames and pages are made at (its input size)
     tokens_of: Callable[[int, int], int]  # image tokens of a w x h picture
+    hears: bool = False  # an omni projector: a video's sound goes with its frames
+    sample_rate: int = 0
 
 
 def frame_key(file_sha: str, what: str, size: tuple[int, int]) -> str:
@@ -167,14 +169,31 @@ def _video(r: Ref, proj: Projector | None, room_tokens: int) -> Expanded:
     sha = documents.file_digest(r.path)
     kept = [t for t, _ in frames]
     media = [_media(im, f"{r.path}#t={t:g}", frame_key(sha, f"t={t:g}", size)) for t, im in frames]
-    if info.has_sound:
-        notes.append(f"{r.path.name}: its sound is not sent (the frames are)")
     line = video.describe(info, sampling, len(media), len(media) * per_frame, dropped)
     labels = video.layout(kept)
     labels[-1] = (labels[-1][0], labels[-1][1] + "\n")
+    if info.has_sound and p.hears:  # an omni projector hears the video's sound after its frames
+        media.append(_sound(r.path, sha, p.sample_rate))
+        labels.append(PICTURE_LABEL)
+        line += " · with its sound"
+    elif info.has_sound:
+        notes.append(f"{r.path.name}: its sound is not sent (this projector does not hear)")
     return Expanded(media, labels, ref=str(replace(r, frames=tuple(kept), every_s=None, start=0.0,
                                                    end=None)),
                     line=line, notes=notes)
+
+
+def _sound(path: Path, sha: str, rate: int) -> LoadedMedia:
+    """A video's sound track as a clip (float32 mono at the projector's rate)."""
+    from engine.media import avfile
+    from engine.media.audio import MAX_CLIP_SECONDS
+    from engine.media.images import CLIP_HEIGHT
+
+    samples = avfile.samples(path, rate)[: MAX_CLIP_SECONDS * rate * 4]
+    if len(samples) < 4:
+        raise EbbError(f"{path.name}'s sound track is empty", "send it without its sound")
+    return LoadedMedia(f"{path}#sound={rate}", frame_key(sha, "sound", (rate, 0)), len(samples) // 4,
+                       CLIP_HEIGHT, samples)
 
 
 def _pdf(r: Ref, proj: Projector | None) -> Expanded:
@@ -214,13 +233,15 @@ def load_part(ref: str, side: int) -> LoadedMedia:
     if what == "page":
         [im] = documents.render_pages(path, int(value), int(value), side)
         return _media(im, ref, frame_key(sha, f"page={int(value)}", (side, side)))
+    if what == "sound":
+        return _sound(path, sha, int(value))
     raise EbbError(f"{path.name}: {frag!r} is not a frame or a page", "attach the file again")
 
 
 def is_part(ref: str) -> bool:
     """A frame's or a page's reference (not a whole file)."""
     base, sep, frag = str(ref).rpartition("#")
-    return bool(sep) and frag.partition("=")[0] in ("t", "page") and not Path(str(ref)).exists()
+    return bool(sep) and frag.partition("=")[0] in ("t", "page", "sound") and not Path(str(ref)).exists()
 
 
 @dataclass
@@ -246,8 +267,12 @@ def saved_keys(ref: str, proj: Projector | None, key_of: Callable[[str], str],
         times = sorted(r.frames)
         labels = video.layout(times)
         labels[-1] = (labels[-1][0], labels[-1][1] + "\n")
-        return Keys([(key_of(frame_key(sha, f"t={t:g}", size)), f"{r.path}#t={t:g}") for t in times],
-                    labels)
+        keys = [(key_of(frame_key(sha, f"t={t:g}", size)), f"{r.path}#t={t:g}") for t in times]
+        if info.has_sound and proj.hears:
+            rate = proj.sample_rate
+            keys.append((key_of(frame_key(sha, "sound", (rate, 0))), f"{r.path}#sound={rate}"))
+            labels.append(PICTURE_LABEL)
+        return Keys(keys, labels)
     if kind == kinds.PDF and r.pages and not r.as_text and proj is not None and proj.sees:
         n_pages = documents.pdf_info(r.path).pages
         first, last = documents.parse_pages(r.pages, n_pages)
@@ -275,5 +300,11 @@ def shown_names(refs: list[str]) -> list[str]:
         seen[base] = seen.get(base, 0) + 1
         what, _, value = str(r).rpartition("#")[2].partition("=")
         out.append(f"{Path(base).name} page {value}" if what == "page"
-                   else f"{Path(base).name} frame {seen[base]} of {totals[base]}")
+                   else f"{Path(base).name} sound" if what == "sound"
+                   else f"{Path(base).name} frame {seen[base]} of {totals[base] - bases_sound(refs, base)}")
     return out
+
+
+def bases_sound(refs: list[str], base: str) -> int:
+    """1 when the message carries `base`'s sound (an omni projector's), else 0."""
+    return int(any(str(r).startswith(f"{base}#sound=") for r in refs))
