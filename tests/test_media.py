@@ -264,7 +264,23 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     assert str(w.composer.attachments[-1]).endswith("long.pdf#pages=99-100")
     chip = " ".join(lbl.text() for lbl in w.composer.findChildren(QLabel))
     assert "▤ long.pdf · 100 pages · pages 99-100 · as pictures" in chip, chip
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: "98-99 text")  # its ⋯: as text
+    w.composer.choose(w.composer.attachments[-1])  # a scan has no text: refused, kept as it was
+    assert "no text in it" in w.composer.error.text() and w.composer.error.isVisible()
+    assert str(w.composer.attachments[-1]).endswith("long.pdf#pages=99-100")
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: "98-99")  # other pages
+    w.composer.choose(w.composer.attachments[-1])
+    assert str(w.composer.attachments[-1]).endswith("long.pdf#pages=98-99")
     w.composer.detach(w.composer.attachments[-1])
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: "0.5, 0:01-0:04")  # the video's ⋯
+    w.composer.choose(clip)
+    chosen = w.composer.attachments[0]
+    assert attachments.parse(chosen) == attachments.Ref(clip, every_s=0.5, start=1.0, end=4.0)
+    chip = " ".join(lbl.text() for lbl in w.composer.findChildren(QLabel))
+    assert "up to 6 frames of 0:01-0:04, 2 a second" in chip, chip
+    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: "")  # empty: Ebb's choice again
+    w.composer.choose(chosen)
+    assert w.composer.attachments == [clip]
     w.grab().save(str(tmp_path / "video-chip.png"))
     send(qtbot, w, QUESTION)
     assert not w.last_error, w.last_error

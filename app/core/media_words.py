@@ -48,8 +48,10 @@ def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
             s = video.plan(info, picture_tokens, max(room_tokens, picture_tokens), r.start, r.end, r.every_s)
             n = len(s.times())
             spacing = f"one every {s.every_s:g} s" if s.every_s >= 1 else f"{1 / s.every_s:g} a second"
-            return Look(f"{head} · up to {n} frames, {spacing} · ≈{n * picture_tokens:,} tokens", None,
-                        n * picture_tokens)
+            part = ("" if s.start <= 0 and s.end >= info.seconds - 1e-3 else
+                    f" of {video.fmt_seconds(s.start)}-{video.fmt_seconds(s.end)}")
+            return Look(f"{head} · up to {n} frames{part}, {spacing} · ≈{n * picture_tokens:,} tokens",
+                        None, n * picture_tokens)
         if kind == kinds.PDF:
             info_pdf = documents.pdf_info(path)
             first, last = documents.parse_pages(r.pages, info_pdf.pages)
@@ -83,3 +85,42 @@ def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
 def is_document_like(ref: str | Path) -> bool:
     """A video, a PDF or a text file (not a picture or a clip)."""
     return kinds.kind_of(attachments.split(ref)[0]) in ICONS
+
+
+def _seconds(text: str) -> float:
+    """"1:10" → 70, "1:02:03" → 3723, "12.5" → 12.5."""
+    total = 0.0
+    for part in text.strip().split(":"):
+        total = total * 60 + float(part)
+    return total
+
+
+def choose_frames(ref: str | Path, answer: str) -> Path:
+    """The reference for what the user asked of a video: "4" (a frame every 4 s), "0:10-1:10"
+    (that part), "4, 0:10-1:10" (both), "" (Ebb's choice). EbbError when it reads as none."""
+    path = attachments.split(ref)[0]
+    every: float | None = None
+    start, end = 0.0, None
+    try:
+        for piece in filter(None, (p.strip() for p in answer.replace(";", ",").split(","))):
+            if "-" in piece:
+                a, _, b = piece.partition("-")
+                start, end = _seconds(a or "0"), (_seconds(b) if b.strip() else None)
+            else:
+                every = float(piece.removesuffix("s").strip())
+    except ValueError:
+        raise EbbError(f"{answer!r} is not a choice of frames",
+                       "write a spacing in seconds and/or a part: 4, 0:10-1:10") from None
+    if every is not None and every <= 0 or end is not None and end <= start:
+        raise EbbError(f"{answer!r} is not a choice of frames", "the spacing is over 0 s and a part ends after it starts")
+    return Path(str(attachments.Ref(path, every_s=every, start=start, end=end)))
+
+
+def choose_pages(ref: str | Path, answer: str) -> Path:
+    """The reference for "3-5" (those pages), "3-5 text" (their text layer), "" (all)."""
+    path = attachments.split(ref)[0]
+    words = answer.replace(",", " ").split()
+    as_text = "text" in words
+    pages = " ".join(w for w in words if w != "text")
+    documents.parse_pages(pages, documents.pdf_info(path).pages)  # refused here with the numbers
+    return Path(str(attachments.Ref(path, pages=pages.replace(" ", ""), as_text=as_text)))

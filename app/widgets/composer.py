@@ -28,7 +28,10 @@ from PySide6.QtWidgets import (
 from app.sound.clips import ClipPlayer, describe
 from app.sound.recorder import Recorder, RecordError
 from app.core.store import Message
-from app.core.media_words import TEXT_BYTES_PER_TOKEN, Look, is_document_like, look
+from app.core.media_words import (TEXT_BYTES_PER_TOKEN, Look, choose_frames, choose_pages,
+                                   is_document_like, look)
+from engine.errors import EbbError
+from engine.media.kinds import PDF, VIDEO, kind_of
 from engine.media import attachments
 from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
 from engine.media.documents import MAX_PAGES
@@ -220,10 +223,11 @@ class Composer(QWidget):
         return describe(path)[1] if is_clip(path) else check_image(path)
 
     def ask_text(self, title: str, label: str, default: str = "", secret: bool = False) -> str | None:
-        """A line from the user (a page range, a password); None when cancelled."""
+        """A line from the user (a page range, a password; "" when left empty); None when
+        cancelled."""
         mode = QLineEdit.EchoMode.Password if secret else QLineEdit.EchoMode.Normal
         text, ok = QInputDialog.getText(self, title, label, mode, default)
-        return text.strip() if ok and text.strip() else None
+        return text.strip() if ok else None
 
     def _settle(self, path: Path) -> Path | None:
         """A PDF that needs a word from the user first: its password (an unlocked copy, in the
@@ -438,11 +442,44 @@ class Composer(QWidget):
         box.setStyleSheet("QWidget { background: #eef3f8; border-radius: 4px; }")
         words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=140)
         words.setToolTip(str(attachments.split(path)[0]))
-        remove = QToolButton(text="✕", toolTip=f"Remove {attachments.split(path)[0].name}")
+        name = attachments.split(path)[0].name
+        remove = QToolButton(text="✕", toolTip=f"Remove {name}")
         remove.clicked.connect(lambda: self.detach(path))
         lay.addWidget(words)
+        kind = kind_of(attachments.split(path)[0])
+        if kind in (VIDEO, PDF):
+            choose = QToolButton(text="⋯", toolTip=f"Choose the {'frames' if kind == VIDEO else 'pages'} "
+                                                   f"of {name} to send")
+            choose.clicked.connect(lambda: self.choose(path))
+            lay.addWidget(choose)
         lay.addWidget(remove)
         return box
+
+    def choose(self, path: Path) -> None:
+        """The user picks what to take: a video's spacing and part, a PDF's pages."""
+        base = attachments.split(path)[0]
+        if kind_of(base) == VIDEO:
+            answer = self.ask_text("Frames", f"Frames of {base.name}: a spacing in seconds and/or a "
+                                   "part, e.g. 4, 0:10-1:10 (empty: Ebb chooses to fit)", "")
+            make = choose_frames
+        else:
+            answer = self.ask_text("Pages", f"Pages of {base.name}, e.g. 3-5 (add 'text' for its "
+                                   "text layer; empty: all)", attachments.parse(path).pages)
+            make = choose_pages
+        if answer is None:
+            return
+        try:
+            new = make(path, answer or "")
+        except EbbError as exc:
+            self.show_error(str(exc))
+            return
+        problem = self.problem(new)
+        if problem:  # that choice cannot be sent: the one before stays
+            self.show_error(f"{base.name}: {problem} — kept as it was")
+            return
+        self.attachments = [new if p == path else p for p in self.attachments]
+        self.error.hide()
+        self._rebuild_strip()
 
     def _update_budget(self) -> None:
         """Before Send: what the message will take of the context, about, against its room."""
