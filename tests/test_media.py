@@ -342,3 +342,49 @@ def test_the_endpoint_takes_input_video_and_file_parts(model_path, colour_projec
             assert words in str(e.value), (words, str(e.value))
     finally:
         server.stop()
+
+
+_THREE_SWAPS = """
+import sys
+from pathlib import Path
+from engine.config import SessionConfig
+from engine.llama.sampling import GenParams
+from engine.media.images import write_noise_picture
+from engine.session import Session
+model, projector, endpoint, folder, threads = sys.argv[1:6]
+cfg = SessionConfig(model_path=Path(model), mmproj_path=Path(projector), n_ctx=4096,
+                    n_threads=int(threads), vision="swap", rpc=(endpoint,))
+with Session(cfg) as s:
+    print("layers on the device:", s.model.placement.n_gpu_layers, flush=True)
+    # what the projector in RAM is bound to must outlive a swap (the runtime does not)
+    print("bound to the runtime:", s.model.host_model() is s.model.runtime, flush=True)
+    for i in range(3):
+        r = s.turn("And this?", [write_noise_picture(Path(folder) / f"{i}.png", i)],
+                   GenParams(max_tokens=1, temperature=0))
+        print(i, r.strategy, r.error, flush=True)
+"""
+
+
+def test_a_swap_with_no_layer_on_the_device_leaves_a_model_for_the_next_message(
+        model_path, base_projector, tmp_path):
+    """Found by `bench media`: with a device too small for any layer, a swap (the reload mover)
+    still frees the model, and the projector in RAM was bound to it; the next message's
+    pictures were tokenized against a freed model and the process died (SIGSEGV; a freed
+    model's memory is not always reused at once, so the binding is checked too). Three
+    messages with a picture each now get three replies."""
+    import subprocess
+    import sys
+
+    from tests.helpers import RpcServer
+
+    server = RpcServer("--device-memory", "400M")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _THREE_SWAPS, str(model_path), str(base_projector),
+                               server.endpoint, str(tmp_path), str(N_THREADS)],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["layers on the device: 0", "bound to the runtime: False"], lines
+    assert lines[2:] == ["0 swap None", "1 swap None", "2 swap None"], lines

@@ -321,11 +321,14 @@ class ModelResidency:
 
     def host_model(self) -> Any:
         """A model for projectors to bind to while the runtime may be freed, alive as long as
-        this owner: the runtime itself when everything is in RAM for good, else a host-only
-        instance (mmapped, no copy), since a reload swap frees the runtime. Made once."""
+        this owner: the runtime itself when everything is in RAM for good (no accelerator: no
+        swap ever frees it), else a host-only instance (mmapped, no copy), since a reload swap
+        frees the runtime. With an accelerator and no layer on it, a swap still frees the
+        runtime: a projector bound to it then read a freed model at the next message's
+        tokenizing, and the process died (SIGSEGV). Made once."""
         assert self.runtime is not None
         if self.host_holder is None:
-            if self.placement.n_gpu_layers == 0 and not self.placement.live:
+            if self.placement.n_gpu_layers == 0 and not self.placement.live and self.accel is None:
                 self.host_holder = self.runtime
             else:
                 self.host_holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0,
