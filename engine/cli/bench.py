@@ -275,6 +275,44 @@ def cmd_bench_phases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_media(args: argparse.Namespace) -> int:
+    from engine.config import SessionConfig
+    from engine.models.default import default_projector_path, existing_file, resolve_model_path
+    from engine.measure.media_bench import bench_media
+    from engine.units import parse_size
+
+    model = resolve_model_path(args.model)
+    mmproj = existing_file(args.mmproj, "projector") if args.mmproj else default_projector_path(model)
+    try:
+        items = [int(x) for x in args.items.split(",") if x.strip()]
+    except ValueError:
+        raise EbbError(f"--items {args.items!r} is not a list of counts", "write it as 8,32") from None
+    cfg = SessionConfig(model_path=model, mmproj_path=mmproj, n_ctx=args.ctx, n_threads=args.threads,
+                        rpc=tuple(args.rpc),
+                        vram_budget_bytes=parse_size(args.vram_budget) if args.vram_budget else None)
+    swap = bool(args.rpc) or _has_gpu()
+    out = bench_media(cfg, items, swap)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    if not swap:
+        print("no accelerator (no --rpc, no GPU): the swap rows need one; the CPU rows follow")
+    for r in out["rows"]:
+        print(f"{r['items']:3d} frames  Ebb's CPU encode {r['ebb_encode_s']:.2f} s, bare mtmd loop "
+              f"{r['bare_mtmd_s']:.2f} s: Ebb ÷ bare {r['ebb_vs_bare']}x (goal ≤ 1.05)")
+        if swap:
+            print(f"            one swap for the batch {r['batch_s']:.2f} s ({r['strategy']}), one swap "
+                  f"per item {r['per_item_s']:.2f} s, resident {r['resident_s']:.2f} s: batch ÷ per item "
+                  f"{r['batch_vs_per_item']}x, batch ÷ resident {r['batch_vs_resident']}x")
+    return 0
+
+
+def _has_gpu() -> bool:
+    from engine.llama.devices import list_devices
+
+    return any(d.kind == "gpu" for d in list_devices(()))
+
+
 def cmd_bench_start(args: argparse.Namespace) -> int:
     from engine.models.default import resolve_model_path
     from engine.measure.start_bench import bench_start
@@ -390,6 +428,15 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=2)
     p.set_defaults(func=cmd_bench_phases)
+
+    p = bench.add_parser("media", help="a video's frames under one swap, against a swap per "
+                         "frame, a resident projector and a bare mtmd encode loop (ratios)",
+                         parents=[flag_parser("rpc", "model", "threads", "json")])
+    p.add_argument("--mmproj", default=None, help="default: a generated base projector")
+    p.add_argument("--items", default="8,32", help="frame counts to run (default 8,32)")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE")
+    p.add_argument("--ctx", type=int, default=16384)
+    p.set_defaults(func=cmd_bench_media)
 
     p = bench.add_parser("start", help="launch to first token, Ebb against bare llama-cpp-python, "
                                        "alternating (ratios)",
