@@ -581,14 +581,16 @@ def smoke_test(py: Path, build: str, extra: list[str] | None = None) -> str:
 
 # what `make test` uses beside the venv: (the program, its apt package, what is skipped without it)
 TEST_TOOLS = (("chromium", "chromium", "the endpoint's browser test"),
-              ("pulseaudio", "pulseaudio", "recording from a virtual microphone"))
+              ("pulseaudio", "pulseaudio", "recording from a virtual microphone"),
+              ("ffmpeg", "ffmpeg", "llama.cpp's own video helper beside Ebb's frames"))
 
 
 def ensure_test_tools() -> None:
     """`make test` opens a hostile page in headless Chromium against the local endpoint
-    (tests/test_server.py) and records from a PulseAudio sine source standing in for a
-    microphone (tests/test_audio.py): install them where we can (root with apt), else say
-    how; without one, its test is skipped."""
+    (tests/test_server.py), records from a PulseAudio sine source standing in for a
+    microphone (tests/test_audio.py) and runs llama.cpp's video helper, which needs an ffmpeg
+    binary, beside Ebb's frames (tests/test_media.py; Ebb itself needs none): install them
+    where we can (root with apt), else say how; without one, its test is skipped."""
     missing = [t for t in TEST_TOOLS if not shutil.which(t[0])]
     if not missing:
         return

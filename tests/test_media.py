@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -347,6 +348,7 @@ def test_the_endpoint_takes_input_video_and_file_parts(model_path, colour_projec
 _THREE_SWAPS = """
 import sys
 from pathlib import Path
+from typing import Any
 from engine.config import SessionConfig
 from engine.llama.sampling import GenParams
 from engine.media.images import write_noise_picture
@@ -388,3 +390,92 @@ def test_a_swap_with_no_layer_on_the_device_leaves_a_model_for_the_next_message(
     lines = proc.stdout.splitlines()
     assert lines[:2] == ["layers on the device: 0", "bound to the runtime: False"], lines
     assert lines[2:] == ["0 swap None", "1 swap None", "2 swap None"], lines
+
+
+@pytest.mark.skipif(__import__("shutil").which("ffmpeg") is None,
+                    reason="ffmpeg not installed (make test installs it where it can)")
+def test_the_same_video_gives_the_frames_and_prompt_llama_cpps_helper_gives(model_path,
+                                                                             colour_projector,
+                                                                             tmp_path):
+    """This llama.cpp build's own video helper (`mtmd_helper_video`, which runs an ffmpeg binary
+    at 4 frames a second, a timestamp every 5 s) beside Ebb's frames of the same video taken at
+    the same times, whole size: the same pieces in the same order (text "Video:", frame,
+    "[0m0.00s]", frame, …), each frame the same size, and the same pixels (ffmpeg's command
+    line as the helper runs it, against PyAV's decode)."""
+    import ctypes
+    import subprocess
+
+    import llama_cpp.mtmd_cpp as M
+    import numpy as np
+
+    from engine.llama.lib import llama
+
+    clip = write_video(tmp_path / "scenes.mp4", [(RED, 2.0), (GREEN, 2.0), (BLUE, 2.5)], fps=10)
+    L = llama()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model_p = L.llama_model_load_from_file(str(model_path).encode(), mp)
+    params = M.mtmd_context_params_default()
+    params.use_gpu, params.n_threads, params.print_timings = False, N_THREADS, False
+    mctx = M.mtmd_init_from_file(str(colour_projector).encode(), model_p, params)
+    vocab = L.llama_model_get_vocab(model_p)
+
+    def words(tokens: list[int]) -> str:
+        out = b""
+        for tok in tokens:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(vocab, tok, buf, len(buf), 0, True)
+            out += buf.raw[:n]
+        return out.decode()
+
+    chunks = M.mtmd_input_chunks_init()
+    try:
+        got = M.mtmd_helper_bitmap_init_from_file_wrapper(mctx, str(clip).encode(), False,
+                                                          M.mtmd_helper_init_opt_default())
+        assert got.bitmap, "the helper could not open the video"
+        text = M.mtmd_input_text()
+        raw = M.mtmd_default_marker()
+        text.text, text.text_len, text.add_special, text.parse_special = raw, len(raw), False, True
+        arr = (M.mtmd_bitmap_p_ctypes * 1)(got.bitmap)
+        assert M.mtmd_tokenize(mctx, chunks, ctypes.byref(text), arr, 1) == 0
+        helper: list[tuple[str, Any]] = []
+        for i in range(M.mtmd_input_chunks_size(chunks)):
+            chunk = M.mtmd_input_chunks_get(chunks, i)
+            if M.mtmd_input_chunk_get_type(chunk) == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n = ctypes.c_size_t()
+                toks = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                helper.append(("text", words([toks[j] for j in range(n.value)])))
+            else:
+                image = M.mtmd_input_chunk_get_tokens_image(chunk)
+                helper.append(("frame", (M.mtmd_image_tokens_get_nx(image), M.mtmd_image_tokens_get_ny(image))))
+        M.mtmd_bitmap_free(got.bitmap)
+        if got.video_ctx:
+            M.mtmd_helper_video_free(got.video_ctx)
+    finally:
+        M.mtmd_input_chunks_free(chunks)
+        M.mtmd_free(mctx)
+        L.llama_model_free(model_p)
+    n_frames = sum(kind == "frame" for kind, _ in helper)
+    assert n_frames == 26  # 6.5 s at 4 a second
+    times = [k / video.MAX_FPS for k in range(n_frames)]
+    e = attachments.expand(f"{clip}#frames={','.join(f'{t:g}' for t in times)}",
+                           attachments.Projector(True, 10_000, lambda w, h: 1), 10**6,
+                           lambda p: None)  # type: ignore[arg-type,return-value]
+    ebb: list[tuple[str, Any]] = []
+    for (before, after), m in zip(e.labels, e.media):
+        ebb += [("text", before)] if before else []
+        ebb.append(("frame", (m.width, m.height)))
+        ebb += [("text", after.rstrip("\n"))] if after.rstrip("\n") else []
+    helper_sizes = {size for kind, size in helper if kind == "frame"}
+    assert helper_sizes and all(kind == "frame" for kind, _ in helper if kind == "frame")
+    assert [(k, v) for k, v in helper if k == "text"] == [(k, v) for k, v in ebb if k == "text"]
+    assert [k for k, _ in helper] == [k for k, _ in ebb]  # the same pieces in the same order
+    # the helper's frames: ffmpeg as it runs it; Ebb's: PyAV at the same times
+    raw_frames = subprocess.run(["ffmpeg", "-nostdin", "-i", str(clip), "-vf", "fps=4.000000", "-f",
+                                 "rawvideo", "-pix_fmt", "rgb24", "pipe:1", "-loglevel", "error"],
+                                capture_output=True, check=True).stdout
+    theirs = np.frombuffer(raw_frames, np.uint8).reshape(-1, 64, 96, 3)
+    assert len(theirs) == n_frames
+    ours = np.stack([np.frombuffer(m.rgb, np.uint8).reshape(64, 96, 3) for m in e.media])
+    diff = np.abs(theirs.astype(int) - ours.astype(int)).mean(axis=(1, 2, 3))
+    assert diff.max() < 3.0, diff  # colour conversion rounding, not another frame
