@@ -435,7 +435,7 @@ def register(sub: Any) -> None:
     p.add_argument("--mmproj", default=None, help="default: a generated base projector")
     p.add_argument("--items", default="8,32", help="frame counts to run (default 8,32)")
     p.add_argument("--vram-budget", default=None, metavar="SIZE")
-    p.add_argument("--ctx", type=int, default=16384)
+    p.add_argument("--ctx", type=int, default=8192, help="room for 32 frames and more (default 8192)")
     p.set_defaults(func=cmd_bench_media)
 
     p = bench.add_parser("start", help="launch to first token, Ebb against bare llama-cpp-python, "
