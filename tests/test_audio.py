@@ -253,6 +253,20 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
         got = client.chat.completions.create(model="m", max_tokens=2, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this sound?"}, {"type": "input_audio", "input_audio": voice}]}])
         assert got.choices[0].message.content is not None and got.usage.prompt_tokens > 100
+        # /v1/audio/transcriptions, as OpenAI's client sends it (#53): json, text, refusals
+        with open(clips["a.wav"], "rb") as f:
+            heard = client.audio.transcriptions.create(model="m", file=f)
+        assert isinstance(heard.text, str)
+        heard = client.audio.transcriptions.create(model="m", file=("note.webm", note.read_bytes()),
+                                                   response_format="text")
+        assert isinstance(heard, str)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model="m", file=("notes.txt", b"hello there"))
+        assert "is not one Ebb decodes" in str(e.value)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model="m", file=("a.wav", clips["a.wav"].read_bytes()),
+                                               response_format="srt")
+        assert "json or text" in str(e.value)
     finally:
         server.stop()
 

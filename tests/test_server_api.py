@@ -433,6 +433,13 @@ def test_the_host_header_must_name_where_the_server_listens():
         assert error is not None and error.status == status, headers
     allowed = Policy("127.0.0.1", origins=("http://localhost:3000",))
     assert refusal("POST", {**json_post, "origin": "http://localhost:3000"}, allowed) is None
+    # OpenAI's transcription endpoint takes a form, there alone; a page's post of one is still
+    # refused by its Origin
+    form = {**json_post, "content-type": "multipart/form-data; boundary=x"}
+    assert refusal("POST", form, loop, "/v1/audio/transcriptions") is None
+    assert refusal("POST", form, loop, "/v1/chat/completions").status == 415
+    hostile = refusal("POST", {**form, "origin": "https://evil.example"}, loop, "/v1/audio/transcriptions")
+    assert hostile is not None and hostile.status == 403
 
 
 def test_llama_cpp_sampler_fields_are_read_and_checked():

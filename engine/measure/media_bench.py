@@ -48,11 +48,11 @@ def write_scenes(path: Path, n: int, size: tuple[int, int] = (224, 224)) -> Path
 
 
 def _vision_s(res: Any) -> float:
-    return sum(sp.end_s - sp.start_s for sp in res.spans if sp.name in VISION_STEPS)
+    return float(sum(sp.end_s - sp.start_s for sp in res.spans if sp.name in VISION_STEPS))
 
 
 def _encode_s(res: Any) -> float:
-    return sum(sp.end_s - sp.start_s for sp in res.spans if sp.name == "encode")
+    return float(sum(sp.end_s - sp.start_s for sp in res.spans if sp.name == "encode"))
 
 
 def _batch(cfg: SessionConfig, clip: Path, n: int) -> tuple[float, float, Any]:

@@ -18,7 +18,8 @@ from typing import Any, AsyncIterator, Callable
 
 from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's rule, re-exported
 from engine.server.guard import Policy, RequestGuard
-from engine.server.api.chat import choice, chunk, completion, parse_chat_request
+from engine.server.api.chat import (choice, chunk, completion, parse_chat_request,
+                                    parse_transcription_request)
 from engine.server.api.common import ApiError, new_id
 from engine.server.api.completions import parse_completion_request, text_choice, text_completion
 from engine.server.api.embeddings import embedding_list, parse_embedding_request
@@ -41,7 +42,7 @@ def build_app(worker: Backend, api_key: str | None = None,
     file:// images are refused)."""
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect, Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     def error(exc: ApiError) -> Response:
@@ -104,12 +105,14 @@ def build_app(worker: Backend, api_key: str | None = None,
         return JSONResponse(model_card())
 
     async def answer(request: Request, parse: Callable[[Any], Any],
-                     reply: Callable[[Answer, str, str], dict[str, Any]],
-                     stream: Callable[..., AsyncIterator[str]] | None) -> Response:
-        """Check the body, queue the job, and answer: whole, or streamed by `stream`."""
+                     reply: Callable[[Answer, str, str], Any],
+                     stream: Callable[..., AsyncIterator[str]] | None,
+                     read: Callable[[Request], Any] | None = None) -> Response:
+        """Check the body, queue the job, and answer: whole, or streamed by `stream`. `read`:
+        the body another way than JSON (a form), as `parse` takes it."""
         try:
             check_key(request)
-            req = parse(await read_json(request))
+            req = parse(await (read or read_json)(request))
         except ApiError as exc:
             return error(exc)
         loop = asyncio.get_running_loop()
@@ -153,7 +156,8 @@ def build_app(worker: Backend, api_key: str | None = None,
                             code="busy"))
                 continue
             if isinstance(ev, Done):
-                return JSONResponse(reply(ev.answer, cid, model))
+                got = reply(ev.answer, cid, model)
+                return got if isinstance(got, Response) else JSONResponse(got)
             if isinstance(ev, Failed):
                 return error(ev.error)
 
@@ -256,10 +260,45 @@ def build_app(worker: Backend, api_key: str | None = None,
         return await answer(request, parse_embedding_request, lambda a, cid, model: embedding_list(
             model, a.vectors or [], a.prompt_tokens, a.base64), None)
 
+    async def read_form(request: Request) -> dict[str, Any]:
+        """A multipart form (OpenAI's audio endpoints): its fields, a file's as its name and
+        bytes; at most `max_body` bytes."""
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body:
+            raise ApiError(413, f"the request body is {int(length)} bytes; the most is {max_body}")
+        try:
+            form = await request.form(max_files=1, max_fields=16)
+        except ClientDisconnect:
+            raise ApiError(400, "the client went away while sending") from None
+        except Exception as exc:  # noqa: BLE001 - the form parser's own words, whatever its kind
+            raise ApiError(400, f"the body is not a multipart form: {exc}") from None
+        out: dict[str, Any] = {}
+        for key, value in form.multi_items():
+            if isinstance(value, str):
+                out[key] = value
+            else:  # an uploaded file
+                out[key] = (str(value.filename or ""), await value.read())
+        await form.close()
+        return out
+
+    async def transcriptions(request: Request) -> Response:
+        """OpenAI's (and llama-server's) speech to text, for a model that hears: the clip and
+        an instruction to write it down, as a chat turn."""
+        wanted = {"format": "json"}
+
+        def parse(form: dict[str, Any]) -> Any:
+            wanted["format"] = str(form.get("response_format") or "json")
+            return parse_transcription_request(form)
+
+        def text_or_json(a: Answer, cid: str, model: str) -> Any:
+            return PlainTextResponse(a.text) if wanted["format"] == "text" else {"text": a.text}
+
+        return await answer(request, parse, text_or_json, None, read_form)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error(ApiError(404, f"no route {request.method} {request.url.path}: Ebb serves "
-                                   "GET /v1/models, POST /v1/chat/completions, /v1/completions "
-                                   "and /v1/embeddings"))
+                                   "GET /v1/models, POST /v1/chat/completions, /v1/completions, "
+                                   "/v1/embeddings and /v1/audio/transcriptions"))
 
     async def health(request: Request) -> Response:
         """Whether the server is up, for anyone; what it serves and how busy it is, for a
@@ -279,6 +318,7 @@ def build_app(worker: Backend, api_key: str | None = None,
               Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/embeddings", embeddings, methods=["POST"]),
+              Route("/v1/audio/transcriptions", transcriptions, methods=["POST"]),
               Route("/health", health, methods=["GET"])]
     middleware = []
     if cors:

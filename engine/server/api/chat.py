@@ -216,6 +216,45 @@ def _input_audio(spec: Any, where: str) -> ImageRef:
     return ImageRef(data=data, suffix=f".{kind.lower()}")
 
 
+TRANSCRIBE = "Transcribe this audio word for word. Answer with the words alone."
+SNIFFED_FORMATS = {"WAV": "wav", "MP3": "mp3", "FLAC": "flac", "Ogg": "ogg", "M4A": "m4a",
+                   "MP4": "m4a", "AAC": "aac", "WebM": "webm"}
+
+
+def parse_transcription_request(form: dict[str, Any]) -> ChatRequest:
+    """OpenAI's /v1/audio/transcriptions form (`file`, and `model`, `prompt`, `language`,
+    `temperature`, `response_format` json or text) as the chat turn that answers it: the clip
+    with an instruction to write it down."""
+    upload = form.get("file")
+    if not isinstance(upload, tuple):
+        raise ApiError(400, "a transcription needs the clip as the form's 'file'", "file")
+    name, data = upload
+    if form.get("response_format", "json") not in ("json", "text"):
+        raise ApiError(400, f"response_format {form.get('response_format')!r}: Ebb answers json or "
+                            "text", "response_format")
+    from engine.media.audio import sniff
+
+    fmt = SNIFFED_FORMATS.get(sniff(bytes(data[:12])) or "", Path(str(name)).suffix.lstrip(".").lower())
+    try:
+        temperature = float(form.get("temperature") or 0)
+    except ValueError:
+        raise ApiError(400, "'temperature' must be a number", "temperature") from None
+    words = TRANSCRIBE
+    if form.get("language"):
+        words += f" The speech is in {form['language']}."
+    if form.get("prompt"):
+        words += f" Earlier words, for context: {form['prompt']}"
+    body = {"model": form.get("model", ""), "temperature": temperature,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": words},
+                {"type": "input_audio", "input_audio": {
+                    "data": base64.b64encode(bytes(data)).decode(), "format": fmt}}]}]}
+    try:
+        return parse_chat_request(body)
+    except ApiError as exc:
+        raise ApiError(exc.status, exc.message.replace("input_audio ", "the file's "), "file") from None
+
+
 MAX_MEDIA_PART_BYTES = 256 * 1024 * 1024  # a video or a document sent inline
 VIDEO_FORMATS = {"mp4": ".mp4", "mov": ".mov", "mkv": ".mkv", "webm": ".webm", "avi": ".avi",
                  "gif": ".gif", "m4v": ".m4v"}
