@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.errors import EbbError
 from engine.media import attachments, documents, kinds, video
@@ -124,3 +125,32 @@ def choose_pages(ref: str | Path, answer: str) -> Path:
     pages = " ".join(w for w in words if w != "text")
     documents.parse_pages(pages, documents.pdf_info(path).pages)  # refused here with the numbers
     return Path(str(attachments.Ref(path, pages=pages.replace(" ", ""), as_text=as_text)))
+
+
+def preview(ref: str | Path, height: int = 30, n_frames: int = 3) -> Any:
+    """A chip's picture (a PIL image), or None: a video's first frames side by side (a strip),
+    a PDF's first page chosen."""
+    from PIL import Image
+
+    path = attachments.split(ref)[0]
+    r = attachments.parse(ref)
+    try:
+        kind = kinds.kind_of(path)
+        if kind == kinds.VIDEO:
+            info = video.probe(path)
+            w = max(1, round(info.width * height / max(info.height, 1)))
+            start = r.frames[0] if r.frames else r.start
+            end = min(r.end or info.seconds, info.seconds)
+            times = [start + (end - start) * i / n_frames for i in range(n_frames)]
+            frames = [im for _, im in video.decode(path, times, (w, height))]
+            strip = Image.new("RGB", (w * len(frames) + 2 * (len(frames) - 1), height), (255, 255, 255))
+            for i, im in enumerate(frames):
+                strip.paste(im, (i * (w + 2), 0))
+            return strip
+        if kind == kinds.PDF:
+            first, _ = documents.parse_pages(r.pages, documents.pdf_info(path).pages)
+            [page] = documents.render_pages(path, first, first, height * 2)
+            return page.resize((max(1, round(page.width * height / page.height)), height))
+    except EbbError:
+        return None
+    return None

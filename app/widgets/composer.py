@@ -29,7 +29,7 @@ from app.sound.clips import ClipPlayer, describe
 from app.sound.recorder import Recorder, RecordError
 from app.core.store import Message
 from app.core.media_words import (TEXT_BYTES_PER_TOKEN, Look, choose_frames, choose_pages,
-                                   is_document_like, look)
+                                   is_document_like, look, preview)
 from engine.errors import EbbError
 from engine.media.kinds import PDF, VIDEO, kind_of
 from engine.media import attachments
@@ -440,7 +440,17 @@ class Composer(QWidget):
         lay = QHBoxLayout(box)
         lay.setContentsMargins(4, 2, 4, 2)
         box.setStyleSheet("QWidget { background: #eef3f8; border-radius: 4px; }")
-        words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=140)
+        picture = preview(path)
+        if picture is not None:  # a video's first frames, a PDF's first page
+            shown = QLabel()
+            data = picture.tobytes()
+            shown.setPixmap(QPixmap.fromImage(QImage(data, picture.width, picture.height, 3 * picture.width,
+                                                     QImage.Format.Format_RGB888).copy()))
+            shown.setFixedSize(picture.width, picture.height)  # the words wrap, the strip stays whole
+            shown.setToolTip("its first frames" if kind_of(attachments.split(path)[0]) == VIDEO
+                             else "its first page chosen")
+            lay.addWidget(shown)
+        words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=60)
         words.setToolTip(str(attachments.split(path)[0]))
         name = attachments.split(path)[0].name
         remove = QToolButton(text="✕", toolTip=f"Remove {name}")
