@@ -234,3 +234,12 @@ def shown_text(view: Any) -> str:
     import re
 
     return re.sub(r"(?m)^(You|Ebb)[ \xa0]{2,}.*$", r"\1", view.toPlainText())
+
+
+def first_colour(text: str) -> str | None:
+    """The first colour word of a reply (the demo colour projector's answer), or None."""
+    import re
+
+    from engine.gguf.projector_gen import COLOURS
+
+    return next((w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS), None)

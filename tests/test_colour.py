@@ -4,28 +4,17 @@ answer is a semantic check that a strategy delivered the right picture to the mo
 the same bytes as another strategy)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from engine.gguf.projector_gen import COLOURS, write_colour_projector
 from engine.measure.colour_check import QUESTION, SHADES, check_colours, named_and_gap
 from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
-from tests.helpers import N_THREADS
+from tests.helpers import N_THREADS, first_colour
 
 RGB = {colour: shades[0] for colour, shades in SHADES.items()}
-
-
-def first_colour(text: str) -> str | None:
-    return next((w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS), None)
-
-
-@pytest.fixture(scope="module")
-def colour_projector(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_colour_projector(tmp_path_factory.mktemp("colour") / "colour.gguf", model_path)
 
 
 @pytest.fixture(scope="module")

@@ -5,33 +5,23 @@ a frame or a page that reached the model is checked by its colour, not only by i
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.errors import EbbError
-from engine.gguf.projector_gen import COLOURS, write_colour_projector
+from engine.gguf.projector_gen import COLOURS
 from engine.llama.sampling import GenParams
 from engine.measure.colour_check import QUESTION, SHADES
 from engine.media import attachments, documents, kinds, video
 from engine.session import Session, SessionConfig
-from tests.helpers import N_THREADS
+from tests.helpers import N_THREADS, first_colour
 from tests.media_files import (encrypt_pdf, write_encoded_tone, write_picture_pdf, write_text_pdf,
                                write_video)
 
 RED, GREEN, BLUE = (SHADES[c][0] for c in ("red", "green", "blue"))
 GREEDY = GenParams(max_tokens=12, temperature=0)
-
-
-def first_colour(text: str) -> str | None:
-    return next((w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS), None)
-
-
-@pytest.fixture(scope="module")
-def colour_projector(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_colour_projector(tmp_path_factory.mktemp("colour") / "colour.gguf", model_path)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import EbbError
+from engine.media.files import checked_file
 from engine.media.images import MAX_IMAGE_FILE_BYTES
 
 AUDIO_SUFFIXES = (".wav", ".mp3", ".flac")  # what mtmd's helper decodes
@@ -102,14 +103,7 @@ def clip_info(path: Path) -> ClipInfo:
     import miniaudio
 
     path = Path(path)
-    if not path.is_file():
-        raise EbbError(f"sound clip not found: {path}", "check the path")
-    size = path.stat().st_size
-    if size == 0:
-        raise EbbError(f"{path.name} is empty (0 bytes)", "record or choose another clip")
-    if size > MAX_CLIP_FILE_BYTES:
-        raise EbbError(f"{path.name} is {size // (1024 * 1024)} MiB, too large",
-                       f"use a clip under {MAX_CLIP_FILE_BYTES // (1024 * 1024)} MiB")
+    checked_file(path, "sound clip", MAX_CLIP_FILE_BYTES, "a clip", "record or choose another clip")
     with open(path, "rb") as f:
         kind = sniff(f.read(12))
     if kind is None and path.suffix.lower() not in OTHER_SOUND_SUFFIXES:

@@ -56,13 +56,7 @@ def probe(path: Path) -> Track:
             if not codec:
                 raise EbbError(f"{name}'s sound is in a codec Ebb's decoder lacks",
                                "convert it to WAV, MP3 or FLAC")
-            seconds = 0.0
-            if track.duration is not None and track.time_base is not None:
-                seconds = float(track.duration * track.time_base)
-            elif c.duration is not None:
-                seconds = c.duration / av.time_base
-            if seconds <= 0:  # a browser's recording (MediaRecorder's WebM) has no length in its
-                seconds = _length_from_packets(c, track)  # header: its packets' times say it
+            seconds = stream_seconds(c, track)
             kind = CONTAINERS.get(c.format.name, c.format.name)
             label = CODECS.get(codec, codec.upper())
             return Track(kind if label == kind else f"{kind}/{label}", seconds,
@@ -74,13 +68,23 @@ def probe(path: Path) -> Track:
                        f"({_why(exc)})", "use another copy of the clip") from None
 
 
-def _length_from_packets(container: Any, track: Any) -> float:
-    """The track's length from its packets' times, read without decoding any."""
+def stream_seconds(container: Any, stream: Any) -> float:
+    """A stream's length: its header's, the container's, or where neither says (a browser's
+    MediaRecorder WebM, a live recording) its packets' times, read without decoding any."""
+    import av
+
+    seconds = 0.0
+    if stream.duration is not None and stream.time_base is not None:
+        seconds = float(stream.duration * stream.time_base)
+    elif container.duration is not None:
+        seconds = float(container.duration / av.time_base)
+    if seconds > 0:
+        return seconds
     end = 0
-    for packet in container.demux(track):
+    for packet in container.demux(stream):
         if packet.pts is not None:
             end = max(end, packet.pts + (packet.duration or 0))
-    return float(end * track.time_base) if track.time_base is not None else 0.0
+    return float(end * stream.time_base) if stream.time_base is not None else 0.0
 
 
 def _why(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.media.files import checked_file
 
 MAX_PAGES = 64  # a longer PDF is taken a range at a time (pages the message names)
 MAX_DOCUMENT_BYTES = 500 * 1024 * 1024
@@ -38,14 +39,7 @@ def _open(path: Path, password: str | None = None) -> Any:
     import pypdfium2 as pdfium
 
     path = Path(path)
-    if not path.is_file():
-        raise EbbError(f"document not found: {path}", "check the path")
-    size = path.stat().st_size
-    if size == 0:
-        raise EbbError(f"{path.name} is empty (0 bytes)", "choose another document")
-    if size > MAX_DOCUMENT_BYTES:
-        raise EbbError(f"{path.name} is {size // (1024 * 1024)} MiB, too large",
-                       f"use a PDF under {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB")
+    checked_file(path, "document", MAX_DOCUMENT_BYTES, "a PDF")
     try:
         return pdfium.PdfDocument(str(path), password=password)
     except pdfium.PdfiumError as exc:
@@ -116,41 +110,42 @@ def check_range(name: str, first: int, last: int, n_pages: int) -> None:
                        f"choose a range, e.g. pages {first}-{first + MAX_PAGES - 1}")
 
 
-def render_pages(path: Path, first: int, last: int, max_side: int,
-                 password: str | None = None) -> list[Any]:
-    """Pages first..last as RGB PIL images, the longer side `max_side` pixels."""
+def _each_page(path: Path, first: int, last: int, password: str | None, read: Any) -> list[Any]:
+    """`read(page)` of pages first..last (1-based), each page closed after."""
     doc = _open(path, password)
     try:
         out = []
         for i in range(first - 1, last):
             page = doc[i]
             try:
-                w, h = page.get_size()
-                scale = max_side / max(w, h, 1.0)
-                out.append(page.render(scale=scale, may_draw_forms=True).to_pil().convert("RGB"))
+                out.append(read(page))
             finally:
                 page.close()
         return out
     finally:
         doc.close()
+
+
+def render_pages(path: Path, first: int, last: int, max_side: int,
+                 password: str | None = None) -> list[Any]:
+    """Pages first..last as RGB PIL images, the longer side `max_side` pixels."""
+    def render(page: Any) -> Any:
+        scale = max_side / max(*page.get_size(), 1.0)
+        return page.render(scale=scale, may_draw_forms=True).to_pil().convert("RGB")
+
+    return _each_page(path, first, last, password, render)
 
 
 def page_texts(path: Path, first: int, last: int, password: str | None = None) -> list[str]:
     """The text layer of pages first..last (a scanned page has none: "")."""
-    doc = _open(path, password)
-    try:
-        out = []
-        for i in range(first - 1, last):
-            page = doc[i]
-            try:
-                tp = page.get_textpage()
-                out.append(tp.get_text_bounded().replace("\r\n", "\n").strip())
-                tp.close()
-            finally:
-                page.close()
-        return out
-    finally:
-        doc.close()
+    def text(page: Any) -> str:
+        tp = page.get_textpage()
+        try:
+            return str(tp.get_text_bounded()).replace("\r\n", "\n").strip()
+        finally:
+            tp.close()
+
+    return _each_page(path, first, last, password, text)
 
 
 def pdf_as_text(path: Path, first: int, last: int, password: str | None = None) -> str:
@@ -168,9 +163,7 @@ def pdf_as_text(path: Path, first: int, last: int, password: str | None = None) 
 def text_file(path: Path) -> str:
     """The file's text, fenced and named ("notes.md:\\n```markdown\\n…\\n```")."""
     path = Path(path)
-    if not path.is_file():
-        raise EbbError(f"file not found: {path}", "check the path")
-    size = path.stat().st_size
+    size = checked_file(path, "file", 0, "")
     if size > MAX_TEXT_FILE_BYTES:
         raise EbbError(f"{path.name} is {size / (1024 * 1024):.1f} MiB of text, more than a chat "
                        "takes", "attach the part the question is about")

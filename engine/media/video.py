@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.media.avfile import stream_seconds
+from engine.media.files import checked_file
 
 MAX_FPS = 4.0  # llama.cpp's default --video-fps
 TIMESTAMP_EVERY_S = 5.0  # llama.cpp's default --video-timestamp-interval (5000 ms)
@@ -76,10 +78,7 @@ def probe(path: Path) -> VideoInfo:
 
     path = Path(path)
     name = path.name
-    if not path.is_file():
-        raise EbbError(f"video not found: {path}", "check the path")
-    if path.stat().st_size == 0:
-        raise EbbError(f"{name} is empty (0 bytes)", "choose another video")
+    checked_file(path, "video", 0, "")
     try:
         with av.open(str(path), "r") as c:
             streams = [s for s in c.streams.video
@@ -93,18 +92,8 @@ def probe(path: Path) -> VideoInfo:
             if ctx is None or not ctx.name:
                 raise EbbError(f"{name}'s pictures are in a codec Ebb's decoder lacks",
                                "convert it to MP4 (H.264) or WebM")
-            seconds = 0.0
-            if vs.duration is not None and vs.time_base is not None:
-                seconds = float(vs.duration * vs.time_base)
-            elif c.duration is not None:
-                seconds = c.duration / av.time_base
+            seconds = stream_seconds(c, vs)
             fps = float(vs.average_rate or vs.guessed_rate or 0)
-            if seconds <= 0:  # no length in the header (a live recording): its packets say it
-                end = 0
-                for packet in c.demux(vs):
-                    if packet.pts is not None:
-                        end = max(end, packet.pts + (packet.duration or 0))
-                seconds = float(end * vs.time_base) if vs.time_base is not None else 0.0
             kind = _CONTAINERS.get(c.format.name, c.format.name.split(",")[0].upper())
             info = VideoInfo(seconds, fps, int(ctx.width or 0), int(ctx.height or 0), ctx.name,
                              kind, bool(c.streams.audio))
