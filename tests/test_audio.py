@@ -131,7 +131,7 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
     ogg.write_bytes(b"OggS" + bytes(200))
     cut = tmp_path / "cut.m4a"  # a voice note whose download stopped half-way
     cut.write_bytes(write_encoded_tone(tmp_path / "whole.m4a", 440, 2.0).read_bytes()[:3000])
-    silent_film = tmp_path / "no-sound.webm"
+    silent_film = tmp_path / "no-sound.webm"  # pictures alone: a video, told by its streams
     _write_silent_film(silent_film)
     long = tmp_path / "two-hours.wav"  # a header that says two hours (a sparse file)
     long.write_bytes(_wav_header(rate=8000, bits=8, n_bytes=8000 * 7200))
@@ -142,7 +142,7 @@ def test_bad_clips_get_a_clear_message_and_keep_the_conversation(pairs, clips, t
     slow.write_bytes(_wav_header(rate=1, bits=8, n_bytes=5) + bytes(5))
     expect = {empty: "empty", silent: "no sound", damaged: "damaged", ogg: "damaged",
               long: "2:00:00 long", slow: "1 samples a second", cut: "damaged",
-              silent_film: "no sound track"}
+              silent_film: "is a video, and the loaded projector does not see"}
     with _session(lm, mm, n_ctx=1024) as s:
         ok = s.turn("Hello", [], gp)
         assert ok.error is None
