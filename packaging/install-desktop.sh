@@ -66,7 +66,7 @@ XML
 sed -e "s|^Exec=.*|Exec=\"$bundle/Ebb\" %F|" \
     -e "s|^TryExec=.*||" \
     -e "/^Exec=/a TryExec=$bundle/Ebb" \
-    -e "s|^MimeType=.*|MimeType=application/x-gguf;image/png;image/jpeg;image/webp;|" \
+    -e "s|^MimeType=.*|MimeType=application/x-gguf;image/png;image/jpeg;image/webp;video/mp4;video/webm;video/quicktime;video/x-matroska;application/pdf;|" \
     "$resources/ebb.desktop" > "$desktop"
 chmod 644 "$desktop"
 refresh
