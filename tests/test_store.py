@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from PIL import Image
 
@@ -317,6 +318,17 @@ def test_a_chat_is_a_tree_migrated_from_lines_searched_trashed_and_exported(tmp_
     assert pic.startswith("chat_files/") and (out.parent / pic).read_bytes() == img.read_bytes()
     md = export_chat(s, 1, tmp_path / "out" / "chat.md").read_text()
     assert "u2 zebra" not in md and "![" in md and "chat_files/" in md and "model: tiny.gguf" in md
+    # a video: copied beside, linked (not shown as a picture), with the frames it gave (#53)
+    from tests.media_files import write_video
+
+    clip = write_video(tmp_path / "walk.mp4", [((9, 9, 9), 1.0)])
+    s.add_message(1, "user", "and a video", [Path(f"{clip}#frames=0,0.5")])
+    doc = json.loads(export_chat(s, 1, tmp_path / "out" / "chat.json").read_text())
+    [linked] = doc["messages"][-1]["images"]
+    assert doc["messages"][-1]["taken"] == {linked: "frames=0,0.5"}
+    assert (out.parent / linked).read_bytes() == clip.read_bytes()
+    md = export_chat(s, 1, tmp_path / "out" / "chat.md").read_text()
+    assert f"[walk.mp4]({linked}) (frames=0,0.5)" in md
     s.close()
 
 

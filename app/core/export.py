@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.store import Message, Store
+from engine.media.kinds import PICTURE, kind_of
 
 
 def export_chat(store: Store, conversation_id: int, out: Path, every_branch: bool = False,
@@ -59,8 +60,18 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
         return pictures.get(p) or p.as_posix()
 
     def item(m: Message) -> dict[str, Any]:
-        return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text,
-                "images": [pic(p) for p in m.images], "stats": m.stats, "state": m.state}
+        d = {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text,
+             "images": [pic(p) for p in m.images], "stats": m.stats, "state": m.state}
+        if m.fragments:  # what was taken from a video or a PDF ("frames=0,2,4", "pages=3-5")
+            d["taken"] = {pic(p): f for p, f in ((Path(k), v) for k, v in m.fragments.items())}
+        return d
+
+    def attachment(m: Message, p: Path) -> str:
+        """A picture shown; a clip, a video or a document linked, with what was taken."""
+        if kind_of(p) == PICTURE:
+            return f"![{p.name}]({pic(p)})"
+        taken = m.fragments.get(str(p), "")
+        return f"[{m.shown_names.get(str(p), p.name)}]({pic(p)})" + (f" ({taken})" if taken else "")
 
     title = store.title(cid)
     if fmt == "json":
@@ -81,6 +92,6 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
             level = "###"
         for m in branch:
             out += [f"{level} {'You' if m.role == 'user' else 'Ebb'}", ""]
-            out += [f"![{p.name}]({pic(p)})" for p in m.images]
+            out += [attachment(m, p) for p in m.images]
             out += [m.text, ""]
     return "\n".join(out)
