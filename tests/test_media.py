@@ -469,3 +469,28 @@ def test_the_same_video_gives_the_frames_and_prompt_llama_cpps_helper_gives(mode
     ours = np.stack([np.frombuffer(m.rgb, np.uint8).reshape(64, 96, 3) for m in e.media])
     diff = np.abs(theirs.astype(int) - ours.astype(int)).mean(axis=(1, 2, 3))
     assert diff.max() < 3.0, diff  # colour conversion rounding, not another frame
+
+
+def test_stop_between_two_frames_keeps_the_frames_encoded(seeing, tmp_path, monkeypatch):
+    """Stop lands between two frames of a video: the turn ends there, the frame already encoded
+    stays cached, and sent again the video encodes only the two left."""
+    import threading
+
+    clip = write_video(tmp_path / "three.mp4", [(RED, 1.0), (GREEN, 1.0), (BLUE, 1.0)])
+    stop = threading.Event()
+    real = seeing.encoder.encode
+    encoded = []
+
+    def encode_then_stop(*args, **kwargs):
+        out = real(*args, **kwargs)
+        encoded.append(args[2])
+        stop.set()  # as if Stop were pressed while this frame encoded
+        return out
+
+    monkeypatch.setattr(seeing.encoder, "encode", encode_then_stop)
+    seeing.set_history([])
+    res = seeing.turn(QUESTION, [clip], GREEDY, cancel=stop)
+    assert "stopped while encoding" in res.reason and len(encoded) == 1, (res.reason, encoded)
+    monkeypatch.undo()
+    again = seeing.turn(QUESTION, [clip], GREEDY)
+    assert again.error is None and again.n_image_chunks_encoded == 2, again
