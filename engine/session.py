@@ -468,11 +468,6 @@ class Session:
             snaps.disk = self.model.open_state_files()
             self.encoder.disk = EmbeddingFiles(self.cfg.state_dir / "pictures")
 
-    def state_usage(self) -> tuple[int, int]:
-        """(states, bytes) kept on disk, every model's."""
-        disk = self.model.snapshots.disk
-        return disk.usage() if disk is not None else (0, 0)
-
     def save_conversation(self) -> Conversation:
         """The conversation and its system prompt and tools, to put back after answering
         someone else (the window's local server answers an HTTP client on the window's

@@ -77,9 +77,6 @@ class _Header:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def skip_string(self) -> None:
-        self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
-
     def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])

@@ -31,7 +31,7 @@ from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
 from engine.llama.prefill_stop import PrefillStop
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
-from engine.llama.state_files import StateFiles, file_identity
+from engine.llama.state_files import file_identity
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token
@@ -336,15 +336,6 @@ class TextRuntime:
 
     def close(self) -> None:
         self._stack.close()
-
-    def use_disk(self, folder: Path, budget_bytes: int) -> StateFiles:
-        """Keep states on disk too, in `folder`, for this model file and context settings."""
-        if self.slot.snapshots.disk is None:
-            self.slot.snapshots.disk = StateFiles(folder, self.state_identity(), budget_bytes)
-            self._stack.callback(self.slot.snapshots.disk.close)
-        else:
-            self.slot.snapshots.disk.set_budget(budget_bytes)
-        return self.slot.snapshots.disk
 
     def state_identity(self) -> dict[str, Any]:
         """What a saved state of this runtime's cache belongs to (state_files.py). Not the
