@@ -404,6 +404,8 @@ def test_the_same_video_gives_the_frames_and_prompt_llama_cpps_helper_gives(mode
     L = llama()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    no_devices = (ctypes.c_void_p * 1)(None)  # the CPU only: never a device registered earlier
+    mp.devices = ctypes.cast(no_devices, ctypes.c_void_p)  # in this process (a stand-in gone)
     model_p = L.llama_model_load_from_file(str(model_path).encode(), mp)
     params = M.mtmd_context_params_default()
     params.use_gpu, params.n_threads, params.print_timings = False, N_THREADS, False

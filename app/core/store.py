@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS messages (
     state TEXT NOT NULL DEFAULT 'complete', parent_id INTEGER, deleted REAL, visited REAL);
 CREATE TABLE IF NOT EXISTS attachments (
     message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
-    position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL, shown_name TEXT);
+    position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL, shown_name TEXT,
+    fragment TEXT);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TRIGGER IF NOT EXISTS leaf_in_its_own_chat BEFORE UPDATE OF leaf_id ON conversations
@@ -75,7 +76,7 @@ DB_NAME = "ebb.sqlite3"
 SALVAGE = {"conversations": ("id", "title", "created", "updated", "leaf_id", "deleted"),
            "messages": ("id", "conversation_id", "role", "text", "created", "stats", "parent_id",
                         "deleted", "visited"),
-           "attachments": ("message_id", "position", "sha256", "filename"),
+           "attachments": ("message_id", "position", "sha256", "filename", "shown_name", "fragment"),
            "settings": ("key", "value")}
 
 

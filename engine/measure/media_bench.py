@@ -92,6 +92,8 @@ def bare_mtmd_encode_s(cfg: SessionConfig, clip: Path, n: int) -> float:
     L = llama()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    no_devices = (ctypes.c_void_p * 1)(None)  # the CPU only: never a device registered earlier
+    mp.devices = ctypes.cast(no_devices, ctypes.c_void_p)  # in this process (a stand-in gone)
     model_p = L.llama_model_load_from_file(str(cfg.model_path).encode(), mp)
     params = M.mtmd_context_params_default()
     params.use_gpu = False
