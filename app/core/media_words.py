@@ -44,8 +44,8 @@ def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
             if r.frames or not cost:
                 taken = f" · {len(r.frames)} frame{'s' if len(r.frames) != 1 else ''}" if r.frames else ""
                 return Look(f"{head}{taken}", None, len(r.frames) * picture_tokens)
-            if not picture_tokens:
-                return Look(head, "a video needs a model that sees (a vision projector)")
+            if not picture_tokens:  # no model yet (it loads), or one that does not see: Send says
+                return Look(head, None)
             s = video.plan(info, picture_tokens, max(room_tokens, picture_tokens), r.start, r.end, r.every_s)
             n = len(s.times())
             spacing = f"one every {s.every_s:g} s" if s.every_s >= 1 else f"{1 / s.every_s:g} a second"
