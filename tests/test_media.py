@@ -496,3 +496,18 @@ def test_stop_between_two_frames_keeps_the_frames_encoded(seeing, tmp_path, monk
     monkeypatch.undo()
     again = seeing.turn(QUESTION, [clip], GREEDY)
     assert again.error is None and again.n_image_chunks_encoded == 2, again
+
+
+def test_a_video_attached_before_the_model_loads_waits_and_is_costed_once_it_has(qtbot, tmp_path):
+    """`ebb clip.mp4` (or Open with Ebb) attaches before the model has loaded: the video waits
+    in the composer, and its frames and tokens are said once the window knows the projector."""
+    from app.widgets.composer import Composer
+
+    composer = Composer()
+    qtbot.addWidget(composer)
+    clip = write_video(tmp_path / "early.mp4", [(RED, 2.0)])
+    assert composer.attach(clip) and composer.attachments == [clip]
+    assert composer.look(clip).words == "▣ early.mp4 · 0:02 · MP4" and not composer.error.isVisible()
+    composer.picture_tokens, composer.room_tokens = 16, 1000  # the model loaded
+    composer.recount()
+    assert "up to 8 frames, 4 a second · ≈128 tokens" in composer.look(clip).words
