@@ -98,10 +98,11 @@ def test_a_video_reaches_the_model_frame_by_frame_and_is_encoded_once(seeing, tm
     content = seeing.messages[0]["content"]
     marker = seeing.encoder.marker
     assert content.startswith(f"Video:{marker}[0m0.00s]{marker}{marker}\n"), content
-    again = seeing.turn("And this one?", [changing], GREEDY)
+    one_token = GenParams(max_tokens=1, temperature=0)  # what is checked is the encoding
+    again = seeing.turn("And this one?", [changing], one_token)
     assert again.error is None and again.n_image_tokens_encoded == 0  # cached by content
     seeing.set_history([("user", QUESTION, res.attachments), ("assistant", res.text, [])])
-    reopened = seeing.turn("What colour came last?", [], GREEDY)
+    reopened = seeing.turn("What colour came last?", [], one_token)
     assert reopened.error is None and reopened.n_image_tokens_encoded == 0
     assert seeing.messages[0]["content"] == content
 
@@ -180,6 +181,7 @@ def test_a_video_with_no_pictures_a_damaged_one_and_a_ten_hour_one_are_refused(s
     assert res.error is None and first_colour(res.text) == "red", (res.error, res.text)
 
 
+@pytest.mark.slow  # a stand-in or a server of its own: CI's test-slow runs it
 def test_the_frames_of_a_video_borrow_the_stand_in_device_once(model_path, colour_projector,
                                                                rpc_server, tmp_path):
     """A video of three scenes through the swap on the RPC device: the three frames are
@@ -287,6 +289,7 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     w.close()
 
 
+@pytest.mark.slow  # a stand-in or a server of its own: CI's test-slow runs it
 def test_the_endpoint_takes_input_video_and_file_parts(model_path, colour_projector, tmp_path):
     """llama-server's `input_video` (data) and OpenAI's `file` part (a PDF as file_data, a text
     file by its name) reach the model; what the window refuses, the endpoint refuses in
@@ -357,6 +360,7 @@ with Session(cfg) as s:
 """
 
 
+@pytest.mark.slow  # a stand-in or a server of its own: CI's test-slow runs it
 def test_a_swap_with_no_layer_on_the_device_leaves_a_model_for_the_next_message(
         model_path, base_projector, tmp_path):
     """Found by `bench media`: with a device too small for any layer, a swap (the reload mover)
