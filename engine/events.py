@@ -211,6 +211,8 @@ class GenStats:
     n_prompt_tokens_evaluated: int = 0
     n_prompt_tokens_restored: int = 0  # taken from a kept state of the conversation
     restore_s: float = 0.0  # the seconds that took
+    # taken back when the conversation was opened, while the user typed: not waited for
+    restored_ahead: bool = False
     # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
     # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
     logprobs: list[dict[str, Any]] | None = None
@@ -242,7 +244,7 @@ class GenStats:
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
             "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
-            "restore_s": round(self.restore_s, 4),
+            "restore_s": round(self.restore_s, 4), "restored_ahead": self.restored_ahead,
             "stop_reason": self.stop_reason, "flash_attn": self.flash_attn}
         if self.logprobs is not None:
             d["logprobs"] = self.logprobs

@@ -442,6 +442,21 @@ class Session:
         if self.model.runtime is not None:
             self.model.runtime.slot.keep_on_drop = True
 
+    def take_up(self, cancel: threading.Event | None = None) -> int:
+        """The conversation was just set (a chat opened, the window started on it): take the
+        model's memory of it back from RAM or disk now, while the user reads and types, so that
+        the next turn starts as if it had never left (KvSlot.take_up). Returns the cells taken
+        back; a stop (`cancel`: the user went to another chat) leaves the cache as it was."""
+        rt = self.model.runtime
+        if rt is None or self.abandoned or not self.history:
+            return 0
+        messages, keys = self._messages()
+        cells = None
+        if not keys:  # text only: its cells are its tokens (with pictures: by the chat's tag)
+            text, added_special = self._format(messages)
+            cells = list(rt.tokenize(text, add_special=not added_special))
+        return rt.slot.take_up(cells, self.conversation_tag, cancel)
+
     def persist(self) -> bool:
         """Keep the model's memory of this conversation on disk now (the window closes or
         is idle). True when a write was started."""

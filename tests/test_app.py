@@ -246,11 +246,16 @@ def test_tune_waits_for_start_and_closing_it_gives_the_chat_back(qtbot, store, s
 def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_server, tmp_path):
     w = open_window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
     before = w.model_label.text()
+    from engine.gguf.info import HEADER_READS
+
+    reads = HEADER_READS[0]
     w.tune_action.trigger()
     dlg = w.tune_dialog
     dlg.start_button.click()
     wait_for(lambda: dlg.tuned is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
     assert dlg.tuned is not None, dlg.status.text()
+    # one Tune read the model's header six times (#54): now at most once for each file
+    assert HEADER_READS[0] - reads <= 2
     r = dlg.tuned.to_dict()
     assert r["n_runs"] == len(dlg.points) and r["n_runs"] < r["max_layers"] + 1
     from engine.hw import physical_cores

@@ -267,6 +267,11 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
             client.audio.transcriptions.create(model="m", file=("a.wav", clips["a.wav"].read_bytes()),
                                                response_format="srt")
         assert "json or text" in str(e.value)
+        # a damaged clip is named as the client named it, not by the copy written of it
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model="m", file=("voice.ogg", b"OggS" + bytes(300)))
+        assert "voice.ogg" in str(e.value) and ".ogg is" not in str(e.value).replace("voice.ogg is", ""), \
+            str(e.value)
     finally:
         server.stop()
 

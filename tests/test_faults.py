@@ -547,7 +547,11 @@ def _layers_on_device(s: Session) -> list[int]:
     return [i for i, where in enumerate(s.model.layer_state) if where != "CPU"]
 
 
-@pytest.mark.parametrize("stop_after", ["encode", "evict", "free_projector", "decode"])
+# `make test` stops right after the evict, where the model is furthest from its placement; the
+# other moments (each 35-55 s on 2 cores) run in `make test-slow`, which CI runs too
+@pytest.mark.parametrize("stop_after", [pytest.param("encode", marks=pytest.mark.slow), "evict",
+                                        pytest.param("free_projector", marks=pytest.mark.slow),
+                                        pytest.param("decode", marks=pytest.mark.slow)])
 def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, model_path,
                                                                     base_projector, pictures,
                                                                     shared_rpc_server):
@@ -622,6 +626,7 @@ def test_the_image_cache_keeps_to_its_limit_and_encodes_again_what_left(model_pa
     assert small_texts == big_texts  # the same replies
 
 
+@pytest.mark.slow  # 18 turns with swaps, ~85 s on 2 cores: `make test-slow` (CI runs it)
 def test_a_soak_keeps_descriptors_and_the_ledger_flat(model_path, tiny_projector, shared_rpc_server,
                                                      tmp_path):
     from engine.cli.bench import _soak_pictures

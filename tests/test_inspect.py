@@ -214,3 +214,20 @@ def test_a_split_model_is_read_whole_from_its_first_part(tmp_path, model_path):
     parts[-1].unlink()
     with pytest.raises(EbbError, match=f"{parts[-1].name} is missing"):
         read_gguf(first)
+
+
+def test_a_header_is_parsed_once_per_version_of_the_file(tmp_path):
+    """Planning, measuring, loading and the demo projector all ask for the model's header: it
+    is parsed once, and again when the file is replaced (#54)."""
+    from engine.gguf.info import HEADER_READS, read_gguf
+    from engine.gguf.projector_gen import write_projector
+
+    path = write_projector(tmp_path / "p.gguf", 64, "base")
+    first = read_gguf(path)
+    reads = HEADER_READS[0]
+    assert read_gguf(path) is first and HEADER_READS[0] == reads
+    link = tmp_path / "link.gguf"
+    link.symlink_to(path)
+    assert read_gguf(link).path == link and HEADER_READS[0] == reads  # named as asked
+    write_projector(tmp_path / "new.gguf", 96, "base").replace(path)  # a new version
+    assert read_gguf(path).metadata != first.metadata and HEADER_READS[0] == reads + 1

@@ -6,8 +6,9 @@ GUI thread only (engine events reach it through the window's queued slot).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -383,6 +384,8 @@ class ChatHistory:
     turns: list[tuple[str, str, list[str]]]
     system: str | None
     tag: str = ""  # what the engine's saved states of this chat go by (chat_tag)
+    # set when another history follows: the engine stops taking this one's state back
+    superseded: threading.Event = field(default_factory=threading.Event)
 
 
 def chat_tag(conversation_id: int) -> str:

@@ -55,5 +55,6 @@ def restored_line(gen: GenStats) -> str:
         return ""
     evaluated, s = gen.n_prompt_tokens_evaluated, gen.restore_s
     took = f"{s * 1000:.0f} ms" if s < 0.1 else f"{s:.1f} s"
-    return (f"Memory of this chat restored in {took} ({n:,} tokens); "
+    when = " when the chat was opened" if gen.restored_ahead else ""
+    return (f"Memory of this chat restored{when} in {took} ({n:,} tokens); "
             f"{evaluated:,} new token{'s' if evaluated != 1 else ''} evaluated")

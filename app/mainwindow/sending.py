@@ -37,6 +37,7 @@ class Sending:
     def __init__(self, window: Any) -> None:
         self.w = window
         self._copy_names: dict[str, str] = {}  # the store's copy → the user's file, per request
+        self._last_history: ChatHistory | None = None  # the engine's, while it takes it up
         # a reply a full disk kept from the store: tried again until it is written
         self._retry_saving = QTimer(window, interval=RETRY_SAVE_MS)
         self._retry_saving.timeout.connect(self._on_retry_saving)
@@ -311,8 +312,11 @@ class Sending:
         """The open branch and the chat's system prompt, to the engine (with `before`, only
         the messages ahead of that one)."""
         system = chat_params(self.w.store, self.w.conv_id).system_prompt or None
-        self.w.request_history.emit(ChatHistory(self.w.chat.history(before), system,
-                                                chat_tag(self.w.conv_id)))
+        history = ChatHistory(self.w.chat.history(before), system, chat_tag(self.w.conv_id))
+        if self._last_history is not None:  # its state need not be taken back any more
+            self._last_history.superseded.set()
+        self._last_history = history
+        self.w.request_history.emit(history)
 
     def set_record_limit(self, used: int) -> None:
         """How long a recording may run: the 30-second chunks the context has room for after

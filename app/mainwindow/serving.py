@@ -65,7 +65,7 @@ class WindowBackend(QueuedBackend):
 
 
 def server_label(url: str, host: str, served: int, waiting: int) -> str:
-    from engine.server.http import is_loopback
+    from engine.llama.rpc_server import is_loopback
 
     where = "" if is_loopback(host) else " — reachable from other machines"
     queue = f", {waiting} waiting" if waiting else ""

@@ -196,11 +196,17 @@ class EngineWorker(QObject):
         """The open chat's messages (a list), or a ChatHistory with its system prompt too."""
         if self._session is None:
             return
-        tag = ""
+        tag, superseded = "", None
         if isinstance(history, ChatHistory):
             self._session.set_system(history.system)
-            history, tag = history.turns, history.tag
+            history, tag, superseded = history.turns, history.tag, history.superseded
         self._session.set_history(history, tag)
+        # the model's memory of the chat back from disk now, while the user reads and types;
+        # a Send waits behind it (the same thread), another chat opened stops it
+        try:
+            self._session.take_up(superseded)
+        except EbbError as exc:
+            self._fail(0, exc)
 
     @Slot()
     def persist(self) -> None:

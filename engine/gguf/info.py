@@ -7,6 +7,8 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -211,8 +213,37 @@ def merge_parts(parts: list[GGUFFile]) -> GGUFFile:
                    tensors=tuple(t for p in parts for t in p.tensors))
 
 
+# Headers read, by file version (path, size, modification time, inode): one Tune or load asks
+# for the same model's header from planning, measuring, loading and the demo projector, and
+# read it six times (#54). GGUFFile is frozen and nobody writes its metadata: shared safely.
+_HEADERS: OrderedDict[tuple[str, int, int, int], GGUFFile] = OrderedDict()
+_HEADERS_KEPT = 8
+_HEADERS_LOCK = threading.Lock()
+HEADER_READS = [0]  # files parsed in this process: what a test of "read once" counts
+
+
 def _read_one(path: Path) -> GGUFFile:
-    """One file's header and tensor table."""
+    """One file's header and tensor table, parsed once per version of the file."""
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return _parse_file(path)  # it says what is wrong
+    with _HEADERS_LOCK:
+        known = _HEADERS.get(key)
+        if known is not None:
+            _HEADERS.move_to_end(key)
+            return known if known.path == path else replace(known, path=path)
+    gf = _parse_file(path)
+    with _HEADERS_LOCK:
+        _HEADERS[key] = gf
+        while len(_HEADERS) > _HEADERS_KEPT:
+            _HEADERS.popitem(last=False)
+    return gf
+
+
+def _parse_file(path: Path) -> GGUFFile:
+    HEADER_READS[0] += 1
     with open(path, "rb") as fh:
         magic = fh.read(4)
         if magic != GGUF_MAGIC:

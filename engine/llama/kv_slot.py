@@ -13,7 +13,7 @@ from typing import Any
 from engine.errors import EbbError
 from engine.llama.lib import llama
 from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
-from engine.llama.state_files import StateFiles
+from engine.llama.state_files import Entry, StateFiles
 
 MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept
 
@@ -32,6 +32,9 @@ class KvSlot:
         self.keep_on_drop = False
         self.last_restored = 0  # cells the last prefill took from a kept state
         self.last_restore_s = 0.0  # and the seconds that took (a disk read included)
+        self.taken_up = 0  # cells taken back before the next prompt was known (take_up)
+        self.taken_up_s = 0.0  # and the seconds that took
+        self.restored_ahead = False  # the last prefill's restored cells were taken up
 
     def record_tokens(self, tokens: list[int]) -> None:
         """Text tokens were decoded at the next positions."""
@@ -82,11 +85,69 @@ class KvSlot:
         return common_prefix(self.cells, keys)
 
     def from_snapshot(self, keys: list[Any], n_keep: int,
-                       cancel: threading.Event | None = None) -> int:
+                      cancel: threading.Event | None = None) -> int:
         """Before a prefill of `keys`: keep the cache's state if it is about to be dropped for
         another conversation, and take back a kept state (RAM, then disk) that shares more with
         `keys` than the cache does. Returns the prefix the cache now holds."""
-        self.last_restored, self.last_restore_s = 0, 0.0
+        taken, self.taken_up = self.taken_up, 0
+        self.last_restored, self.last_restore_s, self.restored_ahead = 0, 0.0, False
+        self._keep_leaving(n_keep)
+        t0 = time.perf_counter()
+        snap, n = self.snapshots.best(keys, n_keep)
+        state: State | None = snap.state if snap is not None else None
+        if self.state_files is not None:
+            entry, n_disk = self.state_files.best(keys, max(n, n_keep))
+            if entry is not None and n_disk - max(n, n_keep) >= MIN_CELLS:
+                loaded = self._load(entry, cancel)
+                if loaded is not None:
+                    state, n = loaded, n_disk
+        if state is None:  # a state taken back before this prompt was known counts as restored
+            self.last_restored = min(taken, n_keep)
+            if self.last_restored:
+                self.last_restore_s, self.restored_ahead = self.taken_up_s, True
+            return n_keep
+        return self._restore(state, n, t0)
+
+    def take_up(self, keys: list[Any] | None, tag: str, cancel: threading.Event | None = None) -> int:
+        """A conversation was opened (a chat, the window's start on it): take back its kept state
+        now, while the user reads and types, so that the next prefill finds it in the cache and
+        its first token comes as fast as if it had never left. `keys`: the conversation's
+        cells when they are known (a text-only conversation), else the longest state kept under
+        `tag` is taken. Returns the cells taken back: 0 when none is kept, the cache holds them
+        already or `cancel` was set (the cache is then as it was)."""
+        t0 = time.perf_counter()
+        state: State | None = None
+        n_keep = 0  # the cells of it the cache holds (taken back by an earlier call)
+        if keys is not None:
+            n_keep = self.cached_prefix(keys)
+            snap, n = self.snapshots.best(keys, n_keep)
+            state = snap.state if snap is not None else None
+            entry, n_disk = (self.state_files.best(keys, max(n, n_keep))
+                             if self.state_files is not None else (None, 0))
+            if entry is not None and n_disk - max(n, n_keep) >= MIN_CELLS:
+                loaded = self._load(entry, cancel)
+                if loaded is not None:
+                    state, n = loaded, n_disk
+        elif not (self.snapshots.tag == tag and self.cells):  # else the cache holds it already
+            snap = self.snapshots.longest(tag)
+            state = snap.state if snap is not None else None
+            entry = self.state_files.longest(tag) if self.state_files is not None else None
+            if entry is not None and (snap is None or len(entry.keys) >= len(snap.keys) + MIN_CELLS):
+                state = self._load(entry, cancel) or state
+            n = len(state[1]) if state is not None else 0
+        else:
+            n_keep = len(self.cells)
+        if state is None or (cancel is not None and cancel.is_set()):
+            self.taken_up = min(self.taken_up, n_keep)
+            return 0
+        self._keep_leaving(0)  # the whole cache is replaced
+        self.taken_up = self._restore(state, n, t0)
+        self.taken_up_s, self.last_restored = self.last_restore_s, 0  # said by the turn that uses them
+        return self.taken_up
+
+    def _keep_leaving(self, n_keep: int) -> None:
+        """The cache is about to drop cells from `n_keep` on: keep its state when the
+        conversation was replaced (`keep_on_drop`), under the tag of the one it held."""
         keep, self.keep_on_drop = self.keep_on_drop, False
         if keep and n_keep < len(self.cells) and self.snapshots.worth_keeping(len(self.cells)):
             kept = self.save_state()
@@ -94,18 +155,16 @@ class KvSlot:
             if self.state_files is not None:
                 self.state_files.save(kept, self.tag)
         self.snapshots.tag = self.snapshots.next_tag  # the cache is the new conversation's now
-        t0 = time.perf_counter()
-        snap, n = self.snapshots.best(keys, n_keep)
-        state: State | None = snap.state if snap is not None else None
-        if self.state_files is not None:
-            entry, n_disk = self.state_files.best(keys, max(n, n_keep))
-            if entry is not None and n_disk - max(n, n_keep) >= MIN_CELLS:
-                loaded = self.state_files.load(entry, cancel)
-                if loaded is not None:
-                    state, n = loaded, n_disk
-                    self.snapshots.add(loaded, self.tag)  # in RAM from now on too
-        if state is None:
-            return n_keep
+
+    def _load(self, entry: Entry, cancel: threading.Event | None) -> State | None:
+        """A state from disk, kept in RAM from now on too."""
+        assert self.state_files is not None
+        loaded = self.state_files.load(entry, cancel)
+        if loaded is not None:
+            self.snapshots.add(loaded, entry.tag)
+        return loaded
+
+    def _restore(self, state: State, n: int, t0: float) -> int:
         try:
             self.restore_state(state)
         except EbbError:  # not taken: the cache is in no known state, so it starts afresh

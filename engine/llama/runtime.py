@@ -582,6 +582,7 @@ class TextRuntime:
             n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, prompt_s=prompt_s,
             gen_s=time.perf_counter() - t1, stop_reason=stop, n_prompt_tokens_evaluated=n_eval,
             n_prompt_tokens_restored=self.slot.last_restored, restore_s=self.slot.last_restore_s,
+            restored_ahead=self.slot.restored_ahead,
             logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None))
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,

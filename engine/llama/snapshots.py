@@ -68,6 +68,10 @@ class Snapshots:
         self._kept.append(best)
         return best, best_n
 
+    def longest(self, tag: str) -> Snapshot | None:
+        """The longest kept state of the conversation `tag`."""
+        return max((s for s in self._kept if s.tag == tag), key=lambda s: len(s.keys), default=None)
+
     def worth_keeping(self, n_cells: int, nbytes: int | None = None) -> bool:
         return n_cells >= MIN_CELLS and (nbytes is None or nbytes <= self.budget_bytes)
 

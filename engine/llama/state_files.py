@@ -195,6 +195,10 @@ class StateFiles:
                 best, best_n = e, n
         return best, best_n
 
+    def longest(self, tag: str) -> Entry | None:
+        """The longest kept state of the conversation `tag`."""
+        return max((e for e in self.entries() if e.tag == tag), key=lambda e: len(e.keys), default=None)
+
     def load(self, entry: Entry, cancel: threading.Event | None = None) -> State | None:
         """The state in `entry`'s file, checked against its header; None when it is not this
         identity's, is damaged (removed then) or the load was stopped."""

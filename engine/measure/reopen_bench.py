@@ -4,13 +4,16 @@ taken up again, three ways, on one loaded model:
 - **never left**: the conversation stayed in the KV cache (the reference);
 - **restored**: the cache and the RAM states are emptied, as in a new process, and the
   conversation's state is read back from the disk folder (engine/llama/state_files.py);
+- **opened, then asked**: emptied the same; the conversation is opened as the window opens a
+  chat (`Session.take_up` reads its state back at once), and the question comes after a pause
+  (the user reading and typing, `--pause`): the wait the user sees;
 - **evaluated again**: emptied the same, with nothing kept on disk: the whole history is
   evaluated (and its pictures encoded) again, as Ebb did before it kept states on disk.
 
 For each conversation size (tokens of history) the three are timed in turn, the order rotating
 every round, each round with a new question, so a busy machine slows all three alike. Printed:
-the median seconds of each, restored ÷ never left (goal ≤ 1.2) and evaluated ÷ restored (goal
-≥ 10 at 16k tokens on a CPU). The state file is read through the OS's page cache once it has
+the median seconds of each, restored ÷ never left (goal ≤ 1.2), opened ÷ never left (goal
+≤ 1.05) and evaluated ÷ restored (goal ≥ 10 at 16k tokens on a CPU). The state file is read through the OS's page cache once it has
 been read: a first read from a cold disk costs its size over the disk's speed on top. A
 conversation with a picture (a generated projector) is one more row when asked.
 """
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-MODES = ("never_left", "restored", "evaluated")
+MODES = ("never_left", "restored", "opened", "evaluated")
 FILLER = ("The keeper of the lighthouse wrote in the log each night: the wind, the sea, the "
           "ships that passed, the birds that rested on the rail, and what the lamp needed. ")
 
@@ -54,7 +57,8 @@ def _forget_all(s: Any) -> None:
 
 
 def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
-                 picture: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                 picture: bool = False, pause_s: float = 1.0,
+                 log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     from engine.config import SessionConfig
     from engine.gguf.info import model_info, read_gguf
     from engine.llama.sampling import GenParams
@@ -103,7 +107,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                 times: dict[str, list[float]] = {m: [] for m in MODES}
                 restored_tokens = 0
                 for r in range(rounds):
-                    order = MODES[r % 3:] + MODES[:r % 3]
+                    order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
                     for mode in order:
                         s.set_history(hist, tag="bench")
                         _runtime(s).slot.keep_on_drop = False  # nothing written while timed
@@ -112,6 +116,9 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                         saved_disk, saved_pics = s.model.snapshots.disk, s.encoder.disk
                         if mode == "evaluated":
                             s.model.snapshots.disk, s.encoder.disk = None, None
+                        if mode == "opened":  # as the window opens a chat; then the user types
+                            s.take_up()
+                            time.sleep(pause_s)
                         try:
                             t0 = time.perf_counter()
                             res = s.turn(f"Round {r + 1}: and the weather?", gp=gp)
@@ -120,13 +127,17 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
                             s.model.snapshots.disk, s.encoder.disk = saved_disk, saved_pics
                         if mode == "restored":
                             restored_tokens = res.gen.n_prompt_tokens_restored
+                        if mode == "opened":
+                            assert res.gen.n_prompt_tokens_restored == restored_tokens or not \
+                                restored_tokens, "opened, the chat was taken back before the question"
                         log(f"  round {r + 1} {mode}: {times[mode][-1]:.3f}s")
                 med = {m: statistics.median(v) for m, v in times.items()}
                 rows.append({"tokens": n_history, "picture": with_picture, **med,
                              "state_bytes": state_bytes, "restored_tokens": restored_tokens,
                              "restored_vs_never_left": round(med["restored"] / med["never_left"], 3),
+                             "opened_vs_never_left": round(med["opened"] / med["never_left"], 3),
                              "evaluated_vs_restored": round(med["evaluated"] / med["restored"], 2)})
-    return {"threads": threads, "rounds": rounds, "model": model.name, "rows": rows,
+    return {"threads": threads, "rounds": rounds, "model": model.name, "rows": rows, "pause_s": pause_s,
             "skipped": [{"tokens": n, "why": f"the model allows {limit} tokens"} for n in skipped]}
 
 

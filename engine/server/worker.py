@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.events import TurnResult
+from engine.media.audio import AUDIO_SUFFIXES, OTHER_SOUND_SUFFIXES
 from engine.server.api.chat import ChatRequest, ImageRef
 from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within, usage
 from engine.server.api.completions import CompletionRequest, legacy_logprobs
@@ -292,6 +293,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
     session.set_history([(t.role, t.text, [image_path(job, i) for i in t.images], t.extra)
                          for t in before])
     images = [image_path(job, i) for i in last.images]
+    said = _names_said([*before, last], job)
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     if req.json_reply and grammar == req.grammar:  # response_format's JSON, not a tool grammar
@@ -334,7 +336,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
     elif not calls:
         show(held)
     if res.error is not None:
-        raise ApiError(400, res.error)
+        raise ApiError(400, said(res.error))
     g = res.gen
     result = Answer(
         res.request_id, "tool_calls" if calls else finish_reason(str(g.stop_reason or ""), watcher.hit),
@@ -401,6 +403,27 @@ def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:
         raise ApiError(400, f"this model's embeddings have {len(vectors[0])} dimensions; Ebb "
                             "does not shorten them", "dimensions")
     return Answer(session.request_id, "stop", n_tokens, vectors=vectors, base64=req.base64)
+
+
+def _names_said(turns: list[Any], job: Job) -> Callable[[str], str]:
+    """An error about a picture or clip a request sent inline names the file written of it
+    (its sha256): said to the client, it names the client's file, or its place in the request."""
+    names: dict[str, str] = {}
+    for k, t in enumerate(turns, 1):
+        for j, ref in enumerate(t.images, 1):
+            if ref.data is None:
+                continue
+            written = f"{ref.key()}{ref.suffix}"
+            what = "clip" if ref.suffix.lower() in AUDIO_SUFFIXES + OTHER_SOUND_SUFFIXES else "attachment"
+            said = ref.name or (f"the {what} in message {k}" if len(t.images) == 1
+                                else f"{what} {j} of message {k}")
+            names[str(job.image_dir / written)] = names[written] = said
+
+    def say(text: str) -> str:
+        for written in sorted(names, key=len, reverse=True):  # whole paths before bare names
+            text = text.replace(written, names[written])
+        return text
+    return say
 
 
 def image_path(job: Job, ref: ImageRef) -> Path:

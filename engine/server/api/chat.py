@@ -25,6 +25,7 @@ class ImageRef:
     data: bytes | None = None
     path: Path | None = None
     suffix: str = ".img"  # the file it is written to: a clip's says its format
+    name: str = ""  # the client's own name for it (a transcription's upload), if it gave one
 
     def key(self) -> str:
         return hashlib.sha256(self.data).hexdigest() if self.data is not None else str(self.path)
@@ -250,9 +251,13 @@ def parse_transcription_request(form: dict[str, Any]) -> ChatRequest:
                 {"type": "input_audio", "input_audio": {
                     "data": base64.b64encode(bytes(data)).decode(), "format": fmt}}]}]}
     try:
-        return parse_chat_request(body)
+        req = parse_chat_request(body)
     except ApiError as exc:
         raise ApiError(exc.status, exc.message.replace("input_audio ", "the file's "), "file") from None
+    if name:  # what is said of the clip names the client's file, not the copy written of it
+        last = replace(req.last, images=tuple(replace(i, name=str(name)) for i in req.last.images))
+        req = replace(req, last=last)
+    return req
 
 
 MAX_MEDIA_PART_BYTES = 256 * 1024 * 1024  # a video or a document sent inline
