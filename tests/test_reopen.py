@@ -216,3 +216,34 @@ def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
     w.chats.delete_chat(cid)
     wait_for(lambda: not list(states.glob(f"chat{cid}-*" + SUFFIX)))
     store.close()
+
+
+def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path):
+    """A state's bytes are hashed in pieces, each on a pool thread while the next is read
+    (#54); a file written with one sha256 of the whole (before) reads back the same way."""
+    import hashlib
+    import io
+    import os
+
+    from engine.kept_files import HASH_CHUNK, digests, read_checked, read_header, write_atomically
+
+    data = os.urandom(2 * HASH_CHUNK + 12345)
+    path = tmp_path / "kept"
+    assert write_atomically(path, MAGIC, {"tag": "x", **digests(data)}, data)
+    with open(path, "rb") as f:
+        head = read_header(f, MAGIC, 1 << 20)
+        assert len(head["sha256_chunks"]) == 3 and read_checked(f, head) == data
+    raw = bytearray(path.read_bytes())
+    raw[-HASH_CHUNK - 20] ^= 1  # a flipped bit in the middle piece
+    f = io.BytesIO(bytes(raw))
+    with pytest.raises(ValueError):
+        read_checked(f, read_header(f, MAGIC, 1 << 20))
+    old = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert read_checked(io.BytesIO(data), old) == data
+    with pytest.raises(ValueError):
+        read_checked(io.BytesIO(data[:-1] + b"\x00"), old)
+    with pytest.raises(ValueError):
+        read_checked(io.BytesIO(data + b"more"), old)  # longer than its header says
+    stop = threading.Event()
+    stop.set()
+    assert read_checked(io.BytesIO(data), old, stop) is None

@@ -23,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import os
 import re
 import struct
 import threading
@@ -31,6 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from engine.kept_files import digests, read_checked, read_header, remove, touch, write_atomically
 
 # (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
 State = tuple["bytes | bytearray", list[Any], list[int], int]
@@ -49,7 +50,6 @@ MAGIC = b"EBBKV\x01\n"
 FORMAT = 1
 SUFFIX = ".ebbkv"
 DEFAULT_BUDGET_BYTES = 4 << 30
-READ_CHUNK = 8 << 20  # a load looks at Stop between chunks of this size
 _TAG_RE = re.compile(r"[^A-Za-z0-9_.]+")
 
 
@@ -64,40 +64,6 @@ def file_identity(path: Path) -> str:
             f.seek(size - (1 << 20))
             h.update(f.read())
     return h.hexdigest()[:32]
-
-
-def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
-    """A kept file's JSON header (after `magic` and its 8-byte length), the file left at the
-    data; ValueError when it is not one."""
-    if f.read(len(magic)) != magic:
-        raise ValueError("not a file of ours")
-    (n,) = struct.unpack("<Q", f.read(8))
-    if n > limit:
-        raise ValueError("header too long")
-    head = json.loads(f.read(n))
-    if not isinstance(head, dict):
-        raise ValueError("no header")
-    return head
-
-
-def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: Any) -> bool:
-    """`magic`, the header's length, the header, then `data`, through a temporary file and a
-    rename; False (and nothing left) when the disk refused (full, read-only)."""
-    raw = json.dumps(head, separators=(",", ":")).encode()
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(magic + struct.pack("<Q", len(raw)) + raw)
-            f.write(data)
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        return False
 
 
 def _json_keys(keys: Sequence[Any]) -> list[Any]:
@@ -164,7 +130,7 @@ class StateFiles:
                 raise ValueError("no keys")
         except (OSError, ValueError, struct.error, UnicodeDecodeError):
             self.n_ignored += 1
-            self._remove(path)
+            remove(path)
             return None
         if head.get("identity") != self.identity:
             self.n_ignored += 1  # another model, context or build: left for that one
@@ -209,34 +175,19 @@ class StateFiles:
                 if head is None:
                     self._forget(path)
                     return None
-                want = int(head["nbytes"])
-                data = bytearray(want)  # read into place: llama.cpp reads it from there
-                view = memoryview(data)
-                got = 0
-                h = hashlib.sha256()
-                while got < want:
-                    if cancel is not None and cancel.is_set():
-                        return None
-                    n_read = f.readinto(view[got:got + READ_CHUNK])
-                    if not n_read:
-                        break
-                    h.update(view[got:got + n_read])
-                    got += n_read
-            if got != want or h.hexdigest() != head["sha256"]:
-                raise ValueError("the state's bytes do not match its header")
+                data = read_checked(f, head, cancel)  # read into place: llama.cpp reads it there
+            if data is None:
+                return None
             state: State = (data, _py_keys(head["keys"]), [int(p) for p in head["cell_pos"]],
                             int(head["n_past"]))
             if len(state[1]) != len(state[2]):
                 raise ValueError("keys and positions differ in length")
         except (OSError, ValueError, KeyError, TypeError, struct.error):
             self.n_ignored += 1
-            self._remove(path)
+            remove(path)
             self._forget(path)
             return None
-        try:
-            os.utime(path)  # used: the last to leave
-        except OSError:
-            pass
+        touch(path)
         return state
 
     # ------------------------------------------------------------ saving and leaving
@@ -260,8 +211,7 @@ class StateFiles:
     def _write(self, data: "bytes | bytearray", keys: list[Any], cell_pos: list[int], n_past: int,
                tag: str) -> None:
         head = {"identity": self.identity, "tag": tag, "keys": _json_keys(keys),
-                "cell_pos": cell_pos, "n_past": n_past, "nbytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(), "saved": time.time()}
+                "cell_pos": cell_pos, "n_past": n_past, **digests(data), "saved": time.time()}
         path = self.folder / f"{safe_tag(tag)}-{prefix_hash(keys)}{SUFFIX}"
         if not write_atomically(path, MAGIC, head, data):
             return  # a full or read-only disk: the state is a cache, nothing is lost
@@ -269,7 +219,7 @@ class StateFiles:
             for p, e in list(self._index.items()):  # a prefix of this one is of no more use
                 if p != path and len(e.keys) <= len(keys) and common_prefix(e.keys, keys) == len(e.keys):
                     del self._index[p]
-                    self._remove(p)
+                    remove(p)
             self._index[path] = Entry(path, tag, keys, path.stat().st_size)
         self._trim()
 
@@ -291,13 +241,6 @@ class StateFiles:
     def _forget(self, path: Path) -> None:
         with self._lock:
             self._index.pop(path, None)
-
-    @staticmethod
-    def _remove(path: Path) -> None:
-        try:
-            path.unlink()
-        except OSError:
-            pass
 
     def flush(self) -> None:
         """Wait for the writes in flight."""

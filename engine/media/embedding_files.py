@@ -3,7 +3,8 @@
 The image embeddings the encoder caches in RAM (by picture hash and projector identity, one
 entry per chunk) are written here too, one file per chunk, named by a hash of its key: a magic
 line, the header's length, the header (JSON: the chunk's key, the picture's layout for the
-tokenizer, the array's shape, the sha256 of its bytes), then the float32 embeddings. A file
+tokenizer, the array's shape, the sha256 of its bytes: engine/kept_files.py), then the float32
+embeddings. A file
 that does not parse, whose key is not the one asked for or whose bytes do not hash to its
 header's is passed over and removed, never trusted. The folder shares the states' budget
 (state_files.trim_folder). Engine thread only.
@@ -11,11 +12,10 @@ header's is passed over and removed, never trusted. The folder shares the states
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from pathlib import Path
 
-from engine.llama.state_files import read_header, write_atomically
+from engine.kept_files import digests, read_checked, read_header, remove, touch, write_atomically
 from engine.media.projector import Encoded
 
 MAGIC = b"EBBEMB\x01\n"
@@ -38,8 +38,7 @@ class EmbeddingFiles:
         data = arr.tobytes()
         write_atomically(self._path(chunk_key), MAGIC, {
             "key": chunk_key, "layout": list(layout), "shape": list(arr.shape),
-            "n_tokens": enc.n_tokens, "encode_s": enc.encode_s,
-            "sha256": hashlib.sha256(data).hexdigest()}, data)
+            "n_tokens": enc.n_tokens, "encode_s": enc.encode_s, **digests(data)}, data)
 
     def layout(self, chunk_key: str) -> tuple[int, int, int] | None:
         """The picture's layout (width, height, chunks) kept with this chunk, if it is kept."""
@@ -54,7 +53,7 @@ class EmbeddingFiles:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, struct.error):
-            self._remove(path)
+            remove(path)
             return None
 
     def load(self, chunk_key: str) -> Encoded | None:
@@ -65,29 +64,21 @@ class EmbeddingFiles:
         try:
             with open(path, "rb") as f:
                 head = read_header(f, MAGIC, 1 << 20)
-                data = f.read()
-            shape = tuple(int(v) for v in head["shape"])
-            if head.get("key") != chunk_key or len(shape) != 2:
-                return None
-            if (len(data) != shape[0] * shape[1] * 4
-                    or hashlib.sha256(data).hexdigest() != head["sha256"]):
+                shape = tuple(int(v) for v in head["shape"])
+                if head.get("key") != chunk_key or len(shape) != 2:
+                    return None
+                if "nbytes" not in head:  # written before the header said it
+                    head["nbytes"] = shape[0] * shape[1] * 4
+                data = read_checked(f, head)
+            if data is None or len(data) != shape[0] * shape[1] * 4:
                 raise ValueError("the embeddings do not match their header")
-            arr = np.frombuffer(data, dtype=np.float32).reshape(shape).copy()
+            arr = np.frombuffer(data, dtype=np.float32).reshape(shape)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, struct.error):
-            self._remove(path)
+            remove(path)
             return None
-        try:
-            os.utime(path)  # used: the last to leave
-        except OSError:
-            pass
+        touch(path)
         self.n_loaded += 1
         return Encoded(int(head.get("n_tokens", shape[0])), arr, 0.0)
 
-    @staticmethod
-    def _remove(path: Path) -> None:
-        try:
-            path.unlink()
-        except OSError:
-            pass

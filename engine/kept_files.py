@@ -1,0 +1,125 @@
+"""The files Ebb keeps as caches (the conversations' KV states, the encoded pictures): a magic
+line, the header's length, a JSON header, then the bytes. Written through a temporary file and
+a rename; read back checked against the hashes the header carries, or not at all: a file that
+does not parse or whose bytes do not match is removed, never trusted. A use touches the file
+(the folder's budget lets the least recently used go first).
+
+The bytes are hashed in pieces of HASH_CHUNK, each piece's sha256 in the header: reading back,
+each piece is hashed on a pool thread while the next is read (hashlib lets the GIL go), so the
+check costs little more than the read (a 48 MiB state: 0.075 s read and hashed in turn,
+#54). A file written before carries one sha256 of the whole, checked the same way in one go.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+from typing import Any
+
+HASH_CHUNK = 4 << 20
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(
+                max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="ebb-hash")
+        return _POOL
+
+
+def _sha(view: memoryview) -> str:
+    return hashlib.sha256(view).hexdigest()
+
+
+def digests(data: "bytes | bytearray | memoryview") -> dict[str, Any]:
+    """What the header says of `data`: its length and each HASH_CHUNK piece's sha256."""
+    view = memoryview(data)
+    return {"nbytes": len(view), "hash_chunk": HASH_CHUNK,
+            "sha256_chunks": [_sha(view[i:i + HASH_CHUNK]) for i in range(0, len(view), HASH_CHUNK)]}
+
+
+def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
+    """A kept file's JSON header (after `magic` and its 8-byte length), the file left at the
+    data; ValueError when it is not one."""
+    if f.read(len(magic)) != magic:
+        raise ValueError("not a file of ours")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > limit:
+        raise ValueError("header too long")
+    head = json.loads(f.read(n))
+    if not isinstance(head, dict):
+        raise ValueError("no header")
+    return head
+
+
+def read_checked(f: Any, head: dict[str, Any],
+                 cancel: threading.Event | None = None) -> bytearray | None:
+    """The bytes after the header, read into place and checked against the header's hashes
+    (ValueError when they differ, or the file is shorter or longer); None when `cancel` was set
+    between two pieces."""
+    want = int(head["nbytes"])
+    data = bytearray(want)
+    view = memoryview(data)
+    chunks = head.get("sha256_chunks")
+    piece = int(head.get("hash_chunk") or HASH_CHUNK) if isinstance(chunks, list) else 8 << 20
+    whole = hashlib.sha256() if not isinstance(chunks, list) else None
+    pending: list[concurrent.futures.Future[str]] = []
+    got = 0
+    while got < want:
+        if cancel is not None and cancel.is_set():
+            return None
+        n = f.readinto(view[got:got + piece])
+        if not n:
+            break
+        if whole is not None:
+            whole.update(view[got:got + n])
+        else:
+            pending.append(_pool().submit(_sha, view[got:got + n]))
+        got += n
+    if got != want or f.read(1):
+        raise ValueError("the file's length does not match its header")
+    if whole is not None:
+        if whole.hexdigest() != head.get("sha256"):
+            raise ValueError("the bytes do not match their header")
+    elif [p.result() for p in pending] != chunks:
+        raise ValueError("the bytes do not match their header")
+    return data
+
+
+def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: Any) -> bool:
+    """`magic`, the header's length, the header, then `data`, through a temporary file and a
+    rename; False (and nothing left) when the disk refused (full, read-only)."""
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(magic + struct.pack("<Q", len(raw)) + raw)
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        remove(tmp)
+        return False
+
+
+def touch(path: Path) -> None:
+    """Used: the last to leave."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
