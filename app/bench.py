@@ -40,8 +40,8 @@ def _window_run(args: argparse.Namespace) -> int:
     app.setStyle("Fusion")
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp))
-        store.set_setting("ctx", args.ctx)
-        store.set_setting("threads", args.threads)
+        store.settings.set("ctx", args.ctx)
+        store.settings.set("threads", args.threads)
         cfg, rpc = session_config(store, "default", "")
         w = MainWindow(store, cfg, rpc)
         w.resize(1200, 800)

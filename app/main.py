@@ -198,7 +198,7 @@ def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
 
     native.enable_crash_log()  # a fatal signal is written down for the next start
     crash = native.last_crash()
-    if store.setting(safe_mode.SAFE_MODE_SETTING):
+    if store.settings.get(safe_mode.SAFE_MODE_SETTING):
         native.set_safe_mode(True)
     window = MainWindow(store, None if crash else cfg, rpc)
     if crash is not None:
@@ -239,11 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     if not lock.acquire():  # one writer per data folder: the running window takes our files
         return _already_running(data_dir(), lock, args.paths)
     store = Store(data_dir())
-    model = args.model or store.setting("model") or DEFAULT_NAME
+    model = args.model or store.settings.get("model") or DEFAULT_NAME
     if args.mmproj is not None:
         mmproj = args.mmproj
-    elif args.model is None and store.setting("model"):
-        mmproj = store.setting("mmproj", "")
+    elif args.model is None and store.settings.get("model"):
+        mmproj = store.settings.get("mmproj", "")
     else:
         mmproj = DEMO if model == DEFAULT_NAME else ""
     gone = ""  # the last used model was deleted or moved: the default opens, and says why

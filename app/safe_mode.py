@@ -49,7 +49,7 @@ def crash_banner(crash: native.Crash, store: object, load: Callable[[], None]) -
     """What happened, and the way on: safe mode (kept in the settings) or the same again."""
 
     def safe() -> None:
-        store.set_setting(SAFE_MODE_SETTING, True)  # type: ignore[attr-defined]
+        store.settings.set(SAFE_MODE_SETTING, True)  # type: ignore[attr-defined]
         native.set_safe_mode(True)
         load()
 
@@ -64,7 +64,7 @@ def crash_banner(crash: native.Crash, store: object, load: Callable[[], None]) -
 
 def safe_mode_banner(store: object) -> Banner:
     def leave() -> None:
-        store.set_setting(SAFE_MODE_SETTING, False)  # type: ignore[attr-defined]
+        store.settings.set(SAFE_MODE_SETTING, False)  # type: ignore[attr-defined]
 
     return Banner(f"Safe mode is on ({native.safe_mode_reason()}). {SAFE_MODE_TEXT}",
                   [("Leave safe mode at the next start", leave)])

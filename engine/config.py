@@ -75,7 +75,7 @@ class SessionConfig:
     # bytes of image embeddings kept (least recently used leave first; encoded again if needed)
     image_cache_bytes: int = 1 << 30
     # autotune's per-phase choice: generation runs at its layers and threads, the prompt with
-    # its threads, and a long enough prompt at its layers (live mover; engine.placement.phases)
+    # its threads, and a long enough prompt at its layers (live mover; engine.placement.phase_choice)
     phases: PhaseTuning | None = None
     n_threads_batch: int | None = None  # threads for prompt batches (None: n_threads)
     # the model's memory of conversations and the encoded pictures, kept on disk to reopen a

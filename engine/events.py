@@ -8,7 +8,7 @@ from typing import Any
 
 from engine import testhooks
 from engine.stops import StopReason
-from engine.tuned import TuneResult
+from engine.tune_result import TuneResult
 
 
 def _now() -> float:

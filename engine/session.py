@@ -35,7 +35,8 @@ from engine.gguf.info import (
 )
 from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
-from engine.llama.runtime import GenResult, check_context
+from engine.llama.loaded_model import check_context
+from engine.llama.runtime import GenResult
 from engine.llama.sampling import GenParams
 from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover

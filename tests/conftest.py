@@ -49,7 +49,8 @@ def tiny_projector(model_path: Path, projector_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def text_runtime(model_path: Path):
-    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
 
     rt = TextRuntime(LoadParams(model_path, n_ctx=2048, n_threads=N_THREADS))
     yield rt

@@ -191,8 +191,8 @@ def fresh_store(tmp_path: Path) -> Any:
     from app.core.store import Store
 
     s = Store(tmp_path / "data")
-    s.set_setting("ctx", 1024)
-    s.set_setting("threads", N_THREADS)
+    s.settings.set("ctx", 1024)
+    s.settings.set("threads", N_THREADS)
     return s
 
 
@@ -205,7 +205,7 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
     from engine.llama.sampling import GenParams
 
     for k, v in settings.items():
-        store.set_setting(k, v)
+        store.settings.set(k, v)
     cfg, rpc = session_config(store, model, mmproj, rpc=rpc or [])
     w = track_window(MainWindow(store, cfg, rpc))
     qtbot.addWidget(w)

@@ -273,12 +273,12 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
     print(f"\ntune: {r['n_runs']} runs, best gen {r['best_gen_layers']}, best prompt "
           f"{r['best_prompt_layers']}; screenshot {tmp_path / 'tune.png'}")
     dlg.apply_button.click()
-    assert store.setting("gpu_layers", -1) == r["best_gen_layers"]
-    assert store.setting("prompt_layers", -1) == r["best_prompt_layers"]
-    assert store.setting("threads", 0) == r["best_gen_threads"]
-    assert store.setting("threads_batch", 0) == r["best_prompt_threads"]
+    assert store.settings.get("gpu_layers", -1) == r["best_gen_layers"]
+    assert store.settings.get("prompt_layers", -1) == r["best_prompt_layers"]
+    assert store.settings.get("threads", 0) == r["best_gen_threads"]
+    assert store.settings.get("threads_batch", 0) == r["best_prompt_threads"]
     # flash attention as measured on the device (#30), said in the summary
-    assert store.setting("flash_attn", None) is r["flash_attn"]["on"]
+    assert store.settings.get("flash_attn", None) is r["flash_attn"]["on"]
     assert "flash attention" in dlg.summary.text()
     wait_for(lambda: w.chat.loaded and w.model_label.text() != before or
              w.chat.last_cfg.gpu_layers == r["best_gen_layers"])
@@ -435,7 +435,7 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
     # Settings turn it off: nothing listens there any more
-    store.set_setting("server", False)
+    store.settings.set("server", False)
     w.local_server.apply(w.settings())
     assert w.local_server.thread is None and not w.server_status.isVisible()
     import socket

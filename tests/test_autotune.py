@@ -211,7 +211,7 @@ class TurnTimes(Curves):
 
 def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_path):
     from app.core.settings import phase_settings
-    from engine.tuned import TuneResult
+    from engine.tune_result import TuneResult
 
     info = model_info(read_gguf(model_path))
     c = TurnTimes(info, on_s=2.0, off_s=1.5)

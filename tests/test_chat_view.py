@@ -166,8 +166,8 @@ def test_a_reply_runs_past_the_old_cap_and_continue_grows_it_in_place(qtbot, tmp
     test_continue.py on one evaluation path (here two chats would prefill the same prompt by
     two paths, whole and from the cache, and a long greedy story may part on another CPU)."""
     store = Store(tmp_path / "data")
-    store.set_setting("threads", 2)
-    store.set_setting("ctx", 512)
+    store.settings.set("threads", 2)
+    store.settings.set("ctx", 512)
     w = open_window(qtbot, store)
     # the default: no cap; a reply runs until the model stops or the context is full
     assert w.settings().max_tokens == 0

@@ -161,8 +161,8 @@ def test_the_window_says_where_the_models_memory_begins(qtbot, tmp_path):
     from app.core.store import Store
 
     store = Store(tmp_path / "data")
-    store.set_setting("threads", N_THREADS)
-    store.set_setting("ctx", 512)
+    store.settings.set("threads", N_THREADS)
+    store.settings.set("ctx", 512)
     w = open_window(qtbot, store)
     w.gen_params = GP
     for i in range(7):
@@ -242,7 +242,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
     old = store.create_conversation("Before")
     store.add_message(old, "user", "An earlier question.")
     store.add_message(old, "assistant", "An earlier answer.", stats={"stop_reason": "stop"})
-    store.set_setting("ctx", 2048)
+    store.settings.set("ctx", 2048)
     store.close()
     env = {"EBB_TEST_SEND": LONG}
     args = ["--model", "default", "--mmproj", ""]
@@ -253,12 +253,12 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         args = ["--model", "default", "--mmproj", str(base_projector)]
         if moment == "evict":
             s = Store(data)
-            s.set_setting("vision", "swap")
-            s.set_setting("vram_budget", "300MiB")
+            s.settings.set("vision", "swap")
+            s.settings.set("vram_budget", "300MiB")
             s.close()
         else:
             s = Store(data)
-            s.set_setting("vision", "cpu")
+            s.settings.set("vision", "cpu")
             s.close()
     own_server = RpcServer() if moment == "evict" else None
     if own_server is not None:
@@ -303,7 +303,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
         from app.mainwindow.window import MainWindow
 
         cfg, rpc = session_config(store, "default", "")
-        store.set_setting("vision", "auto")
+        store.settings.set("vision", "auto")
         w = MainWindow(store, cfg, [])
         track_window(w)
         qtbot.addWidget(w)
@@ -489,8 +489,8 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
 
     data = small_disk / "data"
     store = Store(data)
-    store.set_setting("threads", N_THREADS)
-    store.set_setting("ctx", 1024)
+    store.settings.set("threads", N_THREADS)
+    store.settings.set("ctx", 1024)
     w = open_window(qtbot, store, mmproj=str(tiny_projector), vision="cpu")
     w.gen_params = GP
     filler = _fill_disk(small_disk)

@@ -14,8 +14,8 @@ from tests.helpers import track_window, wait_for
 
 def _fresh_window(qtbot, tmp_path):
     store = Store(tmp_path / "data")
-    store.set_setting("ctx", 1024)
-    store.set_setting("threads", 2)
+    store.settings.set("ctx", 1024)
+    store.settings.set("threads", 2)
     cfg, rpc = session_config(store, "default", "")
     w = MainWindow(store, cfg, rpc)
     track_window(w)

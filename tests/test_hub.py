@@ -318,7 +318,7 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         hub.add("ebb/smol-colour-GGUF", {"smol-Q4_1.gguf": model_path, projector.name: projector},
                 tags=["gguf"], downloads=3)
         hub.add("ebb/smol-text-GGUF", {"smol-Q4_1.gguf": model_path}, tags=["gguf"], downloads=7)
-        store.set_setting("hub_endpoint", hub.endpoint)
+        store.settings.set("hub_endpoint", hub.endpoint)
         w = open_window(qtbot, store)
         w.get_models_action.trigger()
         dlg = w.models.hub_dialog
@@ -327,7 +327,7 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
         wait_for(lambda: dlg.results.count() == 1)
         assert "ebb/smol-colour-GGUF" in dlg.results.item(0).text()
         dlg.images.setChecked(False)  # "Can see images" is remembered
-        assert store.setting("hub_images") is False
+        assert store.settings.get("hub_images") is False
         dlg.images.setChecked(True)
         dlg.query.setText("smol")
         dlg.search()
@@ -375,8 +375,8 @@ def test_a_download_goes_on_when_the_dialog_closes_and_the_window_says_when_it_i
     with LoopbackHub() as hub:
         for repo in ("ebb/first-GGUF", "ebb/second-GGUF"):
             hub.add(repo, {"smol-Q4_1.gguf": model_path}, tags=["gguf"])
-        store.set_setting("hub_endpoint", hub.endpoint)
-        store.set_setting("hub_images", False)
+        store.settings.set("hub_endpoint", hub.endpoint)
+        store.settings.set("hub_images", False)
         w = open_window(qtbot, store)
         w.get_models_action.trigger()
         dlg = w.models.hub_dialog

@@ -179,7 +179,8 @@ def test_a_split_model_is_read_whole_from_its_first_part(tmp_path, model_path):
     from engine.hub.remote import remote_gguf
     from engine.gguf.info import merge_parts
     from engine.hub.verdict import judge
-    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
     from engine.placement.plan import plan_placement
     from tests.hub import LoopbackHub
     from tests.test_hub import MACHINES

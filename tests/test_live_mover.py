@@ -52,7 +52,7 @@ from pathlib import Path
 from engine.llama.devices import connect_rpc
 from engine.models.default import default_model_path
 from engine.session import Session, SessionConfig
-from engine.measure.bench import auto_budget
+from engine.measure.swap_bench import auto_budget
 connect_rpc(sys.argv[1])
 cfg = SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n_threads=2,
                     vision="swap", mover="live", rpc=(sys.argv[1],))

@@ -235,7 +235,7 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     from tests.helpers import fresh_store, open_window, send
 
     store = fresh_store(tmp_path)
-    store.set_setting("ctx", 2048)
+    store.settings.set("ctx", 2048)
     w = open_window(qtbot, store, str(model_path), str(colour_projector), max_tokens=8)
     clip = write_video(tmp_path / "changing.mp4", [(RED, 2.0), (GREEN, 2.0), (BLUE, 2.0)])
     assert w.composer.attach(clip)

@@ -117,7 +117,7 @@ def test_the_amx_buffer_type_is_never_asked_for(monkeypatch, model_path):
     log names none."""
     from engine.llama import ggml
     from engine.llama import log as llama_log
-    from engine.llama.runtime import LoadedModel, LoadParams
+    from engine.llama.loaded_model import LoadedModel, LoadParams
 
     assert "AMX" not in ggml.cpu_extra_buffer_types()
     monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
@@ -145,7 +145,7 @@ def test_the_amx_buffer_type_is_never_asked_for(monkeypatch, model_path):
 
 
 def test_safe_mode_loads_without_extra_buffers_and_hides_gpus(monkeypatch, model_path):
-    from engine.llama.runtime import LoadedModel, LoadParams
+    from engine.llama.loaded_model import LoadedModel, LoadParams
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setattr(native, "_session_safe_mode", "")
@@ -224,7 +224,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
     monkeypatch.setattr(native, "_session_safe_mode", "")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     s = Store(data)
-    s.set_setting("ctx", 1024)
+    s.settings.set("ctx", 1024)
     s.close()
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", EBB_DATA_DIR=str(data),
                EBB_TEST_SEND="Hello", **{native.CRASH_TEST_ENV: "1"})
@@ -249,7 +249,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
         banner.buttons["Start in safe mode"].click()
         assert not banner.isVisible()
         wait_for(lambda: w.chat.loaded)
-        assert store.setting("safe_mode") is True and native.safe_mode()
+        assert store.settings.get("safe_mode") is True and native.safe_mode()
         w.composer.edit.setPlainText("Hi")
         w.sending.send()
         wait_for(lambda: not w.chat.busy)

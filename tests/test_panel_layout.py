@@ -21,7 +21,7 @@ def _layout_pass() -> None:
 
 def test_hovering_a_long_span_changes_no_width(qtbot, tmp_path):
     store = Store(tmp_path / "data")
-    store.set_setting("ctx", 1024)
+    store.settings.set("ctx", 1024)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.resize(1024, 700)
     qtbot.waitExposed(w)
@@ -54,7 +54,7 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
     from tests.helpers import wait_for
 
     store = Store(tmp_path / "data")
-    store.set_setting("ctx", 1024)
+    store.settings.set("ctx", 1024)
     cid = store.create_conversation("A long chat")
     for i in range(30):
         store.add_message(cid, "user", f"Question {i}: " + "words " * 40)
@@ -106,7 +106,7 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
     zoom is time only; every residency cell has a tooltip and cells keep their places."""
 
     store = Store(tmp_path / "data")
-    store.set_setting("ctx", 1024)
+    store.settings.set("ctx", 1024)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.panel.show()
     w.composer.edit.setPlainText("Hi")
@@ -138,7 +138,7 @@ def test_the_panel_follows_the_latest_request_in_steps_with_named_cells(qtbot, t
 def test_tune_says_its_progress_and_its_marks_do_not_overlap(qtbot):
     from app.dialogs.tune import TuneDialog
     from engine.measure.autotune import planned_runs
-    from engine.tuned import TuneResult
+    from engine.tune_result import TuneResult
 
     dlg = TuneDialog()
     qtbot.addWidget(dlg)

@@ -6,9 +6,9 @@ import pytest
 
 from engine.config import PhaseTuning, SessionConfig
 from engine.llama.sampling import GenParams
-from engine.placement.phases import decide_rebalance
+from engine.placement.phase_choice import decide_rebalance
 from engine.session import Session
-from engine.tuned import TuneResult
+from engine.tune_result import TuneResult
 from tests.helpers import N_THREADS, agree_where_decided
 
 # the replies of two placements are compared DECIDED (tests/helpers.py): layers on another
@@ -181,14 +181,14 @@ def test_use_these_saves_each_phase_and_the_session_config_carries_it(tmp_path):
 
     store = Store(tmp_path / "data")
     for k, v in phase_settings(TuneResult.from_dict(RESULT)).items():
-        store.set_setting(k, v)
+        store.settings.set(k, v)
     s = load_settings(store)
     assert (s.gpu_layers, s.prompt_layers, s.threads, s.threads_batch) == (5, 20, 1, 2)
     assert phase_tuning(s) == TUNING  # the prompt speeds measured at the prompt's threads
     cfg, _ = session_config(store, "default", "")
     assert cfg.phases == TUNING and cfg.n_threads == 1 and cfg.n_threads_batch == 2
     # a user override to a count Tune never measured: one placement (nothing prices a move)
-    store.set_setting("prompt_layers", 12)
+    store.settings.set("prompt_layers", 12)
     assert session_config(store, "default", "")[0].phases is None
     store.close()
 
@@ -254,7 +254,7 @@ def test_one_rule_for_which_layers_a_count_puts_on_the_device():
 
 def test_a_phase_move_is_priced_the_same_for_the_session_and_what_if():
     """#28: one pure plan_phase_move: the layers that differ, their bytes, the budget's room."""
-    from engine.placement.phases import plan_phase_move
+    from engine.placement.phase_choice import plan_phase_move
 
     t = PhaseTuning(gen_layers=5, prompt_layers=11, gen_threads=1, prompt_threads=2,
                     prompt_tps_at_gen=100.0, prompt_tps_at_prompt=400.0)

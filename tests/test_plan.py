@@ -161,7 +161,7 @@ def test_one_context_limit_for_planning_and_for_a_session(model):
 
     from engine.errors import EbbError
     from engine.gguf.info import UNSTATED_CONTEXT
-    from engine.llama.runtime import check_context
+    from engine.llama.loaded_model import check_context
 
     for info in (model, replace(model, n_ctx_train=0)):
         most = info.fit_context(10**7)

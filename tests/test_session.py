@@ -80,7 +80,7 @@ def test_the_window_cuts_the_context_setting_to_what_the_model_was_trained_for(t
 
 def test_bench_run_without_pictures_returns_its_text(shared_rpc_server, model_path, base_projector):
     from engine.llama.devices import connect_rpc
-    from engine.measure.bench import _run
+    from engine.measure.swap_bench import _run
 
     connect_rpc(shared_rpc_server.endpoint)
     cfg = SessionConfig(model_path, base_projector, n_ctx=1024, n_threads=N_THREADS,

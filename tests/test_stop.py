@@ -31,7 +31,8 @@ class StopOnceEvaluated(threading.Event):
 @pytest.fixture(scope="module")
 def small_batches(model_path):
     """Batches of 32 tokens: a prompt is many batches, quick to evaluate again and again."""
-    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
     from tests.helpers import N_THREADS
 
     rt = TextRuntime(LoadParams(model_path, n_ctx=1024, n_threads=N_THREADS, n_batch=32))
@@ -88,7 +89,8 @@ def test_a_prompt_on_the_stand_in_tells_its_progress_and_stops_between_batches(
     tokens"), and Stop ends it at the next batch with the cache holding what was evaluated.
     No timing is asserted: where it stopped is."""
     from engine.llama.devices import connect_rpc, remote_device_names
-    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
     from tests.helpers import N_THREADS
 
     connect_rpc(shared_rpc_server.endpoint)

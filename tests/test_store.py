@@ -39,10 +39,10 @@ def test_conversations_messages_images_and_settings(tmp_path):
     assert [c.id for c in s.trashed()] == [b] and len(list(s.images_dir.iterdir())) == 1
     s.purge_trash(days=0)  # the trash is emptied: its pictures go too
     assert list(s.images_dir.iterdir()) == [] and s.trashed() == []
-    s.set_setting("rpc", ["127.0.0.1:50052"])
+    s.settings.set("rpc", ["127.0.0.1:50052"])
     s.close()
     again = Store(tmp_path)
-    assert again.setting("rpc") == ["127.0.0.1:50052"] and again.setting("missing", 3) == 3
+    assert again.settings.get("rpc") == ["127.0.0.1:50052"] and again.settings.get("missing", 3) == 3
     again.close()
 
 
@@ -83,7 +83,7 @@ def test_settings_dialog_values_persist_into_the_session_config(qtbot, tmp_path)
     dlg.vision.setCurrentText("swap")
     dlg.rpc.setText("127.0.0.1:50052")
     for k, v in dlg.values().items():
-        s.set_setting(k, v)
+        s.settings.set(k, v)
     cfg, rpc = session_config(s, "default", "")
     assert (cfg.vram_budget_bytes, cfg.n_threads, cfg.n_ctx) == (6 * 2**30, 2, 2048)
     assert cfg.flash_attn is False and cfg.vision == "swap" and rpc == ["127.0.0.1:50052"]

@@ -29,7 +29,7 @@ def test_a_damaged_model_is_said_above_the_chat_and_stays_until_closed(qtbot, tm
     assert w.model_label.width() <= w.width() // 2 + 1
     w.statusBar().showMessage("a transient message")
     assert w.statusBar().currentMessage() == "a transient message"
-    assert store.setting("model") is None  # a model that never loaded is not remembered
+    assert store.settings.get("model") is None  # a model that never loaded is not remembered
     notice = w.notice.notices()[0]
     assert notice.kind == "error"
     notice.close_button.click()
@@ -45,7 +45,7 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     wrong = write_projector(tmp_path / "mmproj-for-a-wider-model.gguf", 896, size="tiny", seed=3)
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
-    assert w.chat.loaded and store.setting("model") == "default"
+    assert w.chat.loaded and store.settings.get("model") == "default"
     label = w.model_label.text()
     w.last_error = ""
     w.models.load(str(model_path), str(wrong))
@@ -54,7 +54,7 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     assert "with mmproj-for-a-wider-model.gguf:" in w.notice.text()
     assert "again" in w.notice.text()  # ... and the previous model is loaded again
     assert w.model_label.text() == label and w.send_button.isEnabled()
-    assert store.setting("mmproj") == "" and store.setting("model") == "default"
+    assert store.settings.get("mmproj") == "" and store.settings.get("model") == "default"
     w.composer.edit.setPlainText("Hi")
     w.sending.send()
     wait_for(lambda: not w.chat.busy)
@@ -68,7 +68,7 @@ def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
     bad = {"ctx": "lots", "threads": "abc", "vram_budget": "-5GiB", "image_cache": "-1",
            "vision": "turbo", "overflow": "explode", "rpc": "notalist"}
     for k, v in bad.items():
-        store.set_setting(k, v)
+        store.settings.set(k, v)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     assert w.chat.loaded, w.last_error
     text = w.notice.text()
@@ -103,8 +103,8 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
 
     data = tmp_path / "data"
     s = Store(data)
-    s.set_setting("ctx", 1024)
-    s.set_setting("max_tokens", 0)
+    s.settings.set("ctx", 1024)
+    s.settings.set("max_tokens", 0)
     s.close()
     first = _window_process(data, EBB_TEST_SEND="Write a long story about a lighthouse keeper.")
     try:
@@ -139,7 +139,7 @@ def test_sighup_saves_and_closes_as_sigterm_does(tmp_path):
     or logged; now it is a close like SIGTERM's: the reply so far is saved, exit code 0."""
     data = tmp_path / "data"
     s = Store(data)
-    s.set_setting("ctx", 1024)
+    s.settings.set("ctx", 1024)
     s.close()
     proc = _window_process(data, EBB_TEST_SEND="Write a long story about a lighthouse keeper.")
     try:
@@ -362,9 +362,9 @@ def test_when_the_last_model_is_gone_the_default_opens_and_says_why(tmp_path):
     model") and says which file is gone and how to choose another."""
     data = tmp_path / "data"
     s = Store(data)
-    s.set_setting("ctx", 1024)
-    s.set_setting("model", str(tmp_path / "models" / "Gone-7B.Q4_K_M.gguf"))
-    s.set_setting("mmproj", "")
+    s.settings.set("ctx", 1024)
+    s.settings.set("model", str(tmp_path / "models" / "Gone-7B.Q4_K_M.gguf"))
+    s.settings.set("mmproj", "")
     s.close()
     proc = _window_process(data, EBB_TEST_PRINT_NOTICE="1")
     out, err = proc.communicate(timeout=120)

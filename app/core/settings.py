@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import PhaseTuning, SessionConfig, flash_choice
-from engine.tuned import TuneResult
+from engine.tune_result import TuneResult
 from engine.units import parse_size
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ CHAT_KEYS = tuple(f.name for f in fields(ChatParams))
 def chat_params(store: Any, conv_id: int) -> ChatParams:
     """A chat's system prompt and sampling: its own where it has them, else Settings'."""
     base = {k: v for k, v in load_settings(store).to_dict().items() if k in CHAT_KEYS}
-    own = store.setting(f"chat:{conv_id}", {}) if conv_id else {}
+    own = store.settings.get(f"chat:{conv_id}", {}) if conv_id else {}
     for k, v in (own.items() if isinstance(own, dict) else ()):
         if k in CHAT_KEYS:
             try:
@@ -230,7 +230,7 @@ def default_gen_params(s: Settings) -> GenParams:
 def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
     """A reply's sampling (GenParams): `base` (the window's, from Settings), with the chat's
     own on top where it has them (Model → Chat settings…)."""
-    own = store.setting(f"chat:{conv_id}") if conv_id else None
+    own = store.settings.get(f"chat:{conv_id}") if conv_id else None
     if not isinstance(own, dict):
         return base
     p = chat_params(store, conv_id)
@@ -242,7 +242,7 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
 
 
 def set_chat_params(store: Any, conv_id: int, params: ChatParams) -> None:
-    store.set_setting(f"chat:{conv_id}", params.to_dict())
+    store.settings.set(f"chat:{conv_id}", params.to_dict())
 
 
 # Chat settings' presets everyone has (the user's own are saved in "chat_presets")
@@ -270,7 +270,7 @@ DEMO_GREEDY_NOTE = ("This chat now replies greedily (Chat settings: “Greedy”
 def demo_chat_params(store: Any, conv_id: int) -> bool:
     """A chat about to send the demo projector a picture, with no sampling of its own: give it
     the greedy preset (kept as its own, shown in Chat settings). True when it was set now."""
-    if not conv_id or isinstance(store.setting(f"chat:{conv_id}"), dict):
+    if not conv_id or isinstance(store.settings.get(f"chat:{conv_id}"), dict):
         return False
     base = chat_params(store, conv_id)
     greedy = {k: v for k, v in BUILT_IN_PRESETS[GREEDY_PRESET].items() if k in CHAT_KEYS}
@@ -285,7 +285,7 @@ def checked_settings(store: Any) -> tuple[Settings, list[str]]:
     problems: list[str] = []
     for key, default in DEFAULTS.items():
         try:
-            value = store.setting(key, default)
+            value = store.settings.get(key, default)
         except ValueError:  # not even JSON
             value = _UNREADABLE
         try:
@@ -344,8 +344,8 @@ def readable_model_name(path: str, header_name: str = "") -> str:
 
 def remember_model(store: Any, model: str, mmproj: str) -> None:
     """The model and projector the next start opens: called once they have loaded."""
-    store.set_setting("model", model)
-    store.set_setting("mmproj", mmproj)
+    store.settings.set("model", model)
+    store.settings.set("mmproj", mmproj)
 
 
 def phase_tuning(s: Settings) -> PhaseTuning | None:

@@ -1,4 +1,5 @@
-"""Conversations, messages, attachments, per-reply stats and settings in SQLite (WAL).
+"""Conversations, messages, attachments and per-reply stats in SQLite (WAL); the settings' table
+is read and written through `settings_store.py`.
 
 Images are stored once, named by content hash, under the data folder. The user's message is
 committed before the reply starts; the reply is committed while it streams (state `streaming`)
@@ -28,6 +29,8 @@ from typing import Any, Iterator
 
 from engine.media.attachments import split as split_ref
 from engine.errors import EbbError
+
+from app.core.settings_store import SettingsStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -149,6 +152,7 @@ class Store:
                 self._set_aside(path, exc)
         except OSError as exc:  # the folder cannot be made or written
             self._open_in_memory(path, exc)
+        self.settings = SettingsStore(lambda: self.db, self._writing)  # the key-values
         self.recovered = self._mark_interrupted()
         if not self.in_memory:
             self.purge_trash()
@@ -617,17 +621,6 @@ class Store:
         for f in self.images_dir.iterdir():
             if f.is_file() and f.name not in used:
                 f.unlink(missing_ok=True)
-
-    # ------------------------------------------------------------ settings
-
-    def setting(self, key: str, default: Any = None) -> Any:
-        row = self.db.execute("SELECT value FROM settings WHERE key=?", (key,)).fetchone()
-        return json.loads(row[0]) if row else default
-
-    def set_setting(self, key: str, value: Any) -> None:
-        with self._writing("the setting"):
-            self.db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?,?)",
-                            (key, json.dumps(value)))
 
 
 def _subtree(parents: dict[int, int | None], root: int) -> set[int]:

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
-from engine.tuned import FlashChoice, TuneResult
+from engine.tune_result import FlashChoice, TuneResult
 
 BEST, CLIFF, BUDGET = "#43a047", "#8e24aa", "#757575"
 # one colour per thread count (cycled)

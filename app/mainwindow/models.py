@@ -103,7 +103,7 @@ class Models:
     def open_model(self) -> None:
         dlg = ModelPicker(self.w.settings(), self.w)
         if dlg.exec() and not self.w.chat.busy:
-            self.w.store.set_setting("model_folders", dlg.folders)
+            self.w.store.settings.set("model_folders", dlg.folders)
             model, mmproj = dlg.choice()
             if model:
                 self.load(model, mmproj)
@@ -156,7 +156,7 @@ class Models:
         if dlg.exec():
             try:
                 for k, v in dlg.values().items():
-                    self.w.store.set_setting(k, v)
+                    self.w.store.settings.set(k, v)
             except EbbError as exc:
                 self.w.show_error(str(exc))
                 return

@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from app.dialogs.tune import TuneDialog
-from engine.tuned import TuneResult
+from engine.tune_result import TuneResult
 
 
 NO_ACCELERATOR = ("Tune measures tokens/s against how many layers sit on an accelerator, and this "
@@ -68,7 +68,7 @@ class TuneController:
         w = self.w
         chosen = phase_settings(result)
         for key, value in chosen.items():
-            w.store.set_setting(key, value)
+            w.store.settings.set(key, value)
         cfg = w.chat.last_cfg
         if cfg is not None:
             w.models.load(str(cfg.model_path), str(cfg.mmproj_path or ""))

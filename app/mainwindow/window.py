@@ -404,7 +404,7 @@ class MainWindow(QMainWindow):
 
         def save_presets(presets: dict[str, dict[str, Any]]) -> None:
             try:
-                self.store.set_setting("chat_presets", presets)
+                self.store.settings.set("chat_presets", presets)
             except EbbError as exc:  # a full disk: said, the dialog goes on
                 self.show_error(str(exc))
 
@@ -417,7 +417,7 @@ class MainWindow(QMainWindow):
             set_chat_params(self.store, self.conv_id, dlg.values())
             if dlg.as_default.isChecked():
                 for k, v in dlg.values().to_dict().items():
-                    self.store.set_setting(k, v)
+                    self.store.settings.set(k, v)
                 self.gen_params = replace(default_gen_params(self.settings()),
                                           max_tokens=self.gen_params.max_tokens)
         except EbbError as exc:
@@ -571,7 +571,7 @@ class MainWindow(QMainWindow):
         the panel starts folded (View → Memory), as peers fold their side panels."""
         import base64
 
-        if not isinstance(self.store.setting("window_state"), str):
+        if not isinstance(self.store.settings.get("window_state"), str):
             screen = QApplication.primaryScreen()
             width = screen.availableGeometry().width() if screen is not None else self.width()
             if min(width, self.width()) < FOLD_PANEL_BELOW:
@@ -582,7 +582,7 @@ class MainWindow(QMainWindow):
         for key, restore in (("window_geometry", self.restoreGeometry),
                              ("window_state", self.restoreState),
                              ("window_split", self.split.restoreState)):
-            saved = self.store.setting(key)
+            saved = self.store.settings.get(key)
             if isinstance(saved, str):
                 try:
                     restore(QByteArray(base64.b64decode(saved)))
@@ -601,7 +601,7 @@ class MainWindow(QMainWindow):
         for key, state in (("window_geometry", self.saveGeometry()),
                            ("window_state", self.saveState()), ("window_split", self.split.saveState())):
             try:
-                self.store.set_setting(key, base64.b64encode(bytes(state.data())).decode())
+                self.store.settings.set(key, base64.b64encode(bytes(state.data())).decode())
             except StoreError:  # a full disk: the layout is not worth an error
                 return
 

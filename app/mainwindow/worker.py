@@ -279,7 +279,7 @@ class EngineWorker(QObject):
         closing window loads nothing after it."""
         from engine.llama.devices import default_budget, pick_accelerator
         from engine.measure.autotune import Cancelled
-        from engine.measure.tuning import tune_for
+        from engine.measure.tune_session import tune_for
 
         # the model as it is now comes back afterwards (not `cfg` anew: a stand-in's budget is
         # set by the window at load), and the runs measure the budget it was loaded with (read

@@ -22,7 +22,7 @@ __all__ = ["GROUPS", "build_parser", "main"]
 GROUPS = {"chat": ("chat",), "serve": ("serve",),
           "files": ("inspect", "make-projector", "make-model", "fetch-model"),
           "devices": ("devices", "about", "rpc-serve", "native-check", "colour-check"),
-          "tuning": ("plan", "calibrate", "autotune"), "bench": ("bench",), "models": ("models",)}
+          "sizing": ("plan", "calibrate", "autotune"), "bench": ("bench",), "models": ("models",)}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

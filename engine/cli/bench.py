@@ -57,7 +57,7 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
         existing_file,
         resolve_model_path,
     )
-    from engine.measure.bench import bench_swap
+    from engine.measure.swap_bench import bench_swap
     from engine.units import parse_size
 
     model = resolve_model_path(args.model)
@@ -492,17 +492,21 @@ def cmd_bench_reopen(args: argparse.Namespace) -> int:
         return 0
     print(f"first token after taking a conversation up again, {out['model']}, {out['threads']} "
           f"threads, median of {out['rounds']} rounds (alternating)")
-    print(f"{'history':>16}  {'never left':>10}  {'restored':>9}  {'opened':>9}  {'evaluated':>9}  "
-          f"{'restored ÷ never left':>21}  {'opened ÷ never left':>19}  {'evaluated ÷ restored':>20}  state")
+    print(f"{'history':>16}  {'never left':>10}  {'restored':>9}  {'evaluated':>9}  "
+          f"{'restored ÷ never left':>21}  {'evaluated ÷ restored':>20}  state")
     for r in out["rows"]:
         name = f"{r['tokens']:,} tokens" + (" + picture" if r["picture"] else "")
-        print(f"{name:>16}  {r['never_left']:>9.3f}s  {r['restored']:>8.3f}s  {r['opened']:>8.3f}s  "
-              f"{r['evaluated']:>8.3f}s  {r['restored_vs_never_left']:>21.3f}  "
-              f"{r['opened_vs_never_left']:>19.3f}  {r['evaluated_vs_restored']:>20.2f}  "
+        print(f"{name:>16}  {r['never_left']:>9.3f}s  {r['restored']:>8.3f}s  {r['evaluated']:>8.3f}s  "
+              f"{r['restored_vs_never_left']:>21.3f}  {r['evaluated_vs_restored']:>20.2f}  "
               f"{r['state_bytes'] / 2**20:.0f} MiB")
+    print(f"asked {out['pause_s']:g} s after the chat was opened (the user reads and types):")
+    print(f"{'history':>16}  {'never left':>10}  {'opened':>9}  opened ÷ never left")
+    for r in out["rows"]:
+        name = f"{r['tokens']:,} tokens" + (" + picture" if r["picture"] else "")
+        print(f"{name:>16}  {r['never_left_paused']:>9.3f}s  {r['opened']:>8.3f}s  "
+              f"{r['opened_vs_never_left_paused']:>19.3f}")
     for s in out["skipped"]:
         print(f"{s['tokens']:,} tokens: skipped ({s['why']})")
-    print(f"opened: the chat opened as the window opens it, asked {out['pause_s']:g} s later")
     print("goals: restored ÷ never left ≤ 1.2; opened ÷ never left ≤ 1.05; evaluated ÷ restored "
           "≥ 10 at 16k tokens on a CPU")
     return 0

@@ -20,7 +20,7 @@ from engine.config import PhaseTuning, SessionConfig
 from engine.hw import process_age_s
 from engine.errors import EbbError
 from engine.stops import StopReason
-from engine.tuned import TuneResult
+from engine.tune_result import TuneResult
 
 
 def _read_script(path: str) -> list[dict[str, Any]]:

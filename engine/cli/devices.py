@@ -142,7 +142,8 @@ def cmd_native_check(args: argparse.Namespace) -> int:
         native.set_safe_mode(True, args.remember or "--safe")
     t0 = time.perf_counter()
     from engine.llama.about import backend_notes, cpu_backend_file
-    from engine.llama.runtime import LoadParams, TextRuntime
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
 
     model = args.model or fetch_default_model()
     rt = TextRuntime(LoadParams(model, n_ctx=256, n_threads=1))

@@ -241,14 +241,18 @@ class KvSlot:
         self.cell_pos.clear()
         self.n_past = 0
 
-    def save_state(self) -> tuple[bytes, list[Any], list[int], int]:
+    def save_state(self) -> State:
         """Sequence 0's KV cache (its cells keep their M-RoPE positions) and our record of
-        what it holds, as host bytes."""
+        what it holds, as host bytes: written by llama.cpp straight into the bytearray kept
+        (`bytes(buf[:n])` made a list of ints first: 0.48 s for a 23 MiB state, 0.012 s now, on
+        the way of every Send that leaves a conversation and of every swap, #54)."""
         L = llama()
         size = L.llama_state_seq_get_size(self.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        return bytes(buf[:n]), list(self.cells), list(self.cell_pos), self.n_past
+        data = bytearray(size)
+        n = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, 0)
+        if n != size:
+            data = data[:n]
+        return data, list(self.cells), list(self.cell_pos), self.n_past
 
     def restore_state(self, state: State) -> None:
         L = llama()

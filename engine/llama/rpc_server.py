@@ -60,7 +60,7 @@ def warm_cache(endpoint: str, models: list[Path]) -> None:
     """Load each model through a loopback client onto this server, with every layer on it, so
     the server's tensor cache holds its weights; later clients then send hashes instead."""
     from engine.llama.devices import connect_rpc
-    from engine.llama.runtime import LoadedModel, LoadParams
+    from engine.llama.loaded_model import LoadedModel, LoadParams
 
     names = connect_rpc(endpoint)
     for model in models:

@@ -10,16 +10,14 @@ import codecs
 import contextlib
 import ctypes
 import functools
-import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engine import stops, testhooks
 from engine.stops import StopReason
-from engine.errors import DeviceOutOfMemory, EbbError, TurnCancelled
+from engine.errors import EbbError, TurnCancelled
 from engine.events import GenStats
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.config import default_threads
@@ -31,14 +29,11 @@ from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
 from engine.llama.prefill_stop import PrefillStop
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
-from engine.llama.state_files import file_identity
+from engine.llama.loaded_model import DEFAULT_BATCH, LoadedModel, LoadParams, check_context, state_identity
+from engine.llama.buffer_log import buffers_from_log
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token
-
-DEFAULT_CTX = 4096
-_BUFFER_RE = re.compile(r"^\S+:\s+(\S+?)(?:\[([^\]]*)\])?\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
-
 
 # `llama_graph_reserve(ctx, n_tokens, n_seqs, n_outputs)` is declared in llama.cpp's staging
 # header (src/llama-ext.h) as C++, so it is exported under its mangled name.
@@ -57,43 +52,6 @@ def _graph_reserve_fn() -> Any:
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32]
     return fn
-
-
-DEFAULT_BATCH = 512
-
-
-@dataclass(frozen=True)
-class LoadParams:
-    model_path: Path
-    n_ctx: int | None = None  # None: min(DEFAULT_CTX, the model's training context)
-    n_threads: int | None = None  # None: physical cores
-    n_threads_batch: int | None = None  # threads for prompt batches; None: n_threads
-    n_gpu_layers: int = 0  # llama.cpp's count: the output layer first, then the last layers
-    devices: tuple[str, ...] | None = ()  # accelerators to use (none: CPU only); None: all
-    tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, in order
-    flash_attn: bool | None = None  # None: llama.cpp decides
-    n_batch: int = DEFAULT_BATCH
-    repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
-    # (regex, device name or "CPU"): llama.cpp's tensor_buft_overrides, first match wins
-    buft_overrides: tuple[tuple[str, str], ...] = ()
-
-
-
-
-def state_identity(model_path: Path, n_ctx: int, flash_attn: bool | None) -> dict[str, Any]:
-    return {"model": file_identity(model_path), "n_ctx": n_ctx, "flash_attn": flash_attn,
-            "kv": "f16", "llama_cpp": _llama_version()}
-
-
-@functools.lru_cache(maxsize=1)
-def _llama_version() -> str:
-    """The llama.cpp build a saved state comes from (its bytes are that build's format)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("llama_cpp_python")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -120,107 +78,6 @@ class ImageSpan:
 
 
 PromptItem = int | ImageSpan
-
-
-def check_context(info: ModelInfo, n_ctx: int | None) -> int:
-    """The context length to use; EbbError when the request exceeds the model's."""
-    limit = info.max_context
-    if n_ctx is None:
-        return min(DEFAULT_CTX, limit)
-    if n_ctx <= 0:
-        raise EbbError(f"context length must be positive, got {n_ctx}", "pass e.g. --ctx 4096")
-    if n_ctx > limit:
-        raise EbbError(f"context {n_ctx} is larger than this model allows ({limit} tokens)",
-                       f"pass --ctx {limit} or less")
-    return n_ctx
-
-
-def buffers_from_log() -> dict[tuple[str, str], int]:
-    """{(device, kind): bytes} from llama.cpp's "X buffer size = N MiB" lines since clear()."""
-    out: dict[tuple[str, str], int] = {}
-    for _level, line in llama_log.recent(2000):
-        m = _BUFFER_RE.match(line.strip())
-        if m:
-            dev = _device_of_buffer(m.group(1).replace("_Mapped", ""), m.group(2))
-            key = (dev, m.group(3).lower())
-            out[key] = out.get(key, 0) + int(float(m.group(4)) * 1024 * 1024)
-    return out
-
-
-def _device_of_buffer(name: str, endpoint: str | None) -> str:
-    """ggml-rpc names buffers RPC<index on that server>[endpoint] and devices RPC<index in this
-    process>: two servers both say RPC0. Map back to the device name."""
-    if not endpoint or not name.startswith("RPC") or not name[3:].isdigit():
-        return name
-    from engine.llama.devices import remote_device_names
-
-    on_server = remote_device_names(endpoint)
-    i = int(name[3:])
-    return on_server[i] if i < len(on_server) else name
-
-
-class _BuftOverride(ctypes.Structure):
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def _override_array(overrides: tuple[tuple[str, str], ...]) -> Any:
-    from engine.llama import ggml
-    from engine.llama.devices import find_device
-
-    g = ggml.lib()
-    arr = (_BuftOverride * (len(overrides) + 1))()
-    for i, (pattern, dev) in enumerate(overrides):
-        buft = (g.base.ggml_backend_cpu_buffer_type() if dev == "CPU"
-                else g.base.ggml_backend_dev_buffer_type(find_device(dev).handle))
-        arr[i].pattern, arr[i].buft = pattern.encode(), buft
-    return arr
-
-
-class LoadedModel:
-    """A llama_model (weights placed per params). Close frees it."""
-
-    def __init__(self, params: LoadParams, info: ModelInfo | None = None) -> None:
-        L = llama()
-        self.params = params
-        self.info = info or model_info(read_gguf(params.model_path))
-        self._stack = contextlib.ExitStack()
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = params.n_gpu_layers
-        from engine.llama import ggml, native
-
-        # no AMX buffer (its mul_mat segfaults), nothing extra in safe mode: engine.llama.native
-        mparams.use_extra_bufts = self.extra_bufts = native.use_extra_bufts(
-            params.repack, ggml.cpu_extra_buffer_types())
-        if params.devices is not None:
-            from engine.llama.devices import find_device
-
-            handles = [find_device(n).handle for n in params.devices] + [None]
-            self._devices_arr = (ctypes.c_void_p * len(handles))(*handles)  # alive while loading
-            mparams.devices = ctypes.cast(self._devices_arr, ctypes.c_void_p)
-        if params.tensor_split:
-            n = int(L.llama_max_devices())
-            self._split = (ctypes.c_float * n)(*(list(params.tensor_split) + [0.0] * n)[:n])
-            mparams.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
-        if params.buft_overrides:
-            self._overrides = _override_array(params.buft_overrides)  # alive while loading
-            mparams.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
-        # a Python callback per tensor: Python's signal handlers (Ctrl-C) get to run during the
-        # load, which is otherwise one long C call
-        self._progress = L.llama_progress_callback(lambda _progress, _user: True)
-        mparams.progress_callback = self._progress
-        llama_log.clear()
-        t0 = time.perf_counter()
-        model = L.llama_model_load_from_file(str(params.model_path).encode(), mparams)
-        if not model:
-            raise _load_error(params.model_path)
-        self.load_s = time.perf_counter() - t0
-        self._stack.callback(L.llama_model_free, model)
-        self.model = model
-        self.vocab = L.llama_model_get_vocab(model)
-        self.buffers = buffers_from_log()
-
-    def close(self) -> None:
-        self._stack.close()
 
 
 class TextRuntime:
@@ -682,17 +539,3 @@ CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def _load_error(path: Path) -> EbbError:
-    cause = llama_log.last_error("llama.cpp could not load it")
-    if "unable to allocate" in cause or "failed to allocate" in cause:
-        return DeviceOutOfMemory(f"{path.name}: a device could not allocate memory for the "
-                                 f"model ({cause})", "load fewer layers there, or use the CPU")
-    if "unknown model architecture" in cause:
-        arch = cause.split("unknown model architecture:", 1)[-1].strip().strip("'\"")
-        return EbbError(f"{path.name}: model architecture '{arch}' is not supported by this "
-                        "llama.cpp (llama-cpp-python 0.3.36)",
-                        "use a model whose architecture llama.cpp supports")
-    return EbbError(f"{path.name}: llama.cpp could not load the model: {cause}",
-                    "check that the file is a complete llama.cpp GGUF model")

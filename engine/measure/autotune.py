@@ -35,14 +35,14 @@ from engine.errors import EbbError
 from engine.gguf.info import ModelInfo
 from engine.config import default_threads
 from engine.placement.plan import DoesNotFit, device_layers, plan_placement
-from engine.tuned import FA_TIE, FlashChoice, Point, TuneResult
+from engine.tune_result import FA_TIE, FlashChoice, Point, TuneResult
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
 INV_PHI = (math.sqrt(5) - 1) / 2
 # flash attention is chosen by the time of a chat turn a few turns in: FA_FILL tokens of
 # history cached (at most the context less the turn), a message of FA_PROMPT tokens, a reply
-# of FA_GEN; within FA_TIE (engine/tuned.py) the setting asked for stays
+# of FA_GEN; within FA_TIE (engine/tune_result.py) the setting asked for stays
 FA_FILL, FA_PROMPT, FA_GEN = 2048, 128, 32
 __all__ = ["FA_TIE", "FlashChoice", "Point", "TuneResult", "autotune", "choose_flash_attn"]
 
@@ -85,7 +85,7 @@ class Measurer:
 
     def _params(self, layers: int, flash_attn: bool) -> Any:
         """The load at `layers` on the accelerator, in the layout a session runs."""
-        from engine.llama.runtime import LoadParams
+        from engine.llama.loaded_model import LoadParams
 
         params = LoadParams(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads,
                             n_gpu_layers=layers, devices=(self.accel,) if layers else (),

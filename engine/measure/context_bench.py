@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.llama.runtime import LoadParams, TextRuntime
+from engine.llama.loaded_model import LoadParams
+from engine.llama.runtime import TextRuntime
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the river runs to the sea and "
           "the lighthouse keeper counts the ships that pass in the night. ")

@@ -19,10 +19,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
 from engine.errors import EbbError, TurnCancelled, is_allocation_failure
 from engine.llama.devices import wait_until_done
+from engine.llama.snapshots import State
 from engine.placement.plan import CPU, PlannedStep, VisionPlan
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
@@ -60,7 +61,7 @@ class PlanRun:
         self.notes: list[str] = []
         self._accel = model.accel or CPU
         self._projector: ProjectorRuntime | None = None
-        self._state: tuple[bytes, list[Any], list[int], int] | None = None
+        self._state: State | None = None
         self._evicted: list[int] = []  # live: the layers out; reload: [] and _model_freed
         self._model_freed = False
         self._freed_bytes = 0

@@ -1,5 +1,5 @@
 """Each phase at its best, turn by turn: before a prompt, move to the prompt's placement when it
-pays (the one rule: `plan_phase_move`, engine/placement/phases.py), and back for generation
+pays (the one rule: `plan_phase_move`, engine/placement/phase_choice.py), and back for generation
 after the prefill. An owner of one job, held by the Session; one thread (the session's)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 
 from engine.config import PhaseTuning
 from engine.events import PhasesUsed
-from engine.placement.phases import MOVE_FIXED_S, Rebalance, plan_phase_move
+from engine.placement.phase_choice import MOVE_FIXED_S, Rebalance, plan_phase_move
 from engine.placement.plan import device_layers
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline

@@ -26,7 +26,8 @@ from engine.llama.devices import (
     session_accelerators,
     wait_until_done,
 )
-from engine.llama.runtime import LoadedModel, LoadParams, TextRuntime, state_identity
+from engine.llama.loaded_model import LoadedModel, LoadParams, state_identity
+from engine.llama.runtime import TextRuntime
 from engine.llama.snapshots import Snapshots
 from engine.llama.state_files import StateFiles
 from engine.placement import calibration

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from engine import testhooks
 from engine.gguf.info import ModelInfo
-from engine.llama.runtime import LoadParams, TextRuntime
+from engine.llama.loaded_model import LoadParams
+from engine.llama.runtime import TextRuntime
 from engine.paths import cache_dir
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from engine.placement.calibration import (
     vision_costs,
 )
 from engine.config import PhaseTuning
-from engine.placement.phases import MOVE_FIXED_S, plan_phase_move
+from engine.placement.phase_choice import MOVE_FIXED_S, plan_phase_move
 from engine.placement.plan import (
     Costs,
     DoesNotFit,

@@ -79,7 +79,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         existing_file,
         resolve_model_path,
     )
-    from engine.llama.runtime import check_context
+    from engine.llama.loaded_model import check_context
     from engine.measure.calibrate import run_calibration
     from engine.units import parse_size
 
@@ -109,7 +109,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     from engine.models.default import existing_file, resolve_model_path
     from engine.llama.devices import default_budget, pick_accelerator
     from engine.measure.autotune import Point
-    from engine.measure.tuning import tune_for
+    from engine.measure.tune_session import tune_for
     from engine.units import parse_size
 
     # --mmproj keeps the projector's room beside the layers: tuned as a resident projector

@@ -29,7 +29,7 @@ def tune_for(cfg: SessionConfig, accel: str, budget: int,
     Each run times a prompt of `prompt_tokens` and `gen_tokens` generated (fewer: a quicker,
     noisier tune)."""
     from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
-    from engine.llama.runtime import check_context
+    from engine.llama.loaded_model import check_context
     from engine.placement.plan import projector_need_bytes
 
     cfg = replace(cfg, flash_attn=flash_attn_for(cfg, accel))  # auto: on (it tunes a device)
