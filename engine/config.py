@@ -99,13 +99,18 @@ class Threads:
     encode: int  # the image encoder on the CPU: batch work like a prompt's
 
 
-def default_threads(n_threads: int | None) -> int:
-    """Threads when nothing says how many: the physical cores (ggml's threads spin, so never
-    more than there are cores). The one fallback: sessions, a bare runtime, autotune's grid,
-    the RPC server and the Hub's verdict all ask here."""
-    from engine.hw import physical_cores
+def default_threads(n_threads: int | None, cores: int | None = None) -> int:
+    """Threads when nothing says how many: the physical cores (`cores`, else this machine's;
+    ggml's threads spin, so never more than there are cores). The one fallback: sessions
+    (thread_plan), a bare runtime, autotune's grid, the RPC server and the Hub's verdict all
+    ask here."""
+    if n_threads:
+        return n_threads
+    if cores is None:
+        from engine.hw import physical_cores
 
-    return n_threads or physical_cores()
+        cores = physical_cores()
+    return cores
 
 
 def thread_plan(cfg: SessionConfig, physical_cores: int) -> Threads:
@@ -113,7 +118,7 @@ def thread_plan(cfg: SessionConfig, physical_cores: int) -> Threads:
     there are cores). Prompts: their own setting (autotune's per-phase choice), else
     generation's. Image encoding: as prompts (it used to take generation's, so a tuning of one
     generation thread encoded on one core)."""
-    gen = cfg.n_threads or physical_cores
+    gen = default_threads(cfg.n_threads, physical_cores)
     prompt = cfg.n_threads_batch or gen
     return Threads(gen=gen, prompt=prompt, encode=prompt)
 

@@ -97,9 +97,6 @@ class Telemetry:
         series = self.memory.setdefault(device, collections.deque(maxlen=MAX_SAMPLES))
         series.append((t_s, dict(kinds), reported))
 
-    def spans_of(self, request_id: int) -> list[events.Span]:
-        return [s for s in self.spans if s.request_id == request_id]
-
     def cells(self) -> list[Cell]:
         """The residency map's cells, always in the same order: embeddings, each layer, output,
         projector, then a KV cache and a compute buffer per device that ever held one (one

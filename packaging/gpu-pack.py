@@ -79,7 +79,7 @@ def pure_wheels(dest: Path) -> list[Path]:
 def tokenizer_gguf(out: Path) -> None:
     from gguf import GGUFWriter
 
-    from engine.gguf.model_gen import _copy_tokenizer
+    from engine.synth.model_gen import _copy_tokenizer
     from engine.models.default import fetch_default_model
 
     w = GGUFWriter(out, "llama")

@@ -42,7 +42,7 @@ def projector_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_projector(model_path: Path, projector_dir: Path) -> Path:
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     return write_projector(projector_dir / "tiny.gguf", 576, size="tiny", seed=1)
 
@@ -67,14 +67,14 @@ def rpc_server():
 @pytest.fixture(scope="session")
 def colour_projector(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's colour projector for the small model: it names a picture's colour."""
-    from engine.gguf.projector_gen import write_colour_projector
+    from engine.synth.projector_gen import write_colour_projector
 
     return write_colour_projector(tmp_path_factory.mktemp("colour") / "colour.gguf", model_path)
 
 
 @pytest.fixture(scope="session")
 def base_projector(projector_dir: Path) -> Path:
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     return write_projector(projector_dir / "base.gguf", 576, size="base", seed=0)
 

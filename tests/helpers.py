@@ -240,6 +240,6 @@ def first_colour(text: str) -> str | None:
     """The first colour word of a reply (the demo colour projector's answer), or None."""
     import re
 
-    from engine.gguf.projector_gen import COLOURS
+    from engine.synth.projector_gen import COLOURS
 
     return next((w for w in re.findall(r"[a-z]+", text.lower()) if w in COLOURS), None)

@@ -141,7 +141,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     heart.stop()
     assert unanswered == [], "the GUI thread did not run while the engine encoded"
     request = w.chat.request_id
-    names = [s.name for s in w.telemetry.spans_of(request)]
+    names = [s.name for s in w.telemetry.spans if s.request_id == request]
     assert names.count("encode") == 2 and "evict" in names and "restore" in names
     assert store.messages(w.conv_id)[-1].stats["strategy"] == "swap"
     assert len(store.messages(w.conv_id)[-2].images) == 2
@@ -230,7 +230,7 @@ def test_tune_waits_for_start_and_closing_it_gives_the_chat_back(qtbot, store, s
     stop within one timing and the model loads again, so Send works (it stayed off)."""
     w = open_window(qtbot, store, rpc=[shared_rpc_server.endpoint], vram_budget="180MiB", threads=1)
     w.tune_action.trigger()
-    dlg = w.tune_dialog
+    dlg = w.tuning.dialog
     assert "minutes" in dlg.status.text() and dlg.start_button.isEnabled()
     assert w.chat.loaded and not dlg.stop_button.isEnabled()  # nothing started on opening
     dlg.start_button.click()
@@ -250,7 +250,7 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
 
     reads = HEADER_READS[0]
     w.tune_action.trigger()
-    dlg = w.tune_dialog
+    dlg = w.tuning.dialog
     dlg.start_button.click()
     wait_for(lambda: dlg.tuned is not None or not dlg.stop_button.isEnabled(), timeout=300_000)
     assert dlg.tuned is not None, dlg.status.text()
@@ -289,8 +289,8 @@ def test_tune_draws_the_curve_and_applies_the_best(qtbot, store, shared_rpc_serv
 
 
 def test_what_if_draws_an_8b_model_on_an_8gib_card(qtbot, store, tmp_path):
-    from engine.gguf.model_gen import write_sparse_model
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.model_gen import write_sparse_model
+    from engine.synth.projector_gen import write_projector
 
     header = write_sparse_model(tmp_path / "llama-8b.gguf", "llama-8b")
     proj = write_projector(tmp_path / "mmproj-8b.gguf", 4096, "base")
@@ -402,7 +402,7 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
     assert "1 answered" in w.server_status.text()
     assert "editor" in w.telemetry.labels.values()  # its spans are labelled in the panel
     rid = next(r for r, who in w.telemetry.labels.items() if who == "editor")
-    assert w.telemetry.spans_of(rid)
+    assert any(s.request_id == rid for s in w.telemetry.spans)
     # the window's conversation went on from where it was, not from the client's
     history = w.worker._session.history
     assert history[:len(window_history)] == window_history and len(history) == len(window_history) + 2

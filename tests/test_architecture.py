@@ -17,7 +17,7 @@ def test_import_linter_contracts_hold():
 
 
 def test_engine_runs_without_qt_loaded():
-    code = ("import sys, engine.cli, engine.llama.runtime, engine.gguf.info, engine.gguf.projector_gen, "
+    code = ("import sys, engine.cli, engine.llama.runtime, engine.gguf.info, engine.synth.projector_gen, "
             "engine.media.projector, engine.media.images, engine.events; "
             "sys.exit(1 if any(m.startswith(('PySide6', 'pyqtgraph', 'app')) for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

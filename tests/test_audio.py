@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from engine.gguf.families import GENERATED_AUDIO
-from engine.gguf.model_gen import ModelShape, write_model
-from engine.gguf.projector_gen import write_audio_projector
+from engine.synth.model_gen import ModelShape, write_model
+from engine.synth.projector_gen import write_audio_projector
 from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from engine.media.audio import write_tone

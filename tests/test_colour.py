@@ -51,7 +51,7 @@ def _named_every_shade(report) -> None:
 
 def test_the_demo_projector_names_every_shade_on_this_cpu(model_path):
     """The projector `make run` opens, every shade of each colour, with the suite's threads."""
-    from engine.models.default import default_projector_path
+    from engine.synth.demo import default_projector_path
 
     _named_every_shade(check_colours(model_path, default_projector_path(model_path), N_THREADS))
 
@@ -60,7 +60,7 @@ def test_the_demo_projector_names_every_shade_on_this_cpu(model_path):
 def test_the_demo_names_colours_with_other_threads_and_batches(model_path, n_threads, n_batch):
     """Other thread counts and a batch smaller than a picture's tokens split the arithmetic
     differently; two shades of each colour (the pure one and a dark or light one)."""
-    from engine.models.default import default_projector_path
+    from engine.synth.demo import default_projector_path
 
     two = {colour: (shades[0], shades[2]) for colour, shades in SHADES.items()}
     _named_every_shade(check_colours(model_path, default_projector_path(model_path), n_threads,

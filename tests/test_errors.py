@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.gguf.projector_gen import write_projector
+from engine.synth.projector_gen import write_projector
 from tests.helpers import run_cli
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from engine.gguf.families import GENERATED as FAMILIES
-from engine.gguf.model_gen import ModelShape, write_model
-from engine.gguf.projector_gen import write_projector
+from engine.synth.model_gen import ModelShape, write_model
+from engine.synth.projector_gen import write_projector
 from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
 from engine.media.projector import probe_projector

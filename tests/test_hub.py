@@ -15,8 +15,8 @@ import pytest
 from engine.errors import EbbError
 from engine.gguf.families import GENERATED
 from engine.gguf.info import model_info, projector_info, read_gguf
-from engine.gguf.model_gen import ModelShape, write_model
-from engine.gguf.projector_gen import write_projector
+from engine.synth.model_gen import ModelShape, write_model
+from engine.synth.projector_gen import write_projector
 from engine.hub.catalog import HubFile, repo_files, search, sort_files
 from engine.hub.download import DownloadPaused, download_file, part_path
 from engine.hub.remote import remote_gguf
@@ -304,7 +304,7 @@ def test_get_models_in_the_window_search_verdict_download_and_chat_with_a_pictur
     each file, download the pair, Open now, and a picture answered by the downloaded pair."""
     from PIL import Image
 
-    from engine.gguf.projector_gen import write_colour_projector
+    from engine.synth.projector_gen import write_colour_projector
     from tests.helpers import open_window, send, wait_for
 
     monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))

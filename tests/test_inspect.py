@@ -175,7 +175,7 @@ def test_a_split_model_is_read_whole_from_its_first_part(tmp_path, model_path):
     one agree, and a later part or a missing one is said by name."""
     from engine.errors import EbbError
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.model_gen import ModelShape, write_model
+    from engine.synth.model_gen import ModelShape, write_model
     from engine.hub.remote import remote_gguf
     from engine.gguf.info import merge_parts
     from engine.hub.verdict import judge
@@ -221,7 +221,7 @@ def test_a_header_is_parsed_once_per_version_of_the_file(tmp_path):
     """Planning, measuring, loading and the demo projector all ask for the model's header: it
     is parsed once, and again when the file is replaced (#54)."""
     from engine.gguf.info import HEADER_READS, read_gguf
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     path = write_projector(tmp_path / "p.gguf", 64, "base")
     first = read_gguf(path)

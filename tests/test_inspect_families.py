@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.gguf.model_gen import ModelShape, write_model
-from engine.gguf.projector_gen import write_projector
+from engine.synth.model_gen import ModelShape, write_model
+from engine.synth.projector_gen import write_projector
 from tests.helpers import run_cli
 
 SHAPE = ModelShape(n_layers=1, n_embd=128, n_ff=256, n_head=2, n_head_kv=1)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from engine.errors import EbbError
-from engine.gguf.projector_gen import COLOURS
+from engine.synth.projector_gen import COLOURS
 from engine.llama.sampling import GenParams
 from engine.measure.colour_check import QUESTION, SHADES
 from engine.media import attachments, documents, kinds, video

@@ -80,7 +80,7 @@ def test_plan_prices_a_per_phase_split_for_an_8b_model_on_an_8gib_card(tmp_path)
     generation is best with the layers in RAM, prompts with all that fit; a 4k-token prompt
     pays for moving GiBs of layers over a PCIe 4 bus, a short one does not, and the numbers say so."""
     from engine.gguf.info import model_info, read_gguf
-    from engine.gguf.model_gen import write_sparse_model
+    from engine.synth.model_gen import write_sparse_model
     from engine.placement.calibration import DeviceCal
     from engine.placement.whatif import phases_line, what_if
 

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from engine.gguf.info import projector_info, read_gguf
-from engine.gguf.projector_gen import write_projector
+from engine.synth.projector_gen import write_projector
 from engine.media.images import load_image
 from engine.media.projector import ProjectorRuntime
 from tests.helpers import N_THREADS, run_cli

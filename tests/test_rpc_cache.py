@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.gguf.model_gen import ModelShape, write_model
+from engine.synth.model_gen import ModelShape, write_model
 from engine.llama.rpc_server import cacheable_bytes
 from tests.helpers import RpcServer, run_cli
 

@@ -374,7 +374,8 @@ def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
     it, missing, inside but not a picture or too large: one message, with no path."""
     from engine.server.api.chat import ImageRef, parse_chat_request
     from engine.server.errors import ApiError
-    from engine.server.worker import Job, image_path
+    from engine.server.answering import image_path
+    from engine.server.jobs import Job
 
     folder, outside = tmp_path / "shared", tmp_path / "private"
     folder.mkdir()
@@ -784,7 +785,7 @@ FORECAST = {"type": "function", "function": {
 def hermes_model(tmp_path_factory, model_path):
     """A tiny model (random weights, SmolLM2's tokenizer) whose chat template lists tools itself
     in the Hermes format, as Qwen2.5's and Qwen3's do (the template is Ebb's own)."""
-    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.synth.model_gen import SHAPES, write_model
 
     out = tmp_path_factory.mktemp("hermes") / "hermes-tiny.gguf"
     return write_model(out, SHAPES["tiny"], model_path, chat_template=HERMES_TEMPLATE.read_text())
@@ -797,7 +798,8 @@ def _forecast_follow_up(model, fmt: str, system: str | None = None, last_user: b
     Mistral's template wants: it allows no two user messages without a reply between)."""
     from engine.server.api.chat import parse_chat_request
     from engine.server.tools import template_format
-    from engine.server.worker import Job, answer_job
+    from engine.server.answering import answer_job
+    from engine.server.jobs import Job
     from engine.session import Session, SessionConfig
 
     called = '{"unit": "C", "tomorrow": false}'
@@ -848,7 +850,7 @@ def test_a_llama3_template_gets_its_own_json_calls_and_ipython_results(tmp_path,
     """#29: Llama 3.1's format: the tools in the first user turn, the earlier call written back
     as {"name", "parameters"}, its result in an ipython turn, and the reply held to such a call
     (read back into OpenAI's shape)."""
-    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.synth.model_gen import SHAPES, write_model
     from engine.server.tools import LLAMA3
 
     model = write_model(tmp_path / "llama3-tiny.gguf", SHAPES["tiny"], model_path,
@@ -871,7 +873,7 @@ def test_a_mistral_template_gets_its_tool_calls_with_ids_it_accepts(tmp_path, mo
     [TOOL_CALLS] with a 9-character id (the client's "c1" mapped; the template raises on any
     other length), its result in [TOOL_RESULTS] under the same id, and the reply held to one
     [TOOL_CALLS] call, read back into OpenAI's shape."""
-    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.synth.model_gen import SHAPES, write_model
     from engine.server.tools import MISTRAL, template_format, template_id
 
     source = MISTRAL_TEMPLATE.read_text()
@@ -958,7 +960,7 @@ def test_a_tool_loop_ends_with_an_answer(tmp_path, model_path):
     after round (measured before the fix: 5 of 5 rounds). Such a reply is taken again as text,
     so the official client's loop reaches an answer, streamed or not; the universal format
     (SmolLM2's own template) the same."""
-    from engine.gguf.model_gen import with_chat_template
+    from engine.synth.model_gen import with_chat_template
 
     hermes = with_chat_template(model_path, tmp_path / "smollm2-hermes.gguf", HERMES_TEMPLATE.read_text())
     weather = {"type": "function", "function": {
@@ -993,10 +995,11 @@ def test_reasoning_effort_reaches_a_template_with_a_thinking_switch(tmp_path, mo
     """Qwen3-style templates take `enable_thinking`: reasoning_effort none/minimal turn it off
     (as llama-server's chat_template_kwargs do, which are honoured too); a template without
     the switch renders as before; Ebb's own names cannot be replaced."""
-    from engine.gguf.model_gen import SHAPES, write_model
+    from engine.synth.model_gen import SHAPES, write_model
     from engine.server.api.chat import parse_chat_request
     from engine.server.api.common import ApiError
-    from engine.server.worker import Job, answer_job
+    from engine.server.answering import answer_job
+    from engine.server.jobs import Job
     from engine.session import Session, SessionConfig
 
     model = write_model(tmp_path / "think-tiny.gguf", SHAPES["tiny"], model_path,

@@ -66,7 +66,7 @@ def test_a_saved_image_that_can_no_longer_be_read_leaves_the_conversation(
 
 def test_the_window_cuts_the_context_setting_to_what_the_model_was_trained_for(tmp_path, model_path):
     from app.core.settings import resolve_paths
-    from engine.gguf.model_gen import ModelShape, write_model
+    from engine.synth.model_gen import ModelShape, write_model
 
     short = write_model(tmp_path / "short.gguf", ModelShape(n_layers=2, n_embd=64, n_ff=128,
                                                             n_head=2, n_head_kv=2,

@@ -35,10 +35,14 @@ def test_conversations_messages_images_and_settings(tmp_path):
     s.delete(a)
     s.purge_trash(days=0)
     assert len(list(s.images_dir.iterdir())) == 1  # still used by b
+    s.delete(b)  # in the trash: out of the list, its picture kept, and it can come back
+    assert s.conversations() == [] and len(list(s.images_dir.iterdir())) == 1
+    s.restore(b)
+    assert [c.id for c in s.conversations()] == [b]
     s.delete(b)
-    assert [c.id for c in s.trashed()] == [b] and len(list(s.images_dir.iterdir())) == 1
-    s.purge_trash(days=0)  # the trash is emptied: its pictures go too
-    assert list(s.images_dir.iterdir()) == [] and s.trashed() == []
+    s.purge_trash(days=0)  # the trash is emptied: its pictures go too, and nothing comes back
+    s.restore(b)
+    assert list(s.images_dir.iterdir()) == [] and s.conversations() == []
     s.settings.set("rpc", ["127.0.0.1:50052"])
     s.close()
     again = Store(tmp_path)
@@ -111,8 +115,8 @@ def test_model_picker_pairs_by_family_and_marks_text_only(qtbot, tmp_path, model
     import numpy as np
 
     from app.dialogs.open_model import model_label, projector_offer
-    from engine.gguf.model_gen import ModelShape, write_model
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.model_gen import ModelShape, write_model
+    from engine.synth.projector_gen import write_projector
 
     folder = tmp_path / "Qwen2.5-VL"
     folder.mkdir()

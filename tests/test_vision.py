@@ -162,7 +162,7 @@ def test_bad_images_never_end_the_conversation(tmp_path, rpc_server, base_projec
 
 
 def test_mismatched_projector_is_a_clear_error(tmp_path, pictures):
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     wide = write_projector(tmp_path / "wide.gguf", 1024, size="tiny")
     proc = run_cli("chat", "--mmproj", str(wide), "--prompt", "hi", "--image",

@@ -40,7 +40,7 @@ def test_a_damaged_model_is_said_above_the_chat_and_stays_until_closed(qtbot, tm
 
 def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
         qtbot, tmp_path, model_path):
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     wrong = write_projector(tmp_path / "mmproj-for-a-wider-model.gguf", 896, size="tiny", seed=3)
     store = fresh_store(tmp_path)

@@ -384,11 +384,8 @@ def resolve_paths(cfg: SessionConfig) -> SessionConfig:
     first time, so never on the GUI thread); a context longer than the model was trained for
     is cut to the model's (the setting is one number for every model)."""
     from engine.gguf.info import model_info, read_gguf
-    from engine.models.default import (
-        default_projector_path,
-        existing_file,
-        resolve_model_path,
-    )
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
 
     model = resolve_model_path(str(cfg.model_path))
     proj = cfg.mmproj_path

@@ -320,12 +320,6 @@ class Store:
         with self._writing("the chat"):
             self.db.execute("UPDATE conversations SET deleted=NULL WHERE id=?", (conversation_id,))
 
-    def trashed(self) -> list[Conversation]:
-        """Deleted chats still kept, newest deletion first (`updated`: when it was deleted)."""
-        return [Conversation(*r) for r in self.db.execute(
-            "SELECT id, title, deleted FROM conversations WHERE deleted IS NOT NULL "
-            "ORDER BY deleted DESC")]
-
     def purge_trash(self, days: float = TRASH_DAYS) -> None:
         """Chats and branches deleted more than `days` ago go for good (and their pictures)."""
         cutoff = time.time() - days * 86400

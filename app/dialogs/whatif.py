@@ -30,11 +30,8 @@ _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=
 def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str, Any]:
     """Any thread but llama.cpp's: reads headers only."""
     from engine.gguf.info import inspect_files
-    from engine.models.default import (
-        default_projector_path,
-        existing_file,
-        resolve_model_path,
-    )
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.hw import physical_cores
     from engine.placement import calibration as calibrate
     from engine.placement.whatif import parse_bus, what_if

@@ -18,7 +18,7 @@ from PySide6.QtCore import QMetaObject, Qt
 
 from app.core.settings import Settings
 from engine.server.api.common import ApiError
-from engine.server.worker import Job, QueuedBackend
+from engine.server.jobs import Job, QueuedBackend
 
 DEFAULT_QUEUE = 8
 

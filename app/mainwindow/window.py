@@ -528,10 +528,6 @@ class MainWindow(QMainWindow):
     def settings(self) -> Settings:
         return load_settings(self.store)
 
-    @property
-    def tune_dialog(self) -> Any:
-        return self.tuning.dialog
-
     # ------------------------------------------------------------ engine events
 
     @Slot(object)

@@ -63,7 +63,8 @@ class EngineWorker(QObject):
         """The local server's oldest waiting request (app/mainwindow/serving.py), on the window's session;
         the window's conversation is put back afterwards."""
         from engine.server.api.common import ApiError
-        from engine.server.worker import Answer, Failed, answer_job, run_job
+        from engine.server.answering import answer_job
+        from engine.server.jobs import Answer, Failed, run_job
 
         backend = self.server_backend
         job = backend.jobs.take(block=False) if backend is not None else None

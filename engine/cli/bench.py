@@ -52,11 +52,8 @@ def bench(name: str, help: str, flags: tuple[str, ...],
        arg("--ctx", type=int, default=2048))
 def cmd_bench_swap(args: argparse.Namespace) -> int:
     from engine.config import SessionConfig
-    from engine.models.default import (
-        default_projector_path,
-        existing_file,
-        resolve_model_path,
-    )
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.measure.swap_bench import bench_swap
     from engine.units import parse_size
 
@@ -101,7 +98,8 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
 def cmd_bench_calibrate(args: argparse.Namespace) -> int:
     import sys
 
-    from engine.models.default import default_projector_path, existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.config import default_threads
     from engine.measure.accuracy import bench_calibrate
     from engine.units import parse_size
@@ -138,7 +136,8 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     import tempfile
 
     from engine.config import SessionConfig
-    from engine.models.default import default_projector_path, existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.measure.soak import soak
     from engine.units import parse_size
 
@@ -359,7 +358,8 @@ def cmd_bench_phases(args: argparse.Namespace) -> int:
        arg("--ctx", type=int, default=8192, help="room for 32 frames and more (default 8192)"))
 def cmd_bench_media(args: argparse.Namespace) -> int:
     from engine.config import SessionConfig
-    from engine.models.default import default_projector_path, existing_file, resolve_model_path
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.measure.media_bench import bench_media
     from engine.units import parse_size
 

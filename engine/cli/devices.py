@@ -109,7 +109,8 @@ def register(sub: Any) -> None:
 
 def cmd_colour_check(args: argparse.Namespace) -> int:
     """Exit 0 when every shade is named right, 1 when one is not (each wrong one is listed)."""
-    from engine.models.default import default_projector_path, resolve_model_path
+    from engine.models.default import resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.config import default_threads
     from engine.llama.about import cpu_backend_file
     from engine.measure.colour_check import check_colours

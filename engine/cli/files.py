@@ -81,11 +81,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_make_projector(args: argparse.Namespace) -> int:
     from engine.gguf.info import model_info, read_gguf
     from engine.models.default import resolve_model_path
-    from engine.gguf.projector_gen import write_projector
+    from engine.synth.projector_gen import write_projector
 
     model_path = resolve_model_path(args.for_model)
     if args.colour:
-        from engine.gguf.projector_gen import write_colour_projector
+        from engine.synth.projector_gen import write_colour_projector
 
         out = write_colour_projector(Path(args.out), model_path, size=args.size)
         print(f"wrote {out} ({fmt_bytes(out.stat().st_size)}, colour, {args.size}: names a "
@@ -103,7 +103,7 @@ def cmd_make_projector(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from engine.gguf.model_gen import SHAPES, write_model, write_sparse_model
+    from engine.synth.model_gen import SHAPES, write_model, write_sparse_model
 
     if args.family:
         from engine.models.default import default_model_path, fetch_default_model

@@ -16,7 +16,8 @@ from engine.errors import EbbError
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.http import is_loopback, serve
-    from engine.server.worker import Answer, Job, ServeWorker
+    from engine.server.jobs import Answer, Job
+    from engine.server.worker import ServeWorker
     from engine.units import parse_size
 
     if not 0 < args.port < 65536:

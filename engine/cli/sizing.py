@@ -74,11 +74,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from engine.gguf.info import model_info, read_gguf
-    from engine.models.default import (
-        default_projector_path,
-        existing_file,
-        resolve_model_path,
-    )
+    from engine.models.default import existing_file, resolve_model_path
+    from engine.synth.demo import default_projector_path
     from engine.llama.loaded_model import check_context
     from engine.measure.calibrate import run_calibration
     from engine.units import parse_size

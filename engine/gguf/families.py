@@ -7,7 +7,7 @@ refuses it before loading anything.
 """
 from __future__ import annotations
 
-# the families Ebb's generators offer and test (engine/gguf/projector_gen.py, model_gen.py).
+# the families Ebb's generators offer and test (engine/synth/projector_gen.py, model_gen.py).
 # projector_gen can also write "pixtral", but it is left out: after llama.cpp runs that
 # projector's graph, the process (or the RPC server) that ran it gives empty replies from then
 # on, not every time: an open memory fault, see docs/media.md, "Known problem"
@@ -27,7 +27,7 @@ PROJECTOR_FAMILY: dict[str, str] = {
     "qwen2.5o": "qwen2.5-omni", "qwen3vl_merger+qwen3a": "qwen3-omni",
 }
 
-# the audio families Ebb's generator writes and tests (engine/gguf/projector_gen.py); the
+# the audio families Ebb's generator writes and tests (engine/synth/projector_gen.py); the
 # omni one ("qwen2.5o") has a vision encoder too
 GENERATED_AUDIO = ("ultravox", "qwen2a", "qwen2.5o")
 

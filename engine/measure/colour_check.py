@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
-from engine.gguf.projector_gen import COLOURS
+from engine.synth.projector_gen import COLOURS
 
 QUESTION = "What colour is this picture? Answer with one word."
 TOP_CANDIDATES = 20

@@ -81,7 +81,7 @@ def bench_reopen(model: Path, sizes: tuple[int, ...], threads: int, rounds: int,
         if picture:
             from PIL import Image
 
-            from engine.gguf.projector_gen import write_projector
+            from engine.synth.projector_gen import write_projector
 
             projector = write_projector(folder / "projector.gguf", info.n_embd, size="tiny", seed=1)
             Image.new("RGB", (320, 240), (200, 40, 40)).save(pic)

@@ -34,7 +34,7 @@ from engine.server.api.completions import parse_completion_request, text_choice,
 from engine.server.api.embeddings import embedding_list, parse_embedding_request
 from engine.server.guard import Policy, RequestGuard
 from engine.server.streams import Waiting, chat_stream, text_stream, to_sse
-from engine.server.worker import Answer, Backend, Done, Event, Failed, Job
+from engine.server.jobs import Answer, Backend, Done, Event, Failed, Job
 
 DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
 # a request that is not streamed waits in line at most this long, then gets a 503 with

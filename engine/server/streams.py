@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Callable
 
 from engine.server.api.chat import chunk
 from engine.server.api.completions import text_completion
-from engine.server.worker import Done, Event, Job, Piece
+from engine.server.jobs import Done, Event, Job, Piece
 
 KEEPALIVE_S = 1.0  # a waiting stream sends an SSE comment this often (and so sees a client leave)
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import events
-from engine.gguf.model_gen import SHAPES, write_model
+from engine.synth.model_gen import SHAPES, write_model
 from engine.models.default import default_model_path
-from engine.gguf.projector_gen import write_projector
+from engine.synth.projector_gen import write_projector
 from engine.llama.devices import connect_rpc, list_devices, nvml_readings
 from engine.measure.swap_bench import auto_budget, bench_swap
 from engine.session import Session, SessionConfig

@@ -43,7 +43,7 @@ FAMILY_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
                            *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))),
     "pixtral": ("llama", ("[IMG]", "[IMG_BREAK]", "[IMG_END]")),
     "internvl": ("qwen2", ("<img>", "</img>", "<IMG_CONTEXT>")),
-    # audio (engine/gguf/projector_gen.py write_audio_projector)
+    # audio (engine/synth/projector_gen.py write_audio_projector)
     "ultravox": ("llama", ()),
     "qwen2a": ("qwen2", ("<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>")),
     "qwen2.5o": ("qwen2vl", ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
