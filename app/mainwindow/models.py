@@ -119,7 +119,7 @@ class Models:
         devices = list(self.loaded.devices) if self.loaded else []
         machine = machine_from_devices(devices, threads)
         if self.hub_dialog is None:  # one dialog: closed and opened again, it is as it was
-            self.hub_dialog = HubDialog(settings, machine, self.w.store.set_setting,
+            self.hub_dialog = HubDialog(settings, machine, self.w.store.settings.set,
                                         self.w.downloads, self.w)
             self.hub_dialog.open_pair.connect(self.open_pair)
         self.hub_dialog.machine = machine  # the devices of the model loaded now
