@@ -3,7 +3,7 @@ timestamp `t_s` and the id of the request it belongs to (0 for none)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine import testhooks
@@ -24,6 +24,36 @@ class Event:
 @dataclass(frozen=True)
 class ModelLoading(Event):
     model_path: str
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # llama.cpp's name: "CPU", "CUDA0", "RPC0[127.0.0.1:50052]" …
+    description: str
+    kind: str  # cpu, gpu, igpu, accel
+    free_bytes: int | None
+    total_bytes: int | None
+    remote: bool
+    handle: int  # ggml_backend_dev_t; valid for the whole process
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind != "cpu"
+
+    @property
+    def identity(self) -> str:
+        """What computes on it, for results remembered across runs: a remote device is its host
+        and size (a server started again on another port is the same hardware), a local one
+        its description."""
+        if self.remote:
+            host = self.description.rsplit(":", 1)[0] if ":" in self.description else self.description
+            return f"rpc:{host}:{self.total_bytes}"
+        return self.description
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        del d["handle"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -54,7 +84,7 @@ class LoadDetails:
     safe_mode: bool = False
     # the model and projector as asked ("default", "demo" or paths): remembered as last used
     requested: tuple[str, str] | None = None
-    devices: tuple[dict[str, Any], ...] = ()  # this session's devices (DeviceInfo.to_dict)
+    devices: tuple[DeviceInfo, ...] = ()  # this session's devices, as the load saw them
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
 
-from engine.events import LoadDetails
+from engine.events import DeviceInfo, LoadDetails
 
 
 def ebb_version() -> str:
@@ -42,15 +42,14 @@ def about_facts(store_path: str) -> list[tuple[str, str]]:
             ("Models and cache", f"{models_dir()} (cache {cache_dir()})")]
 
 
-def diagnostics_text(facts: list[tuple[str, str]], devices: Sequence[dict[str, Any]],
+def diagnostics_text(facts: list[tuple[str, str]], devices: Sequence[DeviceInfo],
                      loaded: LoadDetails | None, last_error: str) -> str:
     lines = ["Ebb diagnostics"] + [f"{k}: {v}" for k, v in facts]
     lines.append("Devices at the last load:" if devices else "Devices: no model loaded yet")
     for d in devices:
-        mem = (f"{d['free_bytes'] / 2**20:.0f} MiB free of {d['total_bytes'] / 2**20:.0f} MiB"
-               if d.get("total_bytes") else "memory n/a")
-        lines.append(f"  {d['name']} ({d['kind']}{', remote' if d.get('remote') else ''}): "
-                     f"{d['description']}, {mem}")
+        mem = (f"{(d.free_bytes or 0) / 2**20:.0f} MiB free of {d.total_bytes / 2**20:.0f} MiB"
+               if d.total_bytes else "memory n/a")
+        lines.append(f"  {d.name} ({d.kind}{', remote' if d.remote else ''}): {d.description}, {mem}")
     if loaded is not None:
         lines.append(f"Placement: {loaded.n_layers_on_accel} layers on "
                      f"{loaded.accelerator or 'no accelerator'}, {loaded.mover} "

@@ -190,7 +190,7 @@ class EngineWorker(QObject):
                             str(self._loaded_with[0].mmproj_path or ""))
                            if self._loaded_with else None),
                 # this session's servers only: one registered earlier may be gone
-                devices=tuple(d.to_dict() for d in list_devices(s.cfg.rpc)))))
+                devices=tuple(list_devices(s.cfg.rpc)))))
 
     @Slot(object)
     def set_history(self, history: Any) -> None:

@@ -8,8 +8,9 @@ calibration and free RAM (any thread that may call llama.cpp's device API).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
+from engine.events import DeviceInfo
 from engine.gguf.info import ModelInfo, ProjectorInfo
 from engine.placement.calibration import DeviceCal
 from engine.units import fmt_bytes
@@ -106,20 +107,20 @@ def this_machine(n_threads: int | None = None) -> Machine:
                    calibration.load("CPU"), accel_cal, can_stream)
 
 
-def machine_from_devices(devices: list[dict[str, Any]], n_threads: int) -> Machine:
-    """The machine as a loaded session saw it (LoadDetails.devices: DeviceInfo.to_dict), for
-    a caller that must not ask llama.cpp itself (the window's GUI thread)."""
+def machine_from_devices(devices: Sequence[DeviceInfo], n_threads: int) -> Machine:
+    """The machine as a loaded session saw it (LoadDetails.devices), for a caller that must not
+    ask llama.cpp itself (the window's GUI thread)."""
     from engine.llama.devices import SAFETY_MARGIN_BYTES
     from engine.placement import calibration
 
-    accel = next((d for d in devices if d.get("kind") != "cpu"), None)
+    accel = next((d for d in devices if d.is_accelerator), None)
     if accel is None:
         return Machine(None, 0, ram_available_bytes(), n_threads, calibration.load("CPU"))
-    free = int(accel.get("free_bytes") or 0)
+    free = accel.free_bytes or 0
     budget = max(0, free - max(SAFETY_MARGIN_BYTES, free // 20))
-    cal = calibration.load(calibration.device_key(accel["name"], accel.get("description", "")))
-    return Machine(accel["name"], budget, ram_available_bytes(), n_threads,
-                   calibration.load("CPU"), cal, not accel.get("remote", False))
+    cal = calibration.load(calibration.device_key(accel.name, accel.description))
+    return Machine(accel.name, budget, ram_available_bytes(), n_threads,
+                   calibration.load("CPU"), cal, not accel.remote)
 
 
 def ram_available_bytes() -> int:

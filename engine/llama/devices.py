@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import atexit
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from engine.errors import EbbError
+from engine.events import DeviceInfo as DeviceInfo  # where every device below is made
 from engine.llama import ggml
 
 if TYPE_CHECKING:
@@ -18,36 +19,6 @@ if TYPE_CHECKING:
 _rpc_lock = threading.Lock()
 _rpc_endpoints: dict[str, list[str]] = {}  # endpoint -> device names it added
 _dead_endpoints: set[str] = set()  # servers that went away: never call into their devices again
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    name: str  # llama.cpp's name: "CPU", "CUDA0", "RPC0[127.0.0.1:50052]" …
-    description: str
-    kind: str  # cpu, gpu, igpu, accel
-    free_bytes: int | None
-    total_bytes: int | None
-    remote: bool
-    handle: int  # ggml_backend_dev_t; valid for the whole process
-
-    @property
-    def is_accelerator(self) -> bool:
-        return self.kind != "cpu"
-
-    @property
-    def identity(self) -> str:
-        """What computes on it, for results remembered across runs: a remote device is its host
-        and size (a server started again on another port is the same hardware), a local one
-        its description."""
-        if self.remote:
-            host = self.description.rsplit(":", 1)[0] if ":" in self.description else self.description
-            return f"rpc:{host}:{self.total_bytes}"
-        return self.description
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        del d["handle"]
-        return d
 
 
 def _usable_handles() -> list[tuple[int, bool]]:
