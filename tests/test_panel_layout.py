@@ -276,7 +276,8 @@ def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_sh
     start on such a screen folds it and says how to show it; shown, it scrolls."""
     from PySide6.QtWidgets import QApplication, QScrollArea
 
-    from app.mainwindow.window import FOLD_PANEL_BELOW, PANEL_MIN_WIDTH, MainWindow
+    from app.mainwindow.layout import FOLD_PANEL_BELOW
+    from app.mainwindow.window import PANEL_MIN_WIDTH, MainWindow
     from tests.helpers import fresh_store, track_window
 
     screen = QApplication.primaryScreen()

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -67,10 +67,9 @@ from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from engine.telemetry import Telemetry
 
+from app.mainwindow.layout import WindowLayout
+
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
-FOLD_PANEL_BELOW = 1000  # px: a first start on a screen (or window) narrower folds the Memory panel
-PANEL_FOLDED = ("The Memory panel is folded to give the chat room on this screen: View → Memory "
-                "shows it.")
 PANEL_MIN_WIDTH = 400  # px: narrower, the Memory panel scrolls instead of cutting its content off
 
 
@@ -113,7 +112,8 @@ class MainWindow(QMainWindow):
             events.VisionChanged: self.vision.vision_changed, events.Residency: self.vision.residency,
             events.ServerTurn: self._on_server_turn, events.EngineFailed: self._on_engine_failed,
             **self.sending.handlers(), **self.models.handlers(), **self.tuning.handlers()}
-        self._restore_layout()
+        self.layout_keeper = WindowLayout(self)  # the size, splitter and docks as they were left
+        self.layout_keeper.restore()
         self._start_worker()
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
@@ -561,48 +561,8 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ shutdown
 
-    def _restore_layout(self) -> None:
-        """The window's size, the splitter and the docks as they were left (saved on close).
-        With nothing saved and a window too narrow for the chat and the panel side by side,
-        the panel starts folded (View → Memory), as peers fold their side panels."""
-        import base64
-
-        if not isinstance(self.store.settings.get("window_state"), str):
-            screen = QApplication.primaryScreen()
-            width = screen.availableGeometry().width() if screen is not None else self.width()
-            if min(width, self.width()) < FOLD_PANEL_BELOW:
-                self.panel_dock.hide()
-                self.show_notice(PANEL_FOLDED, "info")
-                self.panel_dock.visibilityChanged.connect(self._on_panel_shown)
-
-        for key, restore in (("window_geometry", self.restoreGeometry),
-                             ("window_state", self.restoreState),
-                             ("window_split", self.split.restoreState)):
-            saved = self.store.settings.get(key)
-            if isinstance(saved, str):
-                try:
-                    restore(QByteArray(base64.b64decode(saved)))
-                except (ValueError, TypeError):
-                    continue
-
-    def _on_panel_shown(self, shown: bool) -> None:
-        if shown:  # the folded panel's notice has said its part
-            self.notice.remove_matching(PANEL_FOLDED)
-
-    def _save_layout(self) -> None:
-        import base64
-
-        from app.core.store import StoreError
-
-        for key, state in (("window_geometry", self.saveGeometry()),
-                           ("window_state", self.saveState()), ("window_split", self.split.saveState())):
-            try:
-                self.store.settings.set(key, base64.b64encode(bytes(state.data())).decode())
-            except StoreError:  # a full disk: the layout is not worth an error
-                return
-
     def closeEvent(self, event: QCloseEvent) -> None:
-        self._save_layout()
+        self.layout_keeper.save()
         self.transcript.player.stop()  # an open sound device kept the process alive (#52)
         self.composer.player.stop()
         self.local_server.close()
