@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QSpinBox,
+    QWidget,
 )
 
 from app.core.settings import Settings
@@ -19,16 +20,30 @@ from engine.errors import EbbError
 from engine.units import fmt_bytes, parse_size
 
 
+Rows = list[tuple[str, QWidget]]  # a section's rows of the form, in order
+
+
 class SettingsDialog(QDialog):
     def __init__(self, v: Settings, parent: Any = None,
                  memory_usage: tuple[int, int] = (0, 0)) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
+        self.error = QLabel("")
+        self.error.setStyleSheet("color: #c62828;")
+        form = QFormLayout(self)
+        for label, widget in [*self._placement(v), *self._conversation(v),
+                              *self._memory(v, memory_usage), *self._network(v)]:
+            form.addRow(label, widget)
+        form.addRow(self.error)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self._on_ok)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def _placement(self, v: Settings) -> Rows:
+        """Where the model runs: the budget, threads and layers of each phase, several devices."""
         self.budget = QLineEdit(v.vram_budget, placeholderText="auto (free memory minus a margin), e.g. 6GiB")
         self.threads = QSpinBox(minimum=0, maximum=256, value=v.threads, specialValueText="auto")
-        self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=v.ctx)
-        self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=v.image_max_tokens,
-                                   specialValueText="projector default")
         self.gpu_layers = QSpinBox(minimum=-1, maximum=1000, value=v.gpu_layers,
                                    specialValueText="all that fit (or Tune…)")
         self.prompt_layers = QSpinBox(
@@ -52,9 +67,33 @@ class SettingsDialog(QDialog):
         self.gpu_layers.valueChanged.connect(lambda _: self.phase_info.setText(self._phase_text()))
         self.prompt_layers.valueChanged.connect(
             lambda _: self.phase_info.setText(self._phase_text()))
+        self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
+                                "link", checked=v.spread)
+        return [("Accelerator VRAM budget", self.budget), ("Threads (generation)", self.threads),
+                ("Threads (prompt)", self.threads_batch),
+                ("Accelerator layers (generation)", self.gpu_layers),
+                ("Accelerator layers (prompt)", self.prompt_layers),
+                ("Accelerator layers (prompt with images)", self.image_layers),
+                ("", self.phase_info), ("Several devices", self.spread)]
+
+    def _conversation(self, v: Settings) -> Rows:
+        """How long a conversation and a reply may be, and what happens when it is full."""
+        self.ctx = QSpinBox(minimum=256, maximum=262144, singleStep=1024, value=v.ctx)
+        self.img_tokens = QSpinBox(minimum=0, maximum=16384, value=v.image_max_tokens,
+                                   specialValueText="projector default")
         self.max_tokens = QSpinBox(minimum=0, maximum=1_000_000, singleStep=256,
                                    value=v.max_tokens,
                                    specialValueText="none (until the model stops)")
+        self.overflow = QComboBox()
+        self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
+        self.overflow.addItem("stop and say so", "stop")
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v.overflow)))
+        return [("Context length", self.ctx), ("Image token limit", self.img_tokens),
+                ("Reply length cap", self.max_tokens), ("When the context is full", self.overflow)]
+
+    def _memory(self, v: Settings, usage: tuple[int, int]) -> Rows:
+        """What is kept (the image cache, the chats' memory on disk) and how attention and
+        vision run."""
         self.image_cache = QLineEdit(v.image_cache, placeholderText="1GiB",
                                      toolTip="Image embeddings kept in RAM; the least recently "
                                              "used leave first and are encoded again if needed")
@@ -63,15 +102,11 @@ class SettingsDialog(QDialog):
             toolTip="The model's memory of each chat (its KV cache) and the encoded pictures, "
                     "kept in the data folder so a chat reopens without being evaluated again; "
                     "the least recently used leave first. 0: keep none")
-        n_states, n_bytes = memory_usage
+        n_states, n_bytes = usage
         self.memory_usage = QLabel(f"holds {n_states} saved conversation state"
                                    f"{'' if n_states == 1 else 's'}, {fmt_bytes(n_bytes)} with "
                                    "the encoded pictures")
         self.memory_usage.setStyleSheet("color: #555;")
-        self.overflow = QComboBox()
-        self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
-        self.overflow.addItem("stop and say so", "stop")
-        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v.overflow)))
         self.flash = QComboBox(toolTip="On a CPU, flash attention measured slower once a chat "
                                        "has history; on a GPU it is usually faster. Model → "
                                        "Tune… measures it on this machine.")
@@ -79,11 +114,15 @@ class SettingsDialog(QDialog):
         self.flash.addItem("on", True)
         self.flash.addItem("off", False)
         self.flash.setCurrentIndex(max(0, self.flash.findData(v.flash_attn)))
-        self.spread = QCheckBox("deal layers over every accelerator (local and RPC) by measured "
-                                "link", checked=v.spread)
         self.vision = QComboBox()
         self.vision.addItems(["auto", "resident", "swap", "cpu"])
         self.vision.setCurrentText(v.vision)
+        return [("Image cache", self.image_cache), ("Chat memory on disk", self.memory_disk),
+                ("", self.memory_usage), ("Flash attention", self.flash),
+                ("Vision strategy", self.vision)]
+
+    def _network(self, v: Settings) -> Rows:
+        """Other machines: RPC servers, the local server, the Hub."""
         self.rpc = QLineEdit(", ".join(v.rpc), placeholderText="HOST:PORT, … (trusted networks only)")
         self.server = QCheckBox("serve an OpenAI-compatible API (/v1/chat/completions) from "
                                 "this window's model", checked=v.server)
@@ -98,38 +137,10 @@ class SettingsDialog(QDialog):
                                       "Face Hub for Model → Get models…")
         self.hub_token = QLineEdit(v.hub_token, placeholderText="HF_TOKEN, else none (gated "
                                    "models need one)", echoMode=QLineEdit.EchoMode.Password)
-        self.error = QLabel("")
-        self.error.setStyleSheet("color: #c62828;")
-        form = QFormLayout(self)
-        form.addRow("Accelerator VRAM budget", self.budget)
-        form.addRow("Threads (generation)", self.threads)
-        form.addRow("Threads (prompt)", self.threads_batch)
-        form.addRow("Accelerator layers (generation)", self.gpu_layers)
-        form.addRow("Accelerator layers (prompt)", self.prompt_layers)
-        form.addRow("Accelerator layers (prompt with images)", self.image_layers)
-        form.addRow("", self.phase_info)
-        form.addRow("Several devices", self.spread)
-        form.addRow("Context length", self.ctx)
-        form.addRow("Image token limit", self.img_tokens)
-        form.addRow("Reply length cap", self.max_tokens)
-        form.addRow("When the context is full", self.overflow)
-        form.addRow("Image cache", self.image_cache)
-        form.addRow("Chat memory on disk", self.memory_disk)
-        form.addRow("", self.memory_usage)
-        form.addRow("Flash attention", self.flash)
-        form.addRow("Vision strategy", self.vision)
-        form.addRow("RPC servers", self.rpc)
-        form.addRow("Local server", self.server)
-        form.addRow("  address", self.server_host)
-        form.addRow("  port", self.server_port)
-        form.addRow("  API key", self.server_key)
-        form.addRow("Hugging Face Hub mirror", self.hub_endpoint)
-        form.addRow("  token", self.hub_token)
-        form.addRow(self.error)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self._on_ok)
-        buttons.rejected.connect(self.reject)
-        form.addRow(buttons)
+        return [("RPC servers", self.rpc), ("Local server", self.server),
+                ("  address", self.server_host), ("  port", self.server_port),
+                ("  API key", self.server_key), ("Hugging Face Hub mirror", self.hub_endpoint),
+                ("  token", self.hub_token)]
 
     def values(self) -> dict[str, Any]:
         return {"vram_budget": self.budget.text().strip(), "threads": self.threads.value(),
