@@ -451,6 +451,9 @@ class Session:
         rt = self.model.runtime
         if rt is None or self.abandoned or not self.history:
             return 0
+        endpoint = self.model.accel_endpoint
+        if endpoint and endpoint in check_rpc_servers():  # the next turn says so and recovers
+            return 0
         messages, keys = self._messages()
         cells = None
         if not keys:  # text only: its cells are its tokens (with pictures: by the chat's tag)
