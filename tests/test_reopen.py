@@ -241,7 +241,7 @@ def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path
     old = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert read_checked(io.BytesIO(data), old) == data
     with pytest.raises(ValueError):
-        read_checked(io.BytesIO(data[:-1] + b"\x00"), old)
+        read_checked(io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])), old)  # the last bit flipped
     with pytest.raises(ValueError):
         read_checked(io.BytesIO(data + b"more"), old)  # longer than its header says
     stop = threading.Event()
