@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from PySide6.QtCore import QByteArray
+from PySide6.QtCore import QByteArray, QObject, Slot
 from PySide6.QtWidgets import QApplication
 
 FOLD_PANEL_BELOW = 1000  # px: a first start on a screen (or window) narrower folds the Memory panel
@@ -16,8 +16,13 @@ PANEL_FOLDED = ("The Memory panel is folded to give the chat room on this screen
 KEYS = ("window_geometry", "window_state", "window_split")
 
 
-class WindowLayout:
+class WindowLayout(QObject):
+    """A child of the window: the dock's signal reaches it as a QObject's slot, so the
+    connection ends with the window (a plain object's bound method would be held by the
+    connection, and the window with it)."""
+
     def __init__(self, window: Any) -> None:
+        super().__init__(window)
         self.w = window
 
     def _states(self) -> tuple[tuple[str, Any, Any], ...]:
@@ -43,6 +48,7 @@ class WindowLayout:
                 except (ValueError, TypeError):
                     continue
 
+    @Slot(bool)
     def _on_panel_shown(self, shown: bool) -> None:
         if shown:  # the folded panel's notice has said its part
             self.w.notice.remove_matching(PANEL_FOLDED)
