@@ -451,6 +451,8 @@ class Session:
         rt = self.model.runtime
         if rt is None or self.abandoned or not self.history:
             return 0
+        if rt.slot.holds(self.conversation_tag):  # an edit, a regenerate, a branch of the chat
+            return 0  # the cache is this chat's: the turn keeps what it shares (no render here)
         endpoint = self.model.accel_endpoint
         if endpoint and endpoint in check_rpc_servers():  # the next turn says so and recovers
             return 0

@@ -128,7 +128,7 @@ class KvSlot:
                 loaded = self._load(entry, cancel)
                 if loaded is not None:
                     state, n = loaded, n_disk
-        elif not (self.snapshots.tag == tag and self.cells):  # else the cache holds it already
+        elif not self.holds(tag):
             snap = self.snapshots.longest(tag)
             state = snap.state if snap is not None else None
             entry = self.state_files.longest(tag) if self.state_files is not None else None
@@ -144,6 +144,10 @@ class KvSlot:
         self.taken_up = self._restore(state, n, t0)
         self.taken_up_s, self.last_restored = self.last_restore_s, 0  # said by the turn that uses them
         return self.taken_up
+
+    def holds(self, tag: str) -> bool:
+        """The cache holds cells of the conversation `tag` (a branch of it, maybe)."""
+        return self.snapshots.tag == tag and bool(self.cells)
 
     def _keep_leaving(self, n_keep: int) -> None:
         """The cache is about to drop cells from `n_keep` on: keep its state when the
