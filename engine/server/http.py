@@ -295,7 +295,8 @@ ROUTES: tuple[tuple[str, Callable[[Request], Awaitable[Response]], str], ...] = 
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
-    served = ", ".join(f"{method} {path}" for path, _, method in ROUTES if path.startswith("/v1"))
+    served = ", ".join(f"{method} {path.replace('{name:path}', 'NAME')}"
+                       for path, _, method in ROUTES if path.startswith("/v1"))
     return error(ApiError(404, f"no route {request.method} {request.url.path}: Ebb serves {served}"))
 
 
