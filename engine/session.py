@@ -364,8 +364,10 @@ class Session:
         res.memory_starts_at = self.forgotten
 
     def _check_device(self) -> None:
+        """DeviceLost when the accelerator's RPC server went away: now, or found before (each
+        loss is reported once by check_rpc_servers; a take-up may have seen it first)."""
         endpoint = self.model.accel_endpoint
-        if endpoint and endpoint in check_rpc_servers():
+        if endpoint and (self.abandoned or endpoint in check_rpc_servers()):
             self.abandoned = True
             raise DeviceLost(f"the RPC server {endpoint} ({self.model.accel}) went away",
                              "continuing on the devices that are left")
@@ -453,8 +455,9 @@ class Session:
             return 0
         if rt.slot.holds(self.conversation_tag):  # an edit, a regenerate, a branch of the chat
             return 0  # the cache is this chat's: the turn keeps what it shares (no render here)
-        endpoint = self.model.accel_endpoint
-        if endpoint and endpoint in check_rpc_servers():  # the next turn says so and recovers
+        try:
+            self._check_device()
+        except DeviceLost:  # abandoned now: the next turn says so and recovers
             return 0
         messages, keys = self._messages()
         cells = None

@@ -142,8 +142,12 @@ s = Session(SessionConfig(default_model_path(), Path(sys.argv[2]), n_ctx=1024, n
 s, first = turn_with_recovery(s, "What is the capital of France? Answer in one word.", [], gp)
 print(json.dumps({"accel": s.model.accel, "text": first.text}), flush=True)
 input()  # the test kills the server now
+# the window opens the chat again first: its take-up finds the server gone (a loss is reported
+# once) and leaves it to the turn, which must still recover rather than run on the dead device
+s.set_history([(t.role, t.text, []) for t in s.history], tag="lost")
+taken = s.take_up()
 s, second = turn_with_recovery(s, "And of Italy?", [sys.argv[3]], gp)
-out = {"accel": s.model.accel, "lost": second.device_lost, "error": second.error,
+out = {"accel": s.model.accel, "lost": second.device_lost, "error": second.error, "taken": taken,
        "strategy": second.strategy, "history": [t.role for t in s.history],
        "n_prompt_tokens": second.gen.n_prompt_tokens}
 s.close()
@@ -165,7 +169,7 @@ def test_a_server_that_disappears_leaves_the_conversation_on_local_devices(tiny_
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     second = json.loads(out.strip().splitlines()[-1])
-    assert "went away" in second["lost"] and second["error"] is None
+    assert "went away" in second["lost"] and second["error"] is None and second["taken"] == 0
     assert second["accel"] is None and second["strategy"] == "cpu"
     assert second["history"] == ["user", "assistant", "user", "assistant"]
     assert second["n_prompt_tokens"] > 40  # the first exchange is still in the prompt
