@@ -232,3 +232,36 @@ def test_a_header_is_parsed_once_per_version_of_the_file(tmp_path):
     assert read_gguf(link).path == link and HEADER_READS[0] == reads  # named as asked
     write_projector(tmp_path / "new.gguf", 96, "base").replace(path)  # a new version
     assert read_gguf(path).metadata != first.metadata and HEADER_READS[0] == reads + 1
+
+
+def test_a_header_is_read_back_from_disk_in_the_next_run_for_that_version_only(tmp_path):
+    """A start reads the model's header as kept by the last run, equal to a parse (#54); a file
+    rewritten in place with its old size and modification time is parsed again; a damaged
+    kept header is ignored."""
+    import os
+
+    from engine.gguf import info, kept_headers
+    from engine.synth.projector_gen import write_projector
+
+    path = write_projector(tmp_path / "p.gguf", 64, "base")
+    parsed = info.read_gguf(path)
+    info._HEADERS.clear()  # as a new process
+    reads = info.HEADER_READS[0]
+    again = info.read_gguf(path)
+    assert info.HEADER_READS[0] == reads and again is not parsed
+    assert again == parsed  # path, bytes, every value and tensor
+
+    st = path.stat()
+    write_projector(tmp_path / "other.gguf", 64, "base", seed=7)
+    data = (tmp_path / "other.gguf").read_bytes()
+    assert len(data) == st.st_size
+    path.write_bytes(data)  # same inode, same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the old modification time
+    info._HEADERS.clear()
+    changed = info.read_gguf(path)
+    assert info.HEADER_READS[0] == reads + 1 and changed.metadata != parsed.metadata, "seed 7 names itself"
+
+    kept = kept_headers._file_for(kept_headers.version_of(path))
+    kept.write_text('{"format": 1, "version"')  # cut short
+    info._HEADERS.clear()
+    assert info.read_gguf(path) == changed and info.HEADER_READS[0] == reads + 2

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.gguf import kept_headers
 from engine.gguf.families import pairing_problem, projector_family
 from engine.gguf.ggml_types import UnknownTensorType, tensor_bytes
 
@@ -213,10 +214,11 @@ def merge_parts(parts: list[GGUFFile]) -> GGUFFile:
                    tensors=tuple(t for p in parts for t in p.tensors))
 
 
-# Headers read, by file version (path, size, modification time, inode): one Tune or load asks
-# for the same model's header from planning, measuring, loading and the demo projector, and
-# read it six times (#54). GGUFFile is frozen and nobody writes its metadata: shared safely.
-_HEADERS: OrderedDict[tuple[str, int, int, int], GGUFFile] = OrderedDict()
+# Headers read, by file version (engine/gguf/kept_headers.py): one Tune or load asks for the
+# same model's header from planning, measuring, loading and the demo projector, and read it six
+# times (#54). GGUFFile is frozen and nobody writes its metadata: shared safely. A version seen
+# by an earlier run is read back from disk instead of parsed.
+_HEADERS: OrderedDict[kept_headers.Version, GGUFFile] = OrderedDict()
 _HEADERS_KEPT = 8
 _HEADERS_LOCK = threading.Lock()
 HEADER_READS = [0]  # files parsed in this process: what a test of "read once" counts
@@ -225,21 +227,35 @@ HEADER_READS = [0]  # files parsed in this process: what a test of "read once" c
 def _read_one(path: Path) -> GGUFFile:
     """One file's header and tensor table, parsed once per version of the file."""
     try:
-        st = path.stat()
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        version = kept_headers.version_of(path)
     except OSError:
         return _parse_file(path)  # it says what is wrong
     with _HEADERS_LOCK:
-        known = _HEADERS.get(key)
+        known = _HEADERS.get(version)
         if known is not None:
-            _HEADERS.move_to_end(key)
+            _HEADERS.move_to_end(version)
             return known if known.path == path else replace(known, path=path)
-    gf = _parse_file(path)
+    gf = _from_kept(path, kept_headers.load(version))
+    if gf is None:
+        gf = _parse_file(path)
+        kept_headers.keep(version, gf.file_bytes, gf.metadata,
+                          [[t.name, t.type_name, list(t.shape), t.n_bytes, t.data_offset] for t in gf.tensors])
     with _HEADERS_LOCK:
-        _HEADERS[key] = gf
+        _HEADERS[version] = gf
         while len(_HEADERS) > _HEADERS_KEPT:
             _HEADERS.popitem(last=False)
     return gf
+
+
+def _from_kept(path: Path, kept: dict[str, Any] | None) -> GGUFFile | None:
+    if kept is None:
+        return None
+    try:
+        tensors = tuple(TensorEntry(str(n), str(t), tuple(int(d) for d in shape), int(b), int(o))
+                        for n, t, shape, b, o in kept["tensors"])
+        return GGUFFile(path, int(kept["file_bytes"]), dict(kept["metadata"]), tensors)
+    except (KeyError, TypeError, ValueError):  # written by another format: parse again
+        return None
 
 
 def _parse_file(path: Path) -> GGUFFile:

@@ -7,22 +7,31 @@ every template the suite has through both and compares.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+# jinja2 is imported when a template is first compiled, not with this module: a load imports it
+# on a helper thread while llama.cpp reads the weights (LoadedModel), ~15 ms off the first token
+JINJA_MODULES = ("jinja2", "jinja2.ext", "jinja2.sandbox")
 
 
-class _IgnoreGenerationTags(jinja2.ext.Extension):
-    """Pass-through for HuggingFace's `{% generation %}` chat-template tag."""
+@functools.lru_cache(maxsize=1)
+def _environment_parts() -> tuple[Any, Any, list[Any]]:
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    tags = {"generation"}
+    class IgnoreGenerationTags(jinja2.ext.Extension):
+        """Pass-through for HuggingFace's `{% generation %}` chat-template tag."""
 
-    def parse(self, parser: Any) -> Any:
-        parser.stream.skip(1)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            parser.stream.skip(1)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return ImmutableSandboxedEnvironment, jinja2.BaseLoader, [IgnoreGenerationTags, jinja2.ext.loopcontrols]
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -48,9 +57,8 @@ class ChatTemplate:
         self.source = source
         self.eos_token = eos_token
         self.bos_token = bos_token
-        env = ImmutableSandboxedEnvironment(
-            loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
-            extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols])
+        environment, loader, extensions = _environment_parts()
+        env = environment(loader=loader(), trim_blocks=True, lstrip_blocks=True, extensions=extensions)
         env.filters["tojson"] = _tojson
         self._template = env.from_string(source)
 
@@ -62,4 +70,4 @@ class ChatTemplate:
             messages=messages, eos_token=self.eos_token, bos_token=self.bos_token,
             raise_exception=_raise_exception, add_generation_prompt=True, functions=None,
             function_call=None, tools=tools, tool_choice=None, strftime_now=_strftime_now)
-        return self._template.render(**{**extra, **fixed})
+        return str(self._template.render(**{**extra, **fixed}))

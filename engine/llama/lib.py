@@ -2,8 +2,12 @@
 Every module that calls llama.cpp gets it from `llama()`. Engine thread (any thread may import)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +99,20 @@ def preload_cuda_runtime() -> list[str]:
                     continue
                 break
     return opened
+
+
+def import_meanwhile(names: tuple[str, ...]) -> None:
+    """Import `names` on a helper thread, now: called just before a long llama.cpp call that
+    lets go of the GIL (a model's load), for modules needed only after it. Whoever imports
+    one of them first waits for it (Python's import lock); an import that fails here fails
+    again, and says so, where the module is used."""
+    missing = [n for n in names if n not in sys.modules]
+    if not missing:
+        return
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            for name in missing:
+                importlib.import_module(name)
+
+    threading.Thread(target=run, name="ebb-import-meanwhile", daemon=True).start()

@@ -19,7 +19,8 @@ from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.llama import log as llama_log
 from engine.llama.buffer_log import buffers_from_log
 from engine.llama.buffer_override import override_array
-from engine.llama.lib import llama
+from engine.llama.chat_template import JINJA_MODULES
+from engine.llama.lib import import_meanwhile, llama
 from engine.llama.state_files import file_identity
 
 DEFAULT_CTX = 4096
@@ -104,6 +105,7 @@ class LoadedModel:
         self._progress = L.llama_progress_callback(lambda _progress, _user: True)
         mparams.progress_callback = self._progress
         llama_log.clear()
+        import_meanwhile(JINJA_MODULES)  # the first prompt's template, while the weights load
         t0 = time.perf_counter()
         model = L.llama_model_load_from_file(str(params.model_path).encode(), mparams)
         if not model:
