@@ -37,6 +37,7 @@ from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
 from engine.llama.loaded_model import check_context
 from engine.llama.runtime import GenResult
+from engine.llama.snapshots import MIN_CELLS
 from engine.llama.sampling import GenParams
 from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
@@ -465,6 +466,20 @@ class Session:
             text, added_special = self._format(messages)
             cells = list(rt.tokenize(text, add_special=not added_special))
         return rt.slot.take_up(cells, self.conversation_tag, cancel)
+
+    def read_ahead(self, tag: str) -> None:
+        """Any thread: a turn of the conversation `tag` is coming (an endpoint request, still
+        queued or not yet rendered): start reading its longest state kept on disk, unless the
+        cache or RAM holds as much of it already. The turn's prefix match decides, as always,
+        whether it is taken (StateFiles.read_ahead)."""
+        snaps = self.model.snapshots
+        disk = snaps.disk
+        if disk is None or self.abandoned or snaps.tag == tag:
+            return
+        entry = disk.longest(tag)
+        in_ram = snaps.longest(tag)
+        if entry is not None and (in_ram is None or len(entry.keys) >= len(in_ram.keys) + MIN_CELLS):
+            disk.read_ahead(entry)
 
     def persist(self) -> bool:
         """Keep the model's memory of this conversation on disk now (the window closes or

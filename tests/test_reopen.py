@@ -247,3 +247,45 @@ def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path
     stop = threading.Event()
     stop.set()
     assert read_checked(io.BytesIO(data), old, stop) is None
+
+
+def test_an_endpoint_request_reads_its_conversations_state_while_it_waits(model_path, tmp_path):
+    """#54: a client comes back to a restarted server. Its request names the conversation by
+    its opening (system and first message), and the state kept under it is read as the request
+    is queued, before its prompt is rendered; the turn takes that read instead of reading
+    again, and answers as a turn that read it itself."""
+    import shutil
+
+    from engine.server.answering import answer_job
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.jobs import Job, read_ahead
+
+    def job(messages):
+        req = parse_chat_request({"model": "m", "messages": messages, "temperature": 0, "max_tokens": 8})
+        return Job(req, "test", lambda _ev: None, image_dir=tmp_path)
+
+    kept = tmp_path / "kept"
+    msgs = [{"role": "user", "content": QUESTIONS[1]}]
+    with Session(_cfg(model_path, kept)) as s:
+        s, first = answer_job(s, job(msgs), None)
+        assert s.persist()
+        s.model.snapshots.disk.flush()
+    assert len(list(kept.glob("api_*" + SUFFIX))) == 1  # named by the conversation, not "x"
+    msgs += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And lions?"}]
+    answers = []
+    for ahead in (False, True):  # each restart on its own copy of what was kept
+        states = Path(shutil.copytree(kept, tmp_path / f"states-{ahead}"))
+        with Session(_cfg(model_path, states)) as s:
+            j = job(msgs)
+            if ahead:
+                read_ahead(s, j)
+            s, got = answer_job(s, j, None)
+            answers.append(got)
+            assert s.model.snapshots.disk.n_read_ahead == int(ahead)
+    plain, early = answers
+    assert early.turn.gen.n_prompt_tokens_restored == plain.turn.gen.n_prompt_tokens_restored > 0
+    assert early.text == plain.text  # the same restored cells, the same new tokens
+    # another conversation's request reads nothing ahead (its opening names no kept state)
+    with Session(_cfg(model_path, tmp_path / "states-True")) as s:
+        read_ahead(s, job([{"role": "user", "content": QUESTIONS[0]}]))
+        assert s.model.snapshots.disk._ahead is None

@@ -18,7 +18,7 @@ from PySide6.QtCore import QMetaObject, Qt
 
 from app.core.settings import Settings
 from engine.server.api.common import ApiError
-from engine.server.jobs import Job, QueuedBackend
+from engine.server.jobs import Job, QueuedBackend, read_ahead
 
 DEFAULT_QUEUE = 8
 
@@ -48,6 +48,7 @@ class WindowBackend(QueuedBackend):
             raise ApiError(503, "the window has not loaded a model yet: try again shortly")
         job.image_dir = self.image_dir
         place = self.jobs.submit(job)
+        read_ahead(self.worker.session, job)  # its conversation's kept state, while it waits
         # wakes the worker's thread; it takes the oldest waiting job, behind the window's sends
         QMetaObject.invokeMethod(self.worker, "serve_next", Qt.ConnectionType.QueuedConnection)
         return place

@@ -58,6 +58,11 @@ class EngineWorker(QObject):
         # local server counts it ahead of the requests that wait
         self.turn_running = threading.Event()
 
+    @property
+    def session(self) -> Session | None:
+        """The loaded session, for what any thread may ask of it (Session.read_ahead)."""
+        return self._session
+
     @Slot()
     def serve_next(self) -> None:
         """The local server's oldest waiting request (app/mainwindow/serving.py), on the window's session;

@@ -70,7 +70,8 @@ class Snapshots:
 
     def longest(self, tag: str) -> Snapshot | None:
         """The longest kept state of the conversation `tag`."""
-        return max((s for s in self._kept if s.tag == tag), key=lambda s: len(s.keys), default=None)
+        kept = list(self._kept)  # a copy: read_ahead asks from another thread
+        return max((s for s in kept if s.tag == tag), key=lambda s: len(s.keys), default=None)
 
     def worth_keeping(self, n_cells: int, nbytes: int | None = None) -> bool:
         return n_cells >= MIN_CELLS and (nbytes is None or nbytes <= self.budget_bytes)

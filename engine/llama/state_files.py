@@ -100,6 +100,10 @@ class StateFiles:
         self._index: dict[Path, Entry] = {}
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ebb-states")
         self._pending: list[concurrent.futures.Future[Any]] = []
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # read_ahead's
+        self._ahead: tuple[Path, concurrent.futures.Future[State | None], threading.Event] | None = None
+        self.n_read_ahead = 0
+        self._closed = False  # loads that found their state read ahead (a test counts them)
         self.n_ignored = 0  # files passed over: another model or setting, damaged
         self._scan()
         self._writer.submit(self._trim)  # the budget may have shrunk since the last run
@@ -165,9 +169,47 @@ class StateFiles:
         """The longest kept state of the conversation `tag`."""
         return max((e for e in self.entries() if e.tag == tag), key=lambda e: len(e.keys), default=None)
 
+    def read_ahead(self, entry: Entry) -> None:
+        """Any thread: start reading `entry`'s state now, on a reader thread, for the `load`
+        that will ask for it (a request of the endpoint, before its prompt is rendered and
+        tokenized, or while it waits behind another). One at a time: a newer one stops the
+        last; a `load` of another state drops it."""
+        with self._lock:
+            if self._closed or (self._ahead is not None and self._ahead[0] == entry.path):
+                return
+            self._drop_ahead()
+            if self._reader is None:
+                self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ebb-states-read")
+            stop = threading.Event()
+            self._ahead = (entry.path, self._reader.submit(self._load, entry, stop), stop)
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead[2].set()  # its bytes are let go as soon as its read stops
+            self._ahead = None
+
     def load(self, entry: Entry, cancel: threading.Event | None = None) -> State | None:
         """The state in `entry`'s file, checked against its header; None when it is not this
-        identity's, is damaged (removed then) or the load was stopped."""
+        identity's, is damaged (removed then) or the load was stopped. A read started ahead
+        for it is waited for instead of reading again."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead[0] != entry.path:
+                ahead[2].set()
+                ahead = None
+        if ahead is not None:
+            fut, stop = ahead[1], ahead[2]
+            while not concurrent.futures.wait([fut], timeout=0.05).done:
+                if cancel is not None and cancel.is_set():
+                    stop.set()
+                    return None
+            state = fut.result()
+            if state is not None:
+                self.n_read_ahead += 1
+                return state
+        return self._load(entry, cancel)
+
+    def _load(self, entry: Entry, cancel: threading.Event | None) -> State | None:
         path = entry.path
         try:
             with open(path, "rb") as f:
@@ -249,6 +291,11 @@ class StateFiles:
         self._pending.clear()
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop_ahead()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
         self.flush()
         self._writer.shutdown(wait=True)
 

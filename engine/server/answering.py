@@ -106,7 +106,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         if usable and not calls_allowed:
             grammar = text_grammar(None)
     session.set_history([(t.role, t.text, [image_path(job, i) for i in t.images], t.extra)
-                         for t in before])
+                         for t in before], tag=req.conversation_tag)
     images = [image_path(job, i) for i in last.images]
     said = _names_said([*before, last], job)
     pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text

@@ -20,8 +20,7 @@ from engine.server.api.completions import CompletionRequest
 from engine.server.api.embeddings import EmbeddingRequest
 
 if TYPE_CHECKING:
-    pass
-
+    from engine.session import Session
 
 
 @dataclass(frozen=True)
@@ -202,6 +201,14 @@ class QueuedBackend:
         running = self.busy_with
         if running is not None:
             running.cancel.set()
+
+
+def read_ahead(session: Session | None, job: Job) -> None:
+    """Any thread: `job` was queued. A chat's conversation may have a state kept on disk (its
+    client came back after a restart, or after others): its read starts now, while the job
+    waits and while its prompt is rendered (Session.read_ahead)."""
+    if session is not None and isinstance(job.request, ChatRequest):
+        session.read_ahead(job.request.conversation_tag)
 
 
 def run_job(job: Job, answer: Callable[[Job], Answer],

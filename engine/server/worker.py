@@ -18,7 +18,7 @@ from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.server.answering import answer_job
 from engine.server.api.common import ApiError
-from engine.server.jobs import Answer, Failed, Job, QueuedBackend, run_job
+from engine.server.jobs import Answer, Failed, Job, QueuedBackend, read_ahead, run_job
 
 if TYPE_CHECKING:
     from engine.session import Session
@@ -60,7 +60,9 @@ class ServeWorker(QueuedBackend):
         if self.load_error is not None:
             raise ApiError(503, f"the model did not load: {self.load_error}")
         job.image_dir = self.image_dir
-        return self.jobs.submit(job)
+        place = self.jobs.submit(job)
+        read_ahead(self.session, job)
+        return place
 
     def close(self, timeout: float = 30.0) -> None:
         self.stop_all("the server is shutting down")  # the thread ends after the current job

@@ -82,6 +82,16 @@ class ChatRequest:
             out["enable_thinking"] = self.reasoning_effort not in ("none", "minimal")
         return out
 
+    @property
+    def conversation_tag(self) -> str:
+        """What this conversation's kept states go by: its system text and first message, which
+        a client sends again with every turn (a branch of it shares them, and the turn's prefix
+        match picks its state). Known before the prompt is rendered: the read of a kept state
+        starts from it (Session.read_ahead)."""
+        first = (self.history or (self.last,))[0]
+        opening = [self.system, first.role, first.text, [i.key() for i in first.images]]
+        return "api-" + hashlib.sha256(json.dumps(opening).encode()).hexdigest()[:16]
+
     def callable_tools(self) -> tuple[Any, ...]:
         from engine.server.tools import offered
 
