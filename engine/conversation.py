@@ -7,11 +7,14 @@ one that formats the template and counts as llama.cpp and mtmd do. A test can pa
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Callable, Sequence
 
+from engine import stops
 from engine.errors import EbbError
 
-__all__ = ["Conversation", "Fitted", "HistoryTurn", "drop_oldest", "fit_history"]
+__all__ = ["Conversation", "Fitted", "History", "HistoryTurn", "ReplyState", "drop_oldest",
+           "fit_history"]
 
 
 @dataclass(frozen=True)
@@ -33,18 +36,120 @@ class HistoryTurn:
         return "", "\n"
 
 
+class ReplyState(str, Enum):
+    """Where the conversation's last reply is in its life: one value, as llama.cpp's server
+    keeps a slot's (idle, processing the prompt, generating), not flags."""
+    IDLE = "idle"  # nothing to go on with from the KV cache: a conversation set or replaced,
+    # a reply that ended on its own or on a full context, or the cache has moved on since
+    PROMPT = "prompt"  # a turn evaluates its prompt (its pictures encoded, the prefill)
+    GENERATING = "generating"  # its reply is being decoded
+    OPEN = "open"  # the last reply stopped on its cap or a Stop and the KV cache ends with it:
+    # Continue decodes on from there, with no prefill
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
 @dataclass(frozen=True)
 class Conversation:
     """A session's conversation, to put back after answering someone else
     (Session.save_conversation / restore_conversation)."""
     history: tuple[HistoryTurn, ...]
-    reply_open: bool  # the last reply can be continued from the KV cache
+    reply: ReplyState  # OPEN: the last reply can be continued from the KV cache
     last_stop: str
     forgotten: int  # turns at the start no longer in the model's memory
     system: str | None
     tools: tuple[dict[str, Any], ...] | None
     template_kwargs: tuple[tuple[str, Any], ...] = ()  # the template's own switches
     tag: str = "x"  # what its saved states go by (Session.set_history)
+
+
+class History:
+    """The conversation a session holds (its turns, the system prompt aside), what the chat
+    template is given with it, and the life of its last reply. The session changes it only
+    through these steps; the session's thread."""
+
+    def __init__(self) -> None:
+        self.turns: list[HistoryTurn] = []
+        self.forgotten = 0  # turns at the start no longer in the model's memory
+        self.tools: list[dict[str, Any]] | None = None  # functions the template lists
+        self.template_kwargs: dict[str, Any] = {}  # the template's own switches (enable_thinking)
+        self.tag = "x"  # what the conversation's kept states go by (a chat's id)
+        self.reply = ReplyState.IDLE
+        self.last_stop = ""  # how the last reply ended (a StopReason's value; "" none yet)
+
+    def reset(self, turns: list[HistoryTurn], tag: str) -> None:
+        """Another conversation, or another branch of this one."""
+        self.turns, self.forgotten, self.tag = turns, 0, tag or "x"
+        self.reply, self.last_stop = ReplyState.IDLE, ""
+
+    def begin_prompt(self) -> None:
+        self.reply = ReplyState.PROMPT
+
+    def begin_reply(self) -> None:
+        self.reply = ReplyState.GENERATING
+
+    def reply_ended(self, reason: str) -> None:
+        """The reply stopped (`reason`: a StopReason): open when the cache ends with it."""
+        self.reply = ReplyState.OPEN if stops.resumes_from_cache(reason) else ReplyState.IDLE
+        self.last_stop = reason
+
+    def interrupted(self) -> None:
+        """A turn failed or was stopped part-way: nothing to go on with from the cache."""
+        if self.reply in (ReplyState.PROMPT, ReplyState.GENERATING):
+            self.reply = ReplyState.IDLE
+
+    def moved_on(self) -> None:
+        """Something else was evaluated (another turn, a completion, a swap): the last reply
+        is continued by a prefill up to it, no longer from the cache."""
+        if self.reply is ReplyState.OPEN:
+            self.reply = ReplyState.IDLE
+
+    @property
+    def resumes_from_cache(self) -> bool:
+        return self.reply is ReplyState.OPEN and stops.resumes_from_cache(self.last_stop)
+
+    def add_exchange(self, turn: HistoryTurn, reply: str) -> None:
+        self.turns = self.turns + [turn, HistoryTurn("assistant", reply)]
+
+    def stopped_before_reply(self, turn: HistoryTurn) -> None:
+        """Stop before the reply began: the message stays, with an empty reply."""
+        self.add_exchange(turn, "")
+        self.reply, self.last_stop = ReplyState.IDLE, stops.CANCELLED
+
+    def set_last_reply(self, text: str) -> None:
+        self.turns = self.turns[:-1] + [HistoryTurn("assistant", text)]
+
+    def undo_last_exchange(self) -> HistoryTurn | None:
+        """Drop the last user turn and what follows it (Regenerate); returns that turn."""
+        for i in range(len(self.turns) - 1, -1, -1):
+            if self.turns[i].role == "user":
+                turn = self.turns[i]
+                self.turns = self.turns[:i]
+                self.reply = ReplyState.IDLE
+                return turn
+        return None
+
+    def fitted(self, fitted: "Fitted") -> None:
+        """What `fit_history` kept: the turns it let go are forgotten."""
+        self.turns = list(fitted.history)
+        self.forgotten += fitted.n_turns_dropped
+
+    def without_images(self, lost: set[str]) -> None:
+        """Images that can no longer be read leave; their turns' text stays."""
+        self.turns = [replace(t, image_keys=tuple(k for k in t.image_keys if k not in lost))
+                      for t in self.turns]
+
+    def saved(self, system: str | None) -> Conversation:
+        return Conversation(tuple(self.turns), self.reply, self.last_stop, self.forgotten, system,
+                            tuple(self.tools) if self.tools is not None else None,
+                            tuple(self.template_kwargs.items()), self.tag)
+
+    def restore(self, saved: Conversation) -> None:
+        self.turns, self.reply, self.last_stop = list(saved.history), saved.reply, saved.last_stop
+        self.forgotten, self.tag = saved.forgotten, saved.tag
+        self.tools = list(saved.tools) if saved.tools is not None else None
+        self.template_kwargs = dict(saved.template_kwargs)
 
 
 @dataclass(frozen=True)

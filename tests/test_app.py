@@ -429,7 +429,7 @@ def test_the_local_server_answers_on_the_windows_model_and_keeps_the_windows_cha
     # the window's conversation, system prompt and (no) tools are as they were
     s = w.worker._session
     assert s.history == history and "4 answered" in w.server_status.text()
-    assert s.tools is None and s.cfg.system != "Tools only." and "You can call" not in (s.cfg.system or "")
+    assert s.chat.tools is None and s.cfg.system != "Tools only." and "You can call" not in (s.cfg.system or "")
     from openai import AuthenticationError
 
     with pytest.raises(AuthenticationError):

@@ -83,3 +83,37 @@ def test_drop_oldest_steps():
     assert (turns, images) == (2, 0) and h3 == h2[2:]
     with pytest.raises(ValueError):
         drop_oldest((HistoryTurn("user", "x"),), keep=1)
+
+
+def test_a_replys_life_is_one_state_and_only_an_open_one_resumes_from_the_cache():
+    """#55: the turn's life as one ReplyState. A reply that stopped on its cap or a Stop is
+    open (Continue decodes on, no prefill) until anything else is evaluated; one that ended on
+    its own, or failed part-way, is not; a conversation set or put back starts as it was."""
+    from engine.conversation import History, ReplyState
+    from engine.stops import CANCELLED, LENGTH, STOP
+
+    h = History()
+    assert h.reply is ReplyState.IDLE and not h.resumes_from_cache
+    q = HistoryTurn("user", "hi")
+    h.begin_prompt()
+    h.begin_reply()
+    assert h.reply is ReplyState.GENERATING
+    h.add_exchange(q, "hel")
+    h.reply_ended(LENGTH)
+    h.interrupted()  # the turn's own end: no change
+    assert h.reply is ReplyState.OPEN and h.resumes_from_cache
+    saved = h.saved("sys")
+    h.moved_on()  # another request decoded
+    assert h.reply is ReplyState.IDLE and not h.resumes_from_cache
+    h.restore(saved)
+    assert h.resumes_from_cache and h.turns == [q, HistoryTurn("assistant", "hel")]
+    h.reply_ended(STOP)
+    assert h.reply is ReplyState.IDLE and h.last_stop == STOP
+    h.begin_prompt()
+    h.interrupted()  # a prefill that failed
+    assert h.reply is ReplyState.IDLE
+    h.stopped_before_reply(HistoryTurn("user", "again"))
+    assert h.turns[-1] == HistoryTurn("assistant", "") and h.last_stop == CANCELLED
+    assert h.undo_last_exchange() == HistoryTurn("user", "again") and len(h.turns) == 2
+    h.reset([q], "7")
+    assert (h.turns, h.tag, h.reply, h.last_stop, h.forgotten) == ([q], "7", ReplyState.IDLE, "", 0)

@@ -1013,7 +1013,7 @@ def test_reasoning_effort_reaches_a_template_with_a_thinking_switch(tmp_path, mo
                               ({"reasoning_effort": "high",
                                 "chat_template_kwargs": {"enable_thinking": False}}, False)):
             s, ans = answer_job(s, Job(parse_chat_request({**base, **extra}), "t", lambda ev: None), None)
-            prompt, _ = s.model.runtime.format_chat(s.messages[:-1], s.tools, s.template_kwargs)
+            prompt, _ = s.model.runtime.format_chat(s.messages[:-1], s.chat.tools, s.chat.template_kwargs)
             assert prompt.endswith(closed) is not thinks, (extra, prompt)
     plain = parse_chat_request({**base, "reasoning_effort": "low"})
     assert plain.thinking_kwargs("{{ messages }}") == {}  # no switch in the template: nothing to set

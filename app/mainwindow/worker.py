@@ -20,6 +20,7 @@ from app.core.chat_state import ChatHistory
 from app.core.settings import resolve_paths
 from engine import events
 from engine.config import SessionConfig
+from engine.conversation import ReplyState
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from engine.session import Session, turn_with_recovery
@@ -102,7 +103,7 @@ class EngineWorker(QObject):
                 session.restore_conversation(saved)
             else:  # a remote device went away during it: the window's conversation moves on
                 # (its cache holds none of it: nothing to continue from there)
-                self._session.restore_conversation(replace(saved, reply_open=False))
+                self._session.restore_conversation(replace(saved, reply=ReplyState.IDLE))
                 self._announce(self._session)
 
     def cancel(self) -> None:

@@ -9,7 +9,7 @@ below means either).
 - `prompt_items`: the prompt as the runtime prefills it (tokens, and the cached embeddings);
 - `switch`: vision on or off (a resident projector is freed).
 
-The session (engine/session.py) decides which images a turn has; this module only turns them
+The session (engine/session/session.py) decides which images a turn has; this module only turns them
 into chunks and embeddings. Engine thread only.
 """
 from __future__ import annotations

@@ -7,8 +7,13 @@ turn's orchestration. Each job has its owner; the session calls them in order:
 - `TurnMedia` (engine/media/turn.py): a prompt's image chunks, and encoding the new ones in
   one plan (the pure `plan_vision`, carried out step by step by `PlanRun`);
 - `PhaseMover` (engine/placement/phase_mover.py): the prompt at its own placement, per phase;
-- engine/conversation.py: the history (`HistoryTurn`, a `Conversation` snapshot) and the pure
-  fit of a conversation into the context.
+- `History` (engine/conversation.py): the conversation, what its template is given and its
+  last reply's life, one `ReplyState` (`session.chat`); with the pure fit of a conversation
+  into the context;
+- `KeptMemory` (kept.py): the model's memory of conversations beyond the KV cache, in RAM
+  and on disk (`session.kept`).
+A new kind of attachment is read into pictures and text by engine/media (attachments.py's
+`expand`): the turn takes what it gives.
 Every step is a Span event. Owned by one thread (the CLI's, or the app's engine worker).
 """
 from __future__ import annotations
@@ -20,10 +25,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine import events, stops
-from engine.stops import StopReason
+from engine import events
 from engine.config import SessionConfig, flash_attn_for, thread_plan
-from engine.conversation import Conversation, HistoryTurn, fit_history
+from engine.conversation import Conversation, History, HistoryTurn, fit_history
 from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
@@ -37,7 +41,6 @@ from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
 from engine.llama.loaded_model import check_context
 from engine.llama.runtime import GenResult
-from engine.llama.snapshots import MIN_CELLS
 from engine.llama.sampling import GenParams
 from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
@@ -46,11 +49,11 @@ from engine.placement.timeline import Timeline
 from engine.media import kinds
 from engine.media.attachments import PICTURE_LABEL, Expanded, Projector, expand
 from engine.media.attachments import parse as parse_ref
-from engine.media.embedding_files import EmbeddingFiles
 from engine.media.encoder import MediaEncoder
 from engine.media.images import LoadedMedia
 from engine.media.projector import TextPiece
 from engine.media.turn import TurnMedia
+from engine.session.kept import KeptMemory
 
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
@@ -81,15 +84,9 @@ class Session:
         if self.proj_info is not None:
             check_projector_matches(self.info, self.proj_info)
         self.abandoned = False
-        self.history: list[HistoryTurn] = []  # the conversation so far (system prompt aside)
-        self.tools: list[dict[str, Any]] | None = None  # functions the template lists (set_tools)
-        self.template_kwargs: dict[str, Any] = {}  # the template's own switches (enable_thinking)
-        self.conversation_tag = "x"  # what the conversation's saved states go by (set_history)
-        # the last reply stopped on its cap or a cancel and the KV cache ends with it: Continue
-        # resumes it where it stopped, without a prefill
-        self._reply_open = False
-        self._last_stop = ""  # how the last reply ended
-        self.forgotten = 0  # turns at the conversation's start no longer in the model's memory
+        # the conversation, what its template is given and its last reply's life (ReplyState:
+        # an open one is continued from the KV cache, with no prefill)
+        self.chat = History()
         self._request_id = 0
         # called with the device bytes the live mover freed, once the projector is gone and
         # before those layers come back (outside every span): bench swap times the link there
@@ -117,6 +114,7 @@ class Session:
                 assert self.encoder.ram is not None
                 self.proj_info = self.encoder.info = self.encoder.ram.measured_info()
             self.media = TurnMedia(cfg, self.info, self.n_ctx, self.model, self.encoder)
+            self.kept = KeptMemory(self.model, self.encoder, cfg.state_dir, lambda: self.abandoned)
         except BaseException:
             self._stack.close()
             raise
@@ -181,6 +179,7 @@ class Session:
             pending = [i for i in pending if self.encoder.key(i) in kept]
             messages, keys = self._messages(turn)
             with self._tokenize(messages, keys, pending + images) as prompt:
+                self.chat.begin_prompt()
                 self.media.encode_new(prompt, keys, images, res, tl, cancel, self.before_restore)
                 self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
         except EbbError as exc:
@@ -188,10 +187,9 @@ class Session:
         except TurnCancelled as exc:  # Stop before the reply: the message stays, no reply yet
             res.reason = (res.reason + "; " if res.reason else "") + str(exc)
             res.gen = GenStats.cancelled()
-            self.history = self.history + [turn, HistoryTurn("assistant", "")]
-            self._reply_open = False
-            self._last_stop = StopReason.CANCELLED
+            self.chat.stopped_before_reply(turn)
         finally:
+            self.chat.interrupted()  # unless the reply ended: nothing to resume from the cache
             self.encoder.pin(set())  # the cache may keep to its limit again
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
@@ -220,17 +218,18 @@ class Session:
             assert self.model.runtime is not None
             before = self.history[-1]
             accel = self.model.placement.accel or CPU
-            if self._reply_open and stops.resumes_from_cache(self._last_stop):
+            if self.chat.resumes_from_cache:
+                self.chat.begin_reply()
                 t0 = time.monotonic()
                 result = self.model.runtime.resume(gp, on_text, cancel)
                 tl.add("decode", t0, t0 + result.stats.gen_s, accel)
                 res.reason = "resumed from the KV cache (no prefill)"
             else:
-                self.history = self.history[:-1]
+                self.chat.turns = self.chat.turns[:-1]
                 try:  # a reply that filled the context: older turns leave to make room
                     self._fit(None, self._pending_history_images(), res, open_reply=before.text)
                 except EbbError:
-                    self.history = self.history + [before]
+                    self.chat.turns = self.chat.turns + [before]
                     raise
                 pending = self._pending_history_images()
                 messages, keys = self._messages()
@@ -238,19 +237,19 @@ class Session:
                 text += before.text  # the reply so far, left open: the model goes on with it
                 prompt = (self.media.tokenize(text, not added_special, keys, pending) if keys
                           else contextlib.nullcontext(self.model.runtime.tokenize(text, not added_special)))
-                self.history = self.history + [before]  # kept if anything below fails
+                self.chat.turns = self.chat.turns + [before]  # kept if anything below fails
                 with prompt as p:
+                    self.chat.begin_prompt()
                     self.media.encode_new(p, keys, [], res, tl, cancel, self.before_restore)
-                    result = self._run_prompt(p, keys, gp, on_text, cancel, tl)
+                    result = self._run_prompt(p, keys, gp, on_text, cancel, tl, chat=True)
                 res.reason = "the conversation was prefilled up to the reply"
             res.text = result.text
             # the whole reply's length in tokens: a reply that was interrupted (a crash) has no
             # count saved, so adding the new tokens to it would count only those
             res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn, n_reply_tokens=len(
                 self.model.runtime.tokenize(before.text + result.text, False)))
-            self.history = self.history[:-1] + [HistoryTurn("assistant", before.text + result.text)]
-            self._reply_open = stops.resumes_from_cache(result.stop_reason)
-            self._last_stop = result.stop_reason
+            self.chat.set_last_reply(before.text + result.text)
+            self.chat.reply_ended(result.stop_reason)
             res.shifted_cells = self.model.runtime.slot.last_shift[1]
         except EbbError as exc:
             res.error = str(exc)
@@ -258,6 +257,7 @@ class Session:
             res.reason = str(exc)
             res.gen = GenStats.cancelled()
         finally:
+            self.chat.interrupted()
             self.encoder.pin(set())
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
@@ -357,12 +357,11 @@ class Session:
 
         fitted = fit_history(self.history, count, self.n_ctx, self.reply_room,
                              self.cfg.overflow, continuing=turn is None)
-        self.history = list(fitted.history)
-        self.forgotten += fitted.n_turns_dropped
+        self.chat.fitted(fitted)
         res.n_turns_dropped += fitted.n_turns_dropped
         res.n_images_dropped += fitted.n_images_dropped
         res.n_tokens_dropped = fitted.n_tokens_dropped
-        res.memory_starts_at = self.forgotten
+        res.memory_starts_at = self.chat.forgotten
 
     def _check_device(self) -> None:
         """DeviceLost when the accelerator's RPC server went away: now, or found before (each
@@ -392,7 +391,8 @@ class Session:
     def _new_request(self, closes_reply: bool = True) -> Timeline:
         # anything but Continue may decode or swap: the last reply can no longer be resumed
         # from the cache (its logits are gone; Continue then prefills up to it)
-        self._reply_open = self._reply_open and not closes_reply
+        if closes_reply:
+            self.chat.moved_on()
         self._request_id += 1
         self.model.ledger.reset_peaks()
         return Timeline(self._request_id, self._emit, self.model.ledger, self.model.accel)
@@ -431,30 +431,23 @@ class Session:
                 text = "\n\n".join([*texts, text])
             history.append(HistoryTurn(role, text, tuple(keys), more[0] if more else None,
                                        tuple(labels)))
-        self.history = history
-        self._reply_open = False
-        self._last_stop = ""
-        self.forgotten = 0
-        self._keep_cache_on_drop(tag)
+        self.chat.reset(history, tag)
+        self.kept.keep_on_drop(self.chat.tag)
 
-    def _keep_cache_on_drop(self, tag: str) -> None:
-        """The conversation was replaced (another branch or chat): the cache's state is kept
-        if the next prompt drops it, to be taken back when it comes back
-        (engine/llama/snapshots.py), under the tag of the conversation it held."""
-        self.conversation_tag = tag or "x"
-        self.model.snapshots.next_tag = self.conversation_tag
-        if self.model.runtime is not None:
-            self.model.runtime.slot.keep_on_drop = True
+    @property
+    def history(self) -> list[HistoryTurn]:
+        """The conversation so far (the system prompt aside)."""
+        return self.chat.turns
 
     def take_up(self, cancel: threading.Event | None = None) -> int:
         """The conversation was just set (a chat opened, the window started on it): take the
         model's memory of it back from RAM or disk now, while the user reads and types, so that
-        the next turn starts as if it had never left (KvSlot.take_up). Returns the cells taken
-        back; a stop (`cancel`: the user went to another chat) leaves the cache as it was."""
+        the next turn starts as if it had never left (KeptMemory.take_up). Returns the cells
+        taken back; a stop (`cancel`: the user went to another chat) leaves the cache as it was."""
         rt = self.model.runtime
         if rt is None or self.abandoned or not self.history:
             return 0
-        if rt.slot.holds(self.conversation_tag):  # an edit, a regenerate, a branch of the chat
+        if self.kept.holds(self.chat.tag):  # an edit, a regenerate, a branch of the chat
             return 0  # the cache is this chat's: the turn keeps what it shares (no render here)
         try:
             self._check_device()
@@ -465,94 +458,64 @@ class Session:
         if not keys:  # text only: its cells are its tokens (with pictures: by the chat's tag)
             text, added_special = self._format(messages)
             cells = list(rt.tokenize(text, add_special=not added_special))
-        return rt.slot.take_up(cells, self.conversation_tag, cancel)
+        return self.kept.take_up(cells, self.chat.tag, cancel)
 
     def read_ahead(self, tag: str) -> None:
-        """Any thread: a turn of the conversation `tag` is coming (an endpoint request, still
-        queued or not yet rendered): start reading its longest state kept on disk, unless the
-        cache or RAM holds as much of it already. The turn's prefix match decides, as always,
-        whether it is taken (StateFiles.read_ahead)."""
-        snaps = self.model.snapshots
-        disk = snaps.disk
-        if disk is None or self.abandoned or snaps.tag == tag:
-            return
-        entry = disk.longest(tag)
-        in_ram = snaps.longest(tag)
-        if entry is not None and (in_ram is None or len(entry.keys) >= len(in_ram.keys) + MIN_CELLS):
-            disk.read_ahead(entry)
+        """Any thread: see KeptMemory.read_ahead."""
+        self.kept.read_ahead(tag)
 
     def persist(self) -> bool:
         """Keep the model's memory of this conversation on disk now (the window closes or
         is idle). True when a write was started."""
-        rt = self.model.runtime
-        return not self.abandoned and rt is not None and rt.slot.persist()
+        return self.kept.persist()
 
     def forget(self, tag: str) -> int:
         """Delete the saved states of the conversation `tag` (a deleted chat)."""
-        disk = self.model.snapshots.disk
-        self.model.snapshots.drop_tag(tag)
-        return disk.delete_tag(tag) if disk is not None else 0
+        return self.kept.forget(tag)
 
     def set_state_budget(self, budget_bytes: int) -> None:
         """The disk's budget for saved states and pictures, from now on (0: keep none: what
         is kept goes). No reload."""
-        snaps = self.model.snapshots
         self.cfg = replace(self.cfg, state_disk_bytes=budget_bytes)
-        if snaps.disk is not None:
-            snaps.disk.set_budget(budget_bytes)
-            if budget_bytes <= 0:
-                snaps.disk.flush()
-                snaps.disk, self.encoder.disk = None, None
-        elif budget_bytes > 0 and self.cfg.state_dir is not None:
-            snaps.disk = self.model.open_state_files()
-            self.encoder.disk = EmbeddingFiles(self.cfg.state_dir / "pictures")
+        self.kept.set_budget(budget_bytes)
 
     def save_conversation(self) -> Conversation:
         """The conversation and its system prompt and tools, to put back after answering
         someone else (the window's local server answers an HTTP client on the window's
         session)."""
-        return Conversation(tuple(self.history), self._reply_open, self._last_stop,
-                            self.forgotten, self.cfg.system,
-                            tuple(self.tools) if self.tools is not None else None,
-                            tuple(self.template_kwargs.items()), self.conversation_tag)
+        return self.chat.saved(self.cfg.system)
 
     def restore_conversation(self, saved: Conversation) -> None:
         self.set_system(saved.system)
-        self.history = list(saved.history)
-        self._reply_open, self._last_stop, self.forgotten = (saved.reply_open, saved.last_stop,
-                                                              saved.forgotten)
-        self.tools = list(saved.tools) if saved.tools is not None else None
-        self.template_kwargs = dict(saved.template_kwargs)
-        self._keep_cache_on_drop(saved.tag)
+        self.chat.restore(saved)
+        self.kept.keep_on_drop(self.chat.tag)
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""
-        self.tools = tools or None
+        self.chat.tools = tools or None
 
     def set_template_kwargs(self, kwargs: dict[str, Any]) -> None:
         """The chat template's own switches for the next turns (`enable_thinking`: False asks a
         thinking model to answer at once); {}: the template's defaults."""
-        self.template_kwargs = dict(kwargs)
+        self.chat.template_kwargs = dict(kwargs)
 
     def _format(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
         assert self.model.runtime is not None
-        return self.model.runtime.format_chat(messages, self.tools, self.template_kwargs)
+        return self.model.runtime.format_chat(messages, self.chat.tools, self.chat.template_kwargs)
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
-        self.history = list(other.history)
+        self.chat.turns = list(other.history)
+        self.chat.tools = other.chat.tools
         self.encoder.adopt(other.encoder)
 
     def undo_last_exchange(self) -> tuple[str, list[str]] | None:
         """Drop the last user turn and its reply (for Regenerate); returns its text and images."""
-        for i in range(len(self.history) - 1, -1, -1):
-            if self.history[i].role == "user":
-                turn = self.history[i]
-                self.history = self.history[:i]
-                self._reply_open = False
-                paths = [self.encoder.path_of(k) for k in turn.image_keys]
-                return turn.text, [p for p in paths if p is not None]
-        return None
+        turn = self.chat.undo_last_exchange()
+        if turn is None:
+            return None
+        paths = [self.encoder.path_of(k) for k in turn.image_keys]
+        return turn.text, [p for p in paths if p is not None]
 
     def _messages(self, extra: HistoryTurn | None = None,
                   history: Sequence[HistoryTurn] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -609,29 +572,27 @@ class Session:
             return []
         images, lost = self.encoder.pending([k for t in self.history for k in t.image_keys])
         if lost:
-            self.history = [replace(t, image_keys=tuple(k for k in t.image_keys if k not in lost))
-                            for t in self.history]
+            self.chat.without_images(set(lost))
         return images
 
     def _generate(self, turn: HistoryTurn, prompt: Any, keys: list[str], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                   res: TurnResult, tl: Timeline) -> None:
-        self._reply_open = False
-        result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl)
+        result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl, chat=True)
         assert self.model.runtime is not None
         res.phases = self.phases.used(self.model.runtime.n_threads_batch, self.model.runtime.n_threads)
         res.text = result.text
         res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)  # the turn says whether it was on
         assert self.model.runtime is not None
         res.shifted_cells = self.model.runtime.slot.last_shift[1]
-        self.history = self.history + [turn, HistoryTurn("assistant", result.text)]
-        self._reply_open = stops.resumes_from_cache(result.stop_reason)
-        self._last_stop = result.stop_reason
+        self.chat.add_exchange(turn, result.text)
+        self.chat.reply_ended(result.stop_reason)
 
     def _run_prompt(self, prompt: Any, keys: list[str], gp: GenParams,
                     on_text: Callable[[str], None] | None, cancel: threading.Event | None,
-                    tl: Timeline) -> GenResult:
-        """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode."""
+                    tl: Timeline, chat: bool = False) -> GenResult:
+        """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode;
+        `chat`: the conversation's reply (its life in `self.chat`), not a raw completion."""
         runtime = self.model.runtime
         assert runtime is not None
         items = self.media.prompt_items(prompt, keys)
@@ -648,6 +609,8 @@ class Session:
 
         def after_prefill() -> None:  # the prefill's span, then back for generation
             tl.add("prefill", t_start, time.monotonic(), accel)
+            if chat:
+                self.chat.begin_reply()
             while pending:
                 pending.pop()()
 
@@ -686,7 +649,6 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
     except DeviceLost as exc:
         new = Session(replace(session.cfg, accel=None), emit=emit)
         new.adopt_conversation(session)
-        new.set_tools(session.tools)
         session.close()  # abandoned: drops its handles without touching the lost device
         res = run(new)
         res.reason = f"{exc}; now on {new.model.accel or 'CPU'}" + (f"; {res.reason}" if res.reason else "")
