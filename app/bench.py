@@ -67,7 +67,7 @@ def _window_run(args: argparse.Namespace) -> int:
         spin(lambda: w.chat.loaded and not w.chat.busy and bool(w.chat.request_id))
         gui_s = time.thread_time() - gui0
         last = store.messages(w.conv_id)[-1]
-        print(json.dumps({**last.stats, "gui_cpu_s": round(gui_s, 3)}), flush=True)
+        print(json.dumps({**last.stats.to_json(), "gui_cpu_s": round(gui_s, 3)}), flush=True)
         w.close()
         store.close()
     return 0
@@ -117,6 +117,8 @@ def make_conversation(store: Any, n_messages: int, n_images: int, folder: Path) 
     carry one of `n_images` distinct pictures; replies with paragraphs, lists and code)."""
     from PIL import Image
 
+    from app.core.reply_stats import ReplyStats
+
     cid = int(store.create_conversation("A long conversation"))
     users = n_messages // 2
     every = max(1, users // max(1, n_images))
@@ -134,8 +136,8 @@ def make_conversation(store: Any, n_messages: int, n_images: int, folder: Path) 
             store.add_message(cid, "user", f"Question {i // 2}: what about this?", images)
         else:
             store.add_message(cid, "assistant", reply,
-                              stats={"n_gen_tokens": 60, "gen_tokens_per_s": 100.0,
-                                     "prompt_s": 0.05, "stop_reason": "stop"})
+                              stats=ReplyStats(n_gen_tokens=60, gen_tokens_per_s=100.0,
+                                               prompt_s=0.05, stop_reason="stop"))
     return cid
 
 

@@ -20,7 +20,15 @@ signal.signal(signal.SIGINT, _interrupted)
 import argparse  # noqa: E402
 from pathlib import Path  # noqa: E402
 import sys  # noqa: E402
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication
+
+    from app.core.store import Store
+    from app.mainwindow.window import MainWindow
+    from app.single_instance import FolderLock
+    from engine.config import SessionConfig
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,7 +85,7 @@ def relaunch(message: str, lost: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, *([] if frozen else ["-m", "app"]), *sys.argv[1:]], env)
 
 
-def _test_hooks(window: Any, app: Any, noticed: bool = False) -> None:
+def _test_hooks(window: MainWindow, app: QApplication, noticed: bool = False) -> None:
     """Test-only: EBB_TEST_SEND sends a message once the model is loaded (with the picture
     EBB_TEST_IMAGE attached, if set) and prints "streaming" at the first reply token;
     EBB_TEST_PRINT_NOTICE prints the notice and quits."""
@@ -117,7 +125,7 @@ def _test_hooks(window: Any, app: Any, noticed: bool = False) -> None:
     window.worker.engine_event.connect(hook.on_event)
 
 
-def _already_running(folder: Path, lock: Any, paths: list[str]) -> int:
+def _already_running(folder: Path, lock: FolderLock, paths: list[str]) -> int:
     """A second start: the running window comes to the front (with our files), or we say that
     Ebb is running with this folder. Never a second writer."""
     from app import single_instance
@@ -138,7 +146,7 @@ def _already_running(folder: Path, lock: Any, paths: list[str]) -> int:
     return 1
 
 
-def open_paths(window: Any, paths: list[str]) -> None:
+def open_paths(window: MainWindow, paths: list[str]) -> None:
     """Files handed over by a later start (`ebb FILE...`): to the front, then a model or
     projector is opened and pictures wait in the composer, as at a start."""
     window.showNormal()
@@ -155,7 +163,7 @@ def open_paths(window: Any, paths: list[str]) -> None:
         window.models.open_projector(args.mmproj)
 
 
-def close_on_sigterm(app: Any, window: Any) -> Any:
+def close_on_sigterm(app: QApplication, window: MainWindow) -> Any:
     """SIGTERM (logout, shutdown, `kill`) and SIGHUP (the terminal that started it was closed)
     close the window as its close button does: the reply
     so far is saved, the engine stops, the exit code is 0. Python runs signal handlers only
@@ -189,7 +197,7 @@ def close_on_sigterm(app: Any, window: Any) -> Any:
     return (notifier, reader, writer)  # kept alive by the caller
 
 
-def open_window(store: Any, cfg: Any, rpc: list[str]) -> Any:
+def open_window(store: Store, cfg: SessionConfig, rpc: list[str]) -> MainWindow:
     """The window, loading `cfg` unless the last start died in llama.cpp's native code: then it
     says so and offers safe mode instead (app/safe_mode.py)."""
     from app import safe_mode

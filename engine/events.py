@@ -230,6 +230,22 @@ class PhasesUsed:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """A sampled token's log-probability from the model's own logits (before any sampler), and
+    the `top` most likely at that step; OpenAI's chat shape at the JSON edge (`to_dict`)."""
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[Logprob, ...] = ()
+
+    def to_dict(self, with_top: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes)}
+        if with_top:
+            d["top_logprobs"] = [t.to_dict(False) for t in self.top]
+        return d
+
+
+@dataclass(frozen=True)
 class GenStats:
     """A reply's figures, from the runtime's decode loop to the JSON edge (`to_dict`). A turn
     that never decoded (an error before the reply) has `stop_reason` None and no figures."""
@@ -243,9 +259,7 @@ class GenStats:
     restore_s: float = 0.0  # the seconds that took
     # taken back when the conversation was opened, while the user typed: not waited for
     restored_ahead: bool = False
-    # with GenParams.top_logprobs >= 0: per sampled token, OpenAI's shape
-    # {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
-    logprobs: list[dict[str, Any]] | None = None
+    logprobs: tuple[Logprob, ...] | None = None  # with GenParams.top_logprobs >= 0: each token's
     flash_attn: bool | None = None  # whether the turn ran with flash attention (None: not known)
     # Continue: the whole reply's length in tokens (an interrupted reply has no count saved)
     n_reply_tokens: int | None = None
@@ -277,7 +291,7 @@ class GenStats:
             "restore_s": round(self.restore_s, 4), "restored_ahead": self.restored_ahead,
             "stop_reason": self.stop_reason, "flash_attn": self.flash_attn}
         if self.logprobs is not None:
-            d["logprobs"] = self.logprobs
+            d["logprobs"] = [e.to_dict() for e in self.logprobs]
         if self.n_reply_tokens is not None:
             d["n_reply_tokens"] = self.n_reply_tokens
         return d

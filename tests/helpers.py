@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 # ggml spins: never more threads than the CI machine's cores (the numerics-shaking run,
 # `make test-numerics`, sets EBB_TEST_THREADS to run the output-comparing tests with others)
@@ -29,18 +29,23 @@ N_THREADS = int(os.environ.get("EBB_TEST_THREADS") or 2)
 DECIDED_BY = 1.0  # logits between the best token and the next: more than paths differ by
 
 
-def margin(entry: dict[str, Any]) -> float:
+def _entry(e: Any) -> dict[str, Any]:
+    """A logprobs entry as JSON carries it: a turn's own (engine.events.Logprob) made so."""
+    return e if isinstance(e, dict) else e.to_dict()
+
+
+def margin(entry: Any) -> float:
     """How far the best token led the next one at a step (a logprobs entry with top 2)."""
-    top = entry["top_logprobs"]
+    top = _entry(entry)["top_logprobs"]
     return float(top[0]["logprob"] - top[1]["logprob"]) if len(top) > 1 else float("inf")
 
 
-def agree_where_decided(a: list[dict[str, Any]], b: list[dict[str, Any]],
+def agree_where_decided(a: Sequence[Any], b: Sequence[Any],
                         by: float = DECIDED_BY) -> int:
     """Two greedy replies' logprobs (GenParams(top_logprobs=2)) from different evaluation
     paths: the same token at every step until either side's choice was closer than `by`, after
     which they may part. Returns the number of steps compared."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(map(_entry, a), map(_entry, b))):
         if min(margin(x), margin(y)) < by:
             return i
         assert x["bytes"] == y["bytes"], (

@@ -47,7 +47,7 @@ def test_stop_in_the_middle_of_a_reply(qtbot, store):
     w = _long_reply(qtbot, store, "Count from 1 to 300, one number per line.", parts=3)
     w.stop_button.click()
     wait_for(lambda: not w.chat.busy, timeout=30_000)
-    assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "cancelled"
+    assert store.messages(w.conv_id)[-1].stats.stop_reason == "cancelled"
 
 
 def test_bad_image_is_named_and_never_attached(qtbot, store, tmp_path):
@@ -143,7 +143,7 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     request = w.chat.request_id
     names = [s.name for s in w.telemetry.spans if s.request_id == request]
     assert names.count("encode") == 2 and "evict" in names and "restore" in names
-    assert store.messages(w.conv_id)[-1].stats["strategy"] == "swap"
+    assert store.messages(w.conv_id)[-1].stats.strategy == "swap"
     assert len(store.messages(w.conv_id)[-2].images) == 2
     print(f"\nlongest gap between 10 ms heartbeats during the vision turn: {max(gaps) * 1000:.0f} ms")
 
@@ -162,7 +162,7 @@ def test_vision_switch_never_reloads(qtbot, store, shared_rpc_server, base_proje
     w.vision.switch.setChecked(True)
     wait_for(lambda: w.vision.label.text() == "projector in RAM", timeout=30_000)
     send(qtbot, w, "look")
-    assert store.messages(w.conv_id)[-1].stats["strategy"] == "resident"
+    assert store.messages(w.conv_id)[-1].stats.strategy == "resident"
     assert session.model.n_model_loads == loads
 
 
@@ -173,7 +173,7 @@ def test_close_during_reply_shuts_down_cleanly(qtbot, store):
     assert w.worker._session is None
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"]  # kept as far as it got, as stopped
-    assert msgs[1].text and msgs[1].stats["stop_reason"] == "cancelled" and msgs[1].state == "complete"
+    assert msgs[1].text and msgs[1].stats.stop_reason == "cancelled" and msgs[1].state == "complete"
 
 
 def test_window_appears_fast(tmp_path):

@@ -24,7 +24,7 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
         send(qtbot, w, q)
     cid = w.conv_id
     u1, r1, u2, r2, u3, r3 = store.messages(cid)
-    assert r3.stats["n_prompt_tokens_evaluated"] < r3.stats["n_prompt_tokens"]  # never left
+    assert r3.stats.n_prompt_tokens_evaluated < r3.stats.n_prompt_tokens  # never left
 
     # edit the second question: a new version, answered; the old one stays
     _click(w, "edit", u2.id)
@@ -37,7 +37,7 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     assert "‹ 2/2 ›" in w.transcript.toPlainText() and "zebras" not in w.transcript.toPlainText()
     # only what follows the common prefix was evaluated (the first exchange was kept)
     edited = branch[3].stats
-    assert edited["n_prompt_tokens_evaluated"] <= edited["n_prompt_tokens"] - r1.stats["n_prompt_tokens"]
+    assert edited.n_prompt_tokens_evaluated <= edited.n_prompt_tokens - r1.stats.n_prompt_tokens
 
     # regenerate that reply twice: three versions of it
     for _ in range(2):
@@ -56,9 +56,9 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     wait_for(lambda: not w.chat.busy)
     again = store.messages(cid)[-1]
     assert again.id != r3.id and again.text.strip() and again.siblings[-1] == again.id
-    assert again.stats["n_prompt_tokens_restored"] > 0  # the branch's state, kept when it was left
-    assert again.stats["n_prompt_tokens_evaluated"] <= (again.stats["n_prompt_tokens"]
-                                                        - r1.stats["n_prompt_tokens"])
+    assert again.stats.n_prompt_tokens_restored > 0  # the branch's state, kept when it was left
+    assert again.stats.n_prompt_tokens_evaluated <= (again.stats.n_prompt_tokens
+                                                        - r1.stats.n_prompt_tokens)
 
     # a reply edited by the user is a version of it too (nothing generated)
     _click(w, "edit", r1.id)

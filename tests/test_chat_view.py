@@ -12,6 +12,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication
 
 from app.core.markdown import split_all, split_finished
+from app.core.reply_stats import ReplyStats
 from app.core.store import Message, Store
 from app.widgets.transcript import FIRST_MESSAGES, Transcript
 from engine.llama.sampling import GenParams
@@ -68,7 +69,7 @@ def view(qtbot):
 
 
 def _msg(i: int, role: str, text: str, images=(), stats=None) -> Message:
-    return Message(i, role, text, list(images), stats or {})
+    return Message(i, role, text, list(images), ReplyStats(**(stats or {})))
 
 
 def test_the_reply_streams_in_place_without_rendering_it_again(view):
@@ -174,26 +175,26 @@ def test_a_reply_runs_past_the_old_cap_and_continue_grows_it_in_place(qtbot, tmp
     w.gen_params = GenParams(temperature=0, max_tokens=40)
     send(qtbot, w, STORY)
     capped = store.messages(w.conv_id)[-1]
-    assert capped.stats["stop_reason"] == "length" and capped.stats["n_gen_tokens"] == 40
+    assert capped.stats.stop_reason == "length" and capped.stats.n_gen_tokens == 40
     assert w.continue_button.isVisible()
     n, tokens, text = 0, 40, capped.text
-    while store.messages(w.conv_id)[-1].stats["stop_reason"] == "length" and n < 30:
+    while store.messages(w.conv_id)[-1].stats.stop_reason == "length" and n < 30:
         w.continue_button.click()
         wait_for(lambda: not w.chat.busy)
         n += 1
         grown = store.messages(w.conv_id)[-1]
         assert grown.id == capped.id and grown.text.startswith(text) and len(grown.text) > len(text)
-        assert grown.stats["n_gen_tokens"] > tokens
-        tokens, text = grown.stats["n_gen_tokens"], grown.text
+        assert grown.stats.n_gen_tokens > tokens
+        tokens, text = grown.stats.n_gen_tokens, grown.text
     msgs = store.messages(w.conv_id)
     assert [m.role for m in msgs] == ["user", "assistant"]  # one reply, grown in place
-    assert msgs[-1].stats["stop_reason"] in ("stop", "context_full"), msgs[-1].stats
-    assert msgs[-1].stats["continued"] == n >= 1
+    assert msgs[-1].stats.stop_reason in ("stop", "context_full"), msgs[-1].stats
+    assert msgs[-1].stats.continued == n >= 1
     shown = shown_text(w.transcript)
     assert shown.count("Ebb\n") == 1 and shown.count("You\n") == 1
     # a reply that filled the context may go on (older turns would make room); one that ended
     # by itself may not
-    assert w.continue_button.isVisible() == (msgs[-1].stats["stop_reason"] == "context_full")
+    assert w.continue_button.isVisible() == (msgs[-1].stats.stop_reason == "context_full")
     store.close()
 
 
@@ -206,14 +207,14 @@ def test_stop_then_continue(qtbot, store):
     w.stop_button.click()
     wait_for(lambda: not w.chat.busy, timeout=30_000)
     stopped = store.messages(w.conv_id)[-1]
-    assert stopped.stats["stop_reason"] == "cancelled" and w.continue_button.isVisible()
+    assert stopped.stats.stop_reason == "cancelled" and w.continue_button.isVisible()
     w.gen_params = GenParams(temperature=0, max_tokens=10)
     w.continue_button.click()
     wait_for(lambda: not w.chat.busy)
     went_on = store.messages(w.conv_id)[-1]
     assert went_on.id == stopped.id and went_on.text.startswith(stopped.text)
     assert len(went_on.text) > len(stopped.text)
-    assert went_on.stats["n_gen_tokens"] == stopped.stats["n_gen_tokens"] + 10
+    assert went_on.stats.n_gen_tokens == stopped.stats.n_gen_tokens + 10
 
 
 def test_the_window_streams_into_its_one_transcript(qtbot, store):
@@ -236,7 +237,7 @@ def test_the_window_streams_into_its_one_transcript(qtbot, store):
 def test_continue_never_shown_for_a_finished_reply(qtbot, store):
     w = open_window(qtbot, store)
     send(qtbot, w, "What is the capital of France? Answer in one word.")
-    assert store.messages(w.conv_id)[-1].stats["stop_reason"] == "stop"
+    assert store.messages(w.conv_id)[-1].stats.stop_reason == "stop"
     assert not w.continue_button.isVisible()
     assert w.chat.continue_last() is None
 
@@ -254,13 +255,12 @@ def test_older_messages_loaded_by_scrolling_are_spaced_as_the_others(view):
     """#26: the messages that come in above as the view is scrolled up are laid out block for
     block as if the conversation had been shown whole (they had extra empty paragraphs)."""
     from app.widgets import transcript as T
-    from app.core.store import Message
 
     msgs = []
     for i in range(60):
-        msgs.append(Message(2 * i + 1, "user", f"Question {i}", [], {}))
-        msgs.append(Message(2 * i + 2, "assistant", f"Answer {i}\n\nSecond paragraph {i}", [],
-                            {"stop_reason": "stop", "n_gen_tokens": 5}))
+        msgs.append(_msg(2 * i + 1, "user", f"Question {i}"))
+        msgs.append(_msg(2 * i + 2, "assistant", f"Answer {i}\n\nSecond paragraph {i}",
+                         stats={"stop_reason": "stop", "n_gen_tokens": 5}))
 
     def blocks(v):
         out, b = [], v.document().begin()

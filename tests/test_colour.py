@@ -71,10 +71,11 @@ def test_a_colour_is_named_by_the_first_token_that_can_only_begin_it():
     """The logit gap's arithmetic: "B" could begin black or blue, so the gap is read where the
     reply's word is decided; with no wrong colour among the candidates, the lowest one bounds
     the gap from below."""
+    from engine.events import Logprob
+
     def entry(token, logprob, *others):
-        return {"token": token, "logprob": logprob,
-                "top_logprobs": [{"token": token, "logprob": logprob}]
-                + [{"token": t, "logprob": lp} for t, lp in others]}
+        return Logprob(token, logprob, tuple(token.encode()), (Logprob(token, logprob, ()), *(
+            Logprob(t, lp, ()) for t, lp in others)))
 
     reply = [entry("This", -0.1, (" The", -2.0)), entry(" Bl", -0.2, (" B", -1.5)),
              entry("ue", -0.3, ("ack", -2.5), ("ossom", -4.0))]

@@ -63,12 +63,12 @@ def test_continue_resumes_from_the_cache_and_equals_an_uncapped_reply(session):
 def test_continuing_an_interrupted_reply_counts_the_whole_reply():
     """A reply cut by a crash is saved with no counts: its stats after Continue count all of it,
     not only the new tokens (#26)."""
-    from app.core.chat_state import continued_stats
+    from app.core.reply_stats import ReplyStats
 
-    stats = continued_stats({}, {"n_gen_tokens": 12, "n_reply_tokens": 57, "stop_reason": "stop"})
-    assert stats["n_gen_tokens"] == 57 and stats["continued"] == 1
-    stats = continued_stats({"n_gen_tokens": 40}, {"n_gen_tokens": 12, "n_reply_tokens": 52})
-    assert stats["n_gen_tokens"] == 52
+    stats = ReplyStats().continued_by(ReplyStats(n_gen_tokens=12, n_reply_tokens=57, stop_reason="stop"))
+    assert stats.n_gen_tokens == 57 and stats.continued == 1
+    stats = ReplyStats(n_gen_tokens=40).continued_by(ReplyStats(n_gen_tokens=12, n_reply_tokens=52))
+    assert stats.n_gen_tokens == 52
 
 
 @pytest.mark.numerics

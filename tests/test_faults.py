@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from app.core.reply_stats import ReplyStats
 from engine.config import SessionConfig
 from engine.llama.sampling import GenParams
 from engine.session import Session
@@ -241,7 +242,7 @@ def test_killed_at_any_moment_nothing_committed_is_lost(moment, tmp_path, qtbot,
     store = Store(data)
     old = store.create_conversation("Before")
     store.add_message(old, "user", "An earlier question.")
-    store.add_message(old, "assistant", "An earlier answer.", stats={"stop_reason": "stop"})
+    store.add_message(old, "assistant", "An earlier answer.", stats=ReplyStats(stop_reason="stop"))
     store.settings.set("ctx", 2048)
     store.close()
     env = {"EBB_TEST_SEND": LONG}

@@ -50,8 +50,8 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     msgs = store.messages(w.conv_id)
     assert msgs, (w.statusBar().currentMessage(), w.last_error, w.conv_id)
     reply = msgs[-1]
-    assert reply.role == "assistant" and reply.stats.get("strategy") == "swap", reply.stats
-    assert reply.stats.get("swap_s", 0) > 0
+    assert reply.role == "assistant" and reply.stats.strategy == "swap", reply.stats
+    assert reply.stats.swap_s > 0
     # the picture's thumbnail opens it full size (#43)
     from PySide6.QtCore import QUrl
 

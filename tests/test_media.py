@@ -284,7 +284,7 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     send(qtbot, w, "And the colour before that?")
     assert not w.last_error, w.last_error
     reply = store.messages(w.conv_id)[-1]
-    assert reply.stats.get("encode_s") == 0 and first_colour(reply.text) in COLOURS, reply
+    assert reply.stats.encode_s == 0 and first_colour(reply.text) in COLOURS, reply
     w.grab().save(str(tmp_path / "video-sent.png"))
     w.close()
 

@@ -6,6 +6,7 @@ import time
 
 from PySide6.QtCore import QPointF
 
+from app.core.reply_stats import ReplyStats
 from app.core.store import Store
 from engine import events
 from tests.helpers import open_window
@@ -59,7 +60,7 @@ def test_sending_shows_the_new_message_and_reply_even_when_scrolled_up(qtbot, tm
     for i in range(30):
         store.add_message(cid, "user", f"Question {i}: " + "words " * 40)
         store.add_message(cid, "assistant", f"Answer {i}: " + "more words " * 40,
-                          stats={"stop_reason": "stop", "n_gen_tokens": 40})
+                          stats=ReplyStats(stop_reason="stop", n_gen_tokens=40))
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     w.resize(1024, 700)
     bar = w.transcript.verticalScrollBar()

@@ -196,8 +196,8 @@ def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
     open_chat(w, cid)
     send(qtbot, w, QUESTIONS[2])
     stats = store.messages(cid)[-1].stats
-    assert stats["n_prompt_tokens_restored"] > 0
-    assert stats["n_prompt_tokens_evaluated"] < stats["n_prompt_tokens_restored"]  # the new question
+    assert stats.n_prompt_tokens_restored > 0
+    assert stats.n_prompt_tokens_evaluated < stats.n_prompt_tokens_restored  # the new question
     assert "Memory of this chat restored when the chat was opened" in w.statusBar().currentMessage()
     w.close()  # the open chat's memory goes to disk
     assert list(states.glob(f"chat{cid}-*" + SUFFIX))
@@ -210,7 +210,7 @@ def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
     send(qtbot, w, "Name a colour.")
     stats = store.messages(cid)[-1].stats
     # taken back from disk as the window opened on the chat, before the question (#54)
-    assert stats["n_prompt_tokens_restored"] > 0, stats
+    assert stats.n_prompt_tokens_restored > 0, stats
     assert "Memory of this chat restored when the chat was opened" in w.statusBar().currentMessage()
     # deleting the chat deletes its memory
     w.chats.delete_chat(cid)

@@ -814,7 +814,7 @@ def _forecast_follow_up(model, fmt: str, system: str | None = None, last_user: b
     with Session(SessionConfig(model, n_ctx=1024, n_threads=N_THREADS)) as s:
         assert s.model.runtime is not None and template_format(s.model.runtime.template_source) == fmt
         s, ans = answer_job(s, Job(req, "test", lambda ev: None), None)
-        prompt, _ = s.model.runtime.format_chat(s.messages[:-1], s.tools)  # what the reply answered
+        prompt, _ = s.model.runtime.format_chat(s.messages[:-1], s.chat.tools)  # what the reply answered
     return prompt, ans
 
 

@@ -1,11 +1,13 @@
 """The conversation store (SQLite, WAL) and the model picker's file helpers."""
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 from PIL import Image
 
+from app.core.reply_stats import ReplyStats
 from app.dialogs.open_model import estimate
 from engine.models.local import find_models, projectors_beside
 from app.core.export import export_chat, render
@@ -24,11 +26,11 @@ def test_conversations_messages_images_and_settings(tmp_path):
     copy.write_bytes(img.read_bytes())
     s.add_message(a, "user", "look", [img])
     s.add_message(b, "user", "and this", [copy])
-    s.add_message(a, "assistant", "a picture", stats={"gen_tokens_per_s": 12.5})
+    s.add_message(a, "assistant", "a picture", stats=ReplyStats(gen_tokens_per_s=12.5))
     assert len(list(s.images_dir.iterdir())) == 1  # stored once, by content hash
     msgs = s.messages(a)
     assert [m.role for m in msgs] == ["user", "assistant"]
-    assert msgs[0].images[0].read_bytes() == img.read_bytes() and msgs[1].stats["gen_tokens_per_s"] == 12.5
+    assert msgs[0].images[0].read_bytes() == img.read_bytes() and msgs[1].stats.gen_tokens_per_s == 12.5
     assert [c.title for c in s.conversations("moun")] == ["Mountains"]
     s.rename(b, "Hills")
     assert s.title(b) == "Hills"
@@ -310,7 +312,7 @@ def test_a_chat_is_a_tree_migrated_from_lines_searched_trashed_and_exported(tmp_
     img = tmp_path / "pic.png"
     Image.new("RGB", (8, 8), (9, 9, 9)).save(img)
     s.add_message(1, "user", "and a picture", [img])
-    s.add_message(1, "assistant", "grey", stats={"model": "tiny.gguf"})
+    s.add_message(1, "assistant", "grey", stats=ReplyStats(model="tiny.gguf"))
     (tmp_path / "out").mkdir()
     out = export_chat(s, 1, tmp_path / "out" / "chat.json", every_branch=True,
                       meta={"system_prompt": "Be brief.", "sampling": {"temperature": 0.2}})
@@ -412,3 +414,25 @@ def test_deleting_the_last_version_of_a_reply_stays_on_the_version_beside_it(tmp
     s.trash_branch(v3)
     shown = s.messages(cid)
     assert [m.text for m in shown] == ["Two?", "v2"] and len(shown[-1].siblings) == 2
+
+
+def test_a_replys_stats_are_typed_and_read_back_from_rows_of_every_age(tmp_path):
+    """#55: Message.stats is a ReplyStats; the store keeps its JSON. A row written by an earlier
+    version (null figures, a key since dropped, a mistyped value) reads as defaults there."""
+    s = Store(tmp_path / "data")
+    cid = s.create_conversation("x")
+    full = ReplyStats(n_gen_tokens=7, gen_tokens_per_s=3.5, stop_reason="length", model="m.gguf",
+                      flash_attn=False, device_notes=("the projector ran on the CPU",), seed=9,
+                      seed_fixed=True, memory_from=3, continued=2)
+    mid = s.add_message(cid, "assistant", "a", stats=full)
+    assert s.message(mid).stats == full
+    old = s.add_message(cid, "assistant", "b")
+    with s.db:
+        s.db.execute("UPDATE messages SET stats=? WHERE id=?", (json.dumps(
+            {"n_gen_tokens": None, "prompt_s": 0.25, "stop_reason": "stop", "n_images_encoded": 1,
+             "seed": "seven", "flash_attn": None, "n_images": True}), old))
+    got = s.message(old).stats
+    assert (got.n_gen_tokens, got.prompt_s, got.stop_reason, got.seed, got.flash_attn, got.n_images) == (
+        0, 0.25, "stop", None, None, 0)
+    assert ReplyStats().empty and not got.empty
+    s.close()

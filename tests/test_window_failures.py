@@ -124,8 +124,8 @@ def test_one_window_per_data_folder_and_sigterm_saves_and_exits_0(tmp_path, pict
     msgs = store.messages(conv.id)
     assert [m.role for m in msgs] == ["user", "assistant"]
     reply = msgs[-1]
-    assert reply.text.strip() and reply.stats.get("stop_reason") == "cancelled", reply.stats
-    assert reply.stats.get("n_gen_tokens", 0) > 0 and reply.stats.get("gen_tokens_per_s", 0) > 0  # #43
+    assert reply.text.strip() and reply.stats.stop_reason == "cancelled", reply.stats
+    assert reply.stats.n_gen_tokens > 0 and reply.stats.gen_tokens_per_s > 0  # #43
     assert not store.recovered  # it was saved as stopped, not found "streaming" later
     store.close()
     # and with the first window gone, the folder is free again: a start opens it
@@ -154,7 +154,7 @@ def test_sighup_saves_and_closes_as_sigterm_does(tmp_path):
     (conv,) = store.conversations()
     reply = store.messages(conv.id)[-1]
     assert reply.role == "assistant" and reply.text.strip()
-    assert reply.stats.get("stop_reason") == "cancelled" and not store.recovered
+    assert reply.stats.stop_reason == "cancelled" and not store.recovered
     store.close()
 
 

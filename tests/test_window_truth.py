@@ -95,9 +95,9 @@ def test_each_version_of_a_reply_draws_its_own_seed_unless_the_chat_fixes_one(qt
         w.regen_button.click()
         wait_for(lambda: not w.chat.busy)
     versions = [store.message(i) for i in store.messages(w.conv_id)[-1].siblings]
-    seeds = [v.stats.get("seed") for v in versions]
+    seeds = [v.stats.seed for v in versions]
     assert len(versions) == 3 and all(isinstance(s, int) for s in seeds), seeds
-    assert len(set(seeds)) == 3 and not any(v.stats.get("seed_fixed") for v in versions)
+    assert len(set(seeds)) == 3 and not any(v.stats.seed_fixed for v in versions)
     assert f"seed {seeds[-1]} (new each reply)" in shown_text(w.transcript)
 
     set_chat_params(store, w.conv_id, ChatParams(temperature=0.7, seed=1234))
@@ -106,7 +106,7 @@ def test_each_version_of_a_reply_draws_its_own_seed_unless_the_chat_fixes_one(qt
         wait_for(lambda: not w.chat.busy)
     last = store.messages(w.conv_id)[-1]
     fixed = [store.message(i).stats for i in last.siblings[-2:]]
-    assert [(s["seed"], s["seed_fixed"]) for s in fixed] == [(1234, True)] * 2
+    assert [(s.seed, s.seed_fixed) for s in fixed] == [(1234, True)] * 2
     assert "seed 1234 (fixed in Chat settings)" in shown_text(w.transcript)
 
 
@@ -243,16 +243,16 @@ def test_a_continued_reply_closed_mid_stream_keeps_the_whole_replys_counts(qtbot
     w.gen_params = GenParams(temperature=0, max_tokens=20)
     send(qtbot, w, "Count from 1 to 300, one number per line.")
     first = store.messages(w.conv_id)[-1]
-    assert first.stats["n_gen_tokens"] == 20 and first.stats["prompt_s"] > 0
+    assert first.stats.n_gen_tokens == 20 and first.stats.prompt_s > 0
     w.gen_params = GenParams(temperature=0, max_tokens=400)
     w.continue_button.click()
     wait_for(lambda: len(w.chat.reply_parts) > 5, timeout=60_000)
     w.close()
     saved = store.messages(w.conv_id)[-1]
-    assert saved.id == first.id and saved.stats["stop_reason"] == "cancelled"
-    assert saved.stats["n_gen_tokens"] > 25, saved.stats  # 20 before, and what came since
-    assert saved.stats["prompt_s"] > first.stats["prompt_s"] > 0  # the continuation's wait too
-    assert saved.stats["continued"] == 1
+    assert saved.id == first.id and saved.stats.stop_reason == "cancelled"
+    assert saved.stats.n_gen_tokens > 25, saved.stats  # 20 before, and what came since
+    assert saved.stats.prompt_s > first.stats.prompt_s > 0  # the continuation's wait too
+    assert saved.stats.continued == 1
 
 
 def test_the_demo_names_the_colour_at_the_windows_default_sampling(qtbot, store, tmp_path):

@@ -10,12 +10,14 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from app.core.reply_stats import ReplyStats
 from app.core.store import Message, Store, StoreError
 from engine import stops
 from engine.stops import StopReason
 from engine.config import SessionConfig
+from engine.events import GenStats, TurnResult
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,8 @@ class ChatState:
         """The first message still in the model's memory, as the newest reply that had to let
         older turns go said (None: all of them)."""
         for m in reversed(messages):
-            if m.stats.get("memory_from"):
-                return int(m.stats["memory_from"])
+            if m.stats.memory_from:
+                return m.stats.memory_from
         return None
 
     def open_first(self) -> None:
@@ -151,8 +153,8 @@ class ChatState:
         if self.busy or m is None or m.role != "assistant":
             return 0
         self.store.end_branch_at(m.parent_id, self.conv_id)
-        stats = {"edited": True, **{k: m.stats[k] for k in ("model",) if k in m.stats}}
-        return self.store.add_message(self.conv_id, "assistant", text, stats=stats)
+        return self.store.add_message(self.conv_id, "assistant", text,
+                                      stats=ReplyStats(edited=True, model=m.stats.model))
 
     def delete_branch(self, message_id: int) -> list[int]:
         """This message and what follows it, into the trash; the ids, to undo it."""
@@ -199,7 +201,7 @@ class ChatState:
     def can_continue(self) -> bool:
         last = self.last_message()
         return (self.can_send() and last is not None and last.role == "assistant"
-                and (stops.can_continue(str(last.stats.get("stop_reason") or ""))
+                and (stops.can_continue(last.stats.stop_reason)
                      or last.state == "interrupted"))
 
     def continue_last(self) -> Pending | None:
@@ -259,16 +261,16 @@ class ChatState:
             return n, 0.0
         return n, (n - 1) / max(time.monotonic() - self._first_at, 1e-6)
 
-    def stopped_result(self) -> dict[str, Any]:
+    def stopped_result(self) -> TurnResult:
         """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text,
         the counts streamed so far (they showed 0 tokens · 0.0 tok/s) and the prompt's time as
         the window saw it, from Send to the first piece (it showed "prompt 0.00s")."""
         n, rate = self.live_rate()
         prompt_s = (self._first_at - self._begun_at) if self._first_at is not None else (
             time.monotonic() - self._begun_at)
-        return {"text": "".join(self.reply_parts), "stop_reason": StopReason.CANCELLED,
-                "n_gen_tokens": n, "gen_tokens_per_s": round(rate, 2),
-                "prompt_s": round(prompt_s, 3)}
+        gen = GenStats(n_gen_tokens=n, gen_s=n / rate if rate > 0 else 0.0,
+                       prompt_s=round(prompt_s, 3), stop_reason=StopReason.CANCELLED)
+        return TurnResult(0, text="".join(self.reply_parts), gen=gen)
 
     def commit_reply(self) -> None:
         """Commit the reply so far (a kill from here on loses nothing before this)."""
@@ -278,9 +280,10 @@ class ChatState:
             self.store.update_message(self.reply_id, before + "".join(self.reply_parts),
                                       state="streaming")
 
-    def finish(self, result: dict[str, Any]) -> Pending | None:
-        """The request ended with `result` (the engine's turn): the reply is saved, or on an
-        error the user's message is taken back. Returns the pending message when it failed."""
+    def finish(self, result: TurnResult, model: str = "") -> Pending | None:
+        """The request ended with `result` (the engine's turn; `model` the file that wrote it):
+        the reply is saved, or on an error the user's message is taken back. Returns the
+        pending message when it failed."""
         pending, self.pending = self.pending, None
         failed = None
         self.saved = None
@@ -288,22 +291,22 @@ class ChatState:
         try:
             if pending is not None and pending.continues is not None:
                 old = pending.continues
-                if result.get("error"):
+                if result.error:
                     failed = pending
                     self.store.update_message(old.id, old.text, state=old.state)
                 else:
-                    stats = self._remembered(result, continued_stats(
-                        old.stats, reply_stats(result, pending)))
-                    text = old.text + result.get("text", "")
+                    stats = self._remembered(result, old.stats.continued_by(
+                        reply_stats(result, model, pending)))
+                    text = old.text + result.text
                     self.saved = Message(old.id, "assistant", text, [], stats)
                     self.store.update_message(old.id, text, stats)
                 self.saved = self.store.message(old.id) or self.saved
-            elif result.get("error") and pending is not None:
+            elif result.error and pending is not None:
                 failed = pending
                 self._take_back(pending)
             elif pending is not None:
-                stats = self._remembered(result, reply_stats(result, pending))
-                self.saved = Message(self.reply_id, "assistant", result.get("text", ""), [], stats)
+                stats = self._remembered(result, reply_stats(result, model, pending))
+                self.saved = Message(self.reply_id, "assistant", result.text, [], stats)
                 if self.reply_id:
                     self.store.update_message(self.reply_id, self.saved.text, stats)
                 else:
@@ -315,8 +318,8 @@ class ChatState:
             if self.saved is not None:
                 # kept here and written as soon as a write succeeds (retry_unsaved)
                 self.unsaved.append(Unsaved(self.conv_id, self.saved.id, self.saved.text,
-                                            dict(self.saved.stats)))
-                self.saved.stats = {**self.saved.stats, "unsaved": str(exc)}
+                                            self.saved.stats))
+                self.saved.stats = replace(self.saved.stats, unsaved=str(exc))
         finally:
             self.busy = False
             self._changed()
@@ -342,14 +345,14 @@ class ChatState:
             self._changed()
         return saved
 
-    def _remembered(self, result: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    def _remembered(self, result: TurnResult, stats: ReplyStats) -> ReplyStats:
         """`stats` with the first message the model still remembers (by id), when older turns
         had to leave the context."""
-        start = int(result.get("memory_starts_at") or 0)
+        start = result.memory_starts_at
         if start:
             ids = self.store.message_ids(self.conv_id)
             if start < len(ids):
-                stats["memory_from"] = ids[start]
+                return replace(stats, memory_from=ids[start])
         return stats
 
     def _take_back(self, pending: Pending) -> None:
@@ -399,44 +402,14 @@ class Unsaved:
     conv_id: int
     reply_id: int  # its streaming row, if one was made (0: none)
     text: str
-    stats: dict[str, Any]
+    stats: ReplyStats
 
 
-def reply_stats(r: dict[str, Any], pending: Pending | None = None) -> dict[str, Any]:
+def reply_stats(r: TurnResult, model: str, pending: Pending | None = None) -> ReplyStats:
     """What a saved reply shows under it: tokens, speed, the seed it sampled with, and for
     image turns the strategy, encode time and swap time."""
-    from engine.events import SWAP_STEPS
-
-    stats = {k: r.get(k) for k in ("n_gen_tokens", "n_reply_tokens", "gen_tokens_per_s", "prompt_s",
-                                   "n_prompt_tokens", "n_prompt_tokens_evaluated",
-                                   "n_prompt_tokens_restored", "model",
-                                   "flash_attn", "strategy",
-                                   "stop_reason", "n_images", "n_turns_dropped",
-                                   "n_images_dropped", "n_tokens_dropped", "memory_starts_at",
-                                   "device_notes")}
-    if pending is not None and pending.seed is not None:
-        stats["seed"], stats["seed_fixed"] = pending.seed, pending.seed_fixed
-    spans = r.get("spans", [])
-    stats["encode_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] == "encode")
-    stats["swap_s"] = sum(s["end_s"] - s["start_s"] for s in spans if s["name"] in SWAP_STEPS)
-    return stats
-
-
-def continued_stats(before: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """A continued reply's stats: its tokens and times summed, the newest speed and stop."""
-    out = dict(before)
-    out["n_gen_tokens"] = int(before.get("n_gen_tokens") or 0) + int(more.get("n_gen_tokens") or 0)
-    if more.get("n_reply_tokens"):  # the engine counted the whole reply (an interrupted one
-        out["n_gen_tokens"] = max(out["n_gen_tokens"], int(more["n_reply_tokens"]))  # had none)
-    for k in ("encode_s", "swap_s", "prompt_s"):  # the whole reply's, each part's prompt too
-        out[k] = float(before.get(k) or 0) + float(more.get(k) or 0)
-    out["gen_tokens_per_s"] = more.get("gen_tokens_per_s")
-    out["stop_reason"] = more.get("stop_reason")
-    for k in ("seed", "seed_fixed"):  # the newest part's draw
-        if k in more:
-            out[k] = more[k]
-    out["continued"] = int(before.get("continued") or 0) + 1
-    return out
+    seed = pending.seed if pending is not None else None
+    return ReplyStats.from_turn(r, model, seed, bool(pending and seed is not None and pending.seed_fixed))
 
 
 # no token of a GGUF vocabulary is longer than this many bytes (llama.cpp's longest are runs of

@@ -53,7 +53,7 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
     pictures = pictures or {}
     meta = dict(meta or {})
     branches = _branches(store, cid, every_branch)
-    models = [m.stats.get("model") for b in branches for m in b if m.stats.get("model")]
+    models = [m.stats.model for b in branches for m in b if m.stats.model]
     meta.setdefault("model", models[-1] if models else None)
 
     def pic(p: Path) -> str:
@@ -61,7 +61,7 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
 
     def item(m: Message) -> dict[str, Any]:
         d = {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text,
-             "images": [pic(p) for p in m.images], "stats": m.stats, "state": m.state}
+             "images": [pic(p) for p in m.images], "stats": m.stats.to_json(), "state": m.state}
         if m.fragments:  # what was taken from a video or a PDF ("frames=0,2,4", "pages=3-5")
             d["taken"] = {pic(p): f for p, f in ((Path(k), v) for k, v in m.fragments.items())}
         return d

@@ -15,6 +15,7 @@ from engine.tune_result import TuneResult
 from engine.units import parse_size
 
 if TYPE_CHECKING:
+    from app.core.store import Store
     from engine.llama.sampling import GenParams
 
 DEMO = "demo"
@@ -206,7 +207,7 @@ class ChatParams:
 CHAT_KEYS = tuple(f.name for f in fields(ChatParams))
 
 
-def chat_params(store: Any, conv_id: int) -> ChatParams:
+def chat_params(store: Store, conv_id: int) -> ChatParams:
     """A chat's system prompt and sampling: its own where it has them, else Settings'."""
     base = {k: v for k, v in load_settings(store).to_dict().items() if k in CHAT_KEYS}
     own = store.settings.get(f"chat:{conv_id}", {}) if conv_id else {}
@@ -227,7 +228,7 @@ def default_gen_params(s: Settings) -> GenParams:
                      top_k=s.top_k, min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed)
 
 
-def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
+def chat_gen_params(store: Store, conv_id: int, base: GenParams) -> GenParams:
     """A reply's sampling (GenParams): `base` (the window's, from Settings), with the chat's
     own on top where it has them (Model → Chat settings…)."""
     own = store.settings.get(f"chat:{conv_id}") if conv_id else None
@@ -241,7 +242,7 @@ def chat_gen_params(store: Any, conv_id: int, base: GenParams) -> GenParams:
                    grammar=str(JSON_GBNF) if p.json_replies else "", json_reply=p.json_replies)
 
 
-def set_chat_params(store: Any, conv_id: int, params: ChatParams) -> None:
+def set_chat_params(store: Store, conv_id: int, params: ChatParams) -> None:
     store.settings.set(f"chat:{conv_id}", params.to_dict())
 
 
@@ -267,7 +268,7 @@ DEMO_GREEDY_NOTE = ("This chat now replies greedily (Chat settings: “Greedy”
                     "the right colour 18 times in 48. Chat settings… changes it back.")
 
 
-def demo_chat_params(store: Any, conv_id: int) -> bool:
+def demo_chat_params(store: Store, conv_id: int) -> bool:
     """A chat about to send the demo projector a picture, with no sampling of its own: give it
     the greedy preset (kept as its own, shown in Chat settings). True when it was set now."""
     if not conv_id or isinstance(store.settings.get(f"chat:{conv_id}"), dict):
@@ -278,7 +279,7 @@ def demo_chat_params(store: Any, conv_id: int) -> bool:
     return True
 
 
-def checked_settings(store: Any) -> tuple[Settings, list[str]]:
+def checked_settings(store: Store) -> tuple[Settings, list[str]]:
     """Every setting, saved or default; a saved value of the wrong type or out of range falls
     back to its default, and each such one is named in the problems (the window shows them)."""
     out: dict[str, Any] = {}
@@ -298,12 +299,12 @@ def checked_settings(store: Any) -> tuple[Settings, list[str]]:
     return Settings(**out), problems
 
 
-def load_settings(store: Any) -> Settings:
+def load_settings(store: Store) -> Settings:
     """Every setting, saved or default (invalid saved values as their defaults)."""
     return checked_settings(store)[0]
 
 
-def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
+def session_config(store: Store, model: str, mmproj: str, ctx: int | None = None,
                    threads: int | None = None,
                    rpc: list[str] | None = None) -> tuple[SessionConfig, list[str]]:
     """A SessionConfig from the saved settings, and the RPC servers to connect: `rpc` first,
@@ -325,7 +326,7 @@ def session_config(store: Any, model: str, mmproj: str, ctx: int | None = None,
     return cfg, [r for r in servers if r not in LOST_RPC]
 
 
-def states_dir(store: Any) -> Path:
+def states_dir(store: Store) -> Path:
     """Where the model's memory of chats is kept: the data folder's states/."""
     return Path(store.folder) / "states"
 
@@ -342,7 +343,7 @@ def readable_model_name(path: str, header_name: str = "") -> str:
     return stem or header_name or Path(path).name
 
 
-def remember_model(store: Any, model: str, mmproj: str) -> None:
+def remember_model(store: Store, model: str, mmproj: str) -> None:
     """The model and projector the next start opens: called once they have loaded."""
     store.settings.set("model", model)
     store.settings.set("mmproj", mmproj)

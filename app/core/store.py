@@ -30,6 +30,7 @@ from typing import Any, Iterator
 from engine.media.attachments import split as split_ref
 from engine.errors import EbbError
 
+from app.core.reply_stats import ReplyStats
 from app.core.settings_store import SettingsStore
 
 SCHEMA = """
@@ -107,7 +108,7 @@ class Message:
     role: str
     text: str
     images: list[Path] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: ReplyStats = field(default_factory=ReplyStats)
     state: str = "complete"  # streaming (being written) | interrupted (Ebb stopped) | complete
     parent_id: int | None = None  # the message it answers or follows (None: the first)
     # its versions: the live messages with the same parent, itself among them, oldest first
@@ -364,7 +365,7 @@ class Store:
         return src.name
 
     def add_message(self, conversation_id: int, role: str, text: str,
-                    images: list[Path] | None = None, stats: dict[str, Any] | None = None,
+                    images: list[Path] | None = None, stats: ReplyStats | None = None,
                     state: str = "complete", parent: int | None | object = _LEAF) -> int:
         """Save a message after `parent` (default: the open branch's last message; None: a
         first message) and make it the open branch's end. StoreError when it cannot be saved:
@@ -379,7 +380,8 @@ class Store:
                 cur = self.db.execute(
                     "INSERT INTO messages (conversation_id, role, text, created, stats, state, "
                     "parent_id, visited) VALUES (?,?,?,?,?,?,?,?)",
-                    (conversation_id, role, text, now, json.dumps(stats or {}), state, parent, now))
+                    (conversation_id, role, text, now,
+                     json.dumps(stats.to_json() if stats is not None else {}), state, parent, now))
                 mid = int(cur.lastrowid or 0)
                 self.db.executemany(
                     "INSERT INTO attachments (message_id, position, sha256, filename, shown_name, "
@@ -402,7 +404,7 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise _write_error("the message", exc, self.folder) from None
 
-    def update_message(self, message_id: int, text: str, stats: dict[str, Any] | None = None,
+    def update_message(self, message_id: int, text: str, stats: ReplyStats | None = None,
                        state: str = "complete") -> None:
         """A reply as it stands: while it streams (`streaming`, stats kept), or whole."""
         try:
@@ -412,7 +414,7 @@ class Store:
                                     (text, state, message_id))
                 else:
                     self.db.execute("UPDATE messages SET text=?, stats=?, state=? WHERE id=?",
-                                    (text, json.dumps(stats), state, message_id))
+                                    (text, json.dumps(stats.to_json()), state, message_id))
         except sqlite3.DatabaseError as exc:
             raise _write_error("the reply", exc, self.folder) from None
 
@@ -598,7 +600,7 @@ class Store:
             for mid, role, text, stats, state, parent in self.db.execute(
                     "SELECT id, role, text, stats, state, parent_id FROM messages "
                     f"WHERE id IN ({marks})", chunk):
-                rows[int(mid)] = Message(int(mid), role, text, [], json.loads(stats or "{}"), state,
+                rows[int(mid)] = Message(int(mid), role, text, [], ReplyStats.from_json(json.loads(stats or "{}")), state,
                                          parent, tuple(children.get(parent, [mid])))
             for mid, name, shown, frag in self.db.execute(
                     f"SELECT message_id, filename, shown_name, fragment FROM attachments "

@@ -37,6 +37,9 @@ from PySide6.QtWidgets import (
 from app.core.settings import Settings
 from app.widgets.downloads import CANCELLED, DONE, FAILED, PAUSED, RUNNING, Download, Downloads
 from engine.errors import EbbError
+from engine.hub.catalog import RepoFiles
+from engine.hub.fetch import Fetched
+from engine.hub.verdict import Machine
 from engine.units import fmt_bytes
 
 
@@ -57,7 +60,7 @@ def _run(target: Callable[[], None]) -> threading.Thread:
 class HubDialog(QDialog):
     open_pair = Signal(str, str)  # model, projector ("" for none)
 
-    def __init__(self, settings: Settings, machine: Any,
+    def __init__(self, settings: Settings, machine: Machine,
                  save_setting: Callable[[str, Any], None], downloads: Downloads,
                  parent: Any = None) -> None:
         super().__init__(parent)
@@ -69,7 +72,7 @@ class HubDialog(QDialog):
         self.repo = ""
         self.downloads = downloads
         self.current: int | None = None  # the download the bar and the buttons follow
-        self.fetched: Any = None
+        self.fetched: Fetched | None = None
         self._generation = 0  # a newer listing makes an older one's verdicts stale
         self._searches = 0  # a newer search makes an older one's results stale
         self.verdicts: dict[int, Any] = {}  # row -> Verdict, as they come (the recommendation)
@@ -222,7 +225,7 @@ class HubDialog(QDialog):
         repo = self.repo
         self._try(lambda: self.jobs.listed.emit(repo_files(repo, endpoint, token)))
 
-    def _on_listed(self, files: Any) -> None:
+    def _on_listed(self, files: RepoFiles) -> None:
         if files.repo != self.repo:
             return  # the user picked another repo meanwhile
         self.files = files
@@ -241,7 +244,7 @@ class HubDialog(QDialog):
         self._judge_all(files, self._generation)
         self._update_buttons()
 
-    def _judge_all(self, files: Any, generation: int) -> None:
+    def _judge_all(self, files: RepoFiles, generation: int) -> None:
         from engine.hub.verdict import judge_remote, remote_projector
 
         endpoint, token = self._hub()
@@ -363,7 +366,7 @@ class HubDialog(QDialog):
     def _words(d: Download) -> str:
         if d.state == RUNNING:
             return d.words or f"Downloading {d.quant.label}…"
-        if d.state == DONE:
+        if d.state == DONE and d.fetched is not None:
             got = d.fetched
             return (f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if got.projector else "")
                     + f" to {got.model.parent}. Open it now, or later from File → Open model.")

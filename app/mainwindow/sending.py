@@ -262,10 +262,8 @@ class Sending:
                 retell = False  # kept as attached: reopened, it is chosen again the same way
         for note in res.notes:  # named as the user's file, not the store's copy
             self.w.show_notice(users_names(note, self._copy_names), "info")
-        turn = res.to_dict()  # the store's edge: the turn's JSON
-        if self.w.chat.last_cfg is not None:  # which model wrote it (an export says)
-            turn["model"] = Path(str(self.w.chat.last_cfg.model_path)).name
-        failed = self.w.chat.finish(turn)
+        cfg = self.w.chat.last_cfg  # which model wrote it (an export says)
+        failed = self.w.chat.finish(res, Path(str(cfg.model_path)).name if cfg is not None else "")
         if self.w.chat.save_error:
             self.w.show_error(f"Could not save the reply: {self.w.chat.save_error}. It is kept "
                               "here and written as soon as a write succeeds.")
@@ -275,7 +273,7 @@ class Sending:
         else:
             self.w.transcript.end_reply(self.w.chat.saved)
             saved = self.w.chat.saved
-            if retell or (saved is not None and saved.stats.get("memory_from")
+            if retell or (saved is not None and saved.stats.memory_from
                           not in (None, self.w.transcript.memory_from)):
                 # the line "outside the model's memory" moves; a video says the frames it gave
                 self.w.show_conversation()

@@ -354,10 +354,10 @@ class MainWindow(QMainWindow):
         if dialog is not None and dialog.isVisible():
             return  # the dialog says it
         d = self.downloads.get(number)
-        if d.state == DONE:
+        if d.state == DONE and d.fetched is not None:
             got = d.fetched
             model, proj = str(got.model), str(got.projector) if got.projector else ""
-            self.notice.add(f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if proj else "")
+            self.notice.add(f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if got.projector else "")
                             + f" to {got.model.parent}.", "info",
                             action=("Open it", lambda: self.models.open_pair(model, proj)))
         elif d.state == FAILED:

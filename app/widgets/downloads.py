@@ -12,12 +12,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
 from engine.errors import EbbError
 from engine.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from engine.hub.catalog import HubFile, Quant
+    from engine.hub.download import Progress
+    from engine.hub.fetch import Fetched
 
 RUNNING, PAUSED, CANCELLED, FAILED, DONE = "downloading", "paused", "cancelled", "failed", "done"
 
@@ -27,15 +32,15 @@ class Download:
     """One model (all its parts) and its projector, fetched together."""
     number: int
     repo: str
-    quant: Any  # engine.hub.catalog.Quant
-    projector: Any  # engine.hub.catalog.RemoteFile or None
+    quant: Quant
+    projector: HubFile | None
     endpoint: str | None
     token: str | None
     folder: Path
     state: str = RUNNING
     words: str = ""  # the latest progress line, or why it failed
     fraction: float = 0.0  # over every file of the pair
-    fetched: Any = None  # engine.hub.fetch.Fetched once done
+    fetched: Fetched | None = None  # once done
     stop: threading.Event = field(default_factory=threading.Event)
     cancelling: bool = False
 
@@ -82,7 +87,7 @@ class Downloads(QObject):
     def running(self) -> list[Download]:
         return [d for d in self.all if d.state == RUNNING]
 
-    def start(self, repo: str, quant: Any, projector: Any, endpoint: str | None,
+    def start(self, repo: str, quant: Quant, projector: HubFile | None, endpoint: str | None,
               token: str | None) -> Download:
         """Fetch the pair (a paused one's parts are taken up again)."""
         from engine.hub.fetch import repo_folder
@@ -131,7 +136,7 @@ class Downloads(QObject):
         for d in self.running():
             d.stop.set()
 
-    def _on_progress(self, number: int, p: Any) -> None:
+    def _on_progress(self, number: int, p: Progress) -> None:
         """One fraction over every file of the pair (the model's parts and the projector)."""
         d = self.all[number]
         if d.state != RUNNING:
@@ -147,7 +152,7 @@ class Downloads(QObject):
                                if len(d.files) > 1 else "")
         self.changed.emit(number)
 
-    def _on_fetched(self, number: int, got: Any) -> None:
+    def _on_fetched(self, number: int, got: Fetched) -> None:
         d = self.all[number]
         d.state, d.fetched, d.fraction = DONE, got, 1.0
         self._end(number)

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import QTextBrowser, QTextEdit
 
 from app.sound.clips import ClipPlayer, describe
 from app.core.markdown import Part, code_html, open_code_body, split_all, split_finished
+from app.core.reply_stats import ReplyStats
 from app.core.store import Message
 from app.core.media_words import is_document_like, look
 from engine.media.audio import is_clip
@@ -280,15 +281,15 @@ class Transcript(QTextBrowser):
             cur.insertHtml('<span style="color:#b26a00; font-size:small">interrupted: Ebb '
                            'stopped before this reply was finished (Regenerate, or Continue '
                            'to go on)</span>')
-        elif m.stats:
+        elif not m.stats.empty:
             cur.insertBlock(_block_format(top=2))
             cur.insertHtml(f'<span style="color:#777777; font-size:small">'
                            f'{html.escape(stats_line(m.stats))}</span>')
-        if m.stats.get("unsaved"):
+        if m.stats.unsaved:
             cur.insertBlock(_block_format(top=2))
             cur.insertHtml(f'<span style="color:#c62828; font-size:small">not saved yet (kept '
                            f'here, written as soon as there is room): '
-                           f'{html.escape(str(m.stats["unsaved"]))}</span>')
+                           f'{html.escape(m.stats.unsaved)}</span>')
 
     def insert_part(self, cur: QTextCursor, part: Part) -> None:
         """One block of a reply, in a block of its own after `cur`."""
@@ -500,36 +501,30 @@ def code_format() -> QTextCharFormat:
     return fmt
 
 
-def stats_line(s: dict[str, Any]) -> str:
-    def num(key: str) -> float:  # a reply saved as it stopped may lack (or null) any figure
-        value = s.get(key)
-        return float(value) if isinstance(value, (int, float)) else 0.0
-
-    n = int(num("n_gen_tokens"))
-    line = (f"{n} token{'' if n == 1 else 's'} · {num('gen_tokens_per_s'):.1f} tok/s · "
-            f"prompt {num('prompt_s'):.2f}s · {s.get('stop_reason') or ''}")
-    if isinstance(s.get("flash_attn"), bool):
-        line += f" · flash attention {'on' if s['flash_attn'] else 'off'}"
-    if isinstance(s.get("seed"), int):  # sampled: which draw, and whether Regenerate repeats it
-        line += (f" · seed {s['seed']} "
-                 + ("(fixed in Chat settings)" if s.get("seed_fixed") else "(new each reply)"))
-    if s.get("n_images"):
-        n_att = int(num("n_images"))
-        if not s.get("n_images_encoded") and s.get("strategy") in (None, "", "none"):
-            line += (f" · {'the attachment was' if n_att == 1 else f'all {n_att} attachments were'} "
+def stats_line(s: ReplyStats) -> str:
+    n = s.n_gen_tokens
+    line = (f"{n} token{'' if n == 1 else 's'} · {s.gen_tokens_per_s:.1f} tok/s · "
+            f"prompt {s.prompt_s:.2f}s · {s.stop_reason}")
+    if s.flash_attn is not None:
+        line += f" · flash attention {'on' if s.flash_attn else 'off'}"
+    if s.seed is not None:  # sampled: which draw, and whether Regenerate repeats it
+        line += (f" · seed {s.seed} "
+                 + ("(fixed in Chat settings)" if s.seed_fixed else "(new each reply)"))
+    if s.n_images:
+        if s.strategy in ("", "none"):
+            line += (f" · {'the attachment was' if s.n_images == 1 else f'all {s.n_images} attachments were'} "
                      "already encoded (cache)")
         else:
-            line += (f" · encoded: {s.get('strategy')}, {num('encode_s'):.2f}s, "
-                     f"swap {num('swap_s'):.3f}s")
-    if s.get("stop_reason") == StopReason.LENGTH:
+            line += f" · encoded: {s.strategy}, {s.encode_s:.2f}s, swap {s.swap_s:.3f}s"
+    if s.stop_reason == StopReason.LENGTH:
         line += " · stopped at the reply cap: Continue goes on"
-    elif s.get("stop_reason") == StopReason.CONTEXT_FULL:
+    elif s.stop_reason == StopReason.CONTEXT_FULL:
         line += " · the context is full: Continue lets older turns go"
-    if s.get("n_turns_dropped") or s.get("n_images_dropped"):
-        gone = [f"{s['n_turns_dropped']} older messages" if s.get("n_turns_dropped") else "",
-                f"{s['n_images_dropped']} older images" if s.get("n_images_dropped") else ""]
+    if s.n_turns_dropped or s.n_images_dropped:
+        gone = [f"{s.n_turns_dropped} older messages" if s.n_turns_dropped else "",
+                f"{s.n_images_dropped} older images" if s.n_images_dropped else ""]
         line += f" · to fit, {' and '.join(g for g in gone if g)} left the model's memory"
-    for note in s.get("device_notes") or ():  # the device was short of memory: what ran where
+    for note in s.device_notes:  # the device was short of memory: what ran where
         line += f" · {note}"
     return line
 

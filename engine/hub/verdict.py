@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from engine.events import DeviceInfo
 from engine.gguf.info import ModelInfo, ProjectorInfo
+from engine.hub.catalog import HubFile, Quant
 from engine.placement.calibration import DeviceCal
 from engine.units import fmt_bytes
 
@@ -140,7 +141,7 @@ def ram_available_bytes() -> int:
         return 0
 
 
-def remote_projector(repo: str, projector: Any, endpoint: str | None = None,
+def remote_projector(repo: str, projector: HubFile, endpoint: str | None = None,
                      token: str | None = None) -> ProjectorInfo:
     """A projector on the Hub (`catalog.HubFile`), from its header: read once for a repo,
     then beside each quantisation's verdict."""
@@ -150,7 +151,7 @@ def remote_projector(repo: str, projector: Any, endpoint: str | None = None,
     return projector_info(remote_gguf(repo, projector.name, endpoint=endpoint, token=token))
 
 
-def judge_remote(repo: str, quant: Any, proj: ProjectorInfo | None, machine: Machine,
+def judge_remote(repo: str, quant: Quant, proj: ProjectorInfo | None, machine: Machine,
                  endpoint: str | None = None, token: str | None = None,
                  n_ctx: int = 4096) -> Verdict:
     """The verdict for a quantisation on the Hub (`catalog.Quant`: every part's header is

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from engine import stops, testhooks
 from engine.stops import StopReason
 from engine.errors import EbbError, TurnCancelled
-from engine.events import GenStats
+from engine.events import GenStats, Logprob
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.config import default_threads
 from engine.llama import log as llama_log
@@ -97,7 +97,7 @@ class TextRuntime:
         self._replan = False  # device buffers changed since the last graph: see reschedule
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self._decoded = False  # the first decode is guarded (engine.llama.native)
-        self.last_logprobs: list[dict[str, Any]] = []  # the last reply's, when asked for
+        self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
         try:
             self._load()
         except BaseException:
@@ -440,7 +440,7 @@ class TextRuntime:
             gen_s=time.perf_counter() - t1, stop_reason=stop, n_prompt_tokens_evaluated=n_eval,
             n_prompt_tokens_restored=self.slot.last_restored, restore_s=self.slot.last_restore_s,
             restored_ahead=self.slot.restored_ahead,
-            logprobs=list(self.last_logprobs) if gp.top_logprobs >= 0 else None))
+            logprobs=tuple(self.last_logprobs) if gp.top_logprobs >= 0 else None))
 
     def resume(self, gp: GenParams, on_text: Callable[[str], None] | None = None,
                cancel: threading.Event | None = None) -> GenResult:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.errors import EbbError
+from engine.events import Logprob
 from engine.llama import log as llama_log
 from engine.llama.lib import llama
 
@@ -31,7 +32,7 @@ class GenParams:
     json_reply: bool = False
     top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
     # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
-    on_logprob: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+    on_logprob: Callable[[Logprob], None] | None = field(default=None, compare=False)
 
 
 def sampler_chain(gp: GenParams, vocab: Any, n_vocab: int) -> Any:
@@ -74,9 +75,9 @@ def _logit_bias_sampler(biases: tuple[tuple[int, float], ...], n_vocab: int, cha
 
 
 def logprob_entry(ctx: Any, n_vocab: int, token: int, k: int,
-                  piece: Callable[[int], bytes]) -> dict[str, Any]:
+                  piece: Callable[[int], bytes]) -> Logprob:
     """The sampled token's log-probability and the `k` most likely, from the context's last
-    logits (before any sampler): {"token", "logprob", "bytes", "top_logprobs": [...]}."""
+    logits (before any sampler)."""
     import numpy as np
 
     L = llama()
@@ -84,11 +85,10 @@ def logprob_entry(ctx: Any, n_vocab: int, token: int, k: int,
     top = float(logits.max())
     lp = logits - (top + np.log(np.exp(logits - top).sum()))
 
-    def entry(t: int) -> dict[str, Any]:
+    def entry(t: int, top: tuple[Logprob, ...] = ()) -> Logprob:
         raw = piece(t)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": float(lp[t]),
-                "bytes": list(raw)}
+        return Logprob(raw.decode("utf-8", errors="replace"), float(lp[t]), tuple(raw), top)
 
     best = np.argpartition(-lp, k)[:k] if k else np.array([], dtype=int)
     best = best[np.argsort(-lp[best])]
-    return {**entry(token), "top_logprobs": [entry(int(t)) for t in best]}
+    return entry(token, tuple(entry(int(t)) for t in best))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.events import Logprob
 from engine.synth.projector_gen import COLOURS
 
 QUESTION = "What colour is this picture? Answer with one word."
@@ -76,18 +77,18 @@ def _side(text: str, colour: str) -> str:
     return "wrong" if starts else ""
 
 
-def named_and_gap(logprobs: Sequence[Mapping[str, Any]], colour: str) -> tuple[str | None, float]:
+def named_and_gap(logprobs: Sequence[Logprob], colour: str) -> tuple[str | None, float]:
     """The first colour the reply names and its logit gap (see the module's docstring), read
     at the token that decides the word. A reply that names no colour: (None, 0.0)."""
     prefix = ""  # the start of a word that could still be more than one colour
     for entry in logprobs:
-        text = prefix + str(entry["token"])
+        text = prefix + entry.token
         side = _side(text, colour)
         if side in ("", "open"):
             prefix = text if side == "open" else ""
             continue
-        tops = entry.get("top_logprobs") or [entry]
-        sides = [(_side(prefix + str(t["token"]), colour), float(t["logprob"])) for t in tops]
+        tops = entry.top or (entry,)
+        sides = [(_side(prefix + t.token, colour), t.logprob) for t in tops]
         right = [lp for sd, lp in sides if sd == "right"]
         wrong = [lp for sd, lp in sides if sd == "wrong"]
         floor = min(lp for _, lp in sides)
@@ -120,6 +121,6 @@ def check_colours(model: Path, projector: Path, n_threads: int, n_batch: int = 5
                 res = s.turn(QUESTION, [picture], gp)
                 if res.error is not None:
                     raise EbbError(f"the colour check could not ask about {colour}: {res.error}")
-                named, gap = named_and_gap(res.gen.logprobs or [], colour)
+                named, gap = named_and_gap(res.gen.logprobs or (), colour)
                 answers.append(ShadeAnswer(colour, tuple(rgb), res.text, named, gap))  # type: ignore[arg-type]
     return ColourReport(tuple(answers), n_threads, n_batch)

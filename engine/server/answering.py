@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import EbbError
+from engine.events import Logprob
 from engine.media.audio import AUDIO_SUFFIXES, OTHER_SOUND_SUFFIXES
 from engine.server.api.chat import ChatRequest, ImageRef
 from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within
-from engine.server.api.completions import CompletionRequest, legacy_logprobs
+from engine.server.api.completions import CompletionRequest
 from engine.server.api.embeddings import EmbeddingRequest
 from engine.server.tools import (
     OPENERS,
@@ -109,7 +110,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
                          for t in before], tag=req.conversation_tag)
     images = [image_path(job, i) for i in last.images]
     said = _names_said([*before, last], job)
-    pending: list[dict[str, Any]] = []  # sampled tokens' logprobs not yet sent with text
+    pending: list[Logprob] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     if req.json_reply and grammar == req.grammar:  # response_format's JSON, not a tool grammar
         gp = replace(gp, json_reply=True)
@@ -124,7 +125,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         if text:
             shown.append(text)
             if req.top_logprobs >= 0:  # a stream sends them with the text they make
-                job.on_event(Piece(text, list(pending)))
+                job.on_event(Piece(text, tuple(pending)))
                 pending.clear()
             else:
                 job.on_event(Piece(text))
@@ -162,7 +163,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
 
 
 def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",
-                on_logprob: Callable[[dict[str, Any]], None] | None = None) -> Any:
+                on_logprob: Callable[[Logprob], None] | None = None) -> Any:
     from engine.llama.sampling import GenParams
 
     defaults = GenParams()
@@ -206,7 +207,7 @@ def _completion(session: Session, job: Job, req: CompletionRequest) -> tuple[Ses
     return session, Answer(
         res.request_id, finish_reason(str(g.stop_reason or ""), watcher.hit),
         g.n_prompt_tokens, g.n_gen_tokens, text, res, job.cancel.is_set() and not watcher.hit,
-        legacy_logprobs=legacy_logprobs(logprobs_within(g.logprobs, text[len(echoed):]), len(echoed)))
+        logprobs=logprobs_within(g.logprobs, text[len(echoed):]), text_offset=len(echoed))
 
 
 def _embeddings(session: Session, job: Job, req: EmbeddingRequest) -> Answer:

@@ -30,7 +30,8 @@ from engine.llama.rpc_server import is_loopback as is_loopback  # rpc-serve's ru
 from engine.server.api.chat import (choice, completion, parse_chat_request,
                                     parse_transcription_request)
 from engine.server.api.common import ApiError, new_id
-from engine.server.api.completions import parse_completion_request, text_choice, text_completion
+from engine.server.api.completions import (legacy_logprobs, parse_completion_request, text_choice,
+                                           text_completion)
 from engine.server.api.embeddings import embedding_list, parse_embedding_request
 from engine.server.guard import Policy, RequestGuard
 from engine.server.streams import Waiting, chat_stream, text_stream, to_sse
@@ -236,8 +237,9 @@ def _chat_reply(a: Answer, cid: str, model: str) -> Any:
 
 def _text_reply(a: Answer, cid: str, model: str) -> Any:
     return text_completion(cid.replace("chatcmpl-", "cmpl-"), model, a.text, a.finish_reason,
-                           a.usage, a.legacy_logprobs,
-                           more=[text_choice(c.index, c.text, c.finish_reason, c.legacy_logprobs)
+                           a.usage, legacy_logprobs(a.logprobs, a.text_offset),
+                           more=[text_choice(c.index, c.text, c.finish_reason,
+                                             legacy_logprobs(c.logprobs, c.text_offset))
                                  for c in a.choices[1:]])
 
 

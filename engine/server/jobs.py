@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from engine.events import TurnResult
+from engine.events import Logprob, TurnResult
 from engine.server.api.chat import ChatRequest
 from engine.server.api.common import ApiError, usage
 from engine.server.api.completions import CompletionRequest
@@ -33,8 +33,8 @@ class Answer:
     text: str = ""
     turn: TurnResult | None = None  # what the engine's turn did (none for embeddings)
     client_gone: bool = False  # the client left before the reply ended
-    logprobs: list[dict[str, Any]] | None = None  # chat's shape; a completion's: legacy_logprobs
-    legacy_logprobs: dict[str, Any] | None = None
+    logprobs: tuple[Logprob, ...] | None = None  # the reply's tokens', when asked for
+    text_offset: int = 0  # a completion's: where the reply starts in its text (after an echo)
     tool_calls: list[dict[str, Any]] | None = None
     vectors: list[list[float]] | None = None  # embeddings
     base64: bool = False
@@ -52,7 +52,7 @@ class Answer:
 @dataclass(frozen=True)
 class Piece:
     text: str
-    logprobs: list[dict[str, Any]] | None = None  # its tokens', when asked for
+    logprobs: tuple[Logprob, ...] | None = None  # its tokens', when asked for
     index: int = 0  # the choice it belongs to
     tool_calls: list[dict[str, Any]] | None = None  # a call's start or more of its arguments
 

@@ -10,7 +10,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+from engine.events import Logprob
 
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
 from engine.server.sampling import FIELDS as SAMPLING_FIELDS
@@ -539,7 +541,7 @@ def response_grammar(fmt: Any) -> str:
 
 
 def completion(cid: str, model: str, text: str, finish: str, use: dict[str, Any],
-               logprobs: list[dict[str, Any]] | None = None,
+               logprobs: Sequence[Logprob] | None = None,
                tool_calls: list[dict[str, Any]] | None = None,
                more: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A chat completion; `more`: further choices, as `choice()` makes them."""
@@ -548,22 +550,26 @@ def completion(cid: str, model: str, text: str, finish: str, use: dict[str, Any]
             "usage": use}
 
 
-def choice(index: int, text: str, finish: str, logprobs: list[dict[str, Any]] | None = None,
+def _logprobs(entries: Sequence[Logprob] | None) -> dict[str, Any] | None:
+    return {"content": [e.to_dict() for e in entries]} if entries is not None else None
+
+
+def choice(index: int, text: str, finish: str, logprobs: Sequence[Logprob] | None = None,
            tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
     return {"index": index, "message": message, "finish_reason": finish,
-            "logprobs": {"content": logprobs} if logprobs is not None else None}
+            "logprobs": _logprobs(logprobs)}
 
 
 def chunk(cid: str, model: str, delta: dict[str, Any], finish: str | None = None,
           use: dict[str, Any] | None = None, choices: bool = True,
-          logprobs: list[dict[str, Any]] | None = None, index: int = 0) -> dict[str, Any]:
+          logprobs: Sequence[Logprob] | None = None, index: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
         "choices": [{"index": index, "delta": delta, "finish_reason": finish,
-                     "logprobs": {"content": logprobs} if logprobs is not None else None}]
+                     "logprobs": _logprobs(logprobs)}]
         if choices else []}
     if use is not None:
         out["usage"] = use

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Any
+from typing import Any, Sequence
+
+from engine.events import Logprob
 
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
 from engine.stops import openai_finish
@@ -111,7 +113,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     return out
 
 
-def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dict[str, Any]] | None:
+def logprobs_within(entries: Sequence[Logprob] | None, text: str) -> tuple[Logprob, ...] | None:
     """The entries of the tokens that make up `text` (a stop sequence may have cut the reply)."""
     if entries is None:
         return None
@@ -120,8 +122,8 @@ def logprobs_within(entries: list[dict[str, Any]] | None, text: str) -> list[dic
         if n >= len(text):
             break
         out.append(e)
-        n += len(e["token"])
-    return out
+        n += len(e.token)
+    return tuple(out)
 
 
 def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:

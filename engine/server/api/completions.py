@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+from engine.events import Logprob
 
 from engine.server.errors import ApiError as ApiError  # where every rule below raises it
 from engine.server.sampling import FIELDS as SAMPLING_FIELDS
@@ -78,7 +80,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         top_logprobs=-1 if top_logprobs is None else top_logprobs, sampling=parse_sampling(body))
 
 
-def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dict[str, Any] | None:
+def legacy_logprobs(entries: Sequence[Logprob] | None, start: int = 0) -> dict[str, Any] | None:
     """/v1/completions' logprobs shape from the chat shape's entries; `start`: the text's
     offset of the first token."""
     if entries is None:
@@ -86,10 +88,10 @@ def legacy_logprobs(entries: list[dict[str, Any]] | None, start: int = 0) -> dic
     offsets, n = [], start
     for e in entries:
         offsets.append(n)
-        n += len(e["token"])
-    return {"tokens": [e["token"] for e in entries],
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        n += len(e.token)
+    return {"tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
             "text_offset": offsets}
 
 
