@@ -4,10 +4,12 @@ a rename; read back checked against the hashes the header carries, or not at all
 does not parse or whose bytes do not match is removed, never trusted. A use touches the file
 (the folder's budget lets the least recently used go first).
 
-The bytes are hashed in pieces of HASH_CHUNK, each piece's sha256 in the header: reading back,
-each piece is hashed on a pool thread while the next is read (hashlib lets the GIL go), so the
-check costs little more than the read (a 48 MiB state: 0.075 s read and hashed in turn,
-#54). A file written before carries one sha256 of the whole, checked the same way in one go.
+The bytes are hashed in pieces of HASH_CHUNK, each piece's XXH3-128 in the header: reading
+back, each piece is hashed on a pool thread while the next is read. The hash finds damage (a
+disk, a copy cut short), not tampering: XXH3 (the `xxhash` package) does that at memory speed,
+where sha256 took 19 ms of a 21 MiB state's 23 ms from disk to the KV cache (#54). Files
+written before carry each piece's sha256, or one sha256 of the whole, and read back checked
+the same way.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import os
 import struct
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import xxhash
 
 HASH_CHUNK = 4 << 20
 _POOL: concurrent.futures.ThreadPoolExecutor | None = None
@@ -38,11 +42,20 @@ def _sha(view: memoryview) -> str:
     return hashlib.sha256(view).hexdigest()
 
 
+def _xxh3(view: memoryview) -> str:
+    return xxhash.xxh3_128_hexdigest(view)
+
+
+# a header's per-piece hashes, newest first: its key and how a piece is hashed
+_PIECE_HASHES: tuple[tuple[str, Callable[[memoryview], str]], ...] = (
+    ("xxh3_chunks", _xxh3), ("sha256_chunks", _sha))
+
+
 def digests(data: "bytes | bytearray | memoryview") -> dict[str, Any]:
-    """What the header says of `data`: its length and each HASH_CHUNK piece's sha256."""
+    """What the header says of `data`: its length and each HASH_CHUNK piece's XXH3-128."""
     view = memoryview(data)
     return {"nbytes": len(view), "hash_chunk": HASH_CHUNK,
-            "sha256_chunks": [_sha(view[i:i + HASH_CHUNK]) for i in range(0, len(view), HASH_CHUNK)]}
+            "xxh3_chunks": [_xxh3(view[i:i + HASH_CHUNK]) for i in range(0, len(view), HASH_CHUNK)]}
 
 
 def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
@@ -67,7 +80,8 @@ def read_checked(f: Any, head: dict[str, Any],
     want = int(head["nbytes"])
     data = bytearray(want)
     view = memoryview(data)
-    chunks = head.get("sha256_chunks")
+    chunks, hash_piece = next(((head[k], fn) for k, fn in _PIECE_HASHES if isinstance(head.get(k), list)),
+                              (None, _sha))
     piece = int(head.get("hash_chunk") or HASH_CHUNK) if isinstance(chunks, list) else 8 << 20
     whole = hashlib.sha256() if not isinstance(chunks, list) else None
     pending: list[concurrent.futures.Future[str]] = []
@@ -81,7 +95,7 @@ def read_checked(f: Any, head: dict[str, Any],
         if whole is not None:
             whole.update(view[got:got + n])
         else:
-            pending.append(_pool().submit(_sha, view[got:got + n]))
+            pending.append(_pool().submit(hash_piece, view[got:got + n]))
         got += n
     if got != want or f.read(1):
         raise ValueError("the file's length does not match its header")

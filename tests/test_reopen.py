@@ -219,8 +219,9 @@ def test_the_window_takes_a_chat_back_from_its_kept_memory(qtbot, tmp_path):
 
 
 def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path):
-    """A state's bytes are hashed in pieces, each on a pool thread while the next is read
-    (#54); a file written with one sha256 of the whole (before) reads back the same way."""
+    """A state's bytes are hashed in pieces (XXH3), each on a pool thread while the next is
+    read (#54); files written before, with each piece's sha256 or one sha256 of the whole, read
+    back the same way."""
     import hashlib
     import io
     import os
@@ -232,18 +233,22 @@ def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path
     assert write_atomically(path, MAGIC, {"tag": "x", **digests(data)}, data)
     with open(path, "rb") as f:
         head = read_header(f, MAGIC, 1 << 20)
-        assert len(head["sha256_chunks"]) == 3 and read_checked(f, head) == data
+        assert len(head["xxh3_chunks"]) == 3 and read_checked(f, head) == data
     raw = bytearray(path.read_bytes())
     raw[-HASH_CHUNK - 20] ^= 1  # a flipped bit in the middle piece
     f = io.BytesIO(bytes(raw))
     with pytest.raises(ValueError):
         read_checked(f, read_header(f, MAGIC, 1 << 20))
-    old = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert read_checked(io.BytesIO(data), old) == data
-    with pytest.raises(ValueError):
-        read_checked(io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])), old)  # the last bit flipped
-    with pytest.raises(ValueError):
-        read_checked(io.BytesIO(data + b"more"), old)  # longer than its header says
+    pieces = [data[i:i + HASH_CHUNK] for i in range(0, len(data), HASH_CHUNK)]
+    by_piece = {"nbytes": len(data), "hash_chunk": HASH_CHUNK,
+                "sha256_chunks": [hashlib.sha256(p).hexdigest() for p in pieces]}
+    whole = {"nbytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    for old in (by_piece, whole):
+        assert read_checked(io.BytesIO(data), old) == data
+        with pytest.raises(ValueError):
+            read_checked(io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])), old)  # the last bit flipped
+        with pytest.raises(ValueError):
+            read_checked(io.BytesIO(data + b"more"), old)  # longer than its header says
     stop = threading.Event()
     stop.set()
     assert read_checked(io.BytesIO(data), old, stop) is None
