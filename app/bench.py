@@ -46,6 +46,7 @@ def _window_run(args: argparse.Namespace) -> int:
         w = MainWindow(store, cfg, rpc)
         w.resize(1200, 800)
         w.show()
+        w.panel_dock.show()  # the Memory panel open, redrawn as the reply streams (#54)
         w.gen_params = GenParams(temperature=0, max_tokens=args.max_tokens)
 
         def spin(cond: Any) -> None:

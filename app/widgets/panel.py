@@ -31,7 +31,7 @@ from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 
 REFRESH_MS = 50
-LIVE_REDRAW_S = 0.5  # while a reply runs and nothing else changes, the plots move on this often
+LIVE_REDRAW_S = 1.0  # while a reply runs and nothing else changes, the memory line reaches on this often
 LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
@@ -316,17 +316,19 @@ class MemoryPanel(QWidget):
     def _on_tick(self) -> None:
         if not self.isVisible():
             return
-        # nothing new: nothing to draw, unless a reply runs (its memory line and the view reach
-        # to now: twice a second is enough for that, the stream has the GUI thread meanwhile)
+        # nothing new: nothing to draw, unless a reply runs (its memory line reaches to now:
+        # once a second is enough for a line that holds still while a reply is decoded, and the
+        # stream has the GUI thread meanwhile)
         now = time.monotonic()
-        if self.telemetry.version == self._drawn_version and (
-                self.live_since is None or now - self._live_drawn_at < LIVE_REDRAW_S):
+        changed = self.telemetry.version != self._drawn_version
+        if not changed and (self.live_since is None or now - self._live_drawn_at < LIVE_REDRAW_S):
             return
         self._live_drawn_at = now
-        self._drawn_version = self.telemetry.version
-        self.residency.update()
+        if changed:  # the map and the steps moved; otherwise only the memory line reaches on
+            self._drawn_version = self.telemetry.version
+            self.residency.update()
+            self._draw_timeline()
         self._draw_memory()
-        self._draw_timeline()
         self._follow()
 
     # ------------------------------------------------------------ what the plots show
@@ -369,6 +371,15 @@ class MemoryPanel(QWidget):
         if self._user_zoomed or self._followed == (rid, start, end):
             return
         pad = max(0.05, (end - start) * 0.08)
+        if self.live_since is not None:
+            # a running reply's view reaches ahead of it by half again, and moves only when the
+            # reply gets there: a view that moved every redraw laid its axes out anew each time
+            # (most of the panel's cost while a reply streams)
+            if self._followed is not None and self._followed[:2] == (rid, start) and end <= self._followed[2]:
+                return
+            self._followed = (rid, start, end + max(pad, (end - start) * 0.5))
+            vb.setXRange(start - pad, self._followed[2], padding=0)
+            return
         self._followed = (rid, start, end)
         vb.setXRange(start - pad, end + pad, padding=0)
 
