@@ -10,10 +10,12 @@ turn's orchestration. Each job has its owner; the session calls them in order:
 - `History` (engine/conversation.py): the conversation, what its template is given and its
   last reply's life, one `ReplyState` (`session.chat`); with the pure fit of a conversation
   into the context;
+- `ConversationPrompt` (prompt.py): the conversation as the model's prompt, what it takes of
+  the context and a message's attachments read (`session.prompt`);
 - `KeptMemory` (kept.py): the model's memory of conversations beyond the KV cache, in RAM
   and on disk (`session.kept`).
 A new kind of attachment is read into pictures and text by engine/media (attachments.py's
-`expand`): the turn takes what it gives.
+`expand`, through `session.prompt.expand`): the turn takes what it gives.
 Every step is a Span event. Owned by one thread (the CLI's, or the app's engine worker).
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from engine import events
 from engine.config import SessionConfig, flash_attn_for, thread_plan
-from engine.conversation import Conversation, History, HistoryTurn, fit_history
+from engine.conversation import Conversation, History, HistoryTurn
 from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.info import (
@@ -46,14 +48,11 @@ from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
-from engine.media import kinds
-from engine.media.attachments import PICTURE_LABEL, Expanded, Projector, expand
-from engine.media.attachments import parse as parse_ref
+from engine.media.attachments import PICTURE_LABEL
 from engine.media.encoder import MediaEncoder
-from engine.media.images import LoadedMedia
-from engine.media.projector import TextPiece
 from engine.media.turn import TurnMedia
 from engine.session.kept import KeptMemory
+from engine.session.prompt import ConversationPrompt
 
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
@@ -115,6 +114,8 @@ class Session:
                 self.proj_info = self.encoder.info = self.encoder.ram.measured_info()
             self.media = TurnMedia(cfg, self.info, self.n_ctx, self.model, self.encoder)
             self.kept = KeptMemory(self.model, self.encoder, cfg.state_dir, lambda: self.abandoned)
+            self.prompt = ConversationPrompt(self.chat, self.model, self.encoder, self.media,
+                                             self.n_ctx, lambda: self.cfg)
         except BaseException:
             self._stack.close()
             raise
@@ -157,7 +158,7 @@ class Session:
         res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
         self._check_device()
         try:
-            parts = self._expand(image_paths, role, text)
+            parts = self.prompt.expand(image_paths, role, text)
             images = [m for e in parts for m in e.media]
             res.attachments = [e.ref for e in parts]
             res.attachment_lines = [e.line for e in parts]
@@ -169,16 +170,16 @@ class Session:
                                "this message has pictures or clips but no projector is loaded",
                                "turn the projector on (the Vision or Hearing switch)" if self.proj_info
                                else "start with --mmproj FILE.gguf")
-            pending = self._pending_history_images()  # may drop unreadable ones from history
+            pending = self.prompt.pending_images()  # may drop unreadable ones from history
             labels = tuple((k, *lab) for e in parts for k, lab in zip(
                 (self.encoder.key(m) for m in e.media), e.labels) if lab != PICTURE_LABEL)
             turn = HistoryTurn(role, text, tuple(self.encoder.remember(i) for i in images), extra,
                                labels)
-            self._fit(turn, pending + images, res)  # before any image is encoded
+            self.prompt.fit(turn, pending + images, res)  # before any image is encoded
             kept = {k for t in self.history for k in t.image_keys}
             pending = [i for i in pending if self.encoder.key(i) in kept]
-            messages, keys = self._messages(turn)
-            with self._tokenize(messages, keys, pending + images) as prompt:
+            messages, keys = self.prompt.messages(turn)
+            with self.prompt.tokenize(messages, keys, pending + images) as prompt:
                 self.chat.begin_prompt()
                 self.media.encode_new(prompt, keys, images, res, tl, cancel, self.before_restore)
                 self._generate(turn, prompt, keys, gp or GenParams(), on_text, cancel, res, tl)
@@ -227,13 +228,13 @@ class Session:
             else:
                 self.chat.turns = self.chat.turns[:-1]
                 try:  # a reply that filled the context: older turns leave to make room
-                    self._fit(None, self._pending_history_images(), res, open_reply=before.text)
+                    self.prompt.fit(None, self.prompt.pending_images(), res, open_reply=before.text)
                 except EbbError:
                     self.chat.turns = self.chat.turns + [before]
                     raise
-                pending = self._pending_history_images()
-                messages, keys = self._messages()
-                text, added_special = self._format(messages)
+                pending = self.prompt.pending_images()
+                messages, keys = self.prompt.messages()
+                text, added_special = self.prompt.format(messages)
                 text += before.text  # the reply so far, left open: the model goes on with it
                 prompt = (self.media.tokenize(text, not added_special, keys, pending) if keys
                           else contextlib.nullcontext(self.model.runtime.tokenize(text, not added_special)))
@@ -330,38 +331,12 @@ class Session:
     @property
     def reply_room(self) -> int:
         """Cells a turn keeps free for its reply when the conversation is fitted."""
-        from engine.conversation import reply_room
+        return self.prompt.reply_room
 
-        return reply_room(self.n_ctx)
-
-    def _count(self, history: Sequence[HistoryTurn], extra: HistoryTurn | None,
-               pixels: list[LoadedMedia], open_reply: str = "") -> int:
-        """KV cells the conversation (with `extra`) takes as a prompt: the template's tokens and
-        every image chunk's, as mtmd counts them (nothing is encoded)."""
-        assert self.model.runtime is not None
-        messages, keys = self._messages(extra, history)
-        text, added_special = self._format(messages)
-        text += open_reply
-        if not keys:
-            return len(self.model.runtime.tokenize(text, not added_special))
-        with self.media.tokenize(text, not added_special, keys, pixels) as prompt:
-            return sum(len(p.tokens) if isinstance(p, TextPiece) else p.n_tokens
-                       for p in prompt.pieces)
-
-    def _fit(self, turn: HistoryTurn | None, pixels: list[LoadedMedia], res: TurnResult,
-             open_reply: str = "") -> None:
-        """Make the conversation plus `turn` (None: Continue of the last reply) fit the
-        context with room for the reply (engine/conversation.py decides what leaves)."""
-        def count(history: Sequence[HistoryTurn]) -> int:
-            return self._count(history, turn, pixels, open_reply)
-
-        fitted = fit_history(self.history, count, self.n_ctx, self.reply_room,
-                             self.cfg.overflow, continuing=turn is None)
-        self.chat.fitted(fitted)
-        res.n_turns_dropped += fitted.n_turns_dropped
-        res.n_images_dropped += fitted.n_images_dropped
-        res.n_tokens_dropped = fitted.n_tokens_dropped
-        res.memory_starts_at = self.chat.forgotten
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation as the chat template is given it."""
+        return self.prompt.messages()[0]
 
     def _check_device(self) -> None:
         """DeviceLost when the accelerator's RPC server went away: now, or found before (each
@@ -397,16 +372,6 @@ class Session:
         self.model.ledger.reset_peaks()
         return Timeline(self._request_id, self._emit, self.model.ledger, self.model.accel)
 
-    def _tokenize(self, messages: list[dict[str, Any]], keys: list[str],
-                  pixels: list[LoadedMedia]) -> Any:
-        """The prompt of `messages` as llama.cpp's own tools tokenize it: mtmd's chunks when it
-        has images (one marker per key), else the model's tokens."""
-        assert self.model.runtime is not None
-        text, added_special = self._format(messages)
-        if not keys:
-            return contextlib.nullcontext(self.model.runtime.tokenize(text, add_special=not added_special))
-        return self.media.tokenize(text, not added_special, keys, pixels)
-
     # ------------------------------------------------------------ the conversation
 
     def set_history(self, turns: Sequence[tuple[Any, ...]], tag: str = "") -> None:
@@ -420,7 +385,7 @@ class Session:
             texts: list[str] = []
             for p in paths:
                 try:
-                    got = self.encoder.keys_of(str(p), self._projector_view())
+                    got = self.encoder.keys_of(str(p), self.prompt.projector_view())
                 except EbbError:
                     continue  # a saved attachment that went missing: leave it out
                 keys += [k for k, _ in got.keys]
@@ -453,10 +418,10 @@ class Session:
             self._check_device()
         except DeviceLost:  # abandoned now: the next turn says so and recovers
             return 0
-        messages, keys = self._messages()
+        messages, keys = self.prompt.messages()
         cells = None
         if not keys:  # text only: its cells are its tokens (with pictures: by the chat's tag)
-            text, added_special = self._format(messages)
+            text, added_special = self.prompt.format(messages)
             cells = list(rt.tokenize(text, add_special=not added_special))
         return self.kept.take_up(cells, self.chat.tag, cancel)
 
@@ -499,10 +464,6 @@ class Session:
         thinking model to answer at once); {}: the template's defaults."""
         self.chat.template_kwargs = dict(kwargs)
 
-    def _format(self, messages: list[dict[str, Any]]) -> tuple[str, bool]:
-        assert self.model.runtime is not None
-        return self.model.runtime.format_chat(messages, self.chat.tools, self.chat.template_kwargs)
-
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away)."""
         self.chat.turns = list(other.history)
@@ -516,64 +477,6 @@ class Session:
             return None
         paths = [self.encoder.path_of(k) for k in turn.image_keys]
         return turn.text, [p for p in paths if p is not None]
-
-    def _messages(self, extra: HistoryTurn | None = None,
-                  history: Sequence[HistoryTurn] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-        """Chat messages for the template (`history`, default the session's, then `extra`), and
-        the image keys in prompt order. With vision off, earlier images are left out."""
-        marker = self.encoder.marker
-        use_images = bool(marker) and self.encoder.enabled
-        msgs = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
-        keys: list[str] = []
-        for t in [*(self.history if history is None else history), *([extra] if extra else [])]:
-            images = t.image_keys if use_images else ()
-            media = "".join(f"{before}{marker}{after}" for before, after in map(t.label, images))
-            msgs.append({"role": t.role, "content": media + t.text, **(t.extra or {})})
-            keys.extend(images)
-        return msgs, keys
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return self._messages()[0]
-
-    def _projector_view(self) -> Projector | None:
-        """What attachments need of the loaded projector: whether it sees, the size frames and
-        pages are made at, and its token count for a picture."""
-        ram = self.encoder.ram
-        if ram is None or not self.encoder.enabled:
-            return None
-        return Projector(ram.sees, self.encoder.side, lambda w, h: ram.image_tokens(w, h)[0],
-                         ram.hears, ram.sample_rate)
-
-    def _expand(self, refs: Sequence[str | Path], role: str, text: str) -> list[Expanded]:
-        """Each attachment's pictures, labels and text. A video takes the frames the context
-        has room for: what is free after the conversation and this message, or half the
-        context where less is free (older turns then leave, as for any long message)."""
-        proj = self._projector_view()
-        load = self.encoder.load
-        refs = [str(r) for r in refs]
-        n_videos = sum(kinds.kind_of(parse_ref(r).path) == kinds.VIDEO for r in refs)
-        room = 0
-        if n_videos:
-            assert self.model.runtime is not None
-            usable = self.n_ctx - self.reply_room
-            used = self._count(self.history, HistoryTurn(role, text), self._pending_history_images())
-            room = max(usable - used, usable // 2) // n_videos
-        parts = []
-        for r in refs:
-            e = expand(r, proj, room, load)
-            parts.append(e)
-        return parts
-
-    def _pending_history_images(self) -> list[LoadedMedia]:
-        """Earlier images not encoded yet (a saved conversation, reopened). One that can no
-        longer be read leaves the conversation: its place in the prompt goes with it."""
-        if not self.encoder.enabled:
-            return []
-        images, lost = self.encoder.pending([k for t in self.history for k in t.image_keys])
-        if lost:
-            self.chat.without_images(set(lost))
-        return images
 
     def _generate(self, turn: HistoryTurn, prompt: Any, keys: list[str], gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
