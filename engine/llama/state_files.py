@@ -102,8 +102,8 @@ class StateFiles:
         self._pending: list[concurrent.futures.Future[Any]] = []
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # read_ahead's
         self._ahead: tuple[Path, concurrent.futures.Future[State | None], threading.Event] | None = None
-        self.n_read_ahead = 0
-        self._closed = False  # loads that found their state read ahead (a test counts them)
+        self.n_read_ahead = 0  # loads that found their state read ahead (a test counts them)
+        self._closed = False
         self.n_ignored = 0  # files passed over: another model or setting, damaged
         self._scan()
         self._writer.submit(self._trim)  # the budget may have shrunk since the last run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import time
@@ -84,7 +85,7 @@ class ChatRequest:
             out["enable_thinking"] = self.reasoning_effort not in ("none", "minimal")
         return out
 
-    @property
+    @functools.cached_property  # asked as the job is queued and again as it is answered
     def conversation_tag(self) -> str:
         """What this conversation's kept states go by: its system text and first message, which
         a client sends again with every turn (a branch of it shares them, and the turn's prefix
