@@ -94,7 +94,7 @@ def _test_hooks(window: MainWindow, app: QApplication, noticed: bool = False) ->
     from engine import events, testhooks
 
     if testhooks.value(testhooks.PRINT_NOTICE) and (os.environ.get("EBB_NOTICE") or noticed):
-        print(f"notice: {window.notice.text()}", flush=True)
+        print(f"notice: {window.notices.area.text()}", flush=True)
         QTimer.singleShot(0, app.quit)
         return
     text = testhooks.value(testhooks.SEND)
@@ -211,9 +211,9 @@ def open_window(store: Store, cfg: SessionConfig, rpc: list[str]) -> MainWindow:
     window = MainWindow(store, None if crash else cfg, rpc)
     if crash is not None:
         print(f"ebb: {crash.describe()}", file=sys.stderr, flush=True)
-        window.add_banner(safe_mode.crash_banner(crash, store, lambda: window.models.start_load(cfg, rpc)))
+        window.notices.add_banner(safe_mode.crash_banner(crash, store, lambda: window.models.start_load(cfg, rpc)))
     elif native.safe_mode():
-        window.add_banner(safe_mode.safe_mode_banner(store))
+        window.notices.add_banner(safe_mode.safe_mode_banner(store))
     return window
 
 
@@ -269,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
 
     fatal.install(relaunch)
     if os.environ.get("EBB_NOTICE"):
-        window.show_notice(os.environ["EBB_NOTICE"])
+        window.notices.say(os.environ["EBB_NOTICE"])
     if gone:
-        window.show_notice(gone)
+        window.notices.say(gone)
     for image in args.images:  # a picture opened with Ebb waits in the composer
         window.composer.attach(image)
     _test_hooks(window, app, noticed=bool(gone))

@@ -222,7 +222,7 @@ def open_window(qtbot, store, model="default", mmproj="", rpc=None, max_tokens=2
     if wait == "loaded":
         wait_for(lambda: w.chat.loaded, timeout=120_000)
     elif wait == "settled":
-        wait_for(lambda: w.chat.loaded or bool(w.last_error))
+        wait_for(lambda: w.chat.loaded or bool(w.notices.last_error))
     return w
 
 

@@ -5,8 +5,9 @@ import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QTimer, QUrl
-from PySide6.QtGui import QImage
+from PySide6.QtCore import QMimeData, Qt, QTimer, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
+from PySide6.QtWidgets import QApplication
 
 from app.core.store import Store
 from engine.llama.sampling import GenParams
@@ -104,9 +105,16 @@ def test_dropped_and_pasted_images_swap_and_the_ui_never_blocks(qtbot, store, sh
     w = open_window(qtbot, store, mmproj=str(base_projector), rpc=[shared_rpc_server.endpoint],
                     vision="swap", vram_budget="300MiB")
     assert w.vision.switch.isChecked() and w.vision.switch.isEnabled()
-    drop = QMimeData()
+    drop = QMimeData()  # dropped on the transcript: the window takes it into the composer
     drop.setUrls([QUrl.fromLocalFile(str(pictures["a.png"]))])
-    w.composer.edit.insertFromMimeData(drop)
+    at = w.transcript.mapTo(w, w.transcript.rect().center()).toPointF()
+    enter = QDragEnterEvent(at.toPoint(), Qt.DropAction.CopyAction, drop, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(w, enter)
+    assert enter.isAccepted()
+    QApplication.sendEvent(w, QDropEvent(at, Qt.DropAction.CopyAction, drop, Qt.MouseButton.LeftButton,
+                                         Qt.KeyboardModifier.NoModifier))
+    assert len(w.composer.attachments) == 1
     paste = QMimeData()
     paste.setImageData(QImage(str(pictures["b.jpg"])))
     w.composer.edit.insertFromMimeData(paste)
@@ -220,7 +228,7 @@ def test_rpc_server_lost_between_turns_keeps_the_conversation(qtbot, store):
     finally:
         server.stop()
     send(qtbot, w, "And of Italy?")
-    assert "went away" in w.notice.text() and w.notice.isVisible()
+    assert "went away" in w.notices.area.text() and w.notices.area.isVisible()
     assert [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"] * 2
     assert "in RAM (no accelerator)" in w.model_label.text()
 
@@ -239,7 +247,7 @@ def test_tune_waits_for_start_and_closing_it_gives_the_chat_back(qtbot, store, s
     dlg.close()
     wait_for(lambda: w.chat.loaded, timeout=120_000)
     send(qtbot, w, "Hello again")
-    assert not w.last_error and [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"]
+    assert not w.notices.last_error and [m.role for m in store.messages(w.conv_id)] == ["user", "assistant"]
 
 
 @pytest.mark.slow  # every layer count at two thread counts: `make test-slow` (CI runs it)

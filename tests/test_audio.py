@@ -107,7 +107,7 @@ def test_an_ultravox_with_its_real_stack_factor_leaves_a_text_model_not_a_crash(
         assert res.error and "a.wav" in res.error  # a clip is refused by name, nothing aborts
     w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=2)
     assert w.chat.loaded and w.send_button.isEnabled()
-    assert "sound is off" in w.notice.text() and w.notice.isVisible()
+    assert "sound is off" in w.notices.area.text() and w.notices.area.isVisible()
     server = Server("--model", str(lm), "--mmproj", str(mm), api_key=None)
     try:
         model = server.client(key="none").models.list().data[0]
@@ -291,7 +291,7 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     chip = " ".join(lbl.text() for lbl in w.composer.findChildren(type(w.composer.error)))
     assert "♪ doorbell.wav · 0:02 · WAV" in chip  # 2.5 s rounds to even
     send(qtbot, w, "What is this sound?")
-    assert not w.last_error, w.last_error
+    assert not w.notices.last_error, w.notices.last_error
     assert "▶ ♪ doorbell.wav · 0:02 · WAV" in w.transcript.toPlainText()  # its own name, kept
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
@@ -314,7 +314,7 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     assert recorded.parent == store.folder / "recordings"
     assert recorded.parent.stat().st_mode & 0o777 == 0o700 and recorded.stat().st_mode & 0o777 == 0o600
     send(qtbot, w, "And this?")
-    assert not w.last_error, w.last_error
+    assert not w.notices.last_error, w.notices.last_error
     assert "▶ ♪ recording-" in w.transcript.toPlainText()
     kept = store.messages(w.conv_id)[-2].images[0]  # the store's copy goes with its chat
     assert kept.parent == store.images_dir and store.images_dir.stat().st_mode & 0o777 == 0o700

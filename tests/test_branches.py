@@ -94,7 +94,7 @@ def test_edit_regenerate_switch_restart_search_and_undo(qtbot, tmp_path):
     _click(w, "delete", edited_q.id)
     assert again_store.messages(cid)[2].siblings == (u2.id,)
     assert "giraffes" not in w.transcript.toPlainText()
-    undo = [n for n in w.notice.notices() if n.action_button is not None]
+    undo = [n for n in w.notices.area.notices() if n.action_button is not None]
     assert undo and "Deleted 4 messages" in undo[-1].text()  # the question and its 3 replies
     undo[-1].action_button.click()
     assert again_store.messages(cid)[2].id == edited_q.id and "‹ 2/2 ›" in w.transcript.toPlainText()

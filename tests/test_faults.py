@@ -378,7 +378,7 @@ def test_a_damaged_database_is_moved_aside_and_what_can_be_read_is_shown(tmp_pat
         assert sum(len(store.messages(c.id)) for c in convs) > len(texts) * 6 // 3
         # the window opens, says what happened and where, and lists what could be read
         w = _window_without_model(qtbot, store)
-        assert w.notice.isVisible() and aside[0].name in w.notice.text()
+        assert w.notices.area.isVisible() and aside[0].name in w.notices.area.text()
         assert w.chats.list.count() == len(convs)
         # and the fresh database works
         cid = store.create_conversation("After")
@@ -464,7 +464,7 @@ def test_an_unwritable_data_folder_opens_in_memory_with_what_can_be_read(small_d
         assert store.in_memory and "cannot be written" in store.problem and str(data) in store.problem
         assert len(store.conversations()) == 2
         w = _window_without_model(qtbot, store)
-        assert w.notice.isVisible() and "nothing in this session will be saved" in w.notice.text()
+        assert w.notices.area.isVisible() and "nothing in this session will be saved" in w.notices.area.text()
         cid = store.create_conversation("in memory")
         store.add_message(cid, "user", "kept for this session")
         assert [m.text for m in store.messages(cid)] == ["kept for this session"]
@@ -522,7 +522,7 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     (kept,) = w.chat.unsaved
     reply = kept.text
     assert reply.split()[0] in shown.split("Write a long story")[-1]  # the unsaved reply is shown
-    assert "Could not save the reply" in w.notice.text() and w.notice.isVisible()
+    assert "Could not save the reply" in w.notices.area.text() and w.notices.area.isVisible()
     assert w.send_button.isEnabled() and not w.stop_button.isEnabled()
     # space again: the kept reply is written whole, without a turn in between, and said
     for f in small_disk.glob("filler*"):
@@ -531,7 +531,7 @@ def test_a_full_disk_while_sending_and_saving_loses_nothing(small_disk, qtbot, p
     saved = store.messages(w.conv_id)[-1]
     assert saved.role == "assistant" and saved.text == reply and saved.state != "streaming"
     wait_for(lambda: "not saved yet" not in w.transcript.toPlainText())
-    assert "Could not save the reply" not in w.notice.text()
+    assert "Could not save the reply" not in w.notices.area.text()
     w.chats.new_chat()  # New chat and Stop still answer
     w.sending.stop()
     store.close()

@@ -48,7 +48,7 @@ def test_the_first_start_welcomes_and_the_stand_in_shows_the_swap(qtbot, tmp_pat
     assert not w.welcome.isVisible()
     wait_for(lambda: not w.chat.busy, timeout=180_000)
     msgs = store.messages(w.conv_id)
-    assert msgs, (w.statusBar().currentMessage(), w.last_error, w.conv_id)
+    assert msgs, (w.statusBar().currentMessage(), w.notices.last_error, w.conv_id)
     reply = msgs[-1]
     assert reply.role == "assistant" and reply.stats.strategy == "swap", reply.stats
     assert reply.stats.swap_s > 0
@@ -75,7 +75,7 @@ def test_about_shows_versions_and_paths_and_copies_diagnostics(qtbot, tmp_path):
     import llama_cpp
 
     w, store = _fresh_window(qtbot, tmp_path)
-    w.last_error = "an example error"
+    w.notices.last_error = "an example error"
     w.about_action.trigger()
     dlg = w.about_dialog
     shown = dict(dlg_facts for dlg_facts in _facts(dlg))

@@ -398,7 +398,7 @@ def test_a_download_goes_on_when_the_dialog_closes_and_the_window_says_when_it_i
         assert first.state == "done" and w.get_models_action.text() == "Get models…"
         got = first.fetched.model
         assert got.read_bytes() == model_path.read_bytes()
-        notice = w.notice.notices()[0]
+        notice = w.notices.area.notices()[0]
         assert f"Downloaded {got.name}" in notice.text() and notice.action_button.text() == "Open it"
         w.grab().save(str(tmp_path / "downloaded-notice.png"))
         w.get_models_action.trigger()  # the same dialog, as it was, with the list

@@ -276,13 +276,13 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     assert w.composer.attachments == [clip]
     w.grab().save(str(tmp_path / "video-chip.png"))
     send(qtbot, w, QUESTION)
-    assert not w.last_error, w.last_error
+    assert not w.notices.last_error, w.notices.last_error
     user = store.messages(w.conv_id)[-2]
     assert list(user.fragments.values()) == ["frames=0,2,4"], user.fragments
     assert "▣ changing.mp4 · 0:06 · MP4 · 3 frames" in w.transcript.toPlainText()
     w.sending.send_history()  # the chat as reopened: its references, nothing decoded
     send(qtbot, w, "And the colour before that?")
-    assert not w.last_error, w.last_error
+    assert not w.notices.last_error, w.notices.last_error
     reply = store.messages(w.conv_id)[-1]
     assert reply.stats.encode_s == 0 and first_colour(reply.text) in COLOURS, reply
     w.grab().save(str(tmp_path / "video-sent.png"))

@@ -288,9 +288,9 @@ def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_sh
     qtbot.addWidget(w)
     w.show()
     assert not w.panel_dock.isVisible()
-    assert w.notice.isVisible() and "View → Memory" in w.notice.text()
+    assert w.notices.area.isVisible() and "View → Memory" in w.notices.area.text()
     w.panel_dock.show()
-    assert "View → Memory" not in w.notice.text()  # shown: the notice went
+    assert "View → Memory" not in w.notices.area.text()  # shown: the notice went
     scroll = w.panel_dock.widget()
     assert isinstance(scroll, QScrollArea) and scroll.widget() is w.panel
     qtbot.waitUntil(lambda: w.panel.isVisible())

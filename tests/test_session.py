@@ -64,18 +64,25 @@ def test_a_saved_image_that_can_no_longer_be_read_leaves_the_conversation(
     assert s.history[0].image_keys == ()  # its place in the prompt went with it
 
 
-def test_the_window_cuts_the_context_setting_to_what_the_model_was_trained_for(tmp_path, model_path):
-    from app.core.settings import resolve_paths
+def test_the_window_cuts_the_context_setting_to_what_the_model_was_trained_for(tmp_path, model_path,
+                                                                             monkeypatch):
+    """And resolves the model once: the load it is given to asks for no header again (#55)."""
+    from app.core.settings import resolve_model
+    from engine.gguf import kept_headers
     from engine.synth.model_gen import ModelShape, write_model
 
     short = write_model(tmp_path / "short.gguf", ModelShape(n_layers=2, n_embd=64, n_ff=128,
                                                             n_head=2, n_head_kv=2,
                                                             n_ctx_train=2048), model_path)
-    cfg = resolve_paths(SessionConfig(short, n_ctx=4096, n_threads=N_THREADS, accel="CPU"))
-    assert cfg.n_ctx == 2048
-    with Session(cfg) as s:  # loads, as the window would
-        assert s.n_ctx == 2048
-    assert resolve_paths(SessionConfig(short, n_ctx=1024)).n_ctx == 1024
+    cfg, files = resolve_model(SessionConfig(short, n_ctx=4096, n_threads=N_THREADS, accel="CPU"))
+    assert cfg.n_ctx == 2048 and files.info.n_ctx_train == 2048
+    asked: list[Path] = []
+    version_of = kept_headers.version_of
+    monkeypatch.setattr(kept_headers, "version_of", lambda p: asked.append(p) or version_of(p))
+    with Session(cfg, files=files) as s:  # loads, as the window would
+        assert s.n_ctx == 2048 and s.info is files.info
+    assert asked == []
+    assert resolve_model(SessionConfig(short, n_ctx=1024))[0].n_ctx == 1024
 
 
 def test_bench_run_without_pictures_returns_its_text(shared_rpc_server, model_path, base_projector):

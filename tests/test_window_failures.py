@@ -22,18 +22,18 @@ def test_a_damaged_model_is_said_above_the_chat_and_stays_until_closed(qtbot, tm
     store = fresh_store(tmp_path)
     w = open_window(qtbot, store, str(half), max_tokens=8, wait="settled")
     assert not w.chat.loaded and not w.send_button.isEnabled()
-    assert w.notice.isVisible(), "the error must be visible in the window"
-    text = w.notice.text()
+    assert w.notices.area.isVisible(), "the error must be visible in the window"
+    text = w.notices.area.text()
     assert "Could not load half-of-a-model.gguf" in text and "truncated" in text, text
     # the model's line leaves the status line's messages room (it used to fill the bar)
     assert w.model_label.width() <= w.width() // 2 + 1
     w.statusBar().showMessage("a transient message")
     assert w.statusBar().currentMessage() == "a transient message"
     assert store.settings.get("model") is None  # a model that never loaded is not remembered
-    notice = w.notice.notices()[0]
+    notice = w.notices.area.notices()[0]
     assert notice.kind == "error"
     notice.close_button.click()
-    assert not w.notice.isVisible() and w.notice.text() == ""
+    assert not w.notices.area.isVisible() and w.notices.area.text() == ""
     w.close()
     store.close()
 
@@ -47,12 +47,12 @@ def test_a_mismatched_projector_says_why_and_the_previous_model_comes_back(
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
     assert w.chat.loaded and store.settings.get("model") == "default"
     label = w.model_label.text()
-    w.last_error = ""
+    w.notices.last_error = ""
     w.models.load(str(model_path), str(wrong))
-    wait_for(lambda: bool(w.last_error))
+    wait_for(lambda: bool(w.notices.last_error))
     wait_for(lambda: w.chat.loaded)
-    assert "with mmproj-for-a-wider-model.gguf:" in w.notice.text()
-    assert "again" in w.notice.text()  # ... and the previous model is loaded again
+    assert "with mmproj-for-a-wider-model.gguf:" in w.notices.area.text()
+    assert "again" in w.notices.area.text()  # ... and the previous model is loaded again
     assert w.model_label.text() == label and w.send_button.isEnabled()
     assert store.settings.get("mmproj") == "" and store.settings.get("model") == "default"
     w.composer.edit.setPlainText("Hi")
@@ -70,11 +70,11 @@ def test_bad_settings_fall_back_with_one_notice_each(qtbot, tmp_path):
     for k, v in bad.items():
         store.settings.set(k, v)
     w = open_window(qtbot, store, max_tokens=8, wait="settled")
-    assert w.chat.loaded, w.last_error
-    text = w.notice.text()
+    assert w.chat.loaded, w.notices.last_error
+    text = w.notices.area.text()
     for key, value in bad.items():
         assert f"The setting {key} = {value!r} is not valid" in text, key
-    assert len(w.notice.notices()) == 1  # one notice, a line each
+    assert len(w.notices.area.notices()) == 1  # one notice, a line each
     w.close()
     store.close()
 
@@ -234,7 +234,7 @@ def test_search_shows_the_matching_line_delete_undoes_and_export_writes(qtbot, t
     w.chats.search.setText("")
     assert w.chats.delete_chat(cid) and store.conversations() != [] and cid not in [
         c.id for c in store.conversations()]
-    undo = [n for n in w.notice.notices() if "Deleted “Trip”" in n.text()]
+    undo = [n for n in w.notices.area.notices() if "Deleted “Trip”" in n.text()]
     assert undo and undo[0].action_button is not None
     undo[0].action_button.click()  # Undo: the chat is back, and open
     assert cid in [c.id for c in store.conversations()] and w.conv_id == cid

@@ -67,7 +67,7 @@ def test_every_refusal_leaves_the_chat_as_it_was_and_the_next_chat_takes_nothing
     with_picture = _looks(w, store, first)
     _click(w, "regen", store.messages(first)[-1].id)
     wait_for(lambda: not w.chat.busy)
-    assert "Could not regenerate" in w.notice.text()
+    assert "Could not regenerate" in w.notices.area.text()
     assert _looks(w, store, first) == with_picture
 
     # the next chat takes none of the first chat's messages, and the first shows as it was
@@ -134,8 +134,8 @@ def test_tune_without_an_accelerator_says_why_at_once(qtbot, store):
     w = open_window(qtbot, store)
     assert w.models.has_accel is False
     w.tune_action.trigger()
-    assert NO_ACCELERATOR in w.notice.text() and w.tuning.dialog is None
-    assert w.notice.isVisible() and w.chat.loaded  # the model stays; nothing ran
+    assert NO_ACCELERATOR in w.notices.area.text() and w.tuning.dialog is None
+    assert w.notices.area.isVisible() and w.chat.loaded  # the model stays; nothing ran
 
 
 def test_a_projector_handed_over_after_a_failed_load_goes_with_the_loaded_model(
@@ -147,16 +147,16 @@ def test_a_projector_handed_over_after_a_failed_load_goes_with_the_loaded_model(
     w = open_window(qtbot, store, max_tokens=8)
     half = tmp_path / "half-of-a-model.gguf"
     half.write_bytes(model_path.read_bytes()[: model_path.stat().st_size // 2])
-    w.last_error = ""
+    w.notices.last_error = ""
     w.models.load(str(half), "")
-    wait_for(lambda: bool(w.last_error))
+    wait_for(lambda: bool(w.notices.last_error))
     wait_for(lambda: w.chat.loaded)
-    assert "half-of-a-model.gguf" in w.notice.text()
-    w.last_error = ""
+    assert "half-of-a-model.gguf" in w.notices.area.text()
+    w.notices.last_error = ""
     open_paths(w, [str(tiny_projector)])
     wait_for(lambda: w.chat.loaded and w.models.loaded is not None
              and bool(w.models.loaded.projector))
-    assert w.last_error == "" and w.chat.last_cfg is not None
+    assert w.notices.last_error == "" and w.chat.last_cfg is not None
     assert Path(w.chat.last_cfg.model_path) == model_path
     assert Path(w.models.loaded_model) == model_path
 
@@ -279,4 +279,4 @@ def test_the_demo_names_the_colour_at_the_windows_default_sampling(qtbot, store,
         reply = store.messages(w.conv_id)[-1]
         assert colour in reply.text.lower(), reply.text
         assert chat_params(store, w.conv_id).temperature == 0
-        assert DEMO_GREEDY_NOTE in w.notice.text()
+        assert DEMO_GREEDY_NOTE in w.notices.area.text()

@@ -16,6 +16,7 @@ from engine.units import parse_size
 
 if TYPE_CHECKING:
     from app.core.store import Store
+    from engine.gguf.model_files import ModelFiles
     from engine.llama.sampling import GenParams
 
 DEMO = "demo"
@@ -380,20 +381,24 @@ def phase_settings(result: TuneResult) -> dict[str, Any]:
             **({"flash_attn": result.flash_attn.on} if result.flash_attn else {})}
 
 
-def resolve_paths(cfg: SessionConfig) -> SessionConfig:
+def resolve_model(cfg: SessionConfig) -> tuple[SessionConfig, ModelFiles]:
     """Worker thread: fetch the default model and make the demo projector if asked (slow the
     first time, so never on the GUI thread); a context longer than the model was trained for
-    is cut to the model's (the setting is one number for every model)."""
+    is cut to the model's (the setting is one number for every model). With the configuration,
+    the files' headers, read once: the load or Tune that follows is given them."""
     from engine.gguf.info import model_info, read_gguf
+    from engine.gguf.model_files import ModelFiles
     from engine.models.default import existing_file, resolve_model_path
     from engine.synth.demo import default_projector_path
 
     model = resolve_model_path(str(cfg.model_path))
+    info = model_info(read_gguf(model))
     proj = cfg.mmproj_path
     if proj is not None:
-        proj = default_projector_path(model) if str(proj) == DEMO else existing_file(str(proj), "projector")
-    n_ctx = cfg.n_ctx if cfg.n_ctx is None else model_info(read_gguf(model)).fit_context(cfg.n_ctx)
-    return replace(cfg, model_path=model, mmproj_path=proj, n_ctx=n_ctx)
+        proj = (default_projector_path(model, info=info) if str(proj) == DEMO
+                else existing_file(str(proj), "projector"))
+    n_ctx = cfg.n_ctx if cfg.n_ctx is None else info.fit_context(cfg.n_ctx)
+    return replace(cfg, model_path=model, mmproj_path=proj, n_ctx=n_ctx), ModelFiles.read(model, proj, info)
 
 
 # what a loaded session does not depend on: changed, they need no reload

@@ -38,7 +38,7 @@ class WindowLayout(QObject):
             width = screen.availableGeometry().width() if screen is not None else w.width()
             if min(width, w.width()) < FOLD_PANEL_BELOW:
                 w.panel_dock.hide()
-                w.show_notice(PANEL_FOLDED, "info")
+                w.notices.say(PANEL_FOLDED, "info")
                 w.panel_dock.visibilityChanged.connect(self._on_panel_shown)
         for key, _save, restore in self._states():
             saved = w.store.settings.get(key)
@@ -51,7 +51,7 @@ class WindowLayout(QObject):
     @Slot(bool)
     def _on_panel_shown(self, shown: bool) -> None:
         if shown:  # the folded panel's notice has said its part
-            self.w.notice.remove_matching(PANEL_FOLDED)
+            self.w.notices.area.remove_matching(PANEL_FOLDED)
 
     def save(self) -> None:
         from app.core.store import StoreError

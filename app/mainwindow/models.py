@@ -38,7 +38,7 @@ class Models:
             # servers given on the command line stay (Settings' list is added to them)
             cfg, rpc = session_config(self.w.store, model, mmproj, rpc=self.w.rpc)
         except EbbError as exc:  # a bad setting (a budget that is not a size): keep what is loaded
-            self.w.show_error(str(exc))
+            self.w.notices.error(str(exc))
             return
         self.start_load(cfg, rpc)
 
@@ -80,12 +80,12 @@ class Models:
                                       if self.w.standin.is_standin(d) else {})
         self.w.update_welcome()
         if d.memory_note:
-            self.w.show_notice(d.memory_note + ".")
+            self.w.notices.say(d.memory_note + ".")
         if d.projector_refused:  # the model answers text; why sound is off, and what to do
-            self.w.show_notice(f"{d.projector_refused[0].upper()}{d.projector_refused[1:]}.")
+            self.w.notices.say(f"{d.projector_refused[0].upper()}{d.projector_refused[1:]}.")
         for note in d.backend_notes:
-            if not d.safe_mode and note not in self.w.notice.text():  # safe mode: its banner
-                self.w.show_notice(note[0].upper() + note[1:] + ".")
+            if not d.safe_mode and note not in self.w.notices.area.text():  # safe mode: its banner
+                self.w.notices.say(note[0].upper() + note[1:] + ".")
         if not self.w.chat.busy:
             started = None
             if not self.said_start:  # the first load: the whole start, once
@@ -129,7 +129,7 @@ class Models:
 
     def open_pair(self, model: str, mmproj: str) -> None:
         if self.w.chat.busy:
-            self.w.show_error("A reply is under way: open the downloaded model from File → Open "
+            self.w.notices.error("A reply is under way: open the downloaded model from File → Open "
                               "model once it has finished")
             return
         self.load(model, mmproj)
@@ -158,7 +158,7 @@ class Models:
                 for k, v in dlg.values().items():
                     self.w.store.settings.set(k, v)
             except EbbError as exc:
-                self.w.show_error(str(exc))
+                self.w.notices.error(str(exc))
                 return
             after = self.w.settings()
             self.w.gen_params = replace(self.w.gen_params, max_tokens=after.max_tokens)

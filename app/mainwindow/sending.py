@@ -115,7 +115,7 @@ class Sending:
         d = self.w.models.loaded
         if (images and d is not None and d.projector_names_colours
                 and demo_chat_params(self.w.store, self.w.conv_id)):
-            self.w.show_notice(DEMO_GREEDY_NOTE, "info")
+            self.w.notices.say(DEMO_GREEDY_NOTE, "info")
 
     def _dispatch(self, pending: Pending, images: list[Path], history_before: int = 0) -> None:
         """Ask the engine for the reply. `history_before`: a new version of that message (an
@@ -201,7 +201,7 @@ class Sending:
             elif kind == "delete":
                 self._delete_branch(m)
         except EbbError as exc:  # a full disk
-            self.w.show_error(str(exc))
+            self.w.notices.error(str(exc))
 
     def _delete_branch(self, m: Message) -> None:
         ids = self.w.chat.delete_branch(m.id)
@@ -210,8 +210,8 @@ class Sending:
         self.send_history()
         self.w.show_conversation()
         n = len(ids)
-        self.w.notice.add(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
-                          ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
+        self.w.notices.say(f"Deleted {n} message{'' if n == 1 else 's'} from this chat.", "info",
+                           ("Undo", lambda: self._undo_delete_branch(ids)), timeout_s=UNDO_S)
 
     def _undo_delete_branch(self, ids: list[int]) -> None:
         try:
@@ -220,7 +220,7 @@ class Sending:
                                                "bring its messages back", 8000)
                 return
         except EbbError as exc:
-            self.w.show_error(str(exc))
+            self.w.notices.error(str(exc))
             return
         self.send_history()
         self.w.show_conversation(ids[0])
@@ -244,7 +244,7 @@ class Sending:
         self.w.panel.set_live(False)
         self.set_record_limit(res.gen.n_prompt_tokens + res.gen.n_gen_tokens)
         if res.device_lost:
-            self.w.show_notice(f"{res.device_lost}: the conversation goes on with the devices "
+            self.w.notices.say(f"{res.device_lost}: the conversation goes on with the devices "
                                "that are left.")
         self.take_stream()  # the last pieces, before the reply is shown as saved
         if res.phases is not None and res.error is None:
@@ -261,11 +261,11 @@ class Sending:
             except EbbError:
                 retell = False  # kept as attached: reopened, it is chosen again the same way
         for note in res.notes:  # named as the user's file, not the store's copy
-            self.w.show_notice(users_names(note, self._copy_names), "info")
+            self.w.notices.say(users_names(note, self._copy_names), "info")
         cfg = self.w.chat.last_cfg  # which model wrote it (an export says)
         failed = self.w.chat.finish(res, Path(str(cfg.model_path)).name if cfg is not None else "")
         if self.w.chat.save_error:
-            self.w.show_error(f"Could not save the reply: {self.w.chat.save_error}. It is kept "
+            self.w.notices.error(f"Could not save the reply: {self.w.chat.save_error}. It is kept "
                               "here and written as soon as a write succeeds.")
             self._retry_saving.start()
         if failed is not None:
@@ -287,7 +287,7 @@ class Sending:
             return
         if not self.w.chat.unsaved:
             self._retry_saving.stop()
-            self.w.notice.remove_matching("Could not save the reply")
+            self.w.notices.area.remove_matching("Could not save the reply")
             self.w.statusBar().showMessage("The reply that could not be saved is saved now", 10000)
         self.w.show_conversation()
 
@@ -296,15 +296,15 @@ class Sending:
         composer (nothing the user wrote is lost), with the reason. A Continue that failed
         leaves the reply as it was."""
         error = users_names(error, self._copy_names)
-        self.w.last_error = error
+        self.w.notices.last_error = error
         if pending.continues is not None:
             self.w.transcript.end_reply(pending.continues)
-            self.w.show_error(f"Could not continue: {error}")
+            self.w.notices.error(f"Could not continue: {error}")
             return
         self.send_history()  # the branch as it stands now (the message taken back)
         if pending.regenerates:  # the earlier versions of the reply stay
             self.w.show_conversation()
-            self.w.show_error(f"Could not regenerate the reply: {error}")
+            self.w.notices.error(f"Could not regenerate the reply: {error}")
             return
         edited = self.w.store.message(pending.edits) if pending.edits else None
         if edited is not None:  # still an edit of that message

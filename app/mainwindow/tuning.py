@@ -37,7 +37,7 @@ class TuneController:
             w.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
             return
         if w.models.has_accel is False:  # said at once, not after a dialog that promised minutes
-            w.show_notice(NO_ACCELERATOR)
+            w.notices.say(NO_ACCELERATOR)
             return
         cfg, rpc = session_config(w.store, str(last.model_path), str(last.mmproj_path or ""),
                                   rpc=w.rpc_servers)

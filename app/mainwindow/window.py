@@ -6,7 +6,6 @@ to the one transcript (app/widgets/transcript.py), never re-rendered from its st
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,6 @@ from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
-    QDragEnterEvent,
-    QDropEvent,
     QGuiApplication,
     QKeySequence,
 )
@@ -25,7 +22,6 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QApplication,
     QDockWidget,
-    QFileDialog,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -43,7 +39,6 @@ from app.core.chat_state import (
 )
 from app.widgets.composer import Composer
 from app.sound.recorder import clear_recordings
-from app.widgets.notices import NoticeArea
 from app.widgets.panel import ElidedLabel, MemoryPanel
 from app.core.settings import (
     DEMO,
@@ -67,7 +62,9 @@ from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from engine.telemetry import Telemetry
 
+from app.mainwindow.attaching import Attaching
 from app.mainwindow.layout import WindowLayout
+from app.mainwindow.notices import Notices
 
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 PANEL_MIN_WIDTH = 400  # px: narrower, the Memory panel scrolls instead of cutting its content off
@@ -91,21 +88,20 @@ class MainWindow(QMainWindow):
         avail = screen.availableGeometry() if screen is not None else None
         self.resize(min(1400, avail.width() - 40) if avail else 1280,
                     min(880, avail.height() - 60) if avail else 820)
-        self.setAcceptDrops(True)
         self.store = store
         self.chat = ChatState(store)  # the conversation and the request in flight, Qt-free
         self.chat.last_cfg = load
         self.telemetry = Telemetry()
         self.gen_params: GenParams = default_gen_params(self.settings())
         self.rpc = rpc or []  # servers from the command line: kept across reloads
-        self.last_error = ""  # the last error said (the window, tests)
         self._looked: tuple[list[Path], int] | None = None  # the model folders and their models
         # the controllers, each with one job; they reach the window's parts through it
         self.sending = Sending(self)  # a message to its reply: send, edit, regenerate, continue
         self.models = Models(self)  # what is loaded: open, get, settings that reload
         self.downloads = Downloads(self)  # the Hub's, under way whether the dialog is open or not
         self.downloads.changed.connect(self._on_download_news)
-        self.downloads.ended.connect(self._on_download_ended)
+        self.notices = Notices(self.downloads, lambda model, proj: self.models.open_pair(model, proj),
+                               lambda: self.models.hub_dialog is not None and self.models.hub_dialog.isVisible())
         self.tuning = TuneController(self)  # Model → Tune layers…: its dialog and runs
         self._build_ui()
         self._handlers: dict[type, Any] = {
@@ -125,10 +121,10 @@ class MainWindow(QMainWindow):
                          "being written when Ebb stopped: kept as far as they got, marked "
                          "interrupted (Regenerate or Continue).")
         if any(notes):
-            self.show_notice(" ".join(n for n in notes if n))
+            self.notices.say(" ".join(n for n in notes if n))
         problems = checked_settings(store)[1]  # bad saved values: their defaults, said once
         if problems:
-            self.show_notice("\n".join(problems))
+            self.notices.say("\n".join(problems))
         if load is not None:
             self.request_load.emit(load, self.rpc)
 
@@ -137,17 +133,28 @@ class MainWindow(QMainWindow):
     def _build_ui(self) -> None:
         from app.widgets.conversation_list import ConversationList
 
-        self.chats = ConversationList(self.store, self.chat, self.show_error,
+        self.chats = ConversationList(self.store, self.chat, self.notices.error,
                                       self.statusBar().showMessage)
         self.chats.opened.connect(self._on_chat_opened)
         self.chats.deleted.connect(self._on_chat_deleted)
         self._build_menu()
+        self.split = QSplitter()
+        self.split.addWidget(self.chats)
+        self.split.addWidget(self._build_chat_column())
+        self.split.setSizes([200, 700])
+        self.split.setStretchFactor(1, 1)
+        self.setCentralWidget(self.split)
+        self._build_panel_dock()
+        self._build_help_menu()
+        self._build_status_line()
 
+    def _build_chat_column(self) -> QWidget:
+        """The Vision switch, the notices, the welcome, the transcript, the reply's buttons and
+        the composer with its own."""
         from app.widgets.vision_bar import VisionBar
 
         self.vision = VisionBar()  # the Vision switch and where the projector is
         self.vision.requested.connect(self._on_vision_toggled)
-        self.notice = NoticeArea()  # errors and what happened: each until its ✕ (app/widgets/notices.py)
         self.welcome = QLabel("", wordWrap=True, openExternalLinks=False)
         self.welcome.setTextFormat(Qt.TextFormat.RichText)
         self.welcome.setStyleSheet("background: #eef5fc; color: #1d2b36; padding: 10px; "
@@ -170,10 +177,11 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.copy_button)
         self.composer = Composer()
         self.composer.recordings_dir = self.store.folder / "recordings"  # the user's alone
+        self.attaching = Attaching(self, self.composer)  # dropped anywhere on the window, Attach…
         self.transcript.problem.connect(self.composer.show_error)  # e.g. a clip that cannot play
         self.transcript.view_picture.connect(self._on_view_picture)
         self.composer.send_requested.connect(self.sending.send)
-        attach = QPushButton("Attach…", clicked=self._on_attach)
+        attach = QPushButton("Attach…", clicked=self.attaching.choose)
         self.send_button = QPushButton("Send", clicked=self.sending.send, enabled=False)
         self.stop_button = QPushButton("Stop", clicked=self.sending.stop, enabled=False)
         self.record_button = QPushButton("Record", clicked=self.composer.start_recording,
@@ -188,23 +196,18 @@ class MainWindow(QMainWindow):
         row.addLayout(buttons)
         chat = QWidget()
         cl = QVBoxLayout(chat)
-        self._chat_layout = cl
         cl.addWidget(self.vision)
-        cl.addWidget(self.notice)
+        cl.addWidget(self.notices.area)  # errors and what happened: each until its ✕
         cl.addWidget(self.welcome)
         cl.addWidget(self.transcript, 1)
         cl.addLayout(acts)
         cl.addLayout(row)
         # the chat keeps a readable width; on a narrow window the memory panel gives way
         chat.setMinimumWidth(CHAT_MIN_WIDTH)
-        split = QSplitter()
-        self.split = split
-        split.addWidget(self.chats)
-        split.addWidget(chat)
-        split.setSizes([200, 700])
-        split.setStretchFactor(1, 1)
-        self.setCentralWidget(split)
+        return chat
 
+    def _build_panel_dock(self) -> None:
+        """The Memory panel, docked on the right; View → Memory folds and shows it."""
         self.panel = MemoryPanel(self.telemetry)
         self.panel_dock = QDockWidget("Memory", self)
         self.panel_dock.setObjectName("memory-panel")
@@ -217,8 +220,10 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panel_dock)
         self.resizeDocks([self.panel_dock], [int(self.width() * 0.42)], Qt.Orientation.Horizontal)
         self.view_menu.addAction(self.panel_dock.toggleViewAction())
-        self._build_help_menu()
 
+    def _build_status_line(self) -> None:
+        """Passing messages on the left; the local server's address, the model's line and a
+        busy bar on the right."""
         self.progress = QProgressBar(maximumWidth=160, textVisible=False)
         self.progress.setRange(0, 0)
         self.progress.hide()
@@ -270,7 +275,7 @@ class MainWindow(QMainWindow):
         if self.standin.standin is not None:
             facts.append(("Stand-in accelerator", self.standin.label))
         text = diagnostics_text(facts, self.models.loaded.devices if self.models.loaded else (), self.models.loaded,
-                                self.last_error)
+                                self.notices.last_error)
         self.about_dialog = AboutDialog(facts, text, self)
         self.about_dialog.show()
 
@@ -300,7 +305,7 @@ class MainWindow(QMainWindow):
         from app.mainwindow.standin_control import StandInControl
 
         self.standin = StandInControl(self, None if self.store.in_memory else self.store.folder,
-                                      self.statusBar().showMessage, self.show_error,
+                                      self.statusBar().showMessage, self.notices.error,
                                       self._on_standin_ready)
         model.addAction(self.standin.action)
         self.whatif_action = QAction("What if…", self, triggered=self.models.what_if)
@@ -330,45 +335,12 @@ class MainWindow(QMainWindow):
         self._thread.start()
         from app.mainwindow.serving import LocalServer
 
-        self.local_server = LocalServer(self.worker, self.server_status, self.show_notice)
+        self.local_server = LocalServer(self.worker, self.server_status, self.notices.say)
         self.local_server.apply(self.settings())
-
-    def add_banner(self, banner: QWidget) -> None:
-        """A message with buttons above the chat (app/safe_mode.py), under the notice."""
-        self._chat_layout.insertWidget(self._chat_layout.indexOf(self.notice) + 1, banner)
-
-    def show_notice(self, text: str, kind: str = "warning") -> None:
-        """A message above the chat until its ✕ is pressed (what went wrong with the data
-        folder, what happened before a restart, a device that came up short)."""
-        self.notice.add(text, kind)
 
     def _on_download_news(self, _number: int) -> None:
         n = len(self.downloads.running())
         self.get_models_action.setText(f"Get models… ({n} downloading)" if n else "Get models…")
-
-    def _on_download_ended(self, number: int) -> None:
-        """A download that ends while Get models is shut says so here (Open, or why not)."""
-        from app.widgets.downloads import DONE, FAILED
-
-        dialog = self.models.hub_dialog
-        if dialog is not None and dialog.isVisible():
-            return  # the dialog says it
-        d = self.downloads.get(number)
-        if d.state == DONE and d.fetched is not None:
-            got = d.fetched
-            model, proj = str(got.model), str(got.projector) if got.projector else ""
-            self.notice.add(f"Downloaded {got.model.name}" + (f" with {got.projector.name}" if got.projector else "")
-                            + f" to {got.model.parent}.", "info",
-                            action=("Open it", lambda: self.models.open_pair(model, proj)))
-        elif d.state == FAILED:
-            self.show_error(f"The download of {d.name} stopped: {d.words} (Model → Get models… "
-                            "goes on from where it stopped)")
-
-    def show_error(self, text: str) -> None:
-        """An error, where the user looks (above the chat) and until read; stderr too."""
-        self.last_error = text
-        print(f"ebb: error: {text}", file=sys.stderr, flush=True)
-        self.notice.add(text, "error")
 
     # ------------------------------------------------------------ conversations
 
@@ -388,8 +360,8 @@ class MainWindow(QMainWindow):
     def _on_chat_deleted(self, cid: int) -> None:
         self.request_forget.emit(chat_tag(cid))  # the model's memory of it goes at once
         title = self.store.title(cid)
-        self.notice.add(f"Deleted “{title}”.", "info", ("Undo", lambda: self.chats.undo_delete(cid)),
-                        timeout_s=UNDO_S)
+        self.notices.say(f"Deleted “{title}”.", "info", ("Undo", lambda: self.chats.undo_delete(cid)),
+                         timeout_s=UNDO_S)
 
     # ------------------------------------------------------------ versions and branches
 
@@ -406,7 +378,7 @@ class MainWindow(QMainWindow):
             try:
                 self.store.settings.set("chat_presets", presets)
             except EbbError as exc:  # a full disk: said, the dialog goes on
-                self.show_error(str(exc))
+                self.notices.error(str(exc))
 
         dlg = ChatSettingsDialog(self.store.title(self.conv_id), chat_params(self.store, self.conv_id), self,
                                  presets=self.settings().chat_presets,
@@ -421,7 +393,7 @@ class MainWindow(QMainWindow):
                 self.gen_params = replace(default_gen_params(self.settings()),
                                           max_tokens=self.gen_params.max_tokens)
         except EbbError as exc:
-            self.show_error(str(exc))
+            self.notices.error(str(exc))
             return
         self.sending.send_history()
         if not self.chat.busy:  # the system prompt's line above the chat
@@ -490,24 +462,6 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ user actions
 
-    def dragEnterEvent(self, e: QDragEnterEvent) -> None:
-        if e.mimeData().hasUrls() or e.mimeData().hasImage():
-            e.acceptProposedAction()
-
-    def dropEvent(self, e: QDropEvent) -> None:
-        self.composer.edit.insertFromMimeData(e.mimeData())
-        e.acceptProposedAction()
-
-    @Slot()
-    def _on_attach(self) -> None:
-        from app.widgets.start_folder import Location, start_folder
-        from engine.media.kinds import attach_filter
-
-        start = str(start_folder(Location.PicturesLocation))
-        paths, _ = QFileDialog.getOpenFileNames(
-            self, "Attach pictures, clips, videos, PDFs or text files", start, attach_filter())
-        self.composer.attach_all([Path(p) for p in paths])
-
     def _on_vision_toggled(self, on: bool) -> None:
         if on and "Turn vision on" in self.composer.error.text():  # no longer true
             self.composer.error.hide()
@@ -545,13 +499,12 @@ class MainWindow(QMainWindow):
                                      f"{images}{gone}", 8000)
 
     def _on_engine_failed(self, ev: events.EngineFailed) -> None:
-        self.last_error = ev.message
         self.panel.set_live(False)
         self.progress.hide()
         failed = self.chat.fail()
         if failed is not None:
             self.sending.give_back(failed, ev.message)
-        self.show_error(ev.message)
+        self.notices.error(ev.message)
         if not self.chat.loaded:  # a load that failed: no "Loading…" left standing
             self.statusBar().clearMessage()
             self.transcript.setPlaceholderText("No model is loaded: File → Open model… (what went "

@@ -17,7 +17,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal, Slot
 
 from app.core.chat_state import ChatHistory
-from app.core.settings import resolve_paths
+from app.core.settings import resolve_model
 from engine import events
 from engine.config import SessionConfig
 from engine.conversation import ReplyState
@@ -161,7 +161,8 @@ class EngineWorker(QObject):
 
         for endpoint in rpc:
             connect_rpc(endpoint)
-        s = Session(replace(resolve_paths(cfg), rpc=tuple(rpc)), emit=self.engine_event.emit)
+        resolved, files = resolve_model(cfg)
+        s = Session(replace(resolved, rpc=tuple(rpc)), emit=self.engine_event.emit, files=files)
         self._session = s
         self._loaded_with = (cfg, list(rpc))
         self._announce(s)
@@ -296,14 +297,15 @@ class EngineWorker(QObject):
         try:
             self._close_session()
             self._loaded_with = None
-            cfg = replace(resolve_paths(cfg), rpc=tuple(rpc))  # what to measure (threads searched)
+            resolved, files = resolve_model(cfg)
+            cfg = replace(resolved, rpc=tuple(rpc))  # what to measure (threads searched)
             accel = pick_accelerator(cfg.rpc, cfg.accel)
             if accel is None:
                 raise EbbError("there is no accelerator to tune for: add an RPC server in Settings "
                                "or use a GPU")
             budget = session_budget or cfg.vram_budget_bytes or default_budget(accel)
             result = tune_for(
-                cfg, accel, budget, cancel=self._tune_cancel,
+                cfg, accel, budget, cancel=self._tune_cancel, files=files,
                 on_point=lambda p, top: self.engine_event.emit(events.TunePoint(
                     0, layers=p.layers, prompt_tps=p.prompt_tps, gen_tps=p.gen_tps,
                     prompt_tps_by_threads=p.prompt_tps_by_threads,

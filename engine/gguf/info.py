@@ -214,10 +214,11 @@ def merge_parts(parts: list[GGUFFile]) -> GGUFFile:
                    tensors=tuple(t for p in parts for t in p.tensors))
 
 
-# Headers read, by file version (engine/gguf/kept_headers.py): one Tune or load asks for the
-# same model's header from planning, measuring, loading and the demo projector, and read it six
-# times (#54). GGUFFile is frozen and nobody writes its metadata: shared safely. A version seen
-# by an earlier run is read back from disk instead of parsed.
+# Headers read, by file version (engine/gguf/kept_headers.py): the window's load and Tune read
+# each header once into a ModelFiles (engine/gguf/model_files.py) and pass it down; the CLI,
+# the benches and the endpoint ask again, and get the header parsed before. GGUFFile is frozen
+# and nobody writes its metadata: shared safely. A version seen by an earlier run is read back
+# from disk instead of parsed.
 _HEADERS: OrderedDict[kept_headers.Version, GGUFFile] = OrderedDict()
 _HEADERS_KEPT = 8
 _HEADERS_LOCK = threading.Lock()

@@ -10,6 +10,7 @@ from typing import Callable
 
 from engine.config import SessionConfig, flash_attn_for
 from engine.errors import EbbError
+from engine.gguf.model_files import ModelFiles
 from engine.measure.autotune import FA_FILL, Measurer, Point, TuneResult, autotune, max_layers
 
 
@@ -24,19 +25,17 @@ def tune_for(cfg: SessionConfig, accel: str, budget: int,
              on_flash: Callable[[int], None] | None = None,
              cancel: threading.Event | None = None, choose_flash_attn: bool = True,
              flash_history: int = FA_FILL, prompt_tokens: int = 256,
-             gen_tokens: int = 48) -> TuneResult:
+             gen_tokens: int = 48, files: ModelFiles | None = None) -> TuneResult:
     """`on_point(point, max_layers)` after each run; `on_flash(runs)` before flash attention's.
     Each run times a prompt of `prompt_tokens` and `gen_tokens` generated (fewer: a quicker,
-    noisier tune)."""
-    from engine.gguf.info import check_projector_matches, model_info, projector_info, read_gguf
+    noisier tune). `files`: the model's and projector's headers, when read already."""
     from engine.llama.loaded_model import check_context
     from engine.placement.plan import projector_need_bytes
 
     cfg = replace(cfg, flash_attn=flash_attn_for(cfg, accel))  # auto: on (it tunes a device)
-    info = model_info(read_gguf(cfg.model_path))
-    proj = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
-    if proj is not None:
-        check_projector_matches(info, proj)
+    if files is None or (files.model_path, files.mmproj_path) != (cfg.model_path, cfg.mmproj_path):
+        files = ModelFiles.read(cfg.model_path, cfg.mmproj_path)
+    info, proj = files.info, files.proj
     n_ctx = check_context(info, cfg.n_ctx)
     headroom = projector_room(cfg, projector_need_bytes(proj, cfg.flash)) if proj else 0
     live = cfg.mover != "reload"

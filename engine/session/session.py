@@ -32,13 +32,7 @@ from engine.config import SessionConfig, flash_attn_for, thread_plan
 from engine.conversation import Conversation, History, HistoryTurn
 from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
-from engine.gguf.info import (
-    SoundRefused,
-    check_projector_matches,
-    model_info,
-    projector_info,
-    read_gguf,
-)
+from engine.gguf.model_files import ModelFiles
 from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
 from engine.llama.loaded_model import check_context
@@ -59,29 +53,30 @@ __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResul
 
 
 class Session:
-    def __init__(self, cfg: SessionConfig, emit: Callable[[events.Event], None] | None = None) -> None:
+    def __init__(self, cfg: SessionConfig, emit: Callable[[events.Event], None] | None = None,
+                 files: ModelFiles | None = None) -> None:
+        """`files`: the model's and projector's headers when the caller has read them (the
+        window's worker, once per load or Tune); else read here."""
         if cfg.phases is not None:  # autotune's per-phase choice, unless the user set a value
             ph = cfg.phases
             cfg = replace(cfg, gpu_layers=ph.gen_layers if cfg.gpu_layers is None else cfg.gpu_layers,
                           n_threads=ph.gen_threads or cfg.n_threads,
                           n_threads_batch=ph.prompt_threads or cfg.n_threads_batch)
-        self.cfg = cfg
         self._emit = emit or (lambda ev: None)
-        self.info = model_info(read_gguf(cfg.model_path))
+        if files is None or (files.model_path, files.mmproj_path) != (cfg.model_path, cfg.mmproj_path):
+            files = ModelFiles.read(cfg.model_path, cfg.mmproj_path)
+        self.files = files
+        self.info = files.info
         self.n_ctx = check_context(self.info, cfg.n_ctx)
         self.threads = thread_plan(cfg, physical_cores())  # every phase's, in one place
         self.n_threads = self.threads.gen
         # why the projector given is not used (sound this llama.cpp cannot encode): the model
         # then runs for text, and the window, the CLI and the endpoint say so
-        self.projector_refused = ""
-        try:
-            self.proj_info = projector_info(read_gguf(cfg.mmproj_path)) if cfg.mmproj_path else None
-        except SoundRefused as exc:
-            self.projector_refused = f"{exc.what}: sound is off, the model answers text"
-            cfg = self.cfg = replace(cfg, mmproj_path=None)
-            self.proj_info = None
-        if self.proj_info is not None:
-            check_projector_matches(self.info, self.proj_info)
+        self.projector_refused = files.projector_refused
+        self.proj_info = files.proj
+        if files.projector_refused:
+            cfg = replace(cfg, mmproj_path=None)
+        self.cfg = cfg
         self.abandoned = False
         # the conversation, what its template is given and its last reply's life (ReplyState:
         # an open one is continued from the KV cache, with no prefill)
@@ -550,7 +545,7 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
     try:
         return session, run(session)
     except DeviceLost as exc:
-        new = Session(replace(session.cfg, accel=None), emit=emit)
+        new = Session(replace(session.cfg, accel=None), emit=emit, files=session.files)
         new.adopt_conversation(session)
         session.close()  # abandoned: drops its handles without touching the lost device
         res = run(new)
