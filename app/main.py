@@ -106,7 +106,7 @@ def _test_hooks(window: MainWindow, app: QApplication, noticed: bool = False) ->
         sent = False
 
         @Slot(object)
-        def on_event(self, ev: Any) -> None:
+        def on_event(self, ev: events.Event) -> None:
             if isinstance(ev, events.ModelLoaded) and not self.sent:
                 self.sent = True
                 window.composer.edit.setPlainText(text)

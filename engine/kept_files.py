@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import io
 import json
 import os
 import struct
@@ -58,7 +59,7 @@ def digests(data: "bytes | bytearray | memoryview") -> dict[str, Any]:
             "xxh3_chunks": [_xxh3(view[i:i + HASH_CHUNK]) for i in range(0, len(view), HASH_CHUNK)]}
 
 
-def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
+def read_header(f: io.BufferedIOBase, magic: bytes, limit: int) -> dict[str, Any]:
     """A kept file's JSON header (after `magic` and its 8-byte length), the file left at the
     data; ValueError when it is not one."""
     if f.read(len(magic)) != magic:
@@ -72,7 +73,7 @@ def read_header(f: Any, magic: bytes, limit: int) -> dict[str, Any]:
     return head
 
 
-def read_checked(f: Any, head: dict[str, Any],
+def read_checked(f: io.BufferedIOBase, head: dict[str, Any],
                  cancel: threading.Event | None = None) -> bytearray | None:
     """The bytes after the header, read into place and checked against the header's hashes
     (ValueError when they differ, or the file is shorter or longer); None when `cancel` was set
@@ -107,7 +108,7 @@ def read_checked(f: Any, head: dict[str, Any],
     return data
 
 
-def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: Any) -> bool:
+def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: bytes | bytearray | memoryview) -> bool:
     """`magic`, the header's length, the header, then `data`, through a temporary file and a
     rename; False (and nothing left) when the disk refused (full, read-only)."""
     raw = json.dumps(head, separators=(",", ":")).encode()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from PySide6 import __version__ as pyside_version
 from PySide6.QtCore import Qt, qVersion
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.events import DeviceInfo, LoadDetails
 
@@ -59,7 +59,7 @@ def diagnostics_text(facts: list[tuple[str, str]], devices: Sequence[DeviceInfo]
 
 
 class AboutDialog(QDialog):
-    def __init__(self, facts: list[tuple[str, str]], diagnostics: str, parent: Any = None) -> None:
+    def __init__(self, facts: list[tuple[str, str]], diagnostics: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("About Ebb")
         self.diagnostics = diagnostics

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from PySide6.QtWidgets import (
+    QWidget,
     QCheckBox,
     QComboBox,
     QDialog,
@@ -27,7 +28,7 @@ class ChatSettingsDialog(QDialog):
     """`presets`: the user's own named settings (Settings' "chat_presets"); `save_presets`
     keeps them when one is saved. The built-in ones (app/core/settings.py) come first."""
 
-    def __init__(self, title: str, values: ChatParams, parent: Any = None,
+    def __init__(self, title: str, values: ChatParams, parent: QWidget | None = None,
                  presets: dict[str, dict[str, Any]] | None = None,
                  save_presets: Callable[[dict[str, dict[str, Any]]], None] | None = None) -> None:
         super().__init__(parent)

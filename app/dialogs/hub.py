@@ -62,7 +62,7 @@ class HubDialog(QDialog):
 
     def __init__(self, settings: Settings, machine: Machine,
                  save_setting: Callable[[str, Any], None], downloads: Downloads,
-                 parent: Any = None) -> None:
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Get models")
         self.resize(980, 600)
@@ -210,7 +210,7 @@ class HubDialog(QDialog):
         self.status.setText(f"{len(hits)} found" if hits else "Nothing found: try other words"
                             + (", or untick Can see images" if self.images.isChecked() else ""))
 
-    def _on_repo(self, item: Any, _previous: Any = None) -> None:
+    def _on_repo(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
         from engine.hub.catalog import repo_files
 
         if item is None:

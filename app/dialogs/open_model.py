@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
+    QWidget,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -94,7 +94,7 @@ def estimate(model: Path, mmproj: str, settings: Settings) -> str:
 
 
 class ModelPicker(QDialog):
-    def __init__(self, settings: Settings, parent: Any = None) -> None:
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.resize(760, 460)
@@ -152,7 +152,7 @@ class ModelPicker(QDialog):
         item.setData(Qt.ItemDataRole.UserRole, str(path))
         item.setToolTip(str(path))
 
-    def _on_model(self, item: Any, _previous: Any = None) -> None:
+    def _on_model(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
         if item is not None:
             self.model_path.setText(str(item.data(Qt.ItemDataRole.UserRole)))
 

@@ -24,7 +24,7 @@ Rows = list[tuple[str, QWidget]]  # a section's rows of the form, in order
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, v: Settings, parent: Any = None,
+    def __init__(self, v: Settings, parent: QWidget | None = None,
                  memory_usage: tuple[int, int] = (0, 0)) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")

@@ -8,7 +8,7 @@ from typing import Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from engine.tune_result import FlashChoice, TuneResult
 
@@ -22,7 +22,7 @@ class TuneDialog(QDialog):
     stop = Signal()
     start = Signal()  # the user asked for the runs (they do not begin when the dialog opens)
 
-    def __init__(self, parent: Any = None) -> None:
+    def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Tune layers and threads per phase")
         self.resize(760, 580)

@@ -8,6 +8,7 @@ from typing import Any
 
 from PySide6.QtCore import QTimer, Slot
 from PySide6.QtWidgets import (
+    QWidget,
     QComboBox,
     QDialog,
     QFormLayout,
@@ -81,7 +82,7 @@ def feed(telemetry: Telemetry, r: dict[str, Any], t0: float) -> None:
 
 
 class WhatIfDialog(QDialog):
-    def __init__(self, model: str, mmproj: str, ctx: int, parent: Any = None) -> None:
+    def __init__(self, model: str, mmproj: str, ctx: int, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("What if…")
         self.resize(820, 760)

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QMetaObject, Qt
+from PySide6.QtWidgets import QLabel
 
 from app.core.settings import Settings
+from app.mainwindow.worker import EngineWorker
 from engine.server.api.common import ApiError
 from engine.server.jobs import Job, QueuedBackend, read_ahead
 
@@ -24,7 +26,7 @@ DEFAULT_QUEUE = 8
 
 
 class WindowBackend(QueuedBackend):
-    def __init__(self, worker: Any, max_queue: int = DEFAULT_QUEUE) -> None:
+    def __init__(self, worker: EngineWorker, max_queue: int = DEFAULT_QUEUE) -> None:
         super().__init__(max_queue)
         self.worker = worker
         self.image_dir = Path(tempfile.mkdtemp(prefix="ebb-window-server-"))
@@ -78,7 +80,7 @@ class LocalServer:
     (`apply`), its address and count in a status-bar label, stopped when the window closes.
     Problems go to `notify` (the window's notice area). GUI thread."""
 
-    def __init__(self, worker: Any, label: Any, notify: Callable[[str], None]) -> None:
+    def __init__(self, worker: EngineWorker, label: QLabel, notify: Callable[[str], None]) -> None:
         self.backend = WindowBackend(worker)
         worker.server_backend = self.backend
         self.label = label  # a QLabel in the status bar, shown while serving

@@ -5,6 +5,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from app.dialogs.tune import TuneDialog
+from engine import events
 from engine.tune_result import TuneResult
 
 
@@ -23,8 +24,6 @@ class TuneController:
         self.dialog: TuneDialog | None = None
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:
-        from engine import events
-
         return {events.TunePoint: self.on_point, events.TuneNote: self.on_note,
                 events.TuneFinished: self.on_finished}
 
@@ -78,16 +77,16 @@ class TuneController:
             f"threads" + (f" · flash attention {'on' if chosen['flash_attn'] else 'off'}"
                           if "flash_attn" in chosen else "") + " (Settings to change)", 15000)
 
-    def on_point(self, ev: Any) -> None:
+    def on_point(self, ev: events.TunePoint) -> None:
         if self.dialog is not None:
             self.dialog.add_point(ev.layers, ev.prompt_tps, ev.gen_tps, ev.prompt_tps_by_threads,
                                   ev.gen_tps_by_threads, ev.max_layers)
 
-    def on_note(self, ev: Any) -> None:
+    def on_note(self, ev: events.TuneNote) -> None:
         if self.dialog is not None:
             self.dialog.note(ev.text)
 
-    def on_finished(self, ev: Any) -> None:
+    def on_finished(self, ev: events.TuneFinished) -> None:
         if self.dialog is not None:
             self.dialog.finish(ev.result)
 

@@ -16,6 +16,7 @@ from PySide6.QtGui import (
     QCloseEvent,
     QGuiApplication,
     QKeySequence,
+    QResizeEvent,
 )
 from PySide6.QtWidgets import (
     QFrame,
@@ -254,7 +255,7 @@ class MainWindow(QMainWindow):
             self.model_label.setToolTip(f"{text}\n\n{why}")
         self._fit_model_label()
 
-    def resizeEvent(self, e: Any) -> None:
+    def resizeEvent(self, e: QResizeEvent) -> None:
         super().resizeEvent(e)
         self._fit_model_label()
 

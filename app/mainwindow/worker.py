@@ -24,6 +24,7 @@ from engine.conversation import ReplyState
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from engine.session import Session, turn_with_recovery
+from engine.server.jobs import Job
 
 
 class TextStream:
@@ -82,11 +83,11 @@ class EngineWorker(QObject):
         session = self._session
         saved = session.save_conversation()
 
-        def answer(j: Any) -> Answer:
+        def answer(j: Job) -> Answer:
             self._session, result = answer_job(session, j, saved.system)
             return result
 
-        def answered(j: Any, a: Answer) -> None:  # before the client hears
+        def answered(j: Job, a: Answer) -> None:  # before the client hears
             backend.served += 1
             self.engine_event.emit(events.ServerTurn(
                 a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
@@ -200,15 +201,18 @@ class EngineWorker(QObject):
                 devices=tuple(list_devices(s.cfg.rpc)))))
 
     @Slot(object)
-    def set_history(self, history: Any) -> None:
+    def set_history(self, history: ChatHistory | list[tuple[str, str, list[str]]]) -> None:
         """The open chat's messages (a list), or a ChatHistory with its system prompt too."""
         if self._session is None:
             return
+        turns: list[tuple[str, str, list[str]]]
         tag, superseded = "", None
-        if isinstance(history, ChatHistory):
+        if not isinstance(history, ChatHistory):
+            turns = history
+        else:
             self._session.set_system(history.system)
-            history, tag, superseded = history.turns, history.tag, history.superseded
-        self._session.set_history(history, tag)
+            turns, tag, superseded = history.turns, history.tag, history.superseded
+        self._session.set_history(turns, tag)
         # the model's memory of the chat back from disk now, while the user reads and types;
         # a Send waits behind it (the same thread), another chat opened stops it
         try:

@@ -7,9 +7,9 @@ It changes which conversation is open through ChatState (app/core/chat_state.py)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QInputDialog,
@@ -77,7 +77,7 @@ class ConversationList(QWidget):
         self.refresh()
         self.opened.emit()
 
-    def _on_selected(self, item: QListWidgetItem | None, _prev: Any) -> None:
+    def _on_selected(self, item: QListWidgetItem | None, _prev: QListWidgetItem | None) -> None:
         if item is None:
             return
         self.open_item(item)
@@ -101,7 +101,7 @@ class ConversationList(QWidget):
         found, self.found = self.found, None
         return found
 
-    def _on_menu(self, pos: Any) -> None:
+    def _on_menu(self, pos: QPoint) -> None:
         item = self.list.itemAt(pos)
         if item is None:
             return

@@ -73,7 +73,7 @@ class Downloads(QObject):
     _stopped = Signal(int)
     _failed = Signal(int, str)
 
-    def __init__(self, parent: Any = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.all: list[Download] = []
         self._progress.connect(self._on_progress)

@@ -4,9 +4,10 @@ line fills it); whatever went wrong is said here. GUI thread only.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -96,7 +97,7 @@ class NoticeArea(QScrollArea):
         cap = int(window.height() * SHARE_OF_WINDOW) if window is not self else height
         return QSize(want.width(), max(0, min(height, max(cap, 60))))
 
-    def resizeEvent(self, event: Any) -> None:
+    def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
         self.updateGeometry()
 

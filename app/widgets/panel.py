@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Slot
-from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
+from PySide6.QtGui import QColor, QHelpEvent, QPainter, QPaintEvent, QPen, QResizeEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -152,8 +152,8 @@ class ResidencyMap(QWidget):
             since = f", there for {max(0.0, time.monotonic() - cell.since_s):.1f} s"
         return f"{cell.name}: {where}{size}{since}"
 
-    def event(self, e: Any) -> bool:
-        if e.type() == QEvent.Type.ToolTip:
+    def event(self, e: QEvent) -> bool:
+        if isinstance(e, QHelpEvent) and e.type() == QEvent.Type.ToolTip:
             cell = self.cell_at(QPointF(e.pos()))
             if cell is not None:
                 QToolTip.showText(e.globalPos(), self.tooltip_for(cell), self)
@@ -200,7 +200,7 @@ class ElidedLabel(QLabel):
         """The whole text's width: a layout that can give it gets it all, else it is cut."""
         return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
 
-    def resizeEvent(self, e: Any) -> None:  # noqa: N802 - Qt's name
+    def resizeEvent(self, e: QResizeEvent) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(e)
         self._elide()
 

@@ -3,15 +3,14 @@ scrolled when larger; Esc or Close leaves. GUI thread only."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QPixmap
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QScrollArea, QVBoxLayout
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 
 class PictureViewer(QDialog):
-    def __init__(self, path: Path, parent: Any = None) -> None:
+    def __init__(self, path: Path, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle(Path(path).name)
         pix = QPixmap(str(path))

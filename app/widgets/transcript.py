@@ -29,7 +29,7 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
 )
-from PySide6.QtWidgets import QTextBrowser, QTextEdit
+from PySide6.QtWidgets import QTextBrowser, QTextEdit, QWidget
 
 from app.sound.clips import ClipPlayer, describe
 from app.core.markdown import Part, code_html, open_code_body, split_all, split_finished
@@ -52,7 +52,7 @@ class Transcript(QTextBrowser):
     problem = Signal(str)  # something the user asked for cannot be done (a clip cannot play)
     view_picture = Signal(str)  # a thumbnail was clicked: its picture's path, to show full size
 
-    def __init__(self, parent: Any = None) -> None:
+    def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setOpenLinks(False)  # anchors are ours: copy:N, and http(s) to the browser
         self.anchorClicked.connect(self._on_anchor)

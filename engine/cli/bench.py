@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.cli.common import flag_parser, flash_attn_arg
+from engine.cli.common import Subcommands, flag_parser, flash_attn_arg
 from engine.errors import EbbError
 from engine.paths import engine_argv
 from engine.units import fmt_bytes
@@ -230,7 +230,7 @@ def cmd_bench_autotune(args: argparse.Namespace) -> int:
     from engine.gguf.info import model_info, read_gguf
     from engine.models.default import resolve_model_path
     from engine.llama.devices import connect_rpc
-    from engine.measure.autotune import Measurer, autotune, max_layers, sweep
+    from engine.measure.autotune import Measurer, Point, autotune, max_layers, sweep
     from engine.units import parse_size
 
     model = resolve_model_path(args.model)
@@ -244,7 +244,7 @@ def cmd_bench_autotune(args: argparse.Namespace) -> int:
     try:
         accel = connect_rpc(rpc[0])[0]
 
-        def log(p: Any) -> None:
+        def log(p: Point) -> None:
             print(f"  {p.layers} layers: prompt {p.prompt_tps:.0f}, gen {p.gen_tps:.1f} tok/s",
                   file=sys.stderr, flush=True)
 
@@ -512,7 +512,7 @@ def cmd_bench_reopen(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     benches = p.add_subparsers(dest="bench", required=True)
     for b in BENCHES:

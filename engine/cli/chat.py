@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import (
+    Subcommands,
     EXIT_INTERRUPTED,
     EXIT_USER_ERROR,
     flag_parser,
@@ -217,7 +218,7 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
 SESSION_FLAGS = ("rpc", "model", "mmproj", "threads", "vram-budget", "no-flash-attn")
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("chat", help="chat with a model from the terminal",
                        parents=[flag_parser(*SESSION_FLAGS)])
     p.add_argument("--prompt", default=None)

@@ -6,7 +6,11 @@ import argparse
 import os
 import signal
 import threading
-from typing import Any
+from types import FrameType
+from typing import Callable, TypeAlias
+
+# what `add_subparsers()` gives, where each command registers itself
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -20,7 +24,7 @@ def flag_parser(*flags: str) -> argparse.ArgumentParser:
     return p
 
 
-FLAGS: dict[str, Any] = {
+FLAGS: dict[str, Callable[[argparse.ArgumentParser], object]] = {
     "rpc": lambda p: p.add_argument("--rpc", action="append", default=[], metavar="HOST:PORT",
                                     help="add a ggml RPC server's devices (repeatable)"),
     "json": lambda p: p.add_argument("--json", action="store_true", help="print JSON"),
@@ -42,7 +46,7 @@ FLAGS: dict[str, Any] = {
 }
 
 
-def flash_attn_arg(args: Any) -> bool | None:
+def flash_attn_arg(args: argparse.Namespace) -> bool | None:
     """--flash-attn as SessionConfig.flash_attn: None for auto."""
     from engine.config import flash_choice
 
@@ -53,7 +57,7 @@ def exit_on_interrupt() -> None:
     """Until a command can stop gracefully, Ctrl-C ends the process at once: one line, exit 130
     (nothing is half-written then: the engine writes its files atomically). A model load is one
     long call into llama.cpp; its progress callback lets this handler run during it."""
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         os.write(2, b"ebb-engine: interrupted\n")
         os._exit(EXIT_INTERRUPTED)
     signal.signal(signal.SIGINT, handler)
@@ -61,7 +65,7 @@ def exit_on_interrupt() -> None:
 
 def install_sigint(cancel: threading.Event) -> None:
     """First Ctrl-C asks the generation to stop between tokens; a second one aborts."""
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if cancel.is_set():
             raise KeyboardInterrupt
         cancel.set()

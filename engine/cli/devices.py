@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-from engine.cli.common import flag_parser
+from engine.cli.common import Subcommands, flag_parser
 from engine.units import fmt_bytes
 
 
@@ -79,7 +78,7 @@ def cmd_rpc_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("devices", help="the devices llama.cpp sees", parents=[flag_parser("rpc", "json")])
     p.set_defaults(func=cmd_devices)
 
@@ -163,7 +162,7 @@ def cmd_native_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_native_check(sub: Any) -> None:
+def _register_native_check(sub: Subcommands) -> None:
     p = sub.add_parser("native-check", help="load a model and decode one token (setup's smoke "
                                             "test; run it in a child process)")
     p.add_argument("--model", default=None, help="default: the default model")

@@ -4,9 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from engine.cli.common import flag_parser, flash_attn_arg
+from engine.cli.common import Subcommands, flag_parser, flash_attn_arg
 from engine.errors import EbbError
 from engine.gguf.families import GENERATED as FAMILIES
 from engine.units import fmt_bytes
@@ -135,7 +134,7 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("inspect", help="what a model (and projector) holds, from its tensor table",
                        parents=[flag_parser("rpc", "mmproj", "json")])
     p.add_argument("model", help="GGUF path, or 'default'")

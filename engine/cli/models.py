@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import Any
 
-from engine.cli.common import flag_parser, install_sigint
+from engine.cli.common import Subcommands, flag_parser, install_sigint
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 
@@ -138,7 +138,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("models", help="find GGUF models on the Hugging Face Hub, judge them for "
                                       "this machine, download them")
     models = p.add_subparsers(dest="models_command", required=True)

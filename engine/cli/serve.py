@@ -7,10 +7,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from engine.cli.chat import SESSION_FLAGS, add_session_flags, session_config
-from engine.cli.common import flag_parser
+from engine.cli.common import Subcommands, flag_parser
 from engine.errors import EbbError
 
 
@@ -55,7 +56,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # conversation's state and the images folder is emptied. These end it through `finally`.
     import signal
 
-    def leave(signum: int, frame: Any) -> None:
+    def leave(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(130 if signum == signal.SIGINT else 0)
 
     signal.signal(signal.SIGTERM, leave)
@@ -73,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP endpoint (/v1/chat/completions)",
                        parents=[flag_parser(*SESSION_FLAGS)])
     p.add_argument("--host", default="127.0.0.1",

@@ -5,9 +5,8 @@ import argparse
 import json
 import sys
 import threading
-from typing import Any
 
-from engine.cli.common import flag_parser, flash_attn_arg, install_sigint
+from engine.cli.common import Subcommands, flag_parser, flash_attn_arg, install_sigint
 from engine.errors import EbbError
 from engine.units import fmt_bytes
 
@@ -161,7 +160,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: Subcommands) -> None:
     p = sub.add_parser("plan", help="what if: placement, memory and speed on a given accelerator",
                        parents=[flag_parser("rpc", "model", "mmproj", "threads", "json")])
     p.add_argument("--vram", required=True, metavar="SIZE", help="the accelerator's memory, e.g. 8GiB")

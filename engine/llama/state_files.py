@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import io
 import json
 import re
 import struct
@@ -121,7 +122,7 @@ class StateFiles:
                 self._index[p] = Entry(p, str(head.get("tag", "")), _py_keys(head["keys"]),
                                        p.stat().st_size)
 
-    def _read_header(self, path: Path, f: Any = None) -> dict[str, Any] | None:
+    def _read_header(self, path: Path, f: io.BufferedIOBase | None = None) -> dict[str, Any] | None:
         """The header of a state of this identity, else None (and a damaged file removed);
         from the open file `f` when given (left at the state's bytes)."""
         try:

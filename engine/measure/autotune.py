@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from engine.gguf.info import ModelInfo
 from engine.config import default_threads
 from engine.placement.plan import DoesNotFit, device_layers, plan_placement
 from engine.tune_result import FA_TIE, FlashChoice, Point, TuneResult
+
+if TYPE_CHECKING:
+    from engine.llama.runtime import TextRuntime
 
 PROMPT_TEXT = ("Ebb keeps the vision projector in system memory and borrows the accelerator "
                "only while an image is encoded. ")
@@ -161,7 +164,7 @@ class Measurer:
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("autotune cancelled")
 
-    def _time_phases(self, rt: Any, tokens: list[int], t: int) -> tuple[float, float, float]:
+    def _time_phases(self, rt: TextRuntime, tokens: list[int], t: int) -> tuple[float, float, float]:
         """(prompt, generation, image-sized prompt) tokens/s with `t` threads; the last is 0
         without image tokens to time."""
         rt.set_threads(t, t)

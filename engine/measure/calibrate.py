@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.placement.calibration import device_key, fit, save, to_json
 from engine.placement.plan import CPU
 
+if TYPE_CHECKING:
+    from engine.events import TurnResult
+
 # ---------------------------------------------------------------- measuring (loads models)
 
 
-def _span_s(res: Any, name: str) -> float:
+def _span_s(res: TurnResult, name: str) -> float:
     return float(sum(s.end_s - s.start_s for s in res.spans if s.name == name))
 
 
 def run_calibration(model_path: Path, mmproj_path: Path | None, rpc: tuple[str, ...],
                     budget: int | None, n_ctx: int, n_threads: int | None,
-                    flash_attn: bool = True, log: Any = None) -> dict[str, Any]:
+                    flash_attn: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure this machine and its accelerator; store and return the calibrations."""
     import tempfile
 

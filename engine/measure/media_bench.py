@@ -19,10 +19,13 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import SessionConfig
 from engine.llama.sampling import GenParams
+
+if TYPE_CHECKING:
+    from engine.events import TurnResult
 
 VISION_STEPS = ("evict", "load_projector", "encode", "free_projector", "restore", "plan")
 
@@ -47,11 +50,11 @@ def write_scenes(path: Path, n: int, size: tuple[int, int] = (224, 224)) -> Path
     return path
 
 
-def _vision_s(res: Any) -> float:
+def _vision_s(res: TurnResult) -> float:
     return float(sum(sp.end_s - sp.start_s for sp in res.spans if sp.name in VISION_STEPS))
 
 
-def _encode_s(res: Any) -> float:
+def _encode_s(res: TurnResult) -> float:
     return float(sum(sp.end_s - sp.start_s for sp in res.spans if sp.name == "encode"))
 
 

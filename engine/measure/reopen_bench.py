@@ -25,7 +25,11 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from engine.llama.runtime import TextRuntime
+    from engine.session import Session
 
 MODES = ("never_left", "restored", "never_left_paused", "opened", "evaluated")
 FILLER = ("The keeper of the lighthouse wrote in the log each night: the wind, the sea, the "
@@ -45,13 +49,13 @@ def _history(count: Callable[[str], int], n_tokens: int) -> list[tuple[str, str,
     return turns
 
 
-def _runtime(s: Any) -> Any:
+def _runtime(s: Session) -> TextRuntime:
     rt = s.model.runtime
     assert rt is not None, "the model is loaded"
     return rt
 
 
-def _forget_all(s: Any) -> None:
+def _forget_all(s: Session) -> None:
     """As a new process holds nothing: no KV cells, no RAM states, no encoded pictures."""
     _runtime(s).slot.reset()
     s.model.snapshots.clear()

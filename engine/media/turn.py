@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -67,7 +67,7 @@ class TurnMedia:
             enc.note_layout(k, b, counts[i])
         return prompt
 
-    def encode_new(self, prompt: Any, keys: list[str], images: list[LoadedMedia],
+    def encode_new(self, prompt: TokenizedPrompt | list[int], keys: list[str], images: list[LoadedMedia],
                    res: TurnResult, tl: Timeline, cancel: threading.Event | None = None,
                    before_restore: Callable[[int], None] | None = None) -> None:
         """Encode every image chunk of the prompt that is not cached yet (the message's images
@@ -117,7 +117,7 @@ class TurnMedia:
             res.reason += "".join(f"; {note}" for note in run.notes)
             res.device_notes = list(run.notes)
 
-    def prompt_items(self, prompt: Any, keys: list[str]) -> list[PromptItem]:
+    def prompt_items(self, prompt: TokenizedPrompt | list[int], keys: list[str]) -> list[PromptItem]:
         """What the runtime prefills: tokens, and each image chunk's cached embeddings."""
         if not isinstance(prompt, TokenizedPrompt):
             return list(prompt)

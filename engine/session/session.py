@@ -44,6 +44,7 @@ from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
 from engine.media.attachments import PICTURE_LABEL
 from engine.media.encoder import MediaEncoder
+from engine.media.projector import TokenizedPrompt
 from engine.media.turn import TurnMedia
 from engine.session.kept import KeptMemory
 from engine.session.prompt import ConversationPrompt
@@ -473,7 +474,8 @@ class Session:
         paths = [self.encoder.path_of(k) for k in turn.image_keys]
         return turn.text, [p for p in paths if p is not None]
 
-    def _generate(self, turn: HistoryTurn, prompt: Any, keys: list[str], gp: GenParams,
+    def _generate(self, turn: HistoryTurn, prompt: TokenizedPrompt | list[int], keys: list[str],
+                  gp: GenParams,
                   on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                   res: TurnResult, tl: Timeline) -> None:
         result = self._run_prompt(prompt, keys, gp, on_text, cancel, tl, chat=True)
@@ -486,7 +488,7 @@ class Session:
         self.chat.add_exchange(turn, result.text)
         self.chat.reply_ended(result.stop_reason)
 
-    def _run_prompt(self, prompt: Any, keys: list[str], gp: GenParams,
+    def _run_prompt(self, prompt: TokenizedPrompt | list[int], keys: list[str], gp: GenParams,
                     on_text: Callable[[str], None] | None, cancel: threading.Event | None,
                     tl: Timeline, chat: bool = False) -> GenResult:
         """Prefill `prompt` (tokens, or mtmd's chunks with the cached embeddings) and decode;
