@@ -109,6 +109,13 @@ def test_scrolling_follows_the_stream_unless_the_user_scrolled_up(view, qtbot):
     for i in range(40):
         view.stream(f"more {i}\n\n")
     assert bar.value() == held < bar.maximum()  # left where the user put it
+    bar.setValue(bar.maximum())
+    view.resize(600, 300)  # shorter: a notice came above the chat while the reply streamed
+    view.stream("after the notice\n\n")
+    assert bar.value() == bar.maximum()  # still followed
+    bar.setValue(bar.maximum() // 3)
+    view.resize(600, 250)
+    assert bar.value() < bar.maximum()  # a view the user scrolled up is not taken to the end
 
 
 def test_a_long_conversation_opens_newest_first_and_fills_in_upwards(view, tmp_path):

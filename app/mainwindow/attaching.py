@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, Slot
+from PySide6.QtCore import QObject, Slot
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QWidget
 
@@ -12,27 +12,24 @@ from app.widgets.composer import Composer
 
 
 class Attaching(QObject):
-    """Watches the window's drag and drop (the window accepts drops wherever the cursor is over
-    it; a child that does not take a drop passes it up) and runs Attach…'s file dialog."""
+    """Takes what is dragged onto the window (it accepts drops wherever the cursor is over it;
+    a child that does not take a drop passes it up: MainWindow's dragEnterEvent and dropEvent
+    hand them here) and runs Attach…'s file dialog. An event filter on the window would do the
+    same, at the price of a call into Python for every event the window gets (#54)."""
 
     def __init__(self, window: QWidget, composer: Composer) -> None:
         super().__init__(window)
         self.window = window
         self.composer = composer
         window.setAcceptDrops(True)
-        window.installEventFilter(self)
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.window:
-            if isinstance(event, QDragEnterEvent):
-                if event.mimeData().hasUrls() or event.mimeData().hasImage():
-                    event.acceptProposedAction()
-                return True
-            if isinstance(event, QDropEvent):
-                self.composer.edit.insertFromMimeData(event.mimeData())
-                event.acceptProposedAction()
-                return True
-        return super().eventFilter(watched, event)
+    def drag_enter(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def drop(self, event: QDropEvent) -> None:
+        self.composer.edit.insertFromMimeData(event.mimeData())
+        event.acceptProposedAction()
 
     @Slot()
     def choose(self) -> None:

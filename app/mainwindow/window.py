@@ -14,6 +14,8 @@ from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
     QGuiApplication,
     QKeySequence,
     QResizeEvent,
@@ -462,6 +464,12 @@ class MainWindow(QMainWindow):
         self.continue_button.setVisible(self.chat.can_continue())
 
     # ------------------------------------------------------------ user actions
+
+    def dragEnterEvent(self, e: QDragEnterEvent) -> None:
+        self.attaching.drag_enter(e)
+
+    def dropEvent(self, e: QDropEvent) -> None:
+        self.attaching.drop(e)
 
     def _on_vision_toggled(self, on: bool) -> None:
         if on and "Turn vision on" in self.composer.error.text():  # no longer true

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
+    QResizeEvent,
     QColor,
     QDesktopServices,
     QFont,
@@ -43,6 +44,16 @@ FIRST_MESSAGES = 40  # shown at once when a conversation opens
 BATCH = 20  # older messages added above them when scrolled near the top
 THUMB = 120  # thumbnail box, pixels (a click shows the picture full size)
 CODE_BG = "#f3f4f6"
+
+
+FLAT_SCROLLBAR = """
+QScrollBar:vertical { background: palette(base); width: 12px; margin: 0; border: none; }
+QScrollBar::handle:vertical { background: palette(mid); min-height: 28px; margin: 2px;
+                              border-radius: 4px; }
+QScrollBar::handle:vertical:hover { background: palette(dark); }
+QScrollBar::add-line:vertical, QScrollBar::sub-line:vertical { height: 0; border: none; }
+QScrollBar::add-page:vertical, QScrollBar::sub-page:vertical { background: none; }
+"""
 
 
 class Transcript(QTextBrowser):
@@ -72,6 +83,9 @@ class Transcript(QTextBrowser):
         self._filler = QTimer(self, singleShot=True, interval=0)
         self._filler.timeout.connect(self._add_older)
         self.verticalScrollBar().valueChanged.connect(self._near_top)
+        # a flat bar: it is repainted at every streamed update (its handle shrinks as the reply
+        # grows), and the Fusion style's gradients took half the GUI thread's time doing it (#54)
+        self.verticalScrollBar().setStyleSheet(FLAT_SCROLLBAR)
         self.work = 0  # characters laid out by stream() calls (a benchmark's and a test's gauge)
 
     # ------------------------------------------------------------ whole conversation
@@ -350,6 +364,14 @@ class Transcript(QTextBrowser):
         return super().loadResource(kind, url)
 
     # ------------------------------------------------------------ scrolling, links
+
+    def resizeEvent(self, e: QResizeEvent) -> None:
+        """A view at its end stays there when it gets shorter (a notice came above it while a
+        reply streamed: the reply stopped being followed)."""
+        at_end = self._at_bottom()
+        super().resizeEvent(e)
+        if at_end and not self._at_bottom():
+            self.scroll_to_end()
 
     def _at_bottom(self) -> bool:
         bar = self.verticalScrollBar()
