@@ -9,6 +9,7 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QObject, Slot
 from PySide6.QtWidgets import QApplication
+from app.mainwindow.parts import WindowParts
 
 FOLD_PANEL_BELOW = 1000  # px: a first start on a screen (or window) narrower folds the Memory panel
 PANEL_FOLDED = ("The Memory panel is folded to give the chat room on this screen: View → Memory "
@@ -21,8 +22,8 @@ class WindowLayout(QObject):
     connection ends with the window (a plain object's bound method would be held by the
     connection, and the window with it)."""
 
-    def __init__(self, window: Any) -> None:
-        super().__init__(window)
+    def __init__(self, window: WindowParts) -> None:
+        super().__init__(window.window())
         self.w = window
 
     def _states(self) -> tuple[tuple[str, Any, Any], ...]:

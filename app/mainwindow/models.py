@@ -16,10 +16,11 @@ from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
 from engine.units import parse_size
+from app.mainwindow.parts import WindowParts
 
 
 class Models:
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: WindowParts) -> None:
         self.w = window
         self.loaded: events.LoadDetails | None = None  # the last load's (About's diagnostics)
         self.loaded_model = ""  # the model that loaded last (not one that failed after it)
@@ -101,7 +102,7 @@ class Models:
         self.w.update_actions()
 
     def open_model(self) -> None:
-        dlg = ModelPicker(self.w.settings(), self.w)
+        dlg = ModelPicker(self.w.settings(), self.w.window())
         if dlg.exec() and not self.w.chat.busy:
             self.w.store.settings.set("model_folders", dlg.folders)
             model, mmproj = dlg.choice()
@@ -120,7 +121,7 @@ class Models:
         machine = machine_from_devices(devices, threads)
         if self.hub_dialog is None:  # one dialog: closed and opened again, it is as it was
             self.hub_dialog = HubDialog(settings, machine, self.w.store.settings.set,
-                                        self.w.downloads, self.w)
+                                        self.w.downloads, self.w.window())
             self.hub_dialog.open_pair.connect(self.open_pair)
         self.hub_dialog.machine = machine  # the devices of the model loaded now
         self.hub_dialog.show()
@@ -145,14 +146,14 @@ class Models:
         cfg = self.w.chat.last_cfg
         self.whatif_dialog = WhatIfDialog(str(cfg.model_path) if cfg else "default",
                                           str(cfg.mmproj_path or "") if cfg else "",
-                                          self.w.settings().ctx, self.w)
+                                          self.w.settings().ctx, self.w.window())
         self.whatif_dialog.show()
 
     def edit_settings(self) -> None:
         from engine.llama.state_files import folder_usage
 
         before = self.w.settings()
-        dlg = SettingsDialog(before, self.w, folder_usage(states_dir(self.w.store)))
+        dlg = SettingsDialog(before, self.w.window(), folder_usage(states_dir(self.w.store)))
         if dlg.exec():
             try:
                 for k, v in dlg.values().items():

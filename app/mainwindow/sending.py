@@ -27,6 +27,7 @@ from engine.media.attachments import split as split_ref
 from engine.media.kinds import CLIP, PICTURE, VIDEO, kind_of
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
+from app.mainwindow.parts import WindowParts
 
 # the streamed reply reaches the view 15 times a second: each update lays the text out and
 # repaints the transcript and its scroll bar (the Fusion style's fills wake Qt's painting
@@ -40,17 +41,17 @@ PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat'
 
 
 class Sending:
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: WindowParts) -> None:
         self.w = window
         self._copy_names: dict[str, str] = {}  # the store's copy → the user's file, per request
         self._last_history: ChatHistory | None = None  # the engine's, while it takes it up
         self._rate_shown_at = 0.0  # when the status line last said the live tokens/s
         # a reply a full disk kept from the store: tried again until it is written
-        self._retry_saving = QTimer(window, interval=RETRY_SAVE_MS)
+        self._retry_saving = QTimer(window.window(), interval=RETRY_SAVE_MS)
         self._retry_saving.timeout.connect(self._on_retry_saving)
-        self.redraw = QTimer(window, interval=REDRAW_MS)  # the stream into the transcript
+        self.redraw = QTimer(window.window(), interval=REDRAW_MS)  # the stream into the transcript
         self.redraw.timeout.connect(self.take_stream)
-        self._persist_when_idle = QTimer(window, interval=PERSIST_IDLE_MS, singleShot=True)
+        self._persist_when_idle = QTimer(window.window(), interval=PERSIST_IDLE_MS, singleShot=True)
         self._persist_when_idle.timeout.connect(self._on_idle)
 
     def handlers(self) -> dict[type, Callable[[Any], None]]:

@@ -7,6 +7,7 @@ from typing import Any, Callable
 from app.dialogs.tune import TuneDialog
 from engine import events
 from engine.tune_result import TuneResult
+from app.mainwindow.parts import WindowParts
 
 
 NO_ACCELERATOR = ("Tune measures tokens/s against how many layers sit on an accelerator, and this "
@@ -19,7 +20,7 @@ class TuneController:
     """Model → Tune layers… for the main window: opens the dialog, asks the worker to tune the
     loaded model, feeds the dialog its runs, and "Use these" into Settings (then a reload)."""
 
-    def __init__(self, window: Any) -> None:
+    def __init__(self, window: WindowParts) -> None:
         self.w = window
         self.dialog: TuneDialog | None = None
 
@@ -42,7 +43,7 @@ class TuneController:
                                   rpc=w.rpc_servers)
         # measure every layer count the budget allows, at every thread count of the grid
         cfg = replace(cfg, gpu_layers=None, n_threads=None, n_threads_batch=None, phases=None)
-        self.dialog = TuneDialog(w)
+        self.dialog = TuneDialog(w.window())
         self.dialog.stop.connect(w.worker.cancel)
         self.dialog.apply_result.connect(self.apply)
         dialog = self.dialog

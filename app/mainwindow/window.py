@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMenu,
     QProgressBar,
     QPushButton,
     QSizePolicy,
@@ -68,6 +69,8 @@ from engine.telemetry import Telemetry
 from app.mainwindow.attaching import Attaching
 from app.mainwindow.layout import WindowLayout
 from app.mainwindow.notices import Notices
+from app.mainwindow.standin_control import StandInControl
+from app.widgets.conversation_list import ConversationList
 
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 PANEL_MIN_WIDTH = 400  # px: narrower, the Memory panel scrolls instead of cutting its content off
@@ -83,6 +86,10 @@ class MainWindow(QMainWindow):
     request_state_budget = Signal(int)
     request_vision = Signal(bool)
     request_tune = Signal(object, object)
+    # made by _build_ui and _build_menu, read by the controllers (app/mainwindow/parts.py)
+    chats: ConversationList
+    view_menu: QMenu
+    standin: StandInControl
 
     def __init__(self, store: Store, load: SessionConfig | None, rpc: list[str] | None = None) -> None:
         super().__init__()
@@ -134,8 +141,6 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ building
 
     def _build_ui(self) -> None:
-        from app.widgets.conversation_list import ConversationList
-
         self.chats = ConversationList(self.store, self.chat, self.notices.error,
                                       self.statusBar().showMessage)
         self.chats.opened.connect(self._on_chat_opened)
@@ -305,8 +310,6 @@ class MainWindow(QMainWindow):
         self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
-        from app.mainwindow.standin_control import StandInControl
-
         self.standin = StandInControl(self, None if self.store.in_memory else self.store.folder,
                                       self.statusBar().showMessage, self.notices.error,
                                       self._on_standin_ready)
