@@ -20,7 +20,7 @@ from engine.synth.model_gen import ModelShape, write_model
 from engine.synth.projector_gen import write_audio_projector
 from engine.llama.sampling import GenParams
 from engine.session import Session, SessionConfig
-from engine.media.audio import write_tone
+from engine.synth.sounds import write_tone
 from tests.helpers import N_THREADS, agree_turn_by_turn, agree_where_decided
 from tests.media_files import write_encoded_tone
 from tests.mtmd_reference import reference_reply

@@ -12,6 +12,14 @@ from engine.server.api.chat import image_from_url, parse_chat_request
 from engine.server.api.common import ApiError, StopWatcher
 
 
+def read_call(text, tools, choice, fmt=None):
+    """The one call a reply makes, or None (text, or several calls)."""
+    from engine.server.tools import read_calls
+
+    calls = read_calls(text, tools, choice, fmt)
+    return calls[0] if len(calls) == 1 else None
+
+
 def user(content):
     return {"messages": [{"role": "user", "content": content}]}
 
@@ -272,7 +280,7 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
 
 
 def test_a_reply_is_a_call_only_when_it_is_one():
-    from engine.server.tools import CallGate, parse_tool_choice, parse_tools, read_call
+    from engine.server.tools import CallGate, parse_tool_choice, parse_tools
 
     tools = parse_tools([WEATHER])
     auto = parse_tool_choice("auto", tools)
@@ -305,7 +313,6 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
         grammar,
         parse_tool_choice,
         parse_tools,
-        read_call,
         template_format,
         template_id,
     )
@@ -475,7 +482,7 @@ def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
     from dataclasses import replace
 
     from engine.server.api.chat import parse_chat_request
-    from engine.server.tools import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_call, read_calls
+    from engine.server.tools import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_calls
 
     tools = parse_tools([WEATHER, TIME])
     auto = replace(parse_tool_choice("auto", tools), parallel=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QUrl
 
-from engine.media.audio import write_tone
+from engine.synth.sounds import write_tone
 from tests.helpers import open_window, send, shown_text, wait_for
 
 

@@ -362,13 +362,6 @@ def _call(text: str, usable: set[str], fmt: str | None) -> ToolCall | None:
                     json.dumps(obj.get(_ARGUMENTS.get(fmt or "", "arguments"), {})))
 
 
-def read_call(text: str, tools: tuple[Tool, ...], choice: ToolChoice,
-              fmt: str | None = None) -> ToolCall | None:
-    """The one call a reply makes, or None (text, or several calls)."""
-    calls = read_calls(text, tools, choice, fmt)
-    return calls[0] if len(calls) == 1 else None
-
-
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
