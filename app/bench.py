@@ -107,9 +107,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
             print(f"run {i + 1} {which:8s} {r['n_gen_tokens']:5d} tokens {tps:7.1f} tok/s "
                   f"stop={r['stop_reason']}{extra}", flush=True)
     w, h = statistics.median(win), statistics.median(head)
+    # each run against the headless one beside it (the machine's speed drifts between runs:
+    # 82 to 87 tok/s headless here, which the medians alone leave in)
+    paired = sorted(a / b for a, b in zip(win, head))
     print(f"median window {w:.1f} tok/s, headless {h:.1f} tok/s: window / headless = {w / h:.3f}; "
           f"the GUI thread used {statistics.median(gui):.1%} of one core while streaming "
-          f"(median; {args.runs} runs each, alternating)")
+          f"(median; {args.runs} runs each, alternating); run by run: median "
+          f"{statistics.median(paired):.3f}, from {paired[0]:.3f} to {paired[-1]:.3f}")
     return 0
 
 

@@ -34,7 +34,7 @@ from app.mainwindow.parts import WindowParts
 # threads), and on 2 cores every GUI cycle is taken from llama.cpp's threads (#54: 20 a second
 # cost the GUI thread 15 % more; a few tokens a step reads as smoothly)
 REDRAW_MS = 66
-RATE_EVERY_S = 0.5  # the status line's live tokens/s, this often
+RATE_EVERY_S = 1.0  # the status line's live tokens/s, this often
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
 PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat's memory to disk

@@ -31,7 +31,7 @@ from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 
 REFRESH_MS = 100  # the map and the steps follow the engine's events within this (each tick a call into Python)
-LIVE_REDRAW_S = 1.0  # while a reply runs and nothing else changes, the memory line reaches on this often
+LIVE_REDRAW_S = 2.0  # while a reply runs and nothing else changes, the memory line reaches on this often
 LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
