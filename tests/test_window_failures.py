@@ -392,3 +392,30 @@ def test_chat_settings_have_named_presets(qtbot):
     again.preset.setCurrentText("Pirate")
     again._on_preset(again.preset.currentIndex())
     assert again.values().system_prompt == "You are a pirate." and again.values().temperature == 0.2
+
+
+def test_the_safe_mode_banner_sits_under_the_notices_until_a_button_closes_it(qtbot, tmp_path, monkeypatch):
+    """app/main.py puts it there after a crash or while safe mode is on (Notices.add_banner)."""
+    from app import safe_mode
+    from app.mainwindow.window import MainWindow
+    from engine.llama import native
+    from tests.helpers import track_window
+
+    monkeypatch.setattr(native, "safe_mode_reason", lambda: "set in Settings")
+    store = fresh_store(tmp_path)
+    w = track_window(MainWindow(store, None, []))
+    qtbot.addWidget(w)
+    w.show()
+    w.notices.say("A note before it.")
+    banner = safe_mode.safe_mode_banner(store)
+    w.notices.add_banner(banner)
+    column = w.notices.area.parentWidget().layout()
+    assert column.indexOf(banner) == column.indexOf(w.notices.area) + 1
+    qtbot.waitUntil(banner.isVisible)
+    assert "Safe mode is on (set in Settings)" in banner.label.text()
+    w.grab().save(str(tmp_path / "banner.png"))
+    banner.buttons["Leave safe mode at the next start"].click()
+    assert store.settings.get(safe_mode.SAFE_MODE_SETTING) is False
+    qtbot.waitUntil(lambda: not banner.isVisible())
+    w.close()
+    store.close()
