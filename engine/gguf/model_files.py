@@ -42,3 +42,10 @@ class ModelFiles:
                        projector_refused=f"{exc.what}: sound is off, the model answers text")
         check_projector_matches(info, proj)
         return cls(model_path, info, mmproj_path, proj)
+
+    @classmethod
+    def of(cls, model_path: Path, mmproj_path: Path | None, known: ModelFiles | None) -> ModelFiles:
+        """`known` when it names these files (a caller read them), else read now."""
+        if known is not None and (known.model_path, known.mmproj_path) == (model_path, mmproj_path):
+            return known
+        return cls.read(model_path, mmproj_path)

@@ -33,8 +33,7 @@ def tune_for(cfg: SessionConfig, accel: str, budget: int,
     from engine.placement.plan import projector_need_bytes
 
     cfg = replace(cfg, flash_attn=flash_attn_for(cfg, accel))  # auto: on (it tunes a device)
-    if files is None or (files.model_path, files.mmproj_path) != (cfg.model_path, cfg.mmproj_path):
-        files = ModelFiles.read(cfg.model_path, cfg.mmproj_path)
+    files = ModelFiles.of(cfg.model_path, cfg.mmproj_path, files)
     info, proj = files.info, files.proj
     n_ctx = check_context(info, cfg.n_ctx)
     headroom = projector_room(cfg, projector_need_bytes(proj, cfg.flash)) if proj else 0

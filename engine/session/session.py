@@ -64,9 +64,7 @@ class Session:
                           n_threads=ph.gen_threads or cfg.n_threads,
                           n_threads_batch=ph.prompt_threads or cfg.n_threads_batch)
         self._emit = emit or (lambda ev: None)
-        if files is None or (files.model_path, files.mmproj_path) != (cfg.model_path, cfg.mmproj_path):
-            files = ModelFiles.read(cfg.model_path, cfg.mmproj_path)
-        self.files = files
+        self.files = files = ModelFiles.of(cfg.model_path, cfg.mmproj_path, files)
         self.info = files.info
         self.n_ctx = check_context(self.info, cfg.n_ctx)
         self.threads = thread_plan(cfg, physical_cores())  # every phase's, in one place
