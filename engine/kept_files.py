@@ -10,15 +10,26 @@ disk, a copy cut short), not tampering: XXH3 (the `xxhash` package) does that at
 where sha256 took 19 ms of a 21 MiB state's 23 ms from disk to the KV cache (#54). Files
 written before carry each piece's sha256, or one sha256 of the whole, and read back checked
 the same way.
+
+On Linux the bytes are not copied at all (`map_checked`): the file is mapped, its pages
+populated with `MADV_POPULATE_READ` (which answers a file cut short or a disk error with an
+error, where touching a mapped page past the end would be a SIGBUS) and hashed where they lie
+in the page cache. Reading 78 MiB into a fresh buffer took 43 ms here, 32 of them faulting the
+buffer's pages in; mapping and populating it takes 0.1 ms (#54). Elsewhere, and on kernels
+before 5.14, the bytes are read into a buffer as before.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import errno
 import hashlib
 import io
 import json
+import mmap
 import os
 import struct
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -106,6 +117,87 @@ def read_checked(f: io.BufferedIOBase, head: dict[str, Any],
     elif [p.result() for p in pending] != chunks:
         raise ValueError("the bytes do not match their header")
     return data
+
+
+MADV_POPULATE_READ = 22  # Linux 5.14: fault a range in, or fail with an error (no SIGBUS)
+_CAN_MAP = sys.platform.startswith("linux")
+
+
+class Mapped:
+    """A kept file's bytes where they lie, mapped (copy on write, never written) from the page
+    cache: what `map_checked` gives instead of a buffer. Its pages are populated before every
+    use (`populated`), so a file cut short or a disk error under it is an error, not a SIGBUS.
+    The mapping goes when the last reference to it does."""
+
+    def __init__(self, mm: mmap.mmap, offset: int, nbytes: int) -> None:
+        self._mm, self._offset, self._nbytes = mm, offset, nbytes
+
+    def __len__(self) -> int:
+        return self._nbytes
+
+    def view(self) -> memoryview:
+        return memoryview(self._mm)[self._offset:self._offset + self._nbytes]
+
+    def populated(self) -> bool:
+        """Every page is in memory and mapped (the kernel said so), so reading them cannot fault."""
+        return self.populate() == 0
+
+    def populate(self) -> int:
+        """0, or the errno the kernel answered (EINVAL: a kernel without MADV_POPULATE_READ;
+        EFAULT, EIO: the file is shorter than the mapping or the disk failed)."""
+        try:
+            self._mm.madvise(MADV_POPULATE_READ)
+            return 0
+        except OSError as e:
+            return e.errno or errno.EIO
+        except ValueError:  # the mapping was closed
+            return errno.EBADF
+
+    def as_ctypes(self) -> "ctypes.Array[ctypes.c_uint8]":
+        """The bytes as a ctypes array over the mapping, for a C call that reads them."""
+        return (ctypes.c_uint8 * self._nbytes).from_buffer(self._mm, self._offset)
+
+
+def _check_pieces(view: memoryview, chunks: list[str], piece: int,
+                  hash_piece: Callable[[memoryview], str]) -> bool:
+    futures = [_pool().submit(hash_piece, view[i:i + piece]) for i in range(0, len(view), piece)]
+    return [f.result() for f in futures] == chunks
+
+
+def map_checked(f: io.BufferedIOBase, head: dict[str, Any],
+                cancel: threading.Event | None = None) -> "Mapped | bytearray | None":
+    """`read_checked`'s bytes without copying them: the file mapped from where `f` stands and
+    checked against the header's hashes (ValueError when they differ, or the file is shorter
+    or longer). Where a mapping cannot be populated safely (not Linux, a kernel before 5.14, a
+    header without per-piece hashes) the bytes are read into a buffer instead."""
+    chunks, hash_piece = next(((head[k], fn) for k, fn in _PIECE_HASHES if isinstance(head.get(k), list)),
+                              (None, _sha))
+    if not _CAN_MAP or not isinstance(chunks, list):
+        return read_checked(f, head, cancel)
+    want, offset = int(head["nbytes"]), f.tell()
+    if os.fstat(f.fileno()).st_size != offset + want:
+        raise ValueError("the file's length does not match its header")
+    if want == 0:
+        return read_checked(f, head, cancel)
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    mapped = Mapped(mm, offset, want)
+    err = mapped.populate()
+    if err in (errno.EFAULT, errno.EIO, getattr(errno, "EHWPOISON", errno.EIO)):
+        raise ValueError(f"the file could not be read ({os.strerror(err)})")
+    if err:  # an older kernel (EINVAL), short of memory: read it as before
+        del mapped
+        mm.close()
+        return read_checked(f, head, cancel)
+    if cancel is not None and cancel.is_set():
+        return None
+    view = mapped.view()
+    try:
+        ok = _check_pieces(view, chunks, int(head.get("hash_chunk") or HASH_CHUNK), hash_piece)
+    finally:
+        view.release()
+    if not ok:
+        raise ValueError("the bytes do not match their header")
+    return mapped
 
 
 def write_atomically(path: Path, magic: bytes, head: dict[str, Any], data: bytes | bytearray | memoryview) -> bool:

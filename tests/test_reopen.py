@@ -12,6 +12,7 @@ import pytest
 
 import json
 import struct
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -252,6 +253,37 @@ def test_kept_bytes_are_checked_piece_by_piece_and_old_files_still_read(tmp_path
     stop = threading.Event()
     stop.set()
     assert read_checked(io.BytesIO(data), old, stop) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kept files are mapped on Linux only")
+def test_kept_bytes_are_mapped_checked_and_a_file_cut_short_under_the_map_is_an_error(tmp_path, monkeypatch):
+    """#54: a state is read back mapped, not copied; its pages are populated before each use,
+    so a file cut short under the mapping is an error to handle, not a SIGBUS that takes the
+    window down."""
+    import os
+
+    from engine.kept_files import HASH_CHUNK, Mapped, digests, map_checked, read_header, write_atomically
+
+    data = os.urandom(HASH_CHUNK + 4321)
+    path = tmp_path / "kept"
+    assert write_atomically(path, MAGIC, {"tag": "x", **digests(data)}, data)
+    with open(path, "rb") as f:
+        mapped = map_checked(f, read_header(f, MAGIC, 1 << 20))
+    assert isinstance(mapped, Mapped) and len(mapped) == len(data)
+    assert mapped.populated() and bytes(mapped.as_ctypes()) == data
+    with monkeypatch.context() as m, open(path, "rb") as f:  # a kernel before 5.14: read instead
+        m.setattr("engine.kept_files.MADV_POPULATE_READ", 1 << 20)
+        assert map_checked(f, read_header(f, MAGIC, 1 << 20)) == data
+    raw = bytearray(path.read_bytes())
+    raw[-7] ^= 1
+    path.write_bytes(raw)
+    with open(path, "rb") as f, pytest.raises(ValueError):  # a flipped bit in the last piece
+        map_checked(f, read_header(f, MAGIC, 1 << 20))
+    os.truncate(path, len(raw) - 1)
+    with open(path, "rb") as f, pytest.raises(ValueError):  # shorter than its header says
+        map_checked(f, read_header(f, MAGIC, 1 << 20))
+    os.truncate(path, 4096)  # cut short while mapped (the first mapping still holds the file)
+    assert not mapped.populated()
 
 
 def test_an_endpoint_request_reads_its_conversations_state_while_it_waits(model_path, tmp_path):

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from engine.errors import EbbError
+from engine.kept_files import Mapped
 from engine.llama.lib import llama
 from engine.llama.snapshots import MIN_CELLS, Snapshots, State, common_prefix
 from engine.llama.state_files import Entry, StateFiles
@@ -261,9 +262,19 @@ class KvSlot:
     def restore_state(self, state: State) -> None:
         L = llama()
         data, cached, cell_pos, n_past = state
-        buf = ((ctypes.c_uint8 * len(data)).from_buffer(data) if isinstance(data, bytearray)
-               else (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
-        if L.llama_state_seq_set_data(self.ctx, buf, len(data), 0) != len(data):
+        if isinstance(data, Mapped):  # a kept file's bytes where they lie, populated again first
+            if not data.populated():
+                raise EbbError("the kept conversation state could not be read from disk",
+                               "the conversation goes on without its earlier context")
+            buf = data.as_ctypes()
+        elif isinstance(data, bytearray):
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        n = len(data)
+        ok = L.llama_state_seq_set_data(self.ctx, buf, n, 0) == n
+        del buf  # the mapping can go with the state
+        if not ok:
             raise EbbError("llama.cpp could not restore the conversation state",
                            "the conversation goes on without its earlier context")
         self.cells, self.cell_pos, self.n_past = list(cached), list(cell_pos), n_past

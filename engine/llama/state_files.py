@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine.kept_files import digests, read_checked, read_header, remove, touch, write_atomically
+from engine.kept_files import Mapped, digests, map_checked, read_header, remove, touch, write_atomically
 
-# (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state
-State = tuple["bytes | bytearray", list[Any], list[int], int]
+# (bytes, the cells' keys, each cell's position, the next position): TextRuntime.save_state;
+# a state read back from disk holds its file's bytes mapped (`Mapped`), not a copy of them
+State = tuple["bytes | bytearray | Mapped", list[Any], list[int], int]
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -218,7 +219,7 @@ class StateFiles:
                 if head is None:
                     self._forget(path)
                     return None
-                data = read_checked(f, head, cancel)  # read into place: llama.cpp reads it there
+                data = map_checked(f, head, cancel)  # mapped: llama.cpp reads it where it lies
             if data is None:
                 return None
             state: State = (data, _py_keys(head["keys"]), [int(p) for p in head["cell_pos"]],
@@ -244,8 +245,8 @@ class StateFiles:
         """Write `state` in the background (nothing when it is kept already or larger than
         the whole budget); a state whose cells are a prefix of it goes."""
         data, keys, cell_pos, n_past = state
-        if len(data) > self.budget_bytes or self.has(keys):
-            return
+        if isinstance(data, Mapped) or len(data) > self.budget_bytes or self.has(keys):
+            return  # (a mapped state was read from a file of ours: it is kept already)
         fut = self._writer.submit(self._write, data, list(keys), list(cell_pos), n_past, tag)
         if on_done is not None:
             fut.add_done_callback(lambda _f: on_done())
