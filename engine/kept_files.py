@@ -127,10 +127,24 @@ class Mapped:
     """A kept file's bytes where they lie, mapped (copy on write, never written) from the page
     cache: what `map_checked` gives instead of a buffer. Its pages are populated before every
     use (`populated`), so a file cut short or a disk error under it is an error, not a SIGBUS.
-    The mapping goes when the last reference to it does."""
+    Its hashes may still be being checked on the pool while a C call reads it (`intact` waits
+    for them). The mapping goes when the last reference to it does."""
 
     def __init__(self, mm: mmap.mmap, offset: int, nbytes: int) -> None:
         self._mm, self._offset, self._nbytes = mm, offset, nbytes
+        self._check: tuple[list[concurrent.futures.Future[str]], list[str]] | None = None
+        self._intact: bool | None = None
+        self.on_damaged: Callable[[], None] | None = None  # told once, when `intact` finds it so
+
+    def intact(self) -> bool:
+        """Whether the bytes match their header's hashes (waiting for a check still running)."""
+        if self._intact is None:
+            futures, want = self._check or ([], [])
+            self._intact = [f.result() for f in futures] == want
+            self._check = None
+            if not self._intact and self.on_damaged is not None:
+                self.on_damaged()
+        return self._intact
 
     def __len__(self) -> int:
         return self._nbytes
@@ -158,18 +172,14 @@ class Mapped:
         return (ctypes.c_uint8 * self._nbytes).from_buffer(self._mm, self._offset)
 
 
-def _check_pieces(view: memoryview, chunks: list[str], piece: int,
-                  hash_piece: Callable[[memoryview], str]) -> bool:
-    futures = [_pool().submit(hash_piece, view[i:i + piece]) for i in range(0, len(view), piece)]
-    return [f.result() for f in futures] == chunks
-
-
-def map_checked(f: io.BufferedIOBase, head: dict[str, Any],
-                cancel: threading.Event | None = None) -> "Mapped | bytearray | None":
+def map_checked(f: io.BufferedIOBase, head: dict[str, Any], cancel: threading.Event | None = None,
+                checked_later: bool = False) -> "Mapped | bytearray | None":
     """`read_checked`'s bytes without copying them: the file mapped from where `f` stands and
     checked against the header's hashes (ValueError when they differ, or the file is shorter
-    or longer). Where a mapping cannot be populated safely (not Linux, a kernel before 5.14, a
-    header without per-piece hashes) the bytes are read into a buffer instead."""
+    or longer). `checked_later`: the pieces are hashed on the pool while the caller goes on
+    (a restore copies the bytes meanwhile), and `Mapped.intact` says how that ended. Where a
+    mapping cannot be populated safely (not Linux, a kernel before 5.14, a header without
+    per-piece hashes) the bytes are read into a buffer and checked, as `read_checked` does."""
     chunks, hash_piece = next(((head[k], fn) for k, fn in _PIECE_HASHES if isinstance(head.get(k), list)),
                               (None, _sha))
     if not _CAN_MAP or not isinstance(chunks, list):
@@ -191,11 +201,11 @@ def map_checked(f: io.BufferedIOBase, head: dict[str, Any],
     if cancel is not None and cancel.is_set():
         return None
     view = mapped.view()
-    try:
-        ok = _check_pieces(view, chunks, int(head.get("hash_chunk") or HASH_CHUNK), hash_piece)
-    finally:
-        view.release()
-    if not ok:
+    piece = int(head.get("hash_chunk") or HASH_CHUNK)
+    # each future holds its piece's view: the mapping stays until they are done
+    mapped._check = ([_pool().submit(hash_piece, view[i:i + piece]) for i in range(0, want, piece)],
+                     list(chunks))
+    if not checked_later and not mapped.intact():
         raise ValueError("the bytes do not match their header")
     return mapped
 

@@ -279,6 +279,12 @@ def test_kept_bytes_are_mapped_checked_and_a_file_cut_short_under_the_map_is_an_
     path.write_bytes(raw)
     with open(path, "rb") as f, pytest.raises(ValueError):  # a flipped bit in the last piece
         map_checked(f, read_header(f, MAGIC, 1 << 20))
+    with open(path, "rb") as f:  # checked while a restore copies it: found after, said once
+        later = map_checked(f, read_header(f, MAGIC, 1 << 20), checked_later=True)
+    told = []
+    assert isinstance(later, Mapped)
+    later.on_damaged = lambda: told.append(1)
+    assert not later.intact() and not later.intact() and told == [1]
     os.truncate(path, len(raw) - 1)
     with open(path, "rb") as f, pytest.raises(ValueError):  # shorter than its header says
         map_checked(f, read_header(f, MAGIC, 1 << 20))

@@ -174,6 +174,7 @@ class KvSlot:
             self.restore_state(state)
         except EbbError:  # not taken: the cache is in no known state, so it starts afresh
             self.reset()
+            self.snapshots.discard(state)  # and a damaged state is not tried again
             return 0
         self.last_restored, self.last_restore_s = n, time.perf_counter() - t0
         return n
@@ -276,6 +277,11 @@ class KvSlot:
         del buf  # the mapping can go with the state
         if not ok:
             raise EbbError("llama.cpp could not restore the conversation state",
+                           "the conversation goes on without its earlier context")
+        # a kept file's hashes were checked on the pool while llama.cpp copied it (#54): one
+        # that does not match leaves the cache to be filled again (the file is removed)
+        if isinstance(data, Mapped) and not data.intact():
+            raise EbbError("the kept conversation state was damaged on disk",
                            "the conversation goes on without its earlier context")
         self.cells, self.cell_pos, self.n_past = list(cached), list(cell_pos), n_past
 

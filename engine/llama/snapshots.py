@@ -93,5 +93,9 @@ class Snapshots:
         while self.nbytes > self.budget_bytes and len(self._kept) > 1:
             self._kept.pop(0)
 
+    def discard(self, state: State) -> None:
+        """Forget `state` (one that could not be restored)."""
+        self._kept = [s for s in self._kept if s.state is not state]
+
     def clear(self) -> None:
         self._kept.clear()

@@ -209,9 +209,12 @@ class StateFiles:
             if state is not None:
                 self.n_read_ahead += 1
                 return state
-        return self._load(entry, cancel)
+        return self._load(entry, cancel, checked_later=True)
 
-    def _load(self, entry: Entry, cancel: threading.Event | None) -> State | None:
+    def _load(self, entry: Entry, cancel: threading.Event | None, checked_later: bool = False) -> State | None:
+        """`checked_later`: the bytes' hashes are still being checked when this returns (a
+        restore copies them meanwhile, then asks `Mapped.intact`); a damaged file found then
+        goes as one found here does."""
         path = entry.path
         try:
             with open(path, "rb") as f:
@@ -219,20 +222,26 @@ class StateFiles:
                 if head is None:
                     self._forget(path)
                     return None
-                data = map_checked(f, head, cancel)  # mapped: llama.cpp reads it where it lies
+                # mapped: llama.cpp reads it where it lies
+                data = map_checked(f, head, cancel, checked_later=checked_later)
             if data is None:
                 return None
+            if isinstance(data, Mapped):
+                data.on_damaged = lambda: self._damaged(path)
             state: State = (data, _py_keys(head["keys"]), [int(p) for p in head["cell_pos"]],
                             int(head["n_past"]))
             if len(state[1]) != len(state[2]):
                 raise ValueError("keys and positions differ in length")
         except (OSError, ValueError, KeyError, TypeError, struct.error):
-            self.n_ignored += 1
-            remove(path)
-            self._forget(path)
+            self._damaged(path)
             return None
         touch(path)
         return state
+
+    def _damaged(self, path: Path) -> None:
+        self.n_ignored += 1
+        remove(path)
+        self._forget(path)
 
     # ------------------------------------------------------------ saving and leaving
 
