@@ -42,6 +42,25 @@ def _chat(s: Session, questions, images=()) -> list[tuple[str, str, list[str]]]:
     return hist
 
 
+def _open_under(folder: Path) -> list[str]:
+    """The files under `folder` this process holds open (Linux; elsewhere none are seen)."""
+    import os
+
+    found = []
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder)):
+            found.append(target)
+    return found
+
+
 @pytest.mark.numerics
 def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, tiny_projector,
                                                                     pictures, tmp_path):
@@ -69,6 +88,7 @@ def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, 
         assert s.take_up(stop) == 0 and s.model.runtime.slot.n_positions() == 0
         taken = s.take_up()
         assert taken > 0 and s.take_up() == 0 and s.model.runtime.slot.n_positions() == taken
+        assert not _open_under(states), "a state taken back holds no file open (it was mapped)"
         again = s.turn(QUESTIONS[2], gp=GP)
         assert again.text == never.text, (again.text, never.text)
         assert again.n_image_chunks_encoded == 0 and s.encoder.disk.n_loaded > 0

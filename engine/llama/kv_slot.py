@@ -162,10 +162,12 @@ class KvSlot:
         self.snapshots.tag = self.snapshots.next_tag  # the cache is the new conversation's now
 
     def _load(self, entry: Entry, cancel: threading.Event | None) -> State | None:
-        """A state from disk, kept in RAM from now on too."""
+        """A state from disk, kept in RAM from now on too when it was read into a buffer. One
+        mapped from its file is not: mapping it again is as fast as RAM, and each mapping holds
+        its file open (a thousand small states kept would run out of file descriptors)."""
         assert self.state_files is not None
         loaded = self.state_files.load(entry, cancel)
-        if loaded is not None:
+        if loaded is not None and not isinstance(loaded[0], Mapped):
             self.snapshots.add(loaded, entry.tag)
         return loaded
 
