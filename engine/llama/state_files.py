@@ -11,9 +11,10 @@ One file per state, `<tag>-<prefix hash>.ebbkv`: a magic line, the header's leng
 model file by size and the sha256 of its first and last MiB, the context and KV settings, the
 llama.cpp build, this format), the cells' keys (token ids, `[image key, i]` for an image's
 cells), their positions, the next position, the tag (the chat it belongs to, for deleting it
-with the chat) and the sha256 and length of the bytes. A file whose identity differs, whose
-bytes do not hash to the header's or that cannot be parsed is passed over (a damaged one is
-removed). The folder keeps within a byte budget, least recently used first out (a load touches
+with the chat) and the length and per-piece XXH3 hashes of the bytes (`engine/kept_files.py`).
+A file whose identity differs, whose bytes do not hash to the header's or that cannot be parsed
+is passed over (a damaged one is removed). A state is read back mapped from the file (on
+Linux), not copied: llama.cpp copies it into the KV cache from the page cache. The folder keeps within a byte budget, least recently used first out (a load touches
 the file). Writes go through a temporary file and a rename, on a writer thread of their own, so
 the engine thread does not wait for the disk; `flush` waits (before the process exits).
 Pure file work: no llama.cpp here (the runtime saves and restores).
