@@ -178,8 +178,9 @@ def map_checked(f: io.BufferedIOBase, head: dict[str, Any], cancel: threading.Ev
     checked against the header's hashes (ValueError when they differ, or the file is shorter
     or longer). `checked_later`: the pieces are hashed on the pool while the caller goes on
     (a restore copies the bytes meanwhile), and `Mapped.intact` says how that ended. Where a
-    mapping cannot be populated safely (not Linux, a kernel before 5.14, a header without
-    per-piece hashes) the bytes are read into a buffer and checked, as `read_checked` does."""
+    mapping cannot be made or populated safely (not Linux, a kernel before 5.14, a file system
+    that cannot map, a header without per-piece hashes) the bytes are read into a buffer and
+    checked, as `read_checked` does."""
     chunks, hash_piece = next(((head[k], fn) for k, fn in _PIECE_HASHES if isinstance(head.get(k), list)),
                               (None, _sha))
     if not _CAN_MAP or not isinstance(chunks, list):
@@ -189,7 +190,10 @@ def map_checked(f: io.BufferedIOBase, head: dict[str, Any], cancel: threading.Ev
         raise ValueError("the file's length does not match its header")
     if want == 0:
         return read_checked(f, head, cancel)
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except OSError:  # a file system that cannot map (some FUSE and network ones): read it
+        return read_checked(f, head, cancel)
     mapped = Mapped(mm, offset, want)
     err = mapped.populate()
     if err in (errno.EFAULT, errno.EIO, getattr(errno, "EHWPOISON", errno.EIO)):

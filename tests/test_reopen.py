@@ -294,6 +294,13 @@ def test_kept_bytes_are_mapped_checked_and_a_file_cut_short_under_the_map_is_an_
     with monkeypatch.context() as m, open(path, "rb") as f:  # a kernel before 5.14: read instead
         m.setattr("engine.kept_files.MADV_POPULATE_READ", 1 << 20)
         assert map_checked(f, read_header(f, MAGIC, 1 << 20)) == data
+
+    def cannot_map(*_a, **_k):
+        raise OSError(19, "No such device")
+
+    with monkeypatch.context() as m, open(path, "rb") as f:  # a file system that cannot map
+        m.setattr("engine.kept_files.mmap.mmap", cannot_map)
+        assert map_checked(f, read_header(f, MAGIC, 1 << 20)) == data
     raw = bytearray(path.read_bytes())
     raw[-7] ^= 1
     path.write_bytes(raw)
