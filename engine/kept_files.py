@@ -136,6 +136,12 @@ class Mapped:
         self._intact: bool | None = None
         self.on_damaged: Callable[[], None] | None = None  # told once, when `intact` finds it so
 
+    def check(self, chunks: list[str], piece: int, hash_piece: Callable[[memoryview], str]) -> None:
+        """Start hashing each `piece` bytes on the pool, against `chunks` (`intact` waits)."""
+        view = self.view()  # each future holds its piece's view: the mapping stays until they are done
+        self._check = ([_pool().submit(hash_piece, view[i:i + piece]) for i in range(0, self._nbytes, piece)],
+                       list(chunks))
+
     def intact(self) -> bool:
         """Whether the bytes match their header's hashes (waiting for a check still running)."""
         if self._intact is None:
@@ -204,11 +210,7 @@ def map_checked(f: io.BufferedIOBase, head: dict[str, Any], cancel: threading.Ev
         return read_checked(f, head, cancel)
     if cancel is not None and cancel.is_set():
         return None
-    view = mapped.view()
-    piece = int(head.get("hash_chunk") or HASH_CHUNK)
-    # each future holds its piece's view: the mapping stays until they are done
-    mapped._check = ([_pool().submit(hash_piece, view[i:i + piece]) for i in range(0, want, piece)],
-                     list(chunks))
+    mapped.check(chunks, int(head.get("hash_chunk") or HASH_CHUNK), hash_piece)
     if not checked_later and not mapped.intact():
         raise ValueError("the bytes do not match their header")
     return mapped
