@@ -265,11 +265,25 @@ def test_the_panel_follows_the_last_turn_after_a_reload_and_through_a_long_reply
     def view() -> tuple[float, float]:
         return tuple(panel.memory_plot.getPlotItem().vb.viewRange()[0])
 
-    # the panel's own timer moves the view on (twice a second) with nothing new to draw
+    # the panel's live timer moves the view on (every LIVE_REDRAW_S) with nothing new to draw
     qtbot.waitUntil(lambda: view()[1] >= sent + 0.6, timeout=10_000)
     x0, _ = view()
     assert sent - 1 < x0 <= sent  # from when it was sent
     panel.set_live(False)
+    # nothing polls (#54): an event is drawn once told (poke), and what came while the panel
+    # was hidden once it is shown again
+    drawn = panel._drawn_version
+    tel.on_event(events.Span(3, name="prefill", start_s=t0 + 1, end_s=t0 + 2, device="CPU"))
+    panel.poke()
+    qtbot.waitUntil(lambda: panel._drawn_version == tel.version != drawn, timeout=10_000)
+    panel.hide()
+    tel.on_event(events.Span(4, name="prefill", start_s=t0 + 3, end_s=t0 + 4, device="CPU"))
+    with qtbot.waitSignal(panel._timer.timeout, timeout=10_000):  # the tick: hidden, not drawn
+        panel.poke()
+    assert panel._drawn_version != tel.version
+    panel.show()
+    qtbot.waitUntil(lambda: panel._drawn_version == tel.version, timeout=10_000)
+    assert panel.latest_request_range()[0] == 4
 
 
 def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_shown(qtbot, tmp_path):

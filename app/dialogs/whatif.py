@@ -143,6 +143,7 @@ class WhatIfDialog(QDialog):
         self.telemetry = Telemetry()
         self.panel.set_telemetry(self.telemetry)
         feed(self.telemetry, r, self.panel.t0)
+        self.panel.poke()
         cal = out["calibrated"]
         lines = [
             f"{Path(m.path).name}: {out['n_layers_on_accel']}/{m.n_layers} layers on a "

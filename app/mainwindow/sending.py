@@ -29,11 +29,12 @@ from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from app.mainwindow.parts import WindowParts
 
-# the streamed reply reaches the view 15 times a second: each update lays the text out and
-# repaints the transcript and its scroll bar (the Fusion style's fills wake Qt's painting
-# threads), and on 2 cores every GUI cycle is taken from llama.cpp's threads (#54: 20 a second
-# cost the GUI thread 15 % more; a few tokens a step reads as smoothly)
-REDRAW_MS = 66
+# the streamed reply reaches the view 10 times a second: each update lays out the whole
+# paragraph it grows (Qt shapes and breaks a block's text anew at every insert: 0.3 ms for a
+# paragraph of 300 characters here) and repaints it, and on 2 cores every GUI cycle is taken
+# from llama.cpp's threads (#54: 15 a second cost the GUI thread a fifth more than 10; a few
+# tokens a step reads as smoothly)
+REDRAW_MS = 100
 RATE_EVERY_S = 1.0  # the status line's live tokens/s, this often
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)

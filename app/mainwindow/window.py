@@ -499,6 +499,7 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_event(self, ev: events.Event) -> None:
         self.telemetry.on_event(ev)
+        self.panel.poke()  # drawn within a tenth of a second, several events at once
         handler = self._handlers.get(type(ev))
         if handler is not None:
             handler(ev)

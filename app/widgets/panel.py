@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Slot
-from PySide6.QtGui import QColor, QHelpEvent, QPainter, QPaintEvent, QPen, QResizeEvent
+from PySide6.QtGui import QColor, QHelpEvent, QPainter, QPaintEvent, QPen, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -30,8 +30,14 @@ from engine.events import Span
 from engine.telemetry import Cell, Telemetry
 from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 
-REFRESH_MS = 100  # the map and the steps follow the engine's events within this (each tick a call into Python)
-LIVE_REDRAW_S = 2.0  # while a reply runs and nothing else changes, the memory line reaches on this often
+# the map and the steps follow the engine's events within this: a change starts a single
+# shot (a timer that polled every 100 ms was a call into Python and a wake of the GUI thread
+# ten times a second, taken from llama.cpp's threads while a reply streams: #54)
+REFRESH_MS = 100
+# while a reply runs and nothing else changes, the memory line reaches on to now this often (a
+# redraw costs the GUI thread 5-8 ms, both plots when the view moves on: every 2 s that was a
+# quarter of its work while a reply streamed, #54)
+LIVE_REDRAW_S = 4.0
 LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
@@ -279,9 +285,21 @@ class MemoryPanel(QWidget):
         self.live_since: float | None = None  # when the running request was sent (set_live)
         self._live_drawn_at = 0.0
         self._user_zoomed = False
-        self._timer = QTimer(self, interval=REFRESH_MS)
+        self._timer = QTimer(self, interval=REFRESH_MS, singleShot=True)  # started by poke()
         self._timer.timeout.connect(self._on_tick)
-        self._timer.start()
+        self._live_timer = QTimer(self, interval=int(LIVE_REDRAW_S * 1000))  # while a reply runs
+        self._live_timer.timeout.connect(self._on_tick)
+        self.poke()
+
+    def poke(self) -> None:
+        """Something the panel shows may have changed (an engine event, a setting): drawn
+        within REFRESH_MS, several changes meanwhile at once."""
+        if self.telemetry.version != self._drawn_version and not self._timer.isActive():
+            self._timer.start()
+
+    def showEvent(self, e: QShowEvent) -> None:
+        super().showEvent(e)
+        self.poke()  # what changed while hidden was not drawn
 
     @property
     def t0(self) -> float:
@@ -298,6 +316,7 @@ class MemoryPanel(QWidget):
             self.memory_plot.removeItem(curve)
         self._curves.clear()
         self._drawn_version = -1
+        self.poke()
 
     def _name(self, device: str) -> str:
         return self.device_names.get(device, device)
@@ -309,6 +328,7 @@ class MemoryPanel(QWidget):
         for curve in self._curves.values():
             curve.setData([], [])
         self._drawn_version = -1
+        self.poke()
 
     # ------------------------------------------------------------ drawing
 
@@ -316,12 +336,12 @@ class MemoryPanel(QWidget):
     def _on_tick(self) -> None:
         if not self.isVisible():
             return
-        # nothing new: nothing to draw, unless a reply runs (its memory line reaches to now:
-        # once a second is enough for a line that holds still while a reply is decoded, and the
-        # stream has the GUI thread meanwhile)
+        # nothing new: nothing to draw, unless a reply runs (its memory line reaches to now,
+        # at the live timer: every LIVE_REDRAW_S is enough for a line that holds still while a
+        # reply is decoded, and the stream has the GUI thread meanwhile)
         now = time.monotonic()
         changed = self.telemetry.version != self._drawn_version
-        if not changed and (self.live_since is None or now - self._live_drawn_at < LIVE_REDRAW_S):
+        if not changed and (self.live_since is None or now - self._live_drawn_at < LIVE_REDRAW_S / 2):
             return
         self._live_drawn_at = now
         if changed:  # the map and the steps moved; otherwise only the memory line reaches on
@@ -388,6 +408,8 @@ class MemoryPanel(QWidget):
         it to now (the x axis stood still through a long reply)."""
         self.live_since = time.monotonic() if live else None
         self._drawn_version = -1
+        (self._live_timer.start if live else self._live_timer.stop)()
+        self.poke()
 
     def _on_user_zoom(self, *_: Any) -> None:
         self._user_zoomed = True
@@ -396,6 +418,7 @@ class MemoryPanel(QWidget):
         self._user_zoomed = False
         self._followed = None
         self._drawn_version = -1
+        self.poke()
 
     def _draw_memory(self) -> None:
         """Stacked ledger by kind per device, and the device's own reading; curves are reused

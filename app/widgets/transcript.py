@@ -229,8 +229,9 @@ class Transcript(QTextBrowser):
             return
         follow = self._at_bottom()
         self._stream.feed(text)
-        if follow:
-            self.scroll_to_end()
+        if follow:  # text appended is laid out at once: no second scroll once the loop turns
+            bar = self.verticalScrollBar()  # (that one was a call into Python per update, #54)
+            bar.setValue(bar.maximum())
 
     def end_reply(self, m: Message | None) -> None:
         """The reply ended: shown whole as saved (`m`), or taken off (None: nothing saved)."""
