@@ -35,9 +35,9 @@ from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
 # ten times a second, taken from llama.cpp's threads while a reply streams: #54)
 REFRESH_MS = 100
 # while a reply runs and nothing else changes, the memory line reaches on to now this often (a
-# redraw costs the GUI thread 5-8 ms, both plots when the view moves on: every 2 s that was a
-# quarter of its work while a reply streamed, #54)
-LIVE_REDRAW_S = 4.0
+# redraw costs the GUI thread 5-8 ms, both plots when the view moves on: 0.3 % of a core; every
+# 4 s left the view seconds behind the reply for a gain the stream bench could not see, #54)
+LIVE_REDRAW_S = 2.0
 LEGEND_HEADROOM = 1.6  # the memory plot's height over its highest value: the legend's room
 KIND_COLORS = {"weights": "#4c78a8", "layers": "#72b7b2", "output": "#54a24b", "kv": "#f58518",
                "compute": "#b279a2", "projector": "#e45756", "projector_compute": "#ff9da6"}
