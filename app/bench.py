@@ -4,6 +4,10 @@
       The same greedy prompt streamed in the real window and by `ebb-engine chat --json`,
       alternating, each in a fresh process: tokens/s of both, window ÷ headless, and the
       GUI thread's CPU, from Send to the saved reply and while the tokens streamed.
+  python -m app.bench stream-ab [--runs 4] [--max-tokens 600]
+      In one window process, the same reply regenerated with the window drawing it and with
+      the window drawing nothing, alternating: the window's cost without the drift between
+      processes.
   python -m app.bench open [--messages 500] [--images 50]
       A generated conversation of that size, opened in the window: the time to show it (the
       store's read, the newest messages laid out and painted), the time until every older
@@ -139,6 +143,73 @@ def cmd_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stream_ab(args: argparse.Namespace) -> int:
+    """In one window process: the same greedy reply regenerated with the window drawing it
+    (transcript, panel, status line, as a user sees it) and with the window drawing nothing
+    (the updates stopped, the panel hidden), alternating. Both runs share the process, its
+    model and its memory: the machine's drift between processes (±3 % here) is left out."""
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.core.settings import session_config
+    from app.core.store import Store
+    from app.mainwindow.sending import REDRAW_MS
+    from app.mainwindow.window import MainWindow
+    from engine.llama.sampling import GenParams
+
+    app = QApplication(sys.argv[:1])
+    app.setStyle("Fusion")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp))
+        store.settings.set("ctx", args.ctx)
+        store.settings.set("threads", args.threads)
+        cfg, rpc = session_config(store, "default", "")
+        w = MainWindow(store, cfg, rpc)
+        w.resize(1200, 800)
+        w.show()
+        w.panel_dock.show()
+        w.gen_params = GenParams(temperature=0, max_tokens=args.max_tokens)
+
+        def spin(cond: Any) -> None:
+            loop = QEventLoop()
+
+            def wake() -> None:
+                if cond():
+                    loop.quit()
+
+            w.chat.observe(wake)
+            if not cond():
+                loop.exec()
+
+        def reply(start: Any) -> float:
+            QTimer.singleShot(0, start)
+            spin(lambda: w.chat.busy)
+            spin(lambda: not w.chat.busy)
+            return float(store.messages(w.conv_id)[-1].stats.gen_tokens_per_s)
+
+        spin(lambda: w.chat.loaded)
+        w.composer.edit.setPlainText(args.prompt)
+        reply(w.sending.send)  # the first: the prompt read, the panel's curves made
+        shown: list[float] = []
+        dark: list[float] = []
+        for i in range(args.runs):
+            for drawn in ((True, False) if i % 2 == 0 else (False, True)):
+                w.panel_dock.setVisible(drawn)
+                w.sending.redraw.setInterval(REDRAW_MS if drawn else 24 * 3600 * 1000)
+                tps = reply(w.sending.regenerate)
+                (shown if drawn else dark).append(tps)
+                print(f"run {i + 1} {'drawn' if drawn else 'not drawn':9s} {tps:7.1f} tok/s", flush=True)
+        paired = sorted(a / b for a, b in zip(shown, dark))
+        print(f"median drawn {statistics.median(shown):.1f} tok/s, not drawn "
+              f"{statistics.median(dark):.1f} tok/s: drawn / not drawn = "
+              f"{statistics.median(shown) / statistics.median(dark):.3f}; run by run: median "
+              f"{statistics.median(paired):.3f}, from {paired[0]:.3f} to {paired[-1]:.3f} "
+              f"({args.runs} runs each, alternating, in one process)")
+        w.close()
+        store.close()
+    return 0
+
+
 def make_conversation(store: Any, n_messages: int, n_images: int, folder: Path) -> int:
     """A conversation of `n_messages` (user and Ebb in turn; user messages every so often
     carry one of `n_images` distinct pictures; replies with paragraphs, lists and code)."""
@@ -226,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     p = argparse.ArgumentParser(prog="python -m app.bench")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("stream", "window-run"):
+    for name in ("stream", "stream-ab", "window-run"):
         s = sub.add_parser(name)
         s.add_argument("--prompt", default=PROMPT)
         s.add_argument("--max-tokens", type=int, default=600)
@@ -241,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_stream(args)
     if args.cmd == "window-run":
         return _window_run(args)
+    if args.cmd == "stream-ab":
+        return cmd_stream_ab(args)
     return cmd_open(args)
 
 
