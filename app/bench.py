@@ -18,6 +18,7 @@ Runs on the offscreen platform unless a display is set (DISPLAY, e.g. under Xvfb
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,14 +28,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
 
-def _window_run(args: argparse.Namespace) -> int:
-    """One reply in the real window (a fresh data folder); prints its stats as JSON."""
-    from PySide6.QtCore import QEventLoop, QTimer
+@contextlib.contextmanager
+def _bench_window(args: argparse.Namespace) -> Iterator[tuple[Any, Any, Callable[[Callable[[], bool]], None]]]:
+    """The real window on a fresh data folder, the Memory panel open (redrawn as the reply
+    streams, #54), greedy replies of `--max-tokens`, the model loaded: (window, store, spin)."""
+    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
     from app.core.settings import session_config
@@ -52,13 +55,14 @@ def _window_run(args: argparse.Namespace) -> int:
         w = MainWindow(store, cfg, rpc)
         w.resize(1200, 800)
         w.show()
-        w.panel_dock.show()  # the Memory panel open, redrawn as the reply streams (#54)
+        w.panel_dock.show()
         w.gen_params = GenParams(temperature=0, max_tokens=args.max_tokens)
 
-        def spin(cond: Any) -> None:
+        def spin(cond: Callable[[], bool]) -> None:
             """Wait in the event loop, woken only by the chat's own changes (a polling loop
             here would take the GIL from the engine thread and slow what is measured)."""
             loop = QEventLoop()
+
             def wake() -> None:
                 if cond():
                     loop.quit()
@@ -68,6 +72,18 @@ def _window_run(args: argparse.Namespace) -> int:
                 loop.exec()
 
         spin(lambda: w.chat.loaded)
+        try:
+            yield w, store, spin
+        finally:
+            w.close()
+            store.close()
+
+
+def _window_run(args: argparse.Namespace) -> int:
+    """One reply in the real window (a fresh data folder); prints its stats as JSON."""
+    from PySide6.QtCore import QTimer
+
+    with _bench_window(args) as (w, store, spin):
         # the GUI thread's CPU clock, read on the engine thread as the first piece streams: the
         # GUI's share while the tokens stream, apart from the send and the panel's first draw
         gui_clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -89,8 +105,6 @@ def _window_run(args: argparse.Namespace) -> int:
         print(json.dumps({**last.stats.to_json(), "gui_cpu_s": round(gui1 - gui0, 3),
                           "gui_stream_cpu_s": round(gui1 - at_first[0], 3) if at_first else None}),
               flush=True)
-        w.close()
-        store.close()
     return 0
 
 
@@ -148,46 +162,17 @@ def cmd_stream_ab(args: argparse.Namespace) -> int:
     (transcript, panel, status line, as a user sees it) and with the window drawing nothing
     (the updates stopped, the panel hidden), alternating. Both runs share the process, its
     model and its memory: the machine's drift between processes (±3 % here) is left out."""
-    from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtCore import QTimer
 
-    from app.core.settings import session_config
-    from app.core.store import Store
     from app.mainwindow.sending import REDRAW_MS
-    from app.mainwindow.window import MainWindow
-    from engine.llama.sampling import GenParams
 
-    app = QApplication(sys.argv[:1])
-    app.setStyle("Fusion")
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp))
-        store.settings.set("ctx", args.ctx)
-        store.settings.set("threads", args.threads)
-        cfg, rpc = session_config(store, "default", "")
-        w = MainWindow(store, cfg, rpc)
-        w.resize(1200, 800)
-        w.show()
-        w.panel_dock.show()
-        w.gen_params = GenParams(temperature=0, max_tokens=args.max_tokens)
-
-        def spin(cond: Any) -> None:
-            loop = QEventLoop()
-
-            def wake() -> None:
-                if cond():
-                    loop.quit()
-
-            w.chat.observe(wake)
-            if not cond():
-                loop.exec()
-
+    with _bench_window(args) as (w, store, spin):
         def reply(start: Any) -> float:
             QTimer.singleShot(0, start)
             spin(lambda: w.chat.busy)
             spin(lambda: not w.chat.busy)
             return float(store.messages(w.conv_id)[-1].stats.gen_tokens_per_s)
 
-        spin(lambda: w.chat.loaded)
         w.composer.edit.setPlainText(args.prompt)
         reply(w.sending.send)  # the first: the prompt read, the panel's curves made
         shown: list[float] = []
@@ -205,8 +190,6 @@ def cmd_stream_ab(args: argparse.Namespace) -> int:
               f"{statistics.median(shown) / statistics.median(dark):.3f}; run by run: median "
               f"{statistics.median(paired):.3f}, from {paired[0]:.3f} to {paired[-1]:.3f} "
               f"({args.runs} runs each, alternating, in one process)")
-        w.close()
-        store.close()
     return 0
 
 
