@@ -46,9 +46,12 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
 
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
     w = _long_reply(qtbot, store, "Count from 1 to 300, one number per line.", parts=3)
+    status = w.statusBar()
+    wait_for(lambda: status.currentMessage().startswith("Writing:"), timeout=60_000)  # tokens/s
     w.stop_button.click()
     wait_for(lambda: not w.chat.busy, timeout=30_000)
     assert store.messages(w.conv_id)[-1].stats.stop_reason == "cancelled"
+    assert not status.currentMessage().startswith("Writing:")  # it said so for 2 s after the end
 
 
 def test_bad_image_is_named_and_never_attached(qtbot, store, tmp_path):

@@ -250,6 +250,8 @@ class Sending:
             self.w.notices.say(f"{res.device_lost}: the conversation goes on with the devices "
                                "that are left.")
         self.take_stream()  # the last pieces, before the reply is shown as saved
+        if self.w.statusBar().currentMessage().startswith("Writing:"):
+            self.w.statusBar().clearMessage()  # it said "Writing" for up to 2 s after the end
         if res.phases is not None and res.error is None:
             self.w.statusBar().showMessage(phases_line(res.phases), 60000)
         if res.error is None and (said := restored_line(res.gen)):
