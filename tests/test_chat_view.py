@@ -307,6 +307,37 @@ def test_a_code_block_is_shown_as_code_while_it_streams(view):
     assert "Done." in view.toPlainText() and "```" not in view.toPlainText()
 
 
+def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot):
+    """#54: each update of the text after a finished code block (a table) repainted the table
+    from its top: the most of a window's paint while the usual "code, then a word on it" streamed."""
+    from PySide6.QtCore import QEvent, QObject
+
+    painted = []
+
+    class Paints(QObject):
+        def eventFilter(self, obj, ev):  # noqa: N802 - Qt's name
+            if ev.type() == QEvent.Type.Paint:
+                painted.append(ev.rect())
+            return False
+
+    paints = Paints()
+    view.viewport().installEventFilter(paints)
+    view.show_messages([_msg(1, "user", "Code?")])
+    view.begin_reply()
+    view.stream("```python\n" + "".join(f"x{i} = {i}\n" for i in range(8)) + "```\n\nThis ")
+    table = view.document().rootFrame().childFrames()[-1]
+    bottom = view.document().documentLayout().frameBoundingRect(table).bottom()
+    bottom -= view.verticalScrollBar().value()
+    assert 0 < bottom < view.viewport().height()  # in sight
+    for word in ("sets ", "eight ", "names."):
+        QApplication.processEvents()
+        painted.clear()
+        view.stream(word)
+        qtbot.waitUntil(lambda: bool(painted), timeout=5000)
+        assert min(r.top() for r in painted) >= bottom, (painted, bottom)
+    assert "This sets eight names." in view.toPlainText()
+
+
 def test_numbered_lists_are_tight(view):
     """#43: Qt left an empty paragraph above each list (and between a loose list's items)."""
     view.show_messages([_msg(1, "assistant", "Steps:\n\n1. Boil.\n2. Add pasta.\n\nLoose:\n\n"
