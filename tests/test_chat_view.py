@@ -325,9 +325,9 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
     view.show_messages([_msg(1, "user", "Code?")])
     view.begin_reply()
     view.stream("```python\n" + "".join(f"x{i} = {i}\n" for i in range(8)) + "```\n\nThis ")
-    table = view.document().rootFrame().childFrames()[-1]
-    bottom = view.document().documentLayout().frameBoundingRect(table).bottom()
-    bottom -= view.verticalScrollBar().value()
+    layout = view.document().documentLayout()
+    last_line = layout.blockBoundingRect(view.document().find("x7 = 7").block())
+    bottom = last_line.bottom() - view.verticalScrollBar().value()  # the code's last line
     assert 0 < bottom < view.viewport().height()  # in sight
     for word in ("sets ", "eight ", "names."):
         QApplication.processEvents()
@@ -336,6 +336,15 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
         qtbot.waitUntil(lambda: bool(painted), timeout=5000)
         assert min(r.top() for r in painted) >= bottom, (painted, bottom)
     assert "This sets eight names." in view.toPlainText()
+
+    def top_of(words: str) -> float:
+        block = view.document().find(words).block()
+        return view.document().documentLayout().blockBoundingRect(block).top()
+
+    streamed = top_of("This sets")
+    code = "".join(f"x{i} = {i}\n" for i in range(8))
+    view.end_reply(_msg(2, "assistant", f"```python\n{code}```\n\nThis sets eight names."))
+    assert top_of("This sets") == streamed  # nothing moves when the reply is shown as saved
 
 
 def test_numbered_lists_are_tight(view):

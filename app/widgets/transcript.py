@@ -501,9 +501,13 @@ class _Stream:
         if not cur.block().text():
             # the empty block a code block (a table) leaves after it: with no text between
             # them, Qt repaints from the table's top at every insert into the tail (0.85 ms
-            # against 0.14 per update here, #54); a zero-width space holds the line. The
+            # against 0.14 per update here, #54). A zero-width space in a line of no height
+            # stops that and moves nothing (an empty block after a table takes no room); the
             # streamed text is taken off when the reply is shown as saved.
             cur.insertText(ZERO_WIDTH_SPACE)
+            fmt = cur.blockFormat()
+            fmt.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+            cur.setBlockFormat(fmt)
         cur.insertBlock(_block_format(top=4), QTextCharFormat())
         self.tail_start = cur.position()
         self.fmt = None
