@@ -8,7 +8,7 @@ import random
 
 import pytest
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QTextBlockFormat
 from PySide6.QtWidgets import QApplication
 
 from app.core.markdown import split_all, split_finished
@@ -343,8 +343,19 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
 
     streamed = top_of("This sets")
     code = "".join(f"x{i} = {i}\n" for i in range(8))
+    view.stream("\n\n---\n\nAfter a rule.")  # a rule's block is empty too: left as it is
+    rules = [b for b in _blocks(view.document()) if b.blockFormat().hasProperty(0x1060)]
+    fixed = QTextBlockFormat.LineHeightTypes.FixedHeight.value
+    assert rules and rules[0].blockFormat().lineHeightType() != fixed and not rules[0].text()
     view.end_reply(_msg(2, "assistant", f"```python\n{code}```\n\nThis sets eight names."))
     assert top_of("This sets") == streamed  # nothing moves when the reply is shown as saved
+
+
+def _blocks(doc):
+    block = doc.begin()
+    while block.isValid():
+        yield block
+        block = block.next()
 
 
 def test_numbered_lists_are_tight(view):

@@ -498,7 +498,8 @@ class _Stream:
         for part in parts:
             self.view.insert_part(cur, part)
             self.view.work += len(part.text) + len(part.code or "")
-        if not cur.block().text():
+        prev = cur.block().previous()
+        if not cur.block().text() and prev.isValid() and QTextCursor(prev).currentTable() is not None:
             # the empty block a code block (a table) leaves after it: with no text between
             # them, Qt repaints from the table's top at every insert into the tail (0.85 ms
             # against 0.14 per update here, #54). A zero-width space in a line of no height
