@@ -8,7 +8,7 @@ import random
 
 import pytest
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QGuiApplication, QTextBlockFormat
+from PySide6.QtGui import QGuiApplication, QTextBlockFormat, QTextFormat
 from PySide6.QtWidgets import QApplication
 
 from app.core.markdown import split_all, split_finished
@@ -270,11 +270,7 @@ def test_older_messages_loaded_by_scrolling_are_spaced_as_the_others(view):
                          stats={"stop_reason": "stop", "n_gen_tokens": 5}))
 
     def blocks(v):
-        out, b = [], v.document().begin()
-        while b.isValid():
-            out.append((b.text(), b.blockFormat().topMargin(), b.userState()))
-            b = b.next()
-        return out
+        return [(b.text(), b.blockFormat().topMargin(), b.userState()) for b in _blocks(v.document())]
 
     view.show_messages(msgs)
     while view.n_shown() < len(msgs):
@@ -324,7 +320,8 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
     view.viewport().installEventFilter(paints)
     view.show_messages([_msg(1, "user", "Code?")])
     view.begin_reply()
-    view.stream("```python\n" + "".join(f"x{i} = {i}\n" for i in range(8)) + "```\n\nThis ")
+    code = "".join(f"x{i} = {i}\n" for i in range(8))
+    view.stream(f"```python\n{code}```\n\nThis ")
     layout = view.document().documentLayout()
     last_line = layout.blockBoundingRect(view.document().find("x7 = 7").block())
     bottom = last_line.bottom() - view.verticalScrollBar().value()  # the code's last line
@@ -338,13 +335,12 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
     assert "This sets eight names." in view.toPlainText()
 
     def top_of(words: str) -> float:
-        block = view.document().find(words).block()
-        return view.document().documentLayout().blockBoundingRect(block).top()
+        return layout.blockBoundingRect(view.document().find(words).block()).top()
 
     streamed = top_of("This sets")
-    code = "".join(f"x{i} = {i}\n" for i in range(8))
     view.stream("\n\n---\n\nAfter a rule.")  # a rule's block is empty too: left as it is
-    rules = [b for b in _blocks(view.document()) if b.blockFormat().hasProperty(0x1060)]
+    rule = QTextFormat.Property.BlockTrailingHorizontalRulerWidth
+    rules = [b for b in _blocks(view.document()) if b.blockFormat().hasProperty(rule)]
     fixed = QTextBlockFormat.LineHeightTypes.FixedHeight.value
     assert rules and rules[0].blockFormat().lineHeightType() != fixed and not rules[0].text()
     view.end_reply(_msg(2, "assistant", f"```python\n{code}```\n\nThis sets eight names."))
