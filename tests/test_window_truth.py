@@ -236,7 +236,10 @@ def test_a_request_waiting_behind_the_windows_reply_counts_it(qtbot, store):
 
 def test_a_continued_reply_closed_mid_stream_keeps_the_whole_replys_counts(qtbot, store):
     """Closing the window (SIGTERM does the same) while a Continue streams: the saved reply's
-    stats count the whole reply (the first part's tokens too) and its prompt time."""
+    stats count the whole reply (the first part's tokens too) and its prompt time. The
+    continuation's own share is the window's wait for its first piece when the window ends the
+    turn, or the engine's 0 s (a Continue prefills nothing) when the engine's cancelled turn
+    reaches the window first: which of the two comes first is the machine's to decide."""
     from engine.llama.sampling import GenParams
 
     w = open_window(qtbot, store)
@@ -251,7 +254,7 @@ def test_a_continued_reply_closed_mid_stream_keeps_the_whole_replys_counts(qtbot
     saved = store.messages(w.conv_id)[-1]
     assert saved.id == first.id and saved.stats.stop_reason == "cancelled"
     assert saved.stats.n_gen_tokens > 25, saved.stats  # 20 before, and what came since
-    assert saved.stats.prompt_s > first.stats.prompt_s > 0  # the continuation's wait too
+    assert saved.stats.prompt_s >= first.stats.prompt_s > 0  # the first part's kept
     assert saved.stats.continued == 1
 
 
