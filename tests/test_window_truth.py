@@ -205,8 +205,11 @@ def test_a_request_waiting_behind_the_windows_reply_counts_it(qtbot, store):
 
     port = free_port()
     w = open_window(qtbot, store, server=True, server_port=port, server_api_key="k")
-    w.gen_params = GenParams(temperature=0, max_tokens=400)
-    w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
+    # a reply that outlasts the stream's first keep-alive (1 s) on any CPU: it is stopped
+    # below. ("Count from 1 to 300" ends after 121 tokens, under a second on a fast CPU, and
+    # the request it kept waiting then never said its place.)
+    w.gen_params = GenParams(temperature=0, max_tokens=1500)
+    w.composer.edit.setPlainText("List the numbers from 1 to 1000, separated by commas.")
     w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > 3, timeout=60_000)
     lines: list[str] = []
