@@ -347,6 +347,43 @@ def test_text_streamed_after_a_code_block_does_not_repaint_the_block(view, qtbot
     assert top_of("This sets") == streamed  # nothing moves when the reply is shown as saved
 
 
+def test_a_languages_first_code_block_is_coloured_when_the_reply_ends(view):
+    """#54: making a language's highlighter costs ~0.1 s the first time, on the GUI thread and
+    holding the GIL the engine's thread needs at every token: a code block in a language not
+    seen yet streams plain and is coloured when the reply ends; once made, a block in that
+    language is coloured as it streams."""
+    from PySide6.QtGui import QTextCursor
+
+    from app.core import markdown
+
+    markdown._LEXERS.pop("ocaml", None)  # a language no other test colours first
+    line = "let rec fact n = if n = 0 then 1 else n * fact (n - 1)"
+    reply = f"Here:\n\n```ocaml\n{line}\n```\n\nDone."
+
+    def colours() -> set[str]:  # the text colours along the newest copy of the line
+        start = view.toPlainText().rindex(line)
+        cur = QTextCursor(view.document())
+        found = set()
+        for p in range(start + 1, start + len(line) + 1):
+            cur.setPosition(p)
+            found.add(cur.charFormat().foreground().color().name())
+        return found
+
+    def stream_reply() -> None:
+        view.begin_reply()
+        for piece in (reply[:20], reply[20:50], reply[50:]):
+            view.stream(piece)
+        assert "```" not in view.toPlainText() and "Done." in view.toPlainText()
+
+    view.show_messages([_msg(1, "user", "Code?")])
+    stream_reply()
+    assert len(colours()) == 1  # plain while it streamed
+    view.end_reply(_msg(2, "assistant", reply, stats={"stop_reason": "stop"}))
+    assert len(colours()) > 1  # the saved reply: coloured
+    stream_reply()
+    assert len(colours()) > 1  # the next reply: coloured as it streams
+
+
 def _blocks(doc):
     block = doc.begin()
     while block.isValid():

@@ -311,3 +311,27 @@ def test_a_first_start_on_a_narrow_screen_folds_the_panel_and_it_scrolls_when_sh
     assert w.panel.width() >= PANEL_MIN_WIDTH  # its own width, scrolled rather than squeezed
     w.close()
     store.close()
+
+
+def test_the_panel_is_drawn_before_a_message_can_follow_the_load(qtbot, tmp_path):
+    """#54: the panel drew the loaded model within a tenth of a second of the load; a Send
+    made at once (typed while the model loaded) paid that first draw, its curves and legend
+    made, in the reply's first tokens. Drawn with the load's own event now: whatever the
+    window does next (a Send) finds it done."""
+    from PySide6.QtCore import QTimer
+
+    from tests.helpers import wait_for
+
+    store = Store(tmp_path / "data")
+    w = open_window(qtbot, store, wait="no")
+    drawn: list[list[str]] = []
+
+    def on_change() -> None:
+        if w.chat.loaded and not drawn:
+            QTimer.singleShot(0, lambda: drawn.append(list(w.panel._curves)))
+
+    w.chat.observe(on_change)
+    wait_for(lambda: bool(drawn), timeout=120_000)
+    assert "weights" in drawn[0], drawn
+    w.close()
+    store.close()

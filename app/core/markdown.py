@@ -81,15 +81,20 @@ def split_all(text: str) -> list[Part]:
     return parts
 
 
-@lru_cache(maxsize=64)
-def _lexer(lang: str) -> Any:
-    from pygments.lexers import get_lexer_by_name
-    from pygments.util import ClassNotFound
+_LEXERS: dict[str, Any] = {}  # a language's Pygments lexer (None: not known), once made
 
-    try:
-        return get_lexer_by_name(lang) if lang else None
-    except ClassNotFound:
-        return None
+
+def _lexer(lang: str) -> Any:
+    if lang not in _LEXERS:
+        from pygments.lexers import get_lexer_by_name
+        from pygments.util import ClassNotFound
+
+        _formatter()
+        try:
+            _LEXERS[lang] = get_lexer_by_name(lang) if lang else None
+        except ClassNotFound:
+            _LEXERS[lang] = None
+    return _LEXERS[lang]
 
 
 @lru_cache(maxsize=1)
@@ -100,9 +105,16 @@ def _formatter() -> Any:
     return HtmlFormatter(noclasses=True, nowrap=True, style="default")
 
 
-def code_html(code: str, lang: str) -> str:
-    """The code's HTML lines, coloured when Pygments knows the language (plain otherwise)."""
-    lexer = _lexer(lang.lower())
+def code_html(code: str, lang: str, make: bool = True) -> str:
+    """The code's HTML lines, coloured when Pygments knows the language (plain otherwise).
+    `make=False`: plain unless the language's lexer was made before. Making one costs ~0.1 s
+    the first time (its imports and some hundred regular expressions): a reply that streams
+    leaves that for when it ends, as it holds the GIL the engine's thread needs at every token
+    (#54)."""
+    lang = lang.lower()
+    if not make and lang not in _LEXERS:
+        return html.escape(code)
+    lexer = _lexer(lang)
     if lexer is None:
         return html.escape(code)
     from pygments import highlight

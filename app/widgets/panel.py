@@ -297,6 +297,14 @@ class MemoryPanel(QWidget):
         if self.telemetry.version != self._drawn_version and not self._timer.isActive():
             self._timer.start()
 
+    def draw_now(self) -> None:
+        """Draw what is pending at once rather than within REFRESH_MS: a model that finished
+        loading is drawn before a message can be sent (the first draw makes the plots' curves
+        and legend, ~15 ms; drawn in the first reply it took the GIL from its tokens, #54)."""
+        if self._timer.isActive():
+            self._timer.stop()
+            self._on_tick()
+
     def showEvent(self, e: QShowEvent) -> None:
         super().showEvent(e)
         self.poke()  # what changed while hidden was not drawn

@@ -306,8 +306,10 @@ class Transcript(QTextBrowser):
                            f'here, written as soon as there is room): '
                            f'{html.escape(m.stats.unsaved)}</span>')
 
-    def insert_part(self, cur: QTextCursor, part: Part) -> None:
-        """One block of a reply, in a block of its own after `cur`."""
+    def insert_part(self, cur: QTextCursor, part: Part, streaming: bool = False) -> None:
+        """One block of a reply, in a block of its own after `cur`. `streaming`: a code block
+        is coloured only if its language's highlighter is ready (the saved reply that replaces
+        the stream is coloured in full)."""
         cur.insertBlock(_block_format(top=4), QTextCharFormat())
         if part.code is None:
             start = cur.block()
@@ -325,7 +327,7 @@ class Transcript(QTextBrowser):
         cur.insertHtml(
             f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{CODE_BG}">'
             f'<tr><td>{lang}<a href="copy:{n}">Copy</a>'
-            f'<pre style="font-family:monospace">{code_html(part.code, part.lang)}</pre>'
+            f'<pre style="font-family:monospace">{code_html(part.code, part.lang, make=not streaming)}</pre>'
             f"</td></tr></table>")
         table = cur.currentTable()
         if table is not None:  # left in the last cell: go on after the table
@@ -496,7 +498,7 @@ class _Stream:
         cur.setPosition(self.tail_start - 1, QTextCursor.MoveMode.KeepAnchor)  # with its block
         cur.removeSelectedText()
         for part in parts:
-            self.view.insert_part(cur, part)
+            self.view.insert_part(cur, part, streaming=True)
             self.view.work += len(part.text) + len(part.code or "")
         prev = cur.block().previous()
         if not cur.block().text() and prev.isValid() and QTextCursor(prev).currentTable() is not None:
