@@ -22,10 +22,15 @@ from tests.helpers import (
 QUESTION = "What is the capital of France? Answer in one word."
 
 
+# a reply that runs for seconds on any CPU, to be stopped: "Count from 1 to 300" ends after 121
+# tokens, under a second on a fast CPU, and a stop can come after its end
+LONG_LIST = "List the numbers from 1 to 1000, separated by commas."
+
+
 def _long_reply(qtbot, store, text, parts):
     """A window with a long reply under way (more than `parts` pieces streamed)."""
     w = open_window(qtbot, store)
-    w.gen_params = GenParams(temperature=0, max_tokens=400)
+    w.gen_params = GenParams(temperature=0, max_tokens=1500)
     w.composer.edit.setPlainText(text)
     w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > parts, timeout=60_000)
@@ -45,7 +50,7 @@ def test_window_title_and_a_streamed_text_reply(qtbot, store):
 
 
 def test_stop_in_the_middle_of_a_reply(qtbot, store):
-    w = _long_reply(qtbot, store, "Count from 1 to 300, one number per line.", parts=3)
+    w = _long_reply(qtbot, store, LONG_LIST, parts=3)
     status = w.statusBar()
     wait_for(lambda: status.currentMessage().startswith("Writing:"), timeout=60_000)  # tokens/s
     w.stop_button.click()

@@ -207,8 +207,8 @@ def test_a_reply_runs_past_the_old_cap_and_continue_grows_it_in_place(qtbot, tmp
 
 def test_stop_then_continue(qtbot, store):
     w = open_window(qtbot, store)
-    w.gen_params = GenParams(temperature=0, max_tokens=300)
-    w.composer.edit.setPlainText("Count from 1 to 300, one number per line.")
+    w.gen_params = GenParams(temperature=0, max_tokens=1500)  # seconds on any CPU: stopped
+    w.composer.edit.setPlainText("List the numbers from 1 to 1000, separated by commas.")
     w.sending.send()
     wait_for(lambda: len(w.chat.reply_parts) > 3, timeout=60_000)
     w.stop_button.click()
