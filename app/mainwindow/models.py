@@ -100,6 +100,7 @@ class Models:
         self.w.vision.model_loaded(d)
         self.w.sending.send_history()
         self.w.update_actions()
+        self.w.panel.draw_now()  # before a message can be sent: not in its reply's first tokens
 
     def open_model(self) -> None:
         dlg = ModelPicker(self.w.settings(), self.w.window())

@@ -503,8 +503,6 @@ class MainWindow(QMainWindow):
         handler = self._handlers.get(type(ev))
         if handler is not None:
             handler(ev)
-        if isinstance(ev, events.ModelLoaded):
-            self.panel.draw_now()
 
     def _on_server_turn(self, ev: events.ServerTurn) -> None:
         self.local_server.update_status()
