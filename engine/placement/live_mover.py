@@ -31,8 +31,59 @@ _LAYER_NAME = re.compile(rb"^blk\.(\d+)\.")
 @dataclass
 class _Moved:
     group: int  # the device buffer it shares with the layers promoted together
-    saved: list[tuple[int, int | None, int | None, int | None]]  # tensor, buffer, data, extra
     n_bytes: int
+
+
+# A layer's tensor structs further apart than this are pointed one by one (see `_Fields`).
+MAX_FIELDS_SPAN_BYTES = 64 * 2**20
+_FIELDS = ("buffer", "data", "extra")
+
+
+class _Fields:
+    """The `buffer`, `data` and `extra` fields of one layer's weight tensors, written in a few
+    numpy stores rather than three ctypes writes per tensor (a restore points a few hundred
+    tensors; one by one that took 0.6 ms of Python). The structs lie in the model's ggml
+    context, side by side: one uint64 view spans them and only their fields' words are touched.
+    Structs too far apart or not 8-byte aligned are written one by one. `host` holds the
+    fields as the model loaded them (the layer in RAM); they do not change while it lives."""
+
+    def __init__(self, ptrs: list[int], views: list[ggml.Tensor]) -> None:
+        import numpy as np
+
+        self.ptrs, self.views = ptrs, views
+        self.host = [np.array([getattr(v, f) or 0 for v in views], dtype=np.uint64) for f in _FIELDS]
+        lo, hi = min(ptrs), max(ptrs) + ctypes.sizeof(ggml.Tensor)
+        self.mem: np.ndarray | None = None
+        if hi - lo <= MAX_FIELDS_SPAN_BYTES and all((p - lo) % 8 == 0 for p in ptrs):
+            words = (ctypes.c_uint64 * ((hi - lo) // 8)).from_address(lo)
+            self.mem = np.ctypeslib.as_array(words)
+            at = np.array(ptrs, dtype=np.uint64) - np.uint64(lo)
+            self.idx = [(at + np.uint64(getattr(ggml.Tensor, f).offset)) // np.uint64(8) for f in _FIELDS]
+
+    def write(self, buffer: Any, data: Any, extra: Any) -> None:
+        """Set every tensor's fields, each from one value or one per tensor (0: NULL)."""
+        import numpy as np
+
+        values = (buffer, data, extra)
+        if self.mem is not None:
+            for idx, v in zip(self.idx, values):
+                self.mem[idx] = v
+            return
+        cols = [np.broadcast_to(np.asarray(v, dtype=np.uint64), (len(self.views),)) for v in values]
+        for i, view in enumerate(self.views):
+            for f, col in zip(_FIELDS, cols):
+                setattr(view, f, int(col[i]) or None)
+
+    def read(self) -> list[Any]:
+        """The fields as they are now, in `write`'s order."""
+        import numpy as np
+
+        if self.mem is not None:
+            return [self.mem[idx].copy() for idx in self.idx]
+        return [np.array([getattr(v, f) or 0 for v in self.views], dtype=np.uint64) for f in _FIELDS]
+
+    def to_host(self) -> None:
+        self.write(*self.host)
 
 
 @dataclass
@@ -49,11 +100,9 @@ class MoveStats:
     n_frees: int = 0
 
 
-# Copies of neighbouring tensors are merged up to this size. Over RPC every copy is one message
-# (a thread hand-off, a fresh zeroed buffer on each side): a few MiB keeps those in the CPU's
-# cache and is the fastest size measured on loopback (tensor-sized ~0.3 MiB and whole 30 MiB
-# groups were both slower).
-COPY_CHUNK_BYTES = 4 * 2**20
+# Copies of neighbouring tensors are merged, then sent in pieces of `ggml.Copier.piece_bytes`
+# (over RPC every copy is one message: tensor-sized ~0.3 MiB and whole 30 MiB groups were both
+# slower than 1 MiB pieces queued four at a time; see `ggml.RPC_COPY_PIECE_BYTES`).
 # Host bytes between two tensors that may be copied along rather than start a new copy.
 MAX_COPY_GAP_BYTES = 4096
 
@@ -171,13 +220,15 @@ class LiveMover:
         # layer's host entries, the device layout of each group of layers promoted together
         self._views: dict[int, ggml.Tensor] = {}
         self._entries: dict[int, list[Entry]] = {}
-        self._layouts: dict[tuple[int, ...], Layout] = {}
+        self._fields: dict[int, _Fields] = {}
+        self._layouts: dict[tuple[int, ...], tuple[Layout, list[tuple[int, np.ndarray]]]] = {}
         self.stats = MoveStats()
         sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
         problem = "no layer weights found in host buffers" if sample is None else \
             ggml.check_tensor_layout(sample)
         if problem:
             raise EbbError(f"live mover unavailable: {problem}")
+        self._copier = ggml.Copier(accel_handle, remote)
 
     def layer_bytes(self, layer: int) -> int:
         return sum(int(self.g.base.ggml_nbytes(p)) for p in self.layers.get(layer, []))
@@ -215,6 +266,7 @@ class LiveMover:
                              int(t.buffer))
                        for p in self.layers[layer] for t in (self._view(p),)]
             self._entries[layer] = entries
+            self._fields[layer] = _Fields([e.ptr for e in entries], [self._view(e.ptr) for e in entries])
         return entries
 
     def promote(self, layer: int) -> int:
@@ -228,15 +280,20 @@ class LiveMover:
         layers = [la for la in layers if la not in self._moved and la in self.layers]
         if not layers:
             return 0
+        import numpy as np
+
         b = self.g.base
-        owner = {p: la for la in layers for p in self.layers[la]}
         entries = [e for la in layers for e in self._entries_of(la)]
         key = tuple(layers)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._layouts[key] = layout_copies(
-                entries, self.align, COPY_CHUNK_BYTES,
-                whole_over_bytes=ggml.RPC_HASH_THRESHOLD_BYTES if self.remote else None)
+        cached = self._layouts.get(key)
+        if cached is None:
+            layout = layout_copies(entries, self.align, self._copier.piece_bytes,
+                                   whole_over_bytes=ggml.RPC_HASH_THRESHOLD_BYTES if self.remote else None)
+            offsets = np.array(layout.offsets, dtype=np.uint64)
+            starts = np.cumsum([0] + [len(self._entries[la]) for la in layers])
+            cached = self._layouts[key] = (layout, [(la, offsets[starts[i]:starts[i + 1]])
+                                                    for i, la in enumerate(layers)])
+        layout, layer_offsets = cached
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, layout.total_bytes)
         if not buf:
             raise EbbError(f"the accelerator is out of memory moving {len(layers)} layers "
@@ -245,39 +302,42 @@ class LiveMover:
         b.ggml_backend_buffer_set_usage(buf, ggml.BUFFER_USAGE_WEIGHTS)
         base = int(b.ggml_backend_buffer_get_base(buf))
         whole = ggml.bytes_view(buf, layout.total_bytes)  # for the copies and the row padding
-        saved: dict[int, list[tuple[int, int | None, int | None, int | None]]] = {la: [] for la in layers}
         try:
-            for e, offset in zip(entries, layout.offsets):
-                t = self._view(e.ptr)
-                saved[owner[e.ptr]].append((e.ptr, t.buffer, t.data, t.extra))
-                t.buffer, t.data = None, None
-                if self.remote:
-                    # ggml_backend_tensor_alloc would ask the server to initialise each quantized
-                    # tensor and wait for it (a round trip each) only to zero its row padding:
-                    # point the tensor ourselves and send the zeros (copies need no reply).
-                    t.buffer, t.data, t.extra = buf, base + offset, None
-                elif b.ggml_backend_tensor_alloc(buf, e.ptr, base + offset) != 0:
-                    raise EbbError(f"ggml could not place a tensor of layer {owner[e.ptr]} on the device")
             if self.remote:
+                # ggml_backend_tensor_alloc would ask the server to initialise each quantized
+                # tensor and wait for it (a round trip each) only to zero its row padding:
+                # point the tensors ourselves and send the zeros (copies need no reply).
+                for la, offs in layer_offsets:
+                    self._fields[la].write(buf, offs + np.uint64(base), 0)
                 for offset, n in layout.zero_pads:
-                    b.ggml_backend_tensor_set(ctypes.addressof(whole), self._zeros(n).ctypes.data, offset, n)
-            for host, offset, n in layout.copies:
-                b.ggml_backend_tensor_set(ctypes.addressof(whole), host, offset, n)
+                    self._copier.copy(ctypes.addressof(whole), self._zeros(n).ctypes.data, offset, n)
+            else:
+                for la in layers:  # ggml_backend_tensor_alloc places only unplaced tensors
+                    self._fields[la].write(0, 0, self._fields[la].host[2])
+                for e, offset in zip(entries, layout.offsets):
+                    if b.ggml_backend_tensor_alloc(buf, e.ptr, base + offset) != 0:
+                        raise EbbError("ggml could not place a tensor of layer "
+                                       f"{self._layer_of(e.ptr, layers)} on the device")
+            for host, offset, n in layout.copies:  # the last may be on their way on return
+                self._copier.copy(ctypes.addressof(whole), host, offset, n)
         except BaseException:
-            for entries_saved in saved.values():
-                self._restore(entries_saved)
+            for la in layers:
+                self._fields[la].to_host()
             b.ggml_backend_buffer_free(buf)
             self.stats.n_frees += 1
             raise
         gid = self._next_group
         self._next_group += 1
         self._groups[gid] = _Group(buf, layout.total_bytes, set(layers))
-        nbytes = {la: 0 for la in layers}
-        for e in entries:
-            nbytes[owner[e.ptr]] += e.n_bytes
+        copied = 0
         for la in layers:
-            self._moved[la] = _Moved(gid, saved[la], nbytes[la])
-        return sum(nbytes.values())
+            n = sum(e.n_bytes for e in self._entries[la])
+            self._moved[la] = _Moved(gid, n)
+            copied += n
+        return copied
+
+    def _layer_of(self, ptr: int, layers: list[int]) -> int:
+        return next(la for la in layers if ptr in self.layers[la])
 
     def _zeros(self, n_bytes: int) -> np.ndarray:
         import numpy as np
@@ -286,18 +346,13 @@ class LiveMover:
             self._staging = np.zeros(n_bytes, dtype=np.uint8)
         return self._staging
 
-    def _restore(self, saved: list[tuple[int, int | None, int | None, int | None]]) -> None:
-        for p, buffer, data, extra in saved:
-            t = self._view(p)
-            t.buffer, t.data, t.extra = buffer, data, extra
-
     def evict(self, layer: int) -> int:
         """Point `layer` back at its host copy; free its device buffer once no layer uses it.
         Returns the device bytes freed."""
         moved = self._moved.pop(layer, None)
         if moved is None:
             return 0
-        self._restore(moved.saved)
+        self._fields[layer].to_host()
         group = self._groups[moved.group]
         group.layers.discard(layer)
         freed = 0
@@ -308,17 +363,18 @@ class LiveMover:
             freed = group.alloc_bytes
         return freed
 
-    def detach(self, layer: int) -> list[tuple[int, int | None, int | None, int | None]]:
+    def detach(self, layer: int) -> tuple[int, list[Any]]:
         """Point a promoted `layer` at its host copy as `evict` does, but keep its device buffer
         and bytes; `reattach` with the returned fields points it back with nothing copied
         (the self-test checks both states without sending the layer twice)."""
-        moved = self._moved[layer]
-        here = [(p, t.buffer, t.data, t.extra) for p, *_ in moved.saved for t in (self._view(p),)]
-        self._restore(moved.saved)
+        assert layer in self._moved
+        here = (layer, self._fields[layer].read())
+        self._fields[layer].to_host()
         return here
 
-    def reattach(self, fields: list[tuple[int, int | None, int | None, int | None]]) -> None:
-        self._restore(fields)
+    def reattach(self, fields: tuple[int, list[Any]]) -> None:
+        layer, values = fields
+        self._fields[layer].write(*values)
 
     def reschedule(self) -> None:
         self._reschedule()
@@ -327,3 +383,4 @@ class LiveMover:
         """Evict everything (the model must still be alive)."""
         for layer in list(self._moved):
             self.evict(layer)
+        self._copier.close()
