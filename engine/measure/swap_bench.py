@@ -10,7 +10,8 @@ fastest. The limit is measured the same way, as an ideal mover that only copies:
 turn, once the projector is freed and right before the layers come back, one timed copy of as
 many bytes as the mover freed (up to 256 MiB) into a warm device buffer of that size (the room
 it leaves: the link is timed in the state the restore finds it, within the budget), in the
-piece size that copied fastest when the bench started. `limit_s` uses the fastest of those,
+piece size that copied fastest when the bench started, sent as the live mover sends its pieces
+(`ggml.Copier`: queued to a remote device). `limit_s` uses the fastest of those,
 as many samples as swaps. `limit_best_s` is the strictest reading: the fastest copy of every
 one taken, including the start's scan on an idle link. Medians are given beside them.
 """
