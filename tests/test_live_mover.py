@@ -212,18 +212,20 @@ def test_copies_to_a_remote_device_are_queued_a_few_at_a_time(monkeypatch, remot
 
     monkeypatch.setattr(ggml, "lib", lambda: SimpleNamespace(base=Base()))
     copier = ggml.Copier(1, remote)
+    piece = copier.piece_bytes
     for i in range(10):
-        copier.copy(0, 0, i, 1)
+        copier.copy(0, 0, i * piece, piece)
+    copier.copy(0, 0, 0, ggml.RPC_QUEUE_BYTES + 1)  # a tensor sent whole, over the bound
     copier.close()
     copier.close()
     if not remote:
-        assert calls == ["wait"] * 10
+        assert piece == 4 * 2**20 and calls == ["wait"] * 11
         return
-    # a queued piece is a copy of its bytes: never more than a few wait in the queue
+    # a queued piece is a copy of its bytes: never more than RPC_QUEUE_BYTES wait in the queue
     runs = "".join("q" if c == "queue" else "w" for c in calls[:-1]).split("w")
-    assert calls.count("queue") > calls.count("wait")
-    assert max(len(r) for r in runs) == ggml.RPC_PIECES_IN_FLIGHT - 1
-    assert calls[-1] == "free" and calls.count("free") == 1
+    assert piece == ggml.RPC_COPY_PIECE_BYTES and calls.count("queue") > calls.count("wait")
+    assert max(len(r) for r in runs) * piece == ggml.RPC_QUEUE_BYTES
+    assert calls[-2:] == ["wait", "free"] and calls.count("free") == 1
 
 
 @pytest.mark.slow  # a measurement: `make test-slow` (CI runs it after `make test`)

@@ -144,10 +144,11 @@ def bytes_view(buffer: int, n_bytes: int) -> Tensor:
 # dispatcher thread writes to the socket. `ggml_backend_tensor_set` waits for that; queued
 # (`ggml_backend_tensor_set_async`), the next piece is made ready while the last is on the
 # wire: on loopback 46.5 MiB went over in 11.5 ms instead of 14.7. Pieces of 0.5-1 MiB were
-# the fastest queued (4 MiB ones 14.8 ms). Every RPC_PIECES_IN_FLIGHT-th piece is sent waiting,
-# which bounds what the queue holds (each queued piece is a copy of its bytes).
+# the fastest queued (4 MiB ones 14.8 ms). The queue holds a copy of each piece's bytes: a piece
+# that would take it over RPC_QUEUE_BYTES is sent waiting (which waits for those before it), so
+# a tensor of hundreds of MiB sent whole is never held twice over.
 RPC_COPY_PIECE_BYTES = 2**20
-RPC_PIECES_IN_FLIGHT = 4
+RPC_QUEUE_BYTES = 4 * 2**20
 
 
 class Copier:
@@ -161,13 +162,13 @@ class Copier:
         self.base = lib().base
         self.backend = self.base.ggml_backend_dev_init(dev_handle, None) if remote else None
         self.piece_bytes = RPC_COPY_PIECE_BYTES if self.backend else 4 * 2**20
-        self._queued = 0
+        self._queued_bytes = 0
 
     def copy(self, tensor: int, src: int, offset: int, n_bytes: int) -> None:
         """`n_bytes` from host address `src` to `offset` in `tensor` (an address), as one piece."""
-        self._queued += 1
-        if self.backend is None or self._queued >= RPC_PIECES_IN_FLIGHT:
-            self._queued = 0
+        self._queued_bytes += n_bytes
+        if self.backend is None or self._queued_bytes > RPC_QUEUE_BYTES:
+            self._queued_bytes = 0
             self.base.ggml_backend_tensor_set(tensor, src, offset, n_bytes)
         else:
             self.base.ggml_backend_tensor_set_async(self.backend, tensor, src, offset, n_bytes)
