@@ -102,7 +102,7 @@ class MoveStats:
 
 # Copies of neighbouring tensors are merged, then sent in pieces of `ggml.Copier.piece_bytes`
 # (over RPC every copy is one message: tensor-sized ~0.3 MiB and whole 30 MiB groups were both
-# slower than 1 MiB pieces queued four at a time; see `ggml.RPC_COPY_PIECE_BYTES`).
+# slower than 1 MiB pieces queued up to 4 MiB at a time; see `ggml.RPC_COPY_PIECE_BYTES`).
 # Host bytes between two tensors that may be copied along rather than start a new copy.
 MAX_COPY_GAP_BYTES = 4096
 
