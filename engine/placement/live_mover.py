@@ -50,8 +50,7 @@ class _Fields:
     def __init__(self, ptrs: list[int], views: list[ggml.Tensor]) -> None:
         import numpy as np
 
-        self.ptrs, self.views = ptrs, views
-        self.host = [np.array([getattr(v, f) or 0 for v in views], dtype=np.uint64) for f in _FIELDS]
+        self.views = views
         lo, hi = min(ptrs), max(ptrs) + ctypes.sizeof(ggml.Tensor)
         self.mem: np.ndarray | None = None
         if hi - lo <= MAX_FIELDS_SPAN_BYTES and all((p - lo) % 8 == 0 for p in ptrs):
@@ -59,6 +58,7 @@ class _Fields:
             self.mem = np.ctypeslib.as_array(words)
             at = np.array(ptrs, dtype=np.uint64) - np.uint64(lo)
             self.idx = [(at + np.uint64(getattr(ggml.Tensor, f).offset)) // np.uint64(8) for f in _FIELDS]
+        self.host = self.read()
 
     def write(self, buffer: Any, data: Any, extra: Any) -> None:
         """Set every tensor's fields, each from one value or one per tensor (0: NULL)."""
