@@ -117,10 +117,10 @@ def _test_hooks(window: MainWindow, app: QApplication, noticed: bool = False) ->
     def say_streaming() -> None:
         if window.chat.reply_parts:
             print("streaming", flush=True)
-        else:
-            QTimer.singleShot(20, say_streaming)
+            poll.stop()
 
-    QTimer.singleShot(20, say_streaming)
+    poll = QTimer(window, interval=20, timeout=say_streaming)  # the window's: gone with it
+    poll.start()
     hook = Hook(window)  # a child of the window: lives as long as it
     window.worker.engine_event.connect(hook.on_event)
 

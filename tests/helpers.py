@@ -169,11 +169,16 @@ def wait_for(condition, timeout=120_000):
     from PySide6.QtCore import QEventLoop, QTimer
 
     deadline = time.monotonic() + timeout / 1000
+    # one loop and one timer of ours, freed here on this thread: QTimer.singleShot with a
+    # delay makes a timer that deletes itself later, and one of those (thousands a test) once
+    # had its Python wrapper freed before it, which crashed the suite
+    loop = QEventLoop()
+    tick = QTimer(singleShot=True, interval=10)
+    tick.timeout.connect(loop.quit)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} ms waiting for {condition}")
-        loop = QEventLoop()
-        QTimer.singleShot(10, loop.quit)
+        tick.start()
         loop.exec()
 
 

@@ -191,6 +191,11 @@ def test_notices_are_newest_first_one_per_cause_and_few(qtbot):
     assert len(area.notices()) == MAX_SHOWN and area.notices()[0].text().startswith("Note 4")
     wait_for(lambda: area.height() <= 600 * SHARE_OF_WINDOW + 1)
     assert chat.height() >= 600 * (1 - SHARE_OF_WINDOW) - 40
+    # one that goes by itself (Undo's) goes, and the others stay
+    area.add("Deleted the branch.", "info", ("Undo", lambda: None), timeout_s=0.05)
+    assert area.notices()[0].text() == "Deleted the branch."
+    wait_for(lambda: "Deleted the branch." not in area.text(), timeout=10_000)
+    assert len(area.notices()) == MAX_SHOWN - 1 and area.notices()[0].text().startswith("Note 4")
 
 
 def test_a_request_waiting_behind_the_windows_reply_counts_it(qtbot, store):

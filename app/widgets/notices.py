@@ -122,8 +122,11 @@ class NoticeArea(QScrollArea):
         notice.close_button.clicked.connect(self._update)
         if notice.action_button is not None:
             notice.action_button.clicked.connect(self._update)
-        if timeout_s:
-            QTimer.singleShot(int(timeout_s * 1000), notice, lambda: self._expire(notice))
+        if timeout_s:  # a timer of the notice's own, gone with it (not QTimer.singleShot:
+            # with a delay, PySide makes a timer that deletes itself later; the suite once
+            # crashed in one whose Python wrapper had gone before it)
+            QTimer(notice, singleShot=True, interval=int(timeout_s * 1000),
+                   timeout=lambda: self._expire(notice)).start()
         self._layout.insertWidget(0, notice)  # newest first
         notice.show()  # now: a layout shows a child it gets later only on the next event loop pass
         for old in self.notices()[MAX_SHOWN:]:
