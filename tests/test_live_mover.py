@@ -257,6 +257,7 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
     assert out["limit_best_s"] <= out["limit_s"]
     assert out["live_swap_s"] == min(out["live_swaps_s"]) <= out["live_swap_median_s"]
     assert max(out["peak_bytes"].values()) <= out["vram_budget_bytes"]
+    assert all(0 < fastest <= median for fastest, median in out["prefill_s"].values())
 
 
 FALLBACK = """
@@ -325,3 +326,67 @@ def test_a_swap_the_live_mover_cannot_make_room_for_takes_the_reload_mover(
     print(f"\n--mover live at {budget / 2**20:.1f} MiB: {error}")
     for way_out in ("--mover auto or reload", "--vision cpu", "--vram-budget"):
         assert way_out in error
+
+
+
+AFTER_A_MOVE = """
+import json, sys
+import numpy as np
+from engine.config import SessionConfig
+from engine.llama import runtime as runtime_mod
+from engine.llama.binding import binding
+from engine.llama.devices import connect_rpc
+from engine.models.default import default_model_path
+from engine.session import Session
+connect_rpc(sys.argv[1])
+reserve = runtime_mod._graph_reserve_fn()
+assert reserve is not None  # the llama.cpp we build has it
+dropped = []
+def counting(*args):
+    dropped.append(args[1:])
+    return reserve(*args)
+runtime_mod._graph_reserve_fn = lambda: counting
+cfg = SessionConfig(default_model_path(), None, n_ctx=512, n_threads=int(sys.argv[2]),
+                    mover="live", vram_budget_bytes=300 * 2**20, rpc=(sys.argv[1],))
+L = binding()
+with Session(cfg) as s:
+    rt, model = s.model.runtime, s.model
+    layers = model.mover.on_device()[-6:]
+    prompt = rt.tokenize("The keeper lit the lamp and", add_special=True)
+    def run(move):
+        rt.slot.reset()
+        rt._decode_tokens(prompt)
+        rt._decode_tokens([prompt[-1]])  # one token: the graph llama.cpp would reuse
+        out, drops = [], []
+        for batch in ([prompt[1]], [prompt[2], prompt[3], prompt[4]]):
+            if move:
+                model.evict_layers(layers)
+                model.restore_layers(layers)
+            n = len(dropped)
+            rt._decode_tokens(batch)
+            drops.append(len(dropped) - n)
+            out.append(np.ctypeslib.as_array(L.llama_get_logits_ith(rt.ctx, -1),
+                                             shape=(s.info.n_vocab,)).copy())
+        return out, drops
+    still, _ = run(False)
+    moved, drops = run(True)
+    print(json.dumps({"layers": len(layers), "back": model.mover.on_device()[-6:] == layers,
+                      "drops": drops, "equal": [bool(np.array_equal(a, b))
+                                                for a, b in zip(still, moved)]}))
+"""
+
+
+def test_after_a_move_the_next_graph_is_planned_afresh_and_dropped_only_when_reusable(
+        rpc_server):
+    """After layers leave the device and come back, llama.cpp must not run its last graph
+    again (over RPC the server dropped it with the freed buffers: asked to run it, the
+    process aborts). A batch of another shape gets a new graph anyway; before one of the
+    same shape the old graph is dropped. Either way the logits are those of the same
+    decodes with nothing moved (same placement, same batches: the same arithmetic)."""
+    proc = subprocess.run([sys.executable, "-c", AFTER_A_MOVE, rpc_server.endpoint, str(N_THREADS)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["layers"] == 6 and out["back"]
+    assert out["drops"] == [1, 0]  # before the one-token batch (the last one's shape) only
+    assert out["equal"] == [True, True]

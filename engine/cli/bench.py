@@ -79,6 +79,10 @@ def cmd_bench_swap(args: argparse.Namespace) -> int:
           f"one in each live turn right before its restore, "
           f"{fmt_bytes(out['bandwidth_piece_bytes']) + ' pieces' if out['bandwidth_piece_bytes'] else 'whole'}); "
           f"{out['limit_best_s'] * 1000:.1f} ms at the fastest copy of all")
+    pre = out["prefill_s"]
+    print(f"prefill after it     reload {pre['reload'][0] * 1000:.1f} ms fastest, "
+          f"{pre['reload'][1] * 1000:.1f} median; live {pre['live'][0] * 1000:.1f} ms fastest, "
+          f"{pre['live'][1] * 1000:.1f} median")
     print(f"reload / live        {out['reload_vs_live']}x;  live / limit {out['live_vs_limit']}x "
           f"(median {out['live_vs_limit_median']}x, paired {out['live_vs_limit_paired']}x, "
           f"fastest of all {out['live_vs_limit_best']}x);  reload / limit {out['reload_vs_limit']}x;  "

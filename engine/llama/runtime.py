@@ -95,6 +95,9 @@ class TextRuntime:
         self.n_threads_batch = params.n_threads_batch or self.n_threads
         self._stack = contextlib.ExitStack()
         self._replan = False  # device buffers changed since the last graph: see reschedule
+        # the shape of the last batch decoded ("tokens", n) or ("embd", 0), whose graph
+        # llama.cpp may reuse; None: none since the scheduler was last reset (see _before_decode)
+        self._last_batch: tuple[str, int] | None = None
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self._decoded = False  # the first decode is guarded (engine.llama.native)
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
@@ -253,7 +256,7 @@ class TextRuntime:
                            f"{llama_log.last_error('no detail')}", "start a new conversation")
 
     def _decode(self, batch: Any) -> None:
-        self.replan()
+        self._before_decode("tokens", batch.n_tokens)
         if self._decoded:
             self._check(llama().llama_decode(self.ctx, batch))
             return
@@ -318,7 +321,7 @@ class TextRuntime:
                 raise EbbError(f"an image of {n} tokens needs a batch of at least {n} (this "
                                f"session's is {n_batch})", f"start with --batch {n}")
             n_batch = n
-        self.replan()
+        self._before_decode("embd", 0)
         new_n_past = llama().llama_pos(0)
         rc = M.mtmd_helper_decode_image_chunk(
             img.mtmd, self.ctx, img.chunk, emb.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
@@ -385,20 +388,35 @@ class TextRuntime:
         return len(keys) - n_keep
 
     def reschedule(self) -> None:
-        """Device buffers changed: llama.cpp must plan its next graph afresh (a reused graph
-        would run ops where the weights used to be). Marks it; `replan` does it, at the
-        latest before the next decode."""
+        """Device buffers changed (a layer moved, a projector came or went): llama.cpp must not
+        run the graph it made last again (its ops would run where the weights used to be, and
+        ggml's RPC client would ask the server to run a graph it dropped when a buffer was
+        freed). Marked here, dealt with before the next decode (`_before_decode`)."""
         self._replan = True
 
-    def replan(self) -> None:
-        """Carry out a pending `reschedule` now, so its cost lands in the step that moved
-        memory. llama.cpp's `llama_graph_reserve` (llama-ext.h) resets the scheduler and drops
-        the reusable graphs for the price of one token's graph; where it is missing,
-        `llama_set_adapter_cvec(NULL)` makes the next decode rebuild the whole scheduler and
-        its compute buffers (~3 ms on loopback RPC, paid inside that decode)."""
+    def _before_decode(self, kind: str, n_tokens: int) -> None:
+        """Before a decode of `n_tokens` tokens (`kind` "tokens") or of embeddings ("embd",
+        any number), carry out a pending `reschedule`.
+
+        llama.cpp reuses its last graph only for a batch of the same shape
+        (`llm_graph_params::allow_reuse`: as many tokens, tokens or embeddings alike; the
+        graph's tensors have the batch's shape). Any other batch gets a graph built and
+        scheduled afresh, from where the weights are now: nothing to drop. That is nearly
+        always so after a swap (the last graph is one generated token's, the prompt's next
+        batch is longer or an image's). Our batches are one micro-batch each (`n_ubatch` is
+        `n_batch` and prompts go in `n_batch` pieces), so a batch's shape is its graph's.
+
+        Otherwise the last graph is dropped with llama.cpp's `llama_graph_reserve`
+        (llama-ext.h): it resets the scheduler and the reusable graphs for the price of one
+        token's graph (~0.8 ms for SmolLM2); where it is missing, `llama_set_adapter_cvec(NULL)`
+        makes the next decode rebuild the whole scheduler and its compute buffers."""
+        last = self._last_batch
+        self._last_batch = (kind, n_tokens)  # before the decode: a failed one may leave a graph
         if not self._replan:
             return
         self._replan = False
+        if last is None or last[0] != kind or (kind == "tokens" and last[1] != n_tokens):
+            return
         L = llama()
         L.llama_synchronize(self.ctx)  # nothing of the last graph may still run
         fn = _graph_reserve_fn()

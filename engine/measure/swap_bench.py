@@ -1,8 +1,10 @@
 """`ebb-engine bench swap`: the same vision turn with the reload mover and the live mover.
 
 Swap time is what the model spends giving VRAM up and taking it back (evict, restore, any
-state carried, the re-schedule); the projector's own load, encode and free are the same for
-both movers and left out. `bytes_moved` is what must be copied back to the device; `limit_s`
+state carried); the projector's own load, encode and free are the same for both movers and
+left out. After the live mover's restore llama.cpp plans its next graph when the prompt's
+first batch comes, as it does for any batch of a new shape; the bench's turns compare the
+prefill step beside the swap (`prefill_s`), so a cost moved from one to the other shows. `bytes_moved` is what must be copied back to the device; `limit_s`
 is that over the device's measured copy bandwidth: the least any mover can spend.
 
 Each mover swaps `n_images` times. Noise only ever adds time, so each mover's swap is its
@@ -60,7 +62,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             raise EbbError(f"the {mover} mover is not available: {s.model.mover_note}")
         s.before_restore = before_restore
         texts = [s.turn("Say hello.", [], gp).text]
-        swaps, moved, peak = [], [], 0
+        swaps, prefills, moved, peak = [], [], [], 0
         for pic in pictures:
             res = s.turn("What is in this picture?", [pic], gp)
             if res.error:
@@ -69,9 +71,10 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             s.undo_last_exchange()  # every swap from the same conversation, within the context
             steps = [sp for sp in res.spans if sp.name in SWAP_STEPS]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
+            prefills.append(sum(sp.end_s - sp.start_s for sp in res.spans if sp.name == "prefill"))
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
             peak = res.device_peak_bytes.get(s.model.accel or "", 0)
-        return {"swaps_s": swaps, "bytes_moved": int(statistics.median(moved)) if moved else 0,
+        return {"swaps_s": swaps, "prefills_s": prefills, "bytes_moved": int(statistics.median(moved)) if moved else 0,
                 "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.model.placement.n_layers_on_accel}
 
 
@@ -114,6 +117,9 @@ def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
         "reload_swap_s": round(reload_s, 4), "live_swap_s": round(live_s, 4),
         "reload_swap_median_s": round(reload_med, 4), "live_swap_median_s": round(live_med, 4),
         "live_swaps_s": [round(x, 4) for x in live["swaps_s"]],
+        # the step after the swap, which plans llama.cpp's first graph after it (fastest, median)
+        "prefill_s": {m: [round(min(r["prefills_s"]), 4), round(statistics.median(r["prefills_s"]), 4)]
+                      for m, r in (("reload", reload), ("live", live))},
         "bytes_moved": live["bytes_moved"], "reload_bytes_moved": reload["bytes_moved"],
         "bandwidth_Bps": round(bandwidth), "bandwidth_samples_Bps": [round(r) for r in rates],
         "bandwidth_piece_bytes": piece,  # 0: the whole buffer in one copy

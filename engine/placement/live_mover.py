@@ -40,9 +40,10 @@ _FIELDS = ("buffer", "data", "extra")
 
 
 class _Fields:
-    """The `buffer`, `data` and `extra` fields of one layer's weight tensors, written in a few
-    numpy stores rather than three ctypes writes per tensor (a restore points a few hundred
-    tensors; one by one that took 0.6 ms of Python). The structs lie in the model's ggml
+    """The `buffer`, `data` and `extra` fields of weight tensors (one layer's, or those of all
+    the layers promoted into one buffer), written in a few numpy stores rather than three
+    ctypes writes per tensor (a restore points a few hundred tensors; one by one that took
+    0.6 ms of Python, a layer at a time 0.15 ms). The structs lie in the model's ggml
     context, side by side: one uint64 view spans them and only their fields' words are touched.
     Structs too far apart or not 8-byte aligned are written one by one. `host` holds the
     fields as the model loaded them (the layer in RAM); they do not change while it lives."""
@@ -91,6 +92,7 @@ class _Group:
     buffer: int
     alloc_bytes: int
     layers: set[int]
+    fields: _Fields  # every tensor of the layers promoted together, pointed in one go
 
 
 @dataclass
@@ -221,7 +223,8 @@ class LiveMover:
         self._views: dict[int, ggml.Tensor] = {}
         self._entries: dict[int, list[Entry]] = {}
         self._fields: dict[int, _Fields] = {}
-        self._layouts: dict[tuple[int, ...], tuple[Layout, list[tuple[int, np.ndarray]]]] = {}
+        self._layer_bytes: dict[int, int] = {}
+        self._layouts: dict[tuple[int, ...], tuple[Layout, np.ndarray, _Fields]] = {}
         self.stats = MoveStats()
         sample = next((p for ptrs in layer_tensors.values() for p in ptrs), None)
         problem = "no layer weights found in host buffers" if sample is None else \
@@ -231,7 +234,11 @@ class LiveMover:
         self._copier = ggml.Copier(accel_handle, remote)
 
     def layer_bytes(self, layer: int) -> int:
-        return sum(int(self.g.base.ggml_nbytes(p)) for p in self.layers.get(layer, []))
+        n = self._layer_bytes.get(layer)
+        if n is None:  # a ctypes call per tensor: asked once (a restore groups by it)
+            n = self._layer_bytes[layer] = sum(int(self.g.base.ggml_nbytes(p))
+                                               for p in self.layers.get(layer, []))
+        return n
 
     def on_device(self) -> list[int]:
         return sorted(self._moved)
@@ -286,14 +293,13 @@ class LiveMover:
         entries = [e for la in layers for e in self._entries_of(la)]
         key = tuple(layers)
         cached = self._layouts.get(key)
-        if cached is None:
+        if cached is None:  # asked while the layers are on the host: `fields.host` is theirs
             layout = layout_copies(entries, self.align, self._copier.piece_bytes,
                                    whole_over_bytes=ggml.RPC_HASH_THRESHOLD_BYTES if self.remote else None)
-            offsets = np.array(layout.offsets, dtype=np.uint64)
-            starts = np.cumsum([0] + [len(self._entries[la]) for la in layers])
-            cached = self._layouts[key] = (layout, [(la, offsets[starts[i]:starts[i + 1]])
-                                                    for i, la in enumerate(layers)])
-        layout, layer_offsets = cached
+            cached = self._layouts[key] = (layout, np.array(layout.offsets, dtype=np.uint64),
+                                           _Fields([e.ptr for e in entries],
+                                                   [self._view(e.ptr) for e in entries]))
+        layout, offsets, fields = cached
         buf = b.ggml_backend_buft_alloc_buffer(self.buft, layout.total_bytes)
         if not buf:
             raise EbbError(f"the accelerator is out of memory moving {len(layers)} layers "
@@ -307,13 +313,11 @@ class LiveMover:
                 # ggml_backend_tensor_alloc would ask the server to initialise each quantized
                 # tensor and wait for it (a round trip each) only to zero its row padding:
                 # point the tensors ourselves and send the zeros (copies need no reply).
-                for la, offs in layer_offsets:
-                    self._fields[la].write(buf, offs + np.uint64(base), 0)
+                fields.write(buf, offsets + np.uint64(base), 0)
                 for offset, n in layout.zero_pads:
                     self._copier.copy(ctypes.addressof(whole), self._zeros(n).ctypes.data, offset, n)
-            else:
-                for la in layers:  # ggml_backend_tensor_alloc places only unplaced tensors
-                    self._fields[la].write(0, 0, self._fields[la].host[2])
+            else:  # ggml_backend_tensor_alloc places only unplaced tensors
+                fields.write(0, 0, fields.host[2])
                 for e, offset in zip(entries, layout.offsets):
                     if b.ggml_backend_tensor_alloc(buf, e.ptr, base + offset) != 0:
                         raise EbbError("ggml could not place a tensor of layer "
@@ -321,14 +325,13 @@ class LiveMover:
             for host, offset, n in layout.copies:  # the last may be on their way on return
                 self._copier.copy(ctypes.addressof(whole), host, offset, n)
         except BaseException:
-            for la in layers:
-                self._fields[la].to_host()
+            fields.to_host()
             b.ggml_backend_buffer_free(buf)
             self.stats.n_frees += 1
             raise
         gid = self._next_group
         self._next_group += 1
-        self._groups[gid] = _Group(buf, layout.total_bytes, set(layers))
+        self._groups[gid] = _Group(buf, layout.total_bytes, set(layers), fields)
         copied = 0
         for la in layers:
             n = sum(e.n_bytes for e in self._entries[la])
@@ -349,18 +352,30 @@ class LiveMover:
     def evict(self, layer: int) -> int:
         """Point `layer` back at its host copy; free its device buffer once no layer uses it.
         Returns the device bytes freed."""
-        moved = self._moved.pop(layer, None)
-        if moved is None:
-            return 0
-        self._fields[layer].to_host()
-        group = self._groups[moved.group]
-        group.layers.discard(layer)
+        return self.evict_many([layer])
+
+    def evict_many(self, layers: list[int]) -> int:
+        """`evict` each of `layers`; the layers of a buffer that all leave are pointed back in
+        one go. Returns the device bytes freed."""
+        leaving: dict[int, list[int]] = {}
+        for layer in layers:
+            moved = self._moved.pop(layer, None)
+            if moved is not None:
+                leaving.setdefault(moved.group, []).append(layer)
         freed = 0
-        if not group.layers:
-            self.g.base.ggml_backend_buffer_free(group.buffer)
-            del self._groups[moved.group]
-            self.stats.n_frees += 1
-            freed = group.alloc_bytes
+        for gid, gone in leaving.items():
+            group = self._groups[gid]
+            if group.layers == set(gone):
+                group.fields.to_host()
+            else:
+                for layer in gone:
+                    self._fields[layer].to_host()
+            group.layers.difference_update(gone)
+            if not group.layers:
+                self.g.base.ggml_backend_buffer_free(group.buffer)
+                del self._groups[gid]
+                self.stats.n_frees += 1
+                freed += group.alloc_bytes
         return freed
 
     def detach(self, layer: int) -> tuple[int, list[Any]]:

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 from engine.config import PhaseTuning
 from engine.placement.plan import device_layers
 
-# a move's cost beyond its bytes, per move: the graphs planned again (~3 ms on loopback RPC; a
-# GPU's is of the same order)
+# a move's cost beyond its bytes, per move: buffers allocated and freed, round trips, and a
+# graph planned again for the next batch (1-3 ms on loopback RPC; a GPU's is of the same order)
 MOVE_FIXED_S = 0.005
 
 

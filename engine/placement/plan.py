@@ -223,7 +223,7 @@ def _steps(strategy: Strategy, accel: str, placement: Placement, need: int, proj
         evict = tuple(layers_to_evict(placement, need - (budget - used)))
         moved = sum(placement.layer_bytes[i] for i in evict)
         # evicting only re-points tensors and frees buffers; restoring copies the layers back
-        # (a few large copies) and re-plans llama.cpp's graph once (~1 ms)
+        # (a few large copies) into a few new buffers (~1 ms of calls and round trips)
         return [PlannedStep("evict", accel, moved, 0.0005 + 0.00002 * len(evict), evict),
                 load, encode_accel,
                 PlannedStep("free_projector", accel, need, FREE_FIXED_S + need / FREE_BPS),

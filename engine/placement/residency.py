@@ -351,8 +351,8 @@ class ModelResidency:
             self.layer_state[layer] = "moving"
         if evict:
             self.emit()
+        self.mover.evict_many(list(evict))
         for layer in evict:
-            self.mover.evict(layer)
             self.layer_state[layer] = CPU
         for group in self._promote_groups(promote, group_bytes):
             for layer in group:
@@ -399,24 +399,23 @@ class ModelResidency:
         return evict, before - self.mover.device_bytes()
 
     def restore_layers(self, layers: Sequence[int]) -> int:
-        """Live mover: bring `layers` back in shared buffers and pay the re-schedule now, until
-        the last copy has landed. Returns the bytes copied; EbbError when the device is full."""
-        assert self.runtime is not None and self.accel is not None
+        """Live mover: bring `layers` back in shared buffers, until the last copy has landed
+        (the next decode plans its graph afresh: `TextRuntime.reschedule`). Returns the bytes
+        copied; EbbError when the device is full."""
+        assert self.accel is not None
         try:
             return self.move(promote=sorted(layers), group_bytes=RESTORE_GROUP_BYTES)
         finally:
-            self.runtime.replan()
             wait_until_done(self.accel)
 
     def move_to(self, layers: set[int]) -> int:
-        """Live mover: exactly `layers` on the device (each phase at its placement), the graph
-        planned again, until the device is done. Returns the bytes copied."""
-        assert self.mover is not None and self.runtime is not None and self.accel is not None
+        """Live mover: exactly `layers` on the device (each phase at its placement), until the
+        device is done (the next decode plans its graph afresh). Returns the bytes copied."""
+        assert self.mover is not None and self.accel is not None
         now = set(self.mover.on_device())
         try:
             return self.move(promote=sorted(layers - now), evict=sorted(now - layers, reverse=True))
         finally:
-            self.runtime.replan()
             wait_until_done(self.accel)
 
     def evict_all(self) -> None:
