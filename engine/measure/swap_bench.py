@@ -3,9 +3,10 @@
 Swap time is what the model spends giving VRAM up and taking it back (evict, restore, any
 state carried); the projector's own load, encode and free are the same for both movers and
 left out. After the live mover's restore llama.cpp plans its next graph when the prompt's
-first batch comes, as it does for any batch of a new shape; the bench's turns compare the
-prefill step beside the swap (`prefill_s`), so a cost moved from one to the other shows. `bytes_moved` is what must be copied back to the device; `limit_s`
-is that over the device's measured copy bandwidth: the least any mover can spend.
+first batch comes, as it does for any batch of a new shape; the prefill step is given beside
+the swap (`prefill_s`), so a cost moved from one to the other shows. `bytes_moved` is what
+must be copied back to the device; `limit_s` is that over the device's measured copy
+bandwidth: the least any mover can spend.
 
 Each mover swaps `n_images` times. Noise only ever adds time, so each mover's swap is its
 fastest. The limit is measured the same way, as an ideal mover that only copies: in every live
