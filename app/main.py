@@ -12,6 +12,9 @@ def _interrupted(signum: int, frame: object) -> None:
     """Ctrl-C in the terminal: one line and exit 130 at once (start-up imports included). What
     was saved is saved: the store commits every message, and a streaming reply every second."""
     os.write(2, b"ebb: interrupted\n")
+    from engine import crashlog
+
+    crashlog.discard()  # ended on purpose: nothing to report at the next start
     os._exit(130)
 
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from app.core.store import Store
     from app.mainwindow.window import MainWindow
     from app.single_instance import FolderLock
+    from engine import crashlog
     from engine.config import SessionConfig
 
 
@@ -202,9 +206,11 @@ def open_window(store: Store, cfg: SessionConfig, rpc: list[str]) -> MainWindow:
     says so and offers safe mode instead (app/safe_mode.py)."""
     from app import safe_mode
     from app.mainwindow.window import MainWindow
+    from engine import crashlog
     from engine.llama import native
 
-    native.enable_crash_log()  # a fatal signal is written down for the next start
+    died = crashlog.unreported()  # before this process's own file is made
+    crashlog.enable("window")  # a fatal signal is written down for the next start
     crash = native.last_crash()
     if store.settings.get(safe_mode.SAFE_MODE_SETTING):
         native.set_safe_mode(True)
@@ -214,7 +220,21 @@ def open_window(store: Store, cfg: SessionConfig, rpc: list[str]) -> MainWindow:
         window.notices.add_banner(safe_mode.crash_banner(crash, store, lambda: window.models.start_load(cfg, rpc)))
     elif native.safe_mode():
         window.notices.add_banner(safe_mode.safe_mode_banner(store))
+    for report in died:  # the first decode's crash is the banner's: the rest say so here
+        kept = crashlog.mark_reported(report)
+        if crash is None or report.pid != crash.pid:
+            window.notices.error(stopped_words(report, kept))
     return window
+
+
+def stopped_words(report: crashlog.Report, kept: Path) -> str:
+    """"Ebb stopped unexpectedly …": what died, when, its first lines, where the report is."""
+    import time as clock
+
+    what = "Ebb" if report.role == "window" else f"Ebb's {report.role} process"
+    when = clock.strftime("%Y-%m-%d %H:%M", clock.localtime(report.when))
+    return (f"{what} stopped unexpectedly ({when}): {report.summary()}\nThe whole report is in "
+            f"{kept}. Your conversations are kept (a reply that was being written, as far as it got).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -311,6 +311,7 @@ class TurnResult:
     # each attachment as the message keeps it (a video's frames, a PDF's pages: attachments.py)
     attachments: list[str] = field(default_factory=list)
     attachment_lines: list[str] = field(default_factory=list)  # "2:10 · 32 frames, ... tokens"
+    attachment_notes: list[list[str]] = field(default_factory=list)  # each one's (repeats left out)
     notes: list[str] = field(default_factory=list)  # what the user should know (frames left out)
     n_images_encoded: int = 0  # the message's images encoded in this turn
     n_images_cached: int = 0  # the message's images whose embeddings were already known
@@ -343,6 +344,11 @@ class TurnResult:
                              "n_image_tokens_encoded": self.n_image_tokens_encoded,
                              "n_image_chunks_encoded": self.n_image_chunks_encoded,
                              "swap_mover": self.swap_mover, **self.gen.to_dict()}
+        if self.attachments:  # what was taken of each: the reference a reopened chat puts back
+            d["attachments"] = [
+                {"ref": ref, "line": line, "notes": notes} for ref, line, notes in zip(
+                    self.attachments, self.attachment_lines + [""] * len(self.attachments),
+                    self.attachment_notes + [[]] * len(self.attachments))]
         if self.device_notes:
             d["device_notes"] = self.device_notes
         if self.phases is not None:

@@ -529,7 +529,7 @@ def _run_check(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     out, err = proc.communicate()
     if proc.returncode != 0:
         native = Path(os.environ.get("EBB_NATIVE_DIR") or cache_root() / "native")
-        for left in (native / f"decoding-{proc.pid}.json", native / f"fault-{proc.pid}.log"):
+        for left in (native / f"decoding-{proc.pid}.json",):
             with contextlib.suppress(OSError):
                 left.unlink()
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -9,7 +9,8 @@ import numpy as np
 
 # container (PyAV's format name), codec, the rate the codec takes
 SOUND_FORMATS = {".ogg": ("ogg", "libopus", 48000),
-                 ".m4a": ("ipod", "aac", 44100), ".webm": ("webm", "libopus", 48000)}
+                 ".m4a": ("ipod", "aac", 44100), ".webm": ("webm", "libopus", 48000),
+                 ".mp4": ("mp4", "aac", 44100)}  # an MP4 with sound alone (brand isom, as a video's)
 
 
 class _Unseekable(io.RawIOBase):
@@ -59,9 +60,12 @@ VIDEO_CODECS = {".mp4": "libx264", ".mov": "mpeg4", ".mkv": "libvpx-vp9", ".webm
 
 
 def write_video(path: Path, scenes: list[tuple[tuple[int, int, int], float]], fps: int = 10,
-                size: tuple[int, int] = (96, 64), sound_hz: float = 0.0) -> Path:
+                size: tuple[int, int] = (96, 64), sound_hz: float = 0.0, rotation: int = 0,
+                left: tuple[int, int, int] | None = None) -> Path:
     """A video of flat colours: each (rgb, seconds) scene in turn, in the container and codec
-    `path`'s suffix names (VIDEO_CODECS); `sound_hz`: with a tone as its sound track."""
+    `path`'s suffix names (VIDEO_CODECS); `sound_hz`: with a tone as its sound track;
+    `rotation`: the display matrix a phone writes (degrees counter-clockwise to show it);
+    `left`: the left half of every frame in this colour (which way up it is shown)."""
     import av
 
     suffix = Path(path).suffix
@@ -71,6 +75,8 @@ def write_video(path: Path, scenes: list[tuple[tuple[int, int, int], float]], fp
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height = w, h
         stream.pix_fmt = "rgb8" if codec == "gif" else ("yuvj420p" if codec == "mjpeg" else "yuv420p")
+        if rotation:
+            stream.set_display_rotation(rotation)
         audio = None
         if sound_hz:
             audio = out.add_stream("aac" if suffix in (".mp4", ".mov") else "libopus", rate=48000)
@@ -78,7 +84,10 @@ def write_video(path: Path, scenes: list[tuple[tuple[int, int, int], float]], fp
         n = 0
         for rgb, seconds in scenes:
             for _ in range(int(round(seconds * fps))):
-                frame = av.VideoFrame.from_ndarray(np.full((h, w, 3), rgb, np.uint8), format="rgb24")
+                pixels = np.full((h, w, 3), rgb, np.uint8)
+                if left is not None:
+                    pixels[:, : w // 2] = left
+                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
                 frame.pts = n
                 n += 1
                 for packet in stream.encode(frame):

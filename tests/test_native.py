@@ -221,6 +221,7 @@ def test_the_window_after_a_crash_says_so_and_starts_in_safe_mode(
 
     data, records = tmp_path / "data", tmp_path / "native"
     monkeypatch.setenv("EBB_NATIVE_DIR", str(records))
+    monkeypatch.setenv("EBB_DATA_DIR", str(data))  # the crash file is the data folder's
     monkeypatch.setattr(native, "_session_safe_mode", "")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     s = Store(data)

@@ -48,7 +48,7 @@ def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
                 return Look(head, None)
             s = video.plan(info, picture_tokens, max(room_tokens, picture_tokens), r.start, r.end, r.every_s)
             n = len(s.times())
-            spacing = f"one every {s.every_s:g} s" if s.every_s >= 1 else f"{1 / s.every_s:g} a second"
+            spacing = video.spacing_words(s.every_s)
             part = ("" if s.start <= 0 and s.end >= info.seconds - 1e-3 else
                     f" of {video.fmt_seconds(s.start)}-{video.fmt_seconds(s.end)}")
             return Look(f"{head} · up to {n} frames{part}, {spacing} · ≈{n * picture_tokens:,} tokens",

@@ -6,11 +6,13 @@ window polls `ready()` on a timer and stops it when it closes. Never listens bey
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from engine import crashlog
 from engine.errors import EbbError
 from engine.paths import engine_argv
 from engine.units import fmt_bytes
@@ -39,7 +41,8 @@ class StandIn:
         self.proc = subprocess.Popen([*engine_argv(), "rpc-serve", "--host", HOST, "--port", str(self.port),
                                       "--device-memory", str(memory_bytes)],
                                      stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     env={**os.environ, crashlog.ROLE_ENV: "stand-in"})
         if not isinstance(log, int):  # a file of ours, not subprocess.DEVNULL
             log.close()
 
@@ -69,6 +72,7 @@ class StandIn:
         return lines[-1] if lines else "no output"
 
     def stop(self) -> None:
+        """Ended on purpose: its crash file goes too (a crash before this stays reported)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -76,3 +80,4 @@ class StandIn:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            crashlog.forget(self.proc.pid, "stand-in")

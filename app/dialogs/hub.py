@@ -76,6 +76,7 @@ class HubDialog(QDialog):
         self._generation = 0  # a newer listing makes an older one's verdicts stale
         self._searches = 0  # a newer search makes an older one's results stale
         self.verdicts: dict[int, Any] = {}  # row -> Verdict, as they come (the recommendation)
+        self.refused: dict[int, str] = {}  # row -> why it cannot be loaded (never downloaded)
         self._build(settings)
         self.jobs.found.connect(self._on_found)
         self.jobs.listed.connect(self._on_listed)
@@ -184,6 +185,7 @@ class HubDialog(QDialog):
         query, images, sort = self.query.text().strip(), self.images.isChecked(), self.sort.currentData()
         self._say("")
         self.status.setText("Searching…" if query else "Finding the most downloaded models…")
+        self._forget_repo("")  # the last repo's files, verdicts and Download go with its results
         self._searches += 1
         n = self._searches
         self._try(lambda: self.jobs.found.emit((n, search(query, images, sort, 40, endpoint, token))))
@@ -215,22 +217,30 @@ class HubDialog(QDialog):
 
         if item is None:
             return
-        self.repo = str(item.data(Qt.ItemDataRole.UserRole))
-        self.files = None
-        self.table.setRowCount(0)
-        self.projector.clear()
+        self._forget_repo(str(item.data(Qt.ItemDataRole.UserRole)))
         self.repo_label.setText(f"{self.repo}: reading its files…")
         self._say("")
         endpoint, token = self._hub()
         repo = self.repo
         self._try(lambda: self.jobs.listed.emit(repo_files(repo, endpoint, token)))
 
+    def _forget_repo(self, repo: str) -> None:
+        """Another repo (or none, "", for a new search): nothing of the last one stays."""
+        self.repo = repo
+        self.files = None
+        self._generation += 1  # its verdicts still on their way are dropped
+        self.verdicts, self.refused = {}, {}
+        self.table.setRowCount(0)
+        self.projector.clear()
+        self.repo_label.setText("")
+        self._update_buttons()
+
     def _on_listed(self, files: RepoFiles) -> None:
         if files.repo != self.repo:
             return  # the user picked another repo meanwhile
         self.files = files
         self._generation += 1
-        self.verdicts = {}
+        self.verdicts, self.refused = {}, {}
         self.repo_label.setText(f"{files.repo}: judged for this machine "
                                 f"({self.machine.accel or 'CPU only'}) from each file's header")
         self.table.setRowCount(len(files.quants))
@@ -272,9 +282,11 @@ class HubDialog(QDialog):
         if generation != self._generation or row >= self.table.rowCount():
             return
         text = v if isinstance(v, str) else v.text
-        if not isinstance(v, str):
+        if isinstance(v, str):
+            self.refused[row] = text
+        else:
             self.verdicts[row] = v
-            self._update_buttons()
+        self._update_buttons()
         item = QTableWidgetItem(text)
         item.setToolTip(text)
         if isinstance(v, str) or not v.fits:
@@ -295,11 +307,16 @@ class HubDialog(QDialog):
 
     def _update_buttons(self) -> None:
         busy = self._following(RUNNING)
-        picked = bool(self.table.selectedItems())
-        rec = None if picked else self.recommended_row()
+        rows = {i.row() for i in self.table.selectedItems()}
+        picked = bool(rows)
+        rec = None if picked or not self.files else self.recommended_row()
+        broken = [self.refused[r] for r in sorted(rows) if r in self.refused]
         self.download.setText("Download" if picked or rec is None else
                               f"Download {self.files.quants[rec].label} (suits this machine)")
-        self.download.setEnabled(bool(self.files) and (picked or rec is not None) and not busy)
+        # a set that cannot be loaded (a part missing, not a GGUF) is never downloaded
+        self.download.setEnabled(bool(self.files) and (picked or rec is not None) and not busy
+                                 and not broken)
+        self.download.setToolTip(broken[0] if broken else "")
         self.pause.setEnabled(busy)
         self.stop.setEnabled(busy or self._following(PAUSED))
 

@@ -25,7 +25,7 @@ from app.core.settings import DEMO, Settings
 from app.widgets.start_folder import start_folder
 from engine.config import flash_choice
 from engine.errors import EbbError
-from engine.models.local import find_models, model_folders, projectors_beside
+from engine.models.local import find_models, model_bytes, model_folders, projectors_beside
 from engine.units import fmt_bytes
 
 
@@ -37,7 +37,7 @@ def model_label(model: Path) -> str:
 
     m = re.search(r"[.\-_]((?:I?Q\d[\w]*|F16|F32|BF16|MXFP4\w*))\.gguf$", model.name, flags=re.I)
     try:
-        size = fmt_bytes(model.stat().st_size)
+        size = fmt_bytes(model_bytes(model))  # a split model's parts together
     except OSError:
         size = "?"
     bits = [readable_model_name(str(model)), size] + ([m.group(1).upper()] if m else [])

@@ -6,6 +6,7 @@ Every problem a user can fix prints one line on stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from engine.cli.common import EXIT_INTERRUPTED, EXIT_USER_ERROR, exit_on_interrupt
@@ -41,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_interrupt()  # a command that can stop gracefully installs its own handler
     import faulthandler
 
-    faulthandler.enable()  # a native crash says where it happened on stderr, not nothing
+    from engine import crashlog
+
+    role = os.environ.get(crashlog.ROLE_ENV)
+    if role:  # a process the window started (the stand-in): its crash file, for the next start
+        crashlog.enable(role)
+    else:
+        faulthandler.enable()  # a native crash says where it happened on stderr, not nothing
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(argv[0] if argv else None).parse_args(argv)

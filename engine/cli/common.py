@@ -59,6 +59,9 @@ def exit_on_interrupt() -> None:
     long call into llama.cpp; its progress callback lets this handler run during it."""
     def handler(signum: int, frame: FrameType | None) -> None:
         os.write(2, b"ebb-engine: interrupted\n")
+        from engine import crashlog
+
+        crashlog.discard()  # ended on purpose: nothing to report at the window's next start
         os._exit(EXIT_INTERRUPTED)
     signal.signal(signal.SIGINT, handler)
 

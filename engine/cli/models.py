@@ -83,12 +83,17 @@ def _recommended(args: argparse.Namespace, files: Any) -> Any:
     if files.projectors and not args.no_mmproj:
         with contextlib.suppress(EbbError):  # judged as text only
             projector = remote_projector(args.repo, files.projectors[0], args.endpoint, args.token)
-    judged = []
+    judged, refused = [], []
     for q in files.quants:
-        with contextlib.suppress(EbbError):  # a header that cannot be read is not picked
+        try:  # a header that cannot be read, or a broken set, is not picked
             judged.append((q.label, judge_remote(args.repo, q, projector, machine, args.endpoint,
                                                  args.token)))
+        except EbbError as exc:
+            refused.append(f"{q.label}: {exc.what}")
     pick = recommend(judged)
+    if pick is None and not judged:
+        raise EbbError(f"none of {args.repo}'s quantisations can be loaded: " + "; ".join(refused),
+                       "pick another repo")
     if pick is None:
         raise EbbError(f"none of {args.repo}'s quantisations fits this machine",
                        "see `ebb-engine models show " + args.repo + "` for each one's verdict")
@@ -112,6 +117,10 @@ def cmd_get(args: argparse.Namespace) -> int:
     if quant is None:
         raise EbbError(f"{args.repo} has no quantisation {args.quant!r}",
                        "pick one of " + ", ".join(q.label for q in files.quants))
+    if args.quant is not None:  # a broken set or a file that is no GGUF: said before downloading
+        from engine.hub.verdict import remote_model
+
+        remote_model(args.repo, quant, args.endpoint, args.token)
     projector = None
     if not args.no_mmproj and files.projectors:
         projector = next((p for p in files.projectors if p.name == args.mmproj),
@@ -130,6 +139,9 @@ def cmd_get(args: argparse.Namespace) -> int:
         return 130
     if not args.json:
         print(file=sys.stderr)
+    from engine.gguf.info import read_gguf
+
+    read_gguf(got.model)  # "ready" only for what llama.cpp can load: the set on disk, checked
     out = {"model": str(got.model), "projector": str(got.projector) if got.projector else None}
     print(json.dumps(out) if args.json else
           f"ready: {got.model}" + (f"\n  with {got.projector}" if got.projector else "")

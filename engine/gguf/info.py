@@ -196,6 +196,9 @@ def read_gguf(path: Path) -> GGUFFile:
     if no != 0:
         raise EbbError(f"{gf.path.name} is part {no + 1} of {count} of a split model",
                        f"open its first part, {first.name}")
+    if int(m["count"]) != count:
+        raise EbbError(f"{gf.path.name} says the model is split in {count} parts, and its name "
+                       f"says {int(m['count'])}: the set is damaged or mixed", "download the set again")
     names = [gf.path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
     missing = [p.name for p in names if not p.is_file()]
     if missing:
@@ -205,11 +208,35 @@ def read_gguf(path: Path) -> GGUFFile:
     return merge_parts([gf, *(_read_one(p) for p in names)])
 
 
+def check_parts(parts: list[GGUFFile]) -> None:
+    """A split set is whole and in order as llama.cpp will load it: part i says it is part i
+    (`split.no`) of as many as there are (`split.count`), and the tensors add up to what the
+    first part says (`split.tensors.count`); else an EbbError naming the part. (llama.cpp
+    refuses such a set only when it loads it.)"""
+    count = len(parts)
+    for i, part in enumerate(parts):
+        no = int(part.metadata.get("split.no") or 0)
+        says = int(part.metadata.get("split.count") or 1)
+        name = part.path.name
+        if says != count:
+            raise EbbError(f"{name} says the model is split in {says} parts, and the set has {count}",
+                           "download the whole set again")
+        if no != i:
+            raise EbbError(f"{name} is part {i + 1} of the split model by its name, and part {no + 1} "
+                           "by its header: the parts are mixed up", "download the set again")
+    n_tensors = sum(len(p.tensors) for p in parts)
+    want = parts[0].metadata.get("split.tensors.count")
+    if want is not None and int(want) != n_tensors:
+        raise EbbError(f"{parts[0].path.name} says the split model has {int(want)} tensors, and its "
+                       f"{count} parts hold {n_tensors}", "download the set again")
+
+
 def merge_parts(parts: list[GGUFFile]) -> GGUFFile:
-    """A split GGUF's parts as one file (read here or from the Hub): the first part's path and
-    metadata, every part's tensors and bytes."""
-    if len(parts) == 1:
+    """A split GGUF's parts as one file (read here or from the Hub), checked (`check_parts`):
+    the first part's path and metadata, every part's tensors and bytes."""
+    if len(parts) == 1 and int(parts[0].metadata.get("split.count") or 1) <= 1:
         return parts[0]
+    check_parts(parts)
     return replace(parts[0], file_bytes=sum(p.file_bytes for p in parts),
                    tensors=tuple(t for p in parts for t in p.tensors))
 

@@ -31,6 +31,7 @@ class Quant:
     """One quantisation of the model: one file, or the parts of a split one in order."""
     label: str  # Q4_K_M, F16, ... (the file's name when it says none)
     parts: tuple[HubFile, ...]
+    missing: tuple[str, ...] = ()  # a split set's parts the repo lacks: it cannot be loaded
 
     @property
     def size_bytes(self) -> int:
@@ -63,7 +64,8 @@ def quant_label(name: str) -> str:
 
 def sort_files(repo: str, files: list[HubFile]) -> RepoFiles:
     """GGUF files into quantisations (the parts of a split one together, in order) and
-    projectors; an incomplete split set is left out (it could not be loaded)."""
+    projectors; an incomplete split set is kept with the names of its missing parts (listed,
+    judged as "cannot be loaded", never downloaded)."""
     ggufs = [f for f in files if f.name.lower().endswith(".gguf")]
     projectors = sorted((f for f in ggufs if is_projector(f.name)), key=lambda f: -f.size_bytes)
     splits: dict[str, list[tuple[int, int, HubFile]]] = {}
@@ -78,9 +80,10 @@ def sort_files(repo: str, files: list[HubFile]) -> RepoFiles:
         splits.setdefault(m["stem"], []).append((int(m["part"]), int(m["count"]), f))
     for stem, parts in splits.items():
         parts.sort(key=lambda p: p[0])
-        count = parts[0][1]
-        if [p[0] for p in parts] == list(range(1, count + 1)):
-            quants.append(Quant(quant_label(stem + ".gguf"), tuple(p[2] for p in parts)))
+        count = max(p[1] for p in parts)
+        have = {p[0] for p in parts}
+        missing = tuple(f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1) if i not in have)
+        quants.append(Quant(quant_label(stem + ".gguf"), tuple(p[2] for p in parts), missing))
     quants.sort(key=lambda q: q.size_bytes)
     return RepoFiles(repo, tuple(quants), tuple(projectors))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from engine.errors import EbbError
 from engine.events import DeviceInfo
 from engine.gguf.info import ModelInfo, ProjectorInfo
 from engine.hub.catalog import HubFile, Quant
@@ -156,11 +157,24 @@ def judge_remote(repo: str, quant: Quant, proj: ProjectorInfo | None, machine: M
                  n_ctx: int = 4096) -> Verdict:
     """The verdict for a quantisation on the Hub (`catalog.Quant`: every part's header is
     read, a split model's tensors are in all of them) with a projector already read."""
-    from engine.gguf.info import merge_parts, model_info
+    from engine.gguf.info import model_info
+
+    return judge(model_info(remote_model(repo, quant, endpoint, token)), proj, machine, n_ctx)
+
+
+def remote_model(repo: str, quant: Quant, endpoint: str | None = None,
+                 token: str | None = None) -> Any:
+    """The quantisation's header as llama.cpp would load it (a split set's parts merged and
+    checked, engine/gguf/info.py's `check_parts`); an EbbError names a part that is missing, not
+    a GGUF, or out of place: the same refusals a local set gets."""
+    from engine.gguf.info import merge_parts
     from engine.hub.remote import remote_gguf
 
-    parts = [remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts]
-    return judge(model_info(merge_parts(parts)), proj, machine, n_ctx)
+    if quant.missing:
+        n = len(quant.parts) + len(quant.missing)
+        raise EbbError(f"{quant.label} is split in {n} parts, and {repo} lacks "
+                       f"{', '.join(quant.missing)}: it cannot be loaded", "pick another quantisation")
+    return merge_parts([remote_gguf(repo, p.name, endpoint=endpoint, token=token) for p in quant.parts])
 
 
 def recommend(verdicts: list[tuple[str, Verdict]]) -> tuple[str, str] | None:

@@ -269,41 +269,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def enable_crash_log() -> None:
-    """Let Python's fault handler write the fatal signal of this process to a file beside the
-    sentinels (the window: it has no terminal), so `last_crash` can name it. Removed at a
-    normal exit."""
-    import atexit
-    import faulthandler
-
-    path = record_dir() / f"fault-{os.getpid()}.log"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "w")  # noqa: SIM115 - open for the life of the process
-    except OSError:
-        return
-    faulthandler.enable(file=fh, all_threads=True)
-
-    def _remove() -> None:
-        faulthandler.disable()
-        fh.close()
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-    atexit.register(_remove)
-
-
 def _fault_signal(pid: int) -> str:
-    path = record_dir() / f"fault-{pid}.log"
-    try:
-        text = path.read_text(errors="replace")
-        path.unlink()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith("Fatal Python error: "):
-            return line.removeprefix("Fatal Python error: ").strip()
-    return ""
+    from engine import crashlog
+
+    return crashlog.fault_of(pid)
 
 
 def peek_crash() -> Crash | None:
@@ -335,8 +304,4 @@ def last_crash() -> Crash | None:
                            bool(data.get("safe_mode")), _fault_signal(pid)))
         with contextlib.suppress(OSError):
             path.unlink()
-    for stale in folder.glob("fault-*.log") if folder.is_dir() else []:  # a kill -9's leftovers
-        with contextlib.suppress(OSError, ValueError):
-            if not _alive(int(stale.stem.split("-", 1)[1])):
-                stale.unlink()
     return max(found, key=lambda c: c.when) if found else None

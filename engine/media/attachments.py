@@ -60,11 +60,21 @@ class Ref:
         return f"{self.path}#{urlencode(q, safe=',-')}" if q else str(self.path)
 
 
+def names_a_file(text: str) -> bool:
+    """Whether `text` as a whole is the path of an existing file or folder. A reference is not
+    a path: one with 64 frames is longer than a file's name may be (the system then raises
+    "File name too long"), and so is never one."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def parse(ref: str | Path) -> Ref:
     """A reference (see the module's words); a `#` that is part of a file's name stays one."""
     text = str(ref)
     base, sep, frag = text.rpartition("#")
-    if not sep or Path(text).exists() or not frag:
+    if not sep or not frag or names_a_file(text):
         return Ref(Path(text))
     pairs = parse_qsl(frag, keep_blank_values=True)
     if not pairs or any(k not in KEYS for k, _ in pairs):
@@ -241,7 +251,7 @@ def load_part(ref: str, side: int) -> LoadedMedia:
 def is_part(ref: str) -> bool:
     """A frame's or a page's reference (not a whole file)."""
     base, sep, frag = str(ref).rpartition("#")
-    return bool(sep) and frag.partition("=")[0] in ("t", "page", "sound") and not Path(str(ref)).exists()
+    return bool(sep) and frag.partition("=")[0] in ("t", "page", "sound") and not names_a_file(str(ref))
 
 
 @dataclass

@@ -78,16 +78,11 @@ def sniff(head: bytes) -> str | None:
 
 
 def is_clip(path: Path) -> bool:
-    """The file is a sound clip: by its name's suffix, or by its first bytes (a container that
-    may hold a video, MP4 or WebM, only by its name)."""
-    if Path(path).suffix.lower() in AUDIO_SUFFIXES + OTHER_SOUND_SUFFIXES:
-        return True
-    try:
-        with open(path, "rb") as f:
-            kind = sniff(f.read(12))
-    except OSError:
-        return False
-    return kind is not None and kind not in AV_CONTAINER_KINDS
+    """The file is a sound clip, as the one place that decides what a file is says (an MP4 or
+    WebM with sound alone is one, by its header's streams)."""
+    from engine.media.kinds import CLIP, kind_of
+
+    return kind_of(path) == CLIP
 
 
 def fmt_seconds(seconds: float) -> str:

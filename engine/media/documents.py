@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
-from engine.media.files import checked_file
+from engine.media.files import checked_file, over_words
 
 MAX_PAGES = 64  # a longer PDF is taken a range at a time (pages the message names)
 MAX_DOCUMENT_BYTES = 500 * 1024 * 1024
@@ -165,8 +165,9 @@ def text_file(path: Path) -> str:
     path = Path(path)
     size = checked_file(path, "file", 0, "")
     if size > MAX_TEXT_FILE_BYTES:
-        raise EbbError(f"{path.name} is {size / (1024 * 1024):.1f} MiB of text, more than a chat "
-                       "takes", "attach the part the question is about")
+        size_s, limit_s = over_words(size, MAX_TEXT_FILE_BYTES)
+        raise EbbError(f"{path.name} is {size_s} of text, more than the {limit_s} a chat takes",
+                       "attach the part the question is about")
     data = path.read_bytes()
     text = decode_text(data, path.name)
     fence = "````" if "```" in text else "```"

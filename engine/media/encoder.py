@@ -64,6 +64,7 @@ class MediaEncoder:
         self.costs = default_costs(info, n_threads, accel, remote)
         self.enabled = info is not None
         self.ram: ProjectorRuntime | None = None
+        self.refused = ""  # why the projector given is not used (sound it cannot encode), or ""
         self.on_device: ProjectorRuntime | None = None  # resident, or borrowed for a swap
         # chunk key (image key#index) -> embeddings, least recently used first
         self._cache: collections.OrderedDict[str, Encoded] = collections.OrderedDict()
@@ -208,9 +209,7 @@ class MediaEncoder:
             return load_image(path)
         clip = clip_info(path)  # empty, damaged, unknown or too long: refused before decoding
         if self.ram is None or not self.ram.hears:
-            raise EbbError(f"{path.name} is a sound clip, and "
-                           + ("the loaded projector does not hear" if self.ram is not None
-                              else "no projector is loaded"),
+            raise EbbError(f"{path.name} is a sound clip, and " + self.why_deaf(),
                            "load a model with an audio or omni projector, or remove the clip")
         data = path.read_bytes()
         samples = decode_for_projector(path, data, clip, self.ram.sample_rate, self.ram.decode_audio)
@@ -218,6 +217,16 @@ class MediaEncoder:
             raise EbbError(f"{path.name} has no sound in it (0 samples)", "record or choose another clip")
         return LoadedMedia(str(path), hashlib.sha256(data).hexdigest(), len(samples) // 4,
                            CLIP_HEIGHT, samples)
+
+    def why_deaf(self) -> str:
+        """Why a clip cannot be heard: the projector was refused (and why), it does not hear
+        (by its name), or there is none."""
+        if self.ram is not None:
+            name = self.cfg.mmproj_path.name if self.cfg.mmproj_path is not None else "the projector"
+            return f"the loaded projector ({name}) does not hear"
+        if self.refused:
+            return f"the projector given was refused: {self.refused}"
+        return "no projector is loaded"
 
     def bitmap(self, key: str, pixels: LoadedMedia | None) -> Bitmap:
         """The picture or clip for the tokenizer: its pixels or samples when given, else its

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.media.files import too_large
 
 MAX_IMAGE_PIXELS = 50_000_000  # larger is refused before decoding
 MAX_IMAGE_FILE_BYTES = 200 * 1024 * 1024
@@ -53,8 +54,7 @@ def _checked_size(path: Path) -> int:
         raise EbbError(f"image not found: {path}", "check the path")
     size = path.stat().st_size
     if size > MAX_IMAGE_FILE_BYTES:
-        raise EbbError(f"image {path.name} is {size // (1024 * 1024)} MiB, too large",
-                       f"use an image under {MAX_IMAGE_FILE_BYTES // (1024 * 1024)} MiB")
+        raise too_large(f"image {path.name}", size, MAX_IMAGE_FILE_BYTES, "an image")
     return size
 
 

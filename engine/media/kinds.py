@@ -44,6 +44,8 @@ def kind_of(path: Path) -> str | None:
         return VIDEO
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return VIDEO if _animated_gif(path) else PICTURE
+    if _bom_text(_sample(path)):  # text first: UTF-16's byte-order mark is also MP3's frame sync
+        return TEXT
     sound = sniff(head[:12])
     if sound in AV_CONTAINER_KINDS:  # MP4/MOV, WebM/Matroska, ASF: sound alone, or a video
         return VIDEO if _has_pictures(path) else CLIP
@@ -64,6 +66,8 @@ def kind_of_bytes(data: bytes) -> str | None:
         return PDF
     if (head[:4] == _AVI[0] and head[8:12] == _AVI[1]) or head[:6] in (b"GIF87a", b"GIF89a"):
         return VIDEO
+    if _bom_text(data[:4096]):
+        return TEXT
     sound = sniff(head[:12])
     if sound in AV_CONTAINER_KINDS:
         return VIDEO
@@ -106,13 +110,36 @@ def _animated_gif(path: Path) -> bool:
         return False
 
 
-def _looks_like_text(path: Path) -> bool:
+def _sample(path: Path) -> bytes:
     try:
         with open(path, "rb") as f:
-            sample = f.read(4096)
+            return f.read(4096)
     except OSError:
-        return False
+        return b""
+
+
+def _looks_like_text(path: Path) -> bool:
+    sample = _sample(path)
     return bool(sample) and b"\x00" not in sample
+
+
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def _bom_text(sample: bytes) -> bool:
+    """The bytes start with a text byte-order mark and go on as text in that encoding (mostly
+    printable characters): a UTF-16 or UTF-8 text file, whatever its name."""
+    for bom, encoding in _BOMS:
+        if sample.startswith(bom):
+            body = sample[len(bom):]
+            if encoding != "utf-8":
+                body = body[:len(body) - len(body) % 2]
+            text = body.decode(encoding, errors="ignore")  # the sample may end mid-character
+            if not text:
+                return len(body) < 4  # a mark alone: an empty text file
+            shown = sum(c.isprintable() or c in "\t\r\n\f" for c in text)
+            return shown >= 0.95 * len(text)
+    return False
 
 
 def attach_filter() -> str:

@@ -29,7 +29,7 @@ MAX_FPS = 4.0  # llama.cpp's default --video-fps
 TIMESTAMP_EVERY_S = 5.0  # llama.cpp's default --video-timestamp-interval (5000 ms)
 MAX_VIDEO_SECONDS = 3 * 3600  # longer is refused from the header: choose a part
 MAX_FRAMES = 64  # frames one video gives a message, whatever the context's room
-REPEAT_DIFF = 2.0  # mean |difference| (0-255) of 32x32 grey thumbnails under which a frame repeats
+REPEAT_DIFF = 2.0  # mean |difference| (0-255) of 32x32 colour thumbnails under which a frame repeats
 SEEK_GAP_S = 2.0  # frames further apart than this are reached by seeking, not decoding through
 PROMPT_START = "Video:"
 
@@ -43,6 +43,7 @@ class VideoInfo:
     codec: str
     format: str  # the container, as the chip says it: "MP4", "WebM", "GIF", ...
     has_sound: bool
+    rotation: int = 0  # degrees counter-clockwise the frames are turned to be shown (a phone's)
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,11 @@ def probe(path: Path) -> VideoInfo:
             seconds = stream_seconds(c, vs)
             fps = float(vs.average_rate or vs.guessed_rate or 0)
             kind = _CONTAINERS.get(c.format.name, c.format.name.split(",")[0].upper())
-            info = VideoInfo(seconds, fps, int(ctx.width or 0), int(ctx.height or 0), ctx.name,
-                             kind, bool(c.streams.audio))
+            width, height = int(ctx.width or 0), int(ctx.height or 0)
+            turn = _first_rotation(c, vs)
+            if turn in (90, 270):  # a phone's portrait video: stored landscape, shown upright
+                width, height = height, width
+            info = VideoInfo(seconds, fps, width, height, ctx.name, kind, bool(c.streams.audio), turn)
     except EbbError:
         raise
     except _errors() as exc:
@@ -109,6 +113,32 @@ def probe(path: Path) -> VideoInfo:
         raise EbbError(f"{name} is {fmt_seconds(info.seconds)} long; Ebb takes videos up to "
                        f"{fmt_seconds(MAX_VIDEO_SECONDS)}", "cut the part the question is about")
     return info
+
+
+def _rotation(frame: Any) -> int:
+    """The turn a frame's display matrix asks for (0, 90, 180 or 270 counter-clockwise): how a
+    phone that was held upright stores its landscape pictures."""
+    try:
+        degrees = float(getattr(frame, "rotation", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+    return int(round(degrees / 90.0)) % 4 * 90
+
+
+def _first_rotation(container: Any, stream: Any) -> int:
+    """The first frame's turn (the header of an MP4 carries it as the frames' side data)."""
+    try:
+        frame = next(container.decode(stream), None)
+    except _errors():
+        return 0
+    return _rotation(frame) if frame is not None else 0
+
+
+def upright(frame: Any) -> Any:
+    """A decoded frame as an RGB PIL image, turned the way it is meant to be shown."""
+    image = frame.to_image().convert("RGB")
+    turn = _rotation(frame)
+    return image.rotate(turn, expand=True) if turn else image
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -181,7 +211,7 @@ def decode(path: Path, times: list[float], size: tuple[int, int]) -> list[tuple[
                 pick = shown if shown is not None else pending  # before the first: the first
                 if pick is None:
                     break
-                image = pick.to_image().convert("RGB")
+                image = upright(pick)
                 out.append((t, image if image.size == size else image.resize(size)))
     except StopIteration:
         raise EbbError(f"{path.name} has no pictures in it", "choose a video") from None
@@ -201,13 +231,14 @@ def _time(frame: Any, tb: Any) -> float:
 
 
 def drop_repeats(frames: list[tuple[float, Any]]) -> tuple[list[tuple[float, Any]], int]:
-    """The frames without those that repeat the one kept before them (a still screen)."""
+    """The frames without those that repeat the one kept before them (a still screen), compared
+    in colour: red and green of one brightness are two scenes."""
     import numpy as np
 
     kept: list[tuple[float, Any]] = []
     last = None
     for t, im in frames:
-        thumb = np.asarray(im.convert("L").resize((32, 32)), dtype=np.float32)
+        thumb = np.asarray(im.convert("RGB").resize((32, 32)), dtype=np.float32)
         if last is not None and float(np.abs(thumb - last).mean()) < REPEAT_DIFF:
             continue
         kept.append((t, im))
@@ -231,11 +262,15 @@ def layout(times: list[float]) -> list[tuple[str, str]]:
     return out
 
 
+def spacing_words(every_s: float) -> str:
+    """"one every 4 s", "3.8 a second" (never "3.84615 a second")."""
+    return f"one every {every_s:.3g} s" if every_s >= 1 else f"{1 / every_s:.2g} a second"
+
+
 def describe(info: VideoInfo, sampling: Sampling, n_frames: int, n_tokens: int,
              n_repeats: int = 0) -> str:
     """"2:10 · 32 frames, one every 4 s · 2,048 tokens" (the attachment's line)."""
-    every = sampling.every_s
-    spacing = f"one every {every:g} s" if every >= 1 else f"{1 / every:g} a second"
+    spacing = spacing_words(sampling.every_s)
     part = ("" if sampling.start <= 0 and sampling.end >= info.seconds - 1e-3 else
             f" of {fmt_seconds(sampling.start)}-{fmt_seconds(sampling.end)}")
     repeats = f", {n_repeats} repeat{'s' if n_repeats != 1 else ''} left out" if n_repeats else ""

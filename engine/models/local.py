@@ -33,6 +33,24 @@ def find_models(folders: list[Path], limit: int = 500) -> list[Path]:
     return out
 
 
+_PARTS = re.compile(r"^(?P<stem>.+)-00001-of-(?P<count>\d{5})\.gguf$")
+
+
+def model_bytes(model: Path) -> int:
+    """A model's size on disk: a split model's parts together (those that are there), by their
+    names; an OSError when the file itself is gone."""
+    size = model.stat().st_size
+    m = _PARTS.match(model.name)
+    if m is None:
+        return size
+    for i in range(2, int(m["count"]) + 1):
+        try:
+            size += model.with_name(f"{m['stem']}-{i:05d}-of-{m['count']}.gguf").stat().st_size
+        except OSError:
+            continue
+    return size
+
+
 def is_projector_name(path: Path) -> bool:
     """mmproj-*.gguf, or a model's own name with mmproj in it (Qwen2.5-VL-7B-mmproj-f16.gguf)."""
     return "mmproj" in path.name.lower()

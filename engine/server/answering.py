@@ -110,6 +110,8 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
                          for t in before], tag=req.conversation_tag)
     images = [image_path(job, i) for i in last.images]
     said = _names_said([*before, last], job)
+    if req.transcribe:  # speech, to a model that hears, and no longer than speech can be
+        req = replace(req, max_tokens=_transcript_cap(session, images, req.max_tokens, said))
     pending: list[Logprob] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     if req.json_reply and grammar == req.grammar:  # response_format's JSON, not a tool grammar
@@ -160,6 +162,37 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         logprobs=logprobs_within(g.logprobs, "".join(shown) or held),
         tool_calls=[c.to_openai() for c in calls] or None)
     return session, result
+
+
+# Fast speech is about 3 words (4-5 tokens) a second: a transcript is capped at twice that for
+# the clip's length and a little more, so a model that drifts from the speech stops near its end
+TRANSCRIPT_TOKENS_PER_S = 8
+TRANSCRIPT_EXTRA_TOKENS = 32
+
+
+def _transcript_cap(session: Session, clips: list[Path], asked: int, said: Callable[[str], str]) -> int:
+    """The transcription's token cap from its clip's length; an ApiError (400) for a file with
+    no sound (a silent video) or a model that does not hear: nothing is made up."""
+    from engine.media import kinds
+    from engine.media.audio import clip_info
+
+    [clip] = clips
+    try:
+        kind = kinds.kind_of(clip)
+        if kind == kinds.VIDEO:
+            from engine.media import video
+
+            if not video.probe(clip).has_sound:
+                raise EbbError(f"{clip.name} is a video with no sound: there is no speech to write down",
+                               "send a clip with speech in it")
+        seconds = clip_info(clip).seconds
+    except EbbError as exc:
+        raise ApiError(400, said(str(exc)), "file") from None
+    if session.clip_chunk_tokens() <= 0:
+        raise ApiError(400, f"a transcription needs a model that hears, and {session.encoder.why_deaf()}",
+                       "model")
+    cap = int(seconds * TRANSCRIPT_TOKENS_PER_S) + TRANSCRIPT_EXTRA_TOKENS
+    return min(asked, cap) if asked > 0 else cap
 
 
 def _gen_params(req: ChatRequest | CompletionRequest, grammar: str = "",

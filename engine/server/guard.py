@@ -88,6 +88,13 @@ def refusal(method: str, headers: Mapping[str, str], policy: Policy, path: str =
                              f"({policy.listen_host}); start it with --allow-host NAME to add "
                              "a name", code="host_not_allowed")
     origin = headers.get("origin")
+    if origin is not None and origin.strip().lower() == "null" and not policy.origin_allowed(origin, host):
+        # not one page: every sandboxed frame, local file and data: URL a browser opens says it
+        return ApiError(403, "requests with Origin: null are refused: a browser sends it for "
+                             "sandboxed frames, pages opened from files and data: URLs, any of "
+                             "which could be any site's; serve the page from an address and "
+                             "start the server with --cors http://THAT-ADDRESS",
+                        code="origin_not_allowed")
     if origin is not None and not policy.origin_allowed(origin, host):
         return ApiError(403, f"requests from web pages at {origin} are refused: start the server "
                              f"with --cors {origin} to let that page call it",

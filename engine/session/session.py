@@ -99,6 +99,7 @@ class Session:
             self.model.load(reserve)
             self.encoder = MediaEncoder(cfg, self.proj_info, self.threads.encode, self.model.ledger,
                                         self.model.accel, self.model.accel_endpoint is not None)
+            self.encoder.refused = self.projector_refused  # a clip's refusal names it
             self._stack.callback(self.encoder.close)  # before the models it is bound to
             if cfg.mmproj_path is not None:
                 self.encoder.load_ram(self.model.host_model())
@@ -157,7 +158,12 @@ class Session:
             res.attachments = [e.ref for e in parts]
             res.attachment_lines = [e.line for e in parts]
             res.notes = [n for e in parts for n in e.notes]
+            res.attachment_notes = [list(e.notes) for e in parts]
             text = "\n\n".join([*(e.text for e in parts if e.text), text]) if any(e.text for e in parts) else text
+            if images and self.projector_refused:
+                raise EbbError(f"this message has pictures or clips, and the projector given was "
+                               f"refused: {self.projector_refused}",
+                               "load a model with a projector this llama.cpp runs")
             if images and (self.encoder.ram is None or not self.encoder.enabled):
                 raise EbbError("this message has pictures or clips but the projector is off"
                                if self.proj_info else

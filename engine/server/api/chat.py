@@ -59,6 +59,7 @@ class ChatRequest:
     top_logprobs: int = -1  # -1: no logprobs; else the sampled token's and this many best
     grammar: str = ""  # GBNF the reply must follow (response_format, or the tools' calls)
     json_reply: bool = False  # response_format asks JSON: a capped reply ends in a whole value
+    transcribe: bool = False  # /v1/audio/transcriptions: the clip is speech to write down
     tools: tuple[Any, ...] = ()  # engine.server.tools.Tool
     tool_choice: Any = None  # engine.server.tools.ToolChoice
     extra: dict[str, Any] = field(default_factory=dict)
@@ -270,7 +271,7 @@ def parse_transcription_request(form: dict[str, Any]) -> ChatRequest:
     if name:  # what is said of the clip names the client's file, not the copy written of it
         last = replace(req.last, images=tuple(replace(i, name=str(name)) for i in req.last.images))
         req = replace(req, last=last)
-    return req
+    return replace(req, transcribe=True)
 
 
 MAX_MEDIA_PART_BYTES = 256 * 1024 * 1024  # a video or a document sent inline
