@@ -184,7 +184,8 @@ def test_voice_notes_in_ogg_m4a_and_webm_are_heard(pairs, clips, tmp_path):
     import numpy as np
 
     from engine.media import avfile
-    from engine.media.audio import clip_info, is_clip
+    from engine.media.audio import clip_info
+    from engine.media.kinds import is_clip
 
     notes = [write_encoded_tone(tmp_path / "note.ogg", 440, 2.0),
              write_encoded_tone(tmp_path / "note.m4a", 440, 2.0),

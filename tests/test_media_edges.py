@@ -61,7 +61,7 @@ def test_an_mp4_with_sound_alone_is_a_clip_everywhere(tmp_path, colour_projector
     """An MP4 (brand isom, as a video's) with a sound track and no pictures is a clip to the one
     place that decides, and to everything that asks it: the CLI refuses it as a clip the loaded
     projector cannot hear, by the projector's name, not as "not an image"."""
-    from engine.media.audio import is_clip
+    from engine.media.kinds import is_clip
 
     clip = write_encoded_tone(tmp_path / "voice.mp4", 440, 1.0)
     assert clip.read_bytes()[4:8] == b"ftyp"

@@ -31,9 +31,9 @@ from app.core.store import Message
 from app.core.media_words import (TEXT_BYTES_PER_TOKEN, Look, choose_frames, choose_pages,
                                    is_document_like, look, preview)
 from engine.errors import EbbError
-from engine.media.kinds import PDF, VIDEO, kind_of
+from engine.media.kinds import PDF, VIDEO, is_clip, kind_of
 from engine.media import attachments
-from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds, is_clip
+from engine.media.audio import MAX_CLIP_SECONDS, fmt_seconds
 from engine.media.documents import MAX_PAGES
 from engine.media.images import MAX_IMAGE_PIXELS
 

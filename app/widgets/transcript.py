@@ -37,7 +37,7 @@ from app.core.markdown import Part, code_html, open_code_body, split_all, split_
 from app.core.reply_stats import ReplyStats
 from app.core.store import Message
 from app.core.media_words import is_document_like, look
-from engine.media.audio import is_clip
+from engine.media.kinds import is_clip
 from engine.stops import StopReason
 
 FIRST_MESSAGES = 40  # shown at once when a conversation opens

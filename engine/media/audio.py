@@ -77,14 +77,6 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
-def is_clip(path: Path) -> bool:
-    """The file is a sound clip, as the one place that decides what a file is says (an MP4 or
-    WebM with sound alone is one, by its header's streams)."""
-    from engine.media.kinds import CLIP, kind_of
-
-    return kind_of(path) == CLIP
-
-
 def fmt_seconds(seconds: float) -> str:
     """0:07, 2:05, 1:02:03."""
     s = int(round(seconds))

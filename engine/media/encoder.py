@@ -25,7 +25,8 @@ from engine.llama.state_files import file_identity
 from engine.media.embedding_files import EmbeddingFiles
 from engine.media.attachments import (DEFAULT_SIDE, PICTURE_LABEL, Keys, Projector, is_part,
                                       load_part, saved_keys)
-from engine.media.audio import clip_info, decode_for_projector, is_clip
+from engine.media.audio import clip_info, decode_for_projector
+from engine.media.kinds import is_clip
 from engine.media.images import CLIP_HEIGHT, LoadedMedia, image_digest, load_image
 from engine.media.projector import Bitmap, Encoded, MediaPiece, ProjectorRuntime
 

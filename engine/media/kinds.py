@@ -58,6 +58,11 @@ def kind_of(path: Path) -> str | None:
     return _by_name(suffix)
 
 
+def is_clip(path: Path) -> bool:
+    """The file is a sound clip (an MP4 or WebM with sound alone is one, by its streams)."""
+    return kind_of(path) == CLIP
+
+
 def kind_of_bytes(data: bytes) -> str | None:
     """The kind of a file sent as bytes (the endpoint's parts), by its first bytes alone: a
     container that may hold sound or pictures counts as a video here (its part said which)."""
