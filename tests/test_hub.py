@@ -107,7 +107,7 @@ def test_a_speed_without_this_machines_measurements_says_it_is_an_estimate(famil
     assert "uncalibrated" in judge(model, None, gpu).text  # the GPU's own was never measured
 
 
-def test_split_files_are_one_quantisation_and_an_incomplete_set_is_none():
+def test_split_files_are_one_quantisation_and_an_incomplete_set_names_what_it_lacks():
     def f(name: str, size: int = 10) -> HubFile:
         return HubFile(name, size, None)
 
@@ -116,9 +116,11 @@ def test_split_files_are_one_quantisation_and_an_incomplete_set_is_none():
              f("m-IQ4_XS.gguf", 5), f("mmproj-m-f16.gguf", 9), f("mmproj-m-Q8_0.gguf", 5),
              f("README.md")]
     out = sort_files("r", files)
-    assert [(q.label, [p.name for p in q.parts]) for q in out.quants] == [
-        ("IQ4_XS", ["m-IQ4_XS.gguf"]),
-        ("Q4_K_M", ["m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf"])]
+    assert [(q.label, [p.name for p in q.parts], q.missing) for q in out.quants] == [
+        ("IQ4_XS", ["m-IQ4_XS.gguf"], ()),
+        ("Q4_K_M", ["m-Q4_K_M-00001-of-00002.gguf", "m-Q4_K_M-00002-of-00002.gguf"], ()),
+        ("Q8_0", ["m-Q8_0-00001-of-00003.gguf", "m-Q8_0-00003-of-00003.gguf"],
+         ("m-Q8_0-00002-of-00003.gguf",))]  # listed, so that it is said it cannot be loaded
     assert [p.name for p in out.projectors] == ["mmproj-m-f16.gguf", "mmproj-m-Q8_0.gguf"]
 
 
@@ -269,6 +271,9 @@ def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tm
     assert rows["Q8_0"]["fits"] and "on the CPU" in rows["Q8_0"]["text"]
     assert rows["Q2_K"]["text"].startswith("cannot judge") and "not a GGUF" in rows["Q2_K"]["text"]
     assert got.returncode == 0, got.stderr
+    broken = run_cli("models", "get", "ebb/llava-GGUF", "Q2_K", "--json")  # #67: refused unread
+    assert broken.returncode != 0 and "not a GGUF" in broken.stderr, broken.stderr
+    assert not list((tmp_path / "cache").rglob("broken-Q2_K.gguf*"))
     out = json.loads(got.stdout)
     model, proj = Path(out["model"]), Path(out["projector"])
     assert model.parent == proj.parent == tmp_path / "cache" / "models" / "hub" / "ebb" / "llava-GGUF"
@@ -280,6 +285,31 @@ def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tm
     assert auto.returncode == 0, auto.stderr
     assert "picked Q8_0 for this machine" in auto.stderr
     assert Path(json.loads(auto.stdout)["model"]) == model
+    hub.add("ebb/junk-GGUF", {"broken-Q2_K.gguf": tmp_path / "x"}, tags=["gguf"])
+    junk = run_cli("models", "get", "ebb/junk-GGUF", "--json")  # not "none fits this machine"
+    assert junk.returncode != 0 and "can be loaded: Q2_K: " in junk.stderr and "not a GGUF" in junk.stderr
+
+
+def test_a_split_set_missing_a_part_is_listed_and_refused_by_name(hub, tmp_path, model_path, monkeypatch):
+    """#67: a repo whose split set lacks one part of three was "has no GGUF files"; it is listed,
+    judged "cannot be loaded" naming the part, and `get` refuses it before downloading."""
+    from engine.hub.catalog import repo_files
+    from engine.hub.verdict import judge_remote, this_machine
+    from engine.synth.model_gen import ModelShape, write_model
+
+    shape = ModelShape(n_layers=4, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_ctx_train=2048)
+    first = write_model(tmp_path / "m.gguf", shape, model_path, seed=2, split_max_tensors=16)
+    parts = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    assert first == parts[0] and len(parts) >= 3
+    hub.add("ebb/split-GGUF", {p.name: p for p in parts if p != parts[1]}, tags=["gguf"])
+    [quant] = repo_files("ebb/split-GGUF", endpoint=hub.endpoint).quants
+    assert quant.missing == (parts[1].name,)
+    with pytest.raises(EbbError, match=f"lacks {parts[1].name}: it cannot be loaded"):
+        judge_remote("ebb/split-GGUF", quant, None, this_machine(1), hub.endpoint)
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    got = run_cli("models", "get", "ebb/split-GGUF", quant.label, "--endpoint", hub.endpoint)
+    assert got.returncode != 0 and f"lacks {parts[1].name}" in got.stderr, got.stderr
+    assert not (tmp_path / "cache" / "models").exists()
 
 
 def test_the_quantisation_recommended_suits_the_machine():

@@ -212,6 +212,25 @@ def test_a_split_model_is_read_whole_from_its_first_part(tmp_path, model_path):
         assert judge(remote, None, machine) == judge(split, None, machine)
     with pytest.raises(EbbError, match="open its first part, m-00001-of-"):
         read_gguf(parts[1])
+    # #67: parts whose names and headers disagree, and a count that lies, are refused by name
+    # before anything says "ready" (llama.cpp would refuse them only as it loads)
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    for p in parts:
+        (swapped / p.name).write_bytes(p.read_bytes())
+    a, b = swapped / parts[1].name, swapped / parts[2].name
+    a.rename(swapped / "tmp.gguf")
+    b.rename(a)
+    (swapped / "tmp.gguf").rename(b)
+    with pytest.raises(EbbError, match=f"{parts[1].name} is part 2 of the split model by its name, and part 3"):
+        read_gguf(swapped / parts[0].name)
+    lying = tmp_path / "lying"
+    lying.mkdir()
+    n = len(parts)
+    for i, p in enumerate(parts[:-1]):  # the last part left out, the rest named as a whole set
+        (lying / f"m-{i + 1:05d}-of-{n - 1:05d}.gguf").write_bytes(p.read_bytes())
+    with pytest.raises(EbbError, match=f"says the model is split in {n} parts, and its name says {n - 1}"):
+        read_gguf(lying / f"m-00001-of-{n - 1:05d}.gguf")
     parts[-1].unlink()
     with pytest.raises(EbbError, match=f"{parts[-1].name} is missing"):
         read_gguf(first)
