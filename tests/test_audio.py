@@ -232,6 +232,13 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
     with _session(lm, mm, n_ctx=2048) as s:
         want = s.turn("What is this sound?", [clips["b.wav"]],
                       GenParams(max_tokens=N_REPLY, temperature=0, top_logprobs=2))
+        # #67: a transcript is no longer than speech of the clip's length can be
+        from engine.media.audio import clip_info
+        from engine.server.answering import TRANSCRIPT_EXTRA_TOKENS, TRANSCRIPT_TOKENS_PER_S, _transcript_cap
+
+        cap = int(clip_info(clips["b.wav"]).seconds * TRANSCRIPT_TOKENS_PER_S) + TRANSCRIPT_EXTRA_TOKENS
+        assert _transcript_cap(s, [clips["b.wav"]], 0, str) == cap
+        assert _transcript_cap(s, [clips["b.wav"]], 5, str) == 5
     server = Server("--model", str(lm), "--mmproj", str(mm), api_key=None)
     try:
         client = server.client(key="none")
@@ -268,6 +275,13 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
             client.audio.transcriptions.create(model="m", file=("a.wav", clips["a.wav"].read_bytes()),
                                                response_format="srt")
         assert "json or text" in str(e.value)
+        # a video with no sound has no speech to write down (#67: it was 200 with made-up text)
+        from tests.media_files import write_video
+
+        silent = write_video(clips["b.wav"].with_name("silent.mp4"), [((255, 0, 0), 1.0)])
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.transcriptions.create(model="m", file=("silent.mp4", silent.read_bytes()))
+        assert "silent.mp4 is a video with no sound" in str(e.value), str(e.value)
         # a damaged clip is named as the client named it, not by the copy written of it
         with pytest.raises(openai.BadRequestError) as e:
             client.audio.transcriptions.create(model="m", file=("voice.ogg", b"OggS" + bytes(300)))

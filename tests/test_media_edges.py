@@ -103,3 +103,37 @@ def test_the_figures_a_chip_says_read_right(tmp_path):
     big.write_bytes(b"a" * (limit + 1))
     with pytest.raises(EbbError, match=f"{limit + 1:,} bytes of text, more than the {limit:,} bytes"):
         documents.text_file(big)
+
+
+def test_a_transcription_needs_sound_and_a_model_that_hears(tmp_path, model_path, colour_projector):
+    """/v1/audio/transcriptions answered a silent video, to a model that does not hear, with
+    made-up text: now each is a 400 that says which."""
+    from engine.server.answering import _transcript_cap
+    from engine.server.api.common import ApiError
+    from engine.session import Session, SessionConfig
+    from engine.synth.sounds import write_tone
+
+    silent = write_video(tmp_path / "silent.mp4", [(RED, 1.0)])
+    tone = write_tone(tmp_path / "tone.wav", 440, 1.0)
+    with Session(SessionConfig(model_path, colour_projector, n_ctx=512, n_threads=1, vision="cpu")) as s:
+        with pytest.raises(ApiError, match="silent.mp4 is a video with no sound"):
+            _transcript_cap(s, [silent], 0, str)
+        with pytest.raises(ApiError, match=f"needs a model that hears, and the loaded projector "
+                                           f"\\({colour_projector.name}\\) does not hear"):
+            _transcript_cap(s, [tone], 0, str)
+
+
+def test_chat_json_says_what_was_taken_of_each_attachment(tmp_path, model_path, colour_projector):
+    """`ebb-engine chat --json`: each attachment's resolved reference (the frames that went
+    in), its line and its notes (repeats left out)."""
+    import json
+
+    clip = write_video(tmp_path / "still.mp4", [(RED, 2.0)])
+    proc = run_cli("chat", "--model", str(model_path), "--mmproj", str(colour_projector), "--json",
+                   "--prompt", "What colour?", "--image", f"{clip}#every=0.5", "--max-tokens", "1",
+                   "--ctx", "1024", "--threads", "1", "--vision", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    [taken] = json.loads(proc.stdout.splitlines()[-1])["attachments"]
+    assert taken["ref"] == f"{clip}#frames=0"  # the still video's repeats left out
+    assert "3 repeats left out" in taken["line"]
+    assert taken["notes"] == ["still.mp4: 3 frames that repeated the one before left out"]
