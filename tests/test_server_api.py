@@ -440,6 +440,10 @@ def test_the_host_header_must_name_where_the_server_listens():
         assert error is not None and error.status == status, headers
     allowed = Policy("127.0.0.1", origins=("http://localhost:3000",))
     assert refusal("POST", {**json_post, "origin": "http://localhost:3000"}, allowed) is None
+    # #67: Origin null is every sandboxed frame and file page: said so, never "--cors null"
+    null = refusal("POST", {**json_post, "origin": "null"}, loop)
+    assert null is not None and null.status == 403 and "sandboxed frames" in null.message
+    assert "--cors null" not in null.message
     # OpenAI's transcription endpoint takes a form, there alone; a page's post of one is still
     # refused by its Origin
     form = {**json_post, "content-type": "multipart/form-data; boundary=x"}

@@ -291,3 +291,42 @@ def test_the_demo_names_the_colour_at_the_windows_default_sampling(qtbot, store,
         assert colour in reply.text.lower(), reply.text
         assert chat_params(store, w.conv_id).temperature == 0
         assert DEMO_GREEDY_NOTE in w.notices.area.text()
+
+
+def test_a_draft_stays_with_its_chat_and_a_refusal_goes_with_what_it_refused(qtbot, store, tmp_path, pictures):
+    """#67: a clip refused by the demo projector (it does not hear) leaves the chat's sampling
+    as it was (the picture rule is for pictures) and no greedy note; the red line goes once the
+    composer is emptied; New chat starts empty and the first chat's draft comes back with it;
+    a message over the context's room has Send off, and Enter says why."""
+    from app.core.settings import DEMO, DEMO_GREEDY_NOTE
+
+    w = open_window(qtbot, store, mmproj=DEMO, vision="cpu")
+    clip = write_tone(tmp_path / "voice.wav", 440, 1.0)
+    assert w.composer.attach(clip)
+    send(qtbot, w, "What is this sound?")
+    first = w.conv_id  # made by the first message
+    assert w.composer.error.isVisible()
+    assert store.settings.get(f"chat:{first}") is None  # not switched to greedy
+    assert DEMO_GREEDY_NOTE not in w.notices.area.text()
+    w.composer.detach(clip)
+    w.composer.edit.setPlainText("")
+    assert not w.composer.error.isVisible()
+
+    w.composer.edit.setPlainText("half a thought")
+    assert w.composer.attach(pictures["a.png"])
+    w.chats.new_chat()
+    assert w.conv_id != first and w.composer.text() == "" and w.composer.attachments == []
+    _open_chat(w, first)
+    assert w.composer.text() == "half a thought" and w.composer.attachments == [pictures["a.png"]]
+    w.composer.clear()
+
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 4000)  # ≈5,000 tokens, the context has 1,024
+    assert w.composer.attach(long)
+    assert w.composer.over_budget and not w.send_button.isEnabled()
+    n_before = store.n_messages(first)
+    w.composer.edit.setPlainText("Summarise this.")
+    w.sending.send()
+    assert "too many" in w.composer.error.text() and store.n_messages(first) == n_before
+    w.composer.detach(long)
+    assert not w.composer.over_budget and w.send_button.isEnabled()

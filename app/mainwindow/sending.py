@@ -24,7 +24,7 @@ from app.core.status import phases_line, restored_line
 from app.core.store import Message
 from engine import events
 from engine.media.attachments import split as split_ref
-from engine.media.kinds import CLIP, PICTURE, VIDEO, kind_of
+from engine.media.kinds import CLIP, PDF, PICTURE, VIDEO, kind_of
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from app.mainwindow.parts import WindowParts
@@ -85,6 +85,9 @@ class Sending:
             self.w.composer.show_error(f"Turn {self.w.vision.switch.text().lower()} on to send pictures "
                                        "or clips (no reload needed).")
             return
+        if self.w.composer.over_budget:  # Enter, with Send off: the budget line says why
+            self.w.composer.show_error(self.w.composer.budget.text())
+            return
         too_big = oversized(text, self.w.models.n_ctx)
         if too_big:  # refused from its size at once: not stored, not titled, not tokenized
             self.w.composer.show_error(too_big)
@@ -101,6 +104,8 @@ class Sending:
         except EbbError as exc:  # not saved (a full disk): the composer keeps it all
             self.w.composer.show_error(str(exc))
             return
+        finally:
+            self.w.composer.adopt_chat(self.w.conv_id)  # a new chat has its id from now
         self.w.composer.clear()
         saved = self.w.store.message(pending.message_id)
         if saved is not None:
@@ -116,7 +121,8 @@ class Sending:
         replies greedily from now on (its own setting, said once), so the demo names the
         colour every time (app/core/settings.py, DEMO_GREEDY_NOTE)."""
         d = self.w.models.loaded
-        if (images and d is not None and d.projector_names_colours
+        seen = [p for p in images if kind_of(split_ref(p)[0]) in (PICTURE, VIDEO, PDF)]  # not a clip
+        if (seen and d is not None and d.projector_names_colours
                 and demo_chat_params(self.w.store, self.w.conv_id)):
             self.w.notices.say(DEMO_GREEDY_NOTE, "info")
 

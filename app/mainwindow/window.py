@@ -46,6 +46,7 @@ from app.sound.recorder import clear_recordings
 from app.widgets.panel import ElidedLabel, MemoryPanel
 from app.core.settings import (
     DEMO,
+    DEMO_GREEDY_NOTE,
     Settings,
     chat_params,
     checked_settings,
@@ -185,10 +186,12 @@ class MainWindow(QMainWindow):
         acts.addWidget(self.copy_button)
         self.composer = Composer()
         self.composer.recordings_dir = self.store.folder / "recordings"  # the user's alone
+        self.composer.switch_draft(self.conv_id)  # its draft is this chat's until another opens
         self.attaching = Attaching(self, self.composer)  # dropped anywhere on the window, Attach…
         self.transcript.problem.connect(self.composer.show_error)  # e.g. a clip that cannot play
         self.transcript.view_picture.connect(self._on_view_picture)
         self.composer.send_requested.connect(self.sending.send)
+        self.composer.fits_changed.connect(self._on_chat_changed)  # Send is off while it is over
         attach = QPushButton("Attach…", clicked=self.attaching.choose)
         self.send_button = QPushButton("Send", clicked=self.sending.send, enabled=False)
         self.stop_button = QPushButton("Stop", clicked=self.sending.stop, enabled=False)
@@ -359,6 +362,8 @@ class MainWindow(QMainWindow):
         (a search's result at the message found, its words marked)."""
         if self.composer.editing is not None:  # a message of the chat left behind
             self.composer.cancel_edit()
+        self.composer.switch_draft(self.conv_id)  # the text being written stays with its chat
+        self.notices.area.remove_matching(DEMO_GREEDY_NOTE)  # said of the chat left behind
         self.sending.send_history()
         found = self.chats.take_found()
         self.show_conversation(*(found or ()))
@@ -486,7 +491,9 @@ class MainWindow(QMainWindow):
             self.worker.turn_running.set()
         else:
             self.worker.turn_running.clear()
-        self.send_button.setEnabled(not busy and self.chat.loaded)
+        self.send_button.setEnabled(not busy and self.chat.loaded and not self.composer.over_budget)
+        self.send_button.setToolTip("This message is more than the context has free: remove "
+                                    "something, or start a new chat" if self.composer.over_budget else "")
         self.stop_button.setEnabled(busy)
         (self.sending.redraw.start if busy else self.sending.redraw.stop)()
         self.update_actions()

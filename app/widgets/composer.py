@@ -129,10 +129,14 @@ PLAY_POLL_MS = 200  # how often a playing clip is asked whether it ended
 
 class Composer(QWidget):
     send_requested = Signal()
+    fits_changed = Signal()  # the message's estimate went over the context's room, or back
 
     def __init__(self) -> None:
         super().__init__()
         self.attachments: list[Path] = []  # in the order attached (a PDF's: "#pages=3-5")
+        self.over_budget = False  # the estimate is more than the context has free: Send is off
+        self._drafts: dict[int, tuple[str, list[Path]]] = {}  # chat -> its unsent text and files
+        self._draft_for: int | None = None  # the chat the composer's text belongs to
         self._looks: dict[str, Look] = {}  # a video's, PDF's or text file's words and cost
         # what a frame or a page takes with the loaded projector, and the context's free room:
         # the window sets them (a video's frames are chosen to fit; the budget line says)
@@ -197,6 +201,7 @@ class Composer(QWidget):
         self.budget = QLabel("", wordWrap=True)
         self.budget.hide()
         self.edit.textChanged.connect(self._update_budget)
+        self.edit.textChanged.connect(self._hide_error_when_empty)
         lay.addWidget(self.budget)
         lay.addWidget(self.error)
         lay.addWidget(self.edit)
@@ -340,11 +345,35 @@ class Composer(QWidget):
         self.error.setText(text)
         self.error.show()
 
+    def _hide_error_when_empty(self) -> None:
+        """A refusal is about what the composer holds: emptied, there is nothing to refuse."""
+        if not self.edit.toPlainText().strip() and not self.attachments:
+            self.error.hide()
+
+    def adopt_chat(self, conv_id: int) -> None:
+        """The chat being written in got its id (a new chat is made at its first message)."""
+        self._draft_for = conv_id
+
+    def switch_draft(self, conv_id: int) -> None:
+        """Another chat is open: what was being written stays with the chat it was written in
+        (back there, it is back here), and this chat's own draft, if any, comes back."""
+        if self._draft_for is not None and (self.edit.toPlainText() or self.attachments):
+            self._drafts[self._draft_for] = (self.edit.toPlainText(), list(self.attachments))
+        elif self._draft_for is not None:
+            self._drafts.pop(self._draft_for, None)
+        self._draft_for = conv_id
+        text, images = self._drafts.pop(conv_id, ("", []))
+        self.edit.setPlainText(text)
+        self.attachments = list(images)
+        self._rebuild_strip()
+        self.error.hide()
+
     def detach(self, path: Path) -> None:
         if self.player.playing == path:
             self.player.stop()
         self.attachments = [p for p in self.attachments if p != path]
         self._rebuild_strip()
+        self._hide_error_when_empty()
 
     def clear(self) -> None:
         """After a send: empty, and no earlier error left standing."""
@@ -492,14 +521,22 @@ class Composer(QWidget):
         self._rebuild_strip()
 
     def _update_budget(self) -> None:
-        """Before Send: what the message will take of the context, about, against its room."""
+        """Before Send: what the message will take of the context, about, against its room.
+        Over it, Send is off (`over_budget`) until something is removed."""
+        was = self.over_budget
+        self.over_budget = False
+        self._set_budget()
+        if self.over_budget != was:
+            self.fits_changed.emit()
+
+    def _set_budget(self) -> None:
         if not self.attachments or not self.room_tokens:
             self.budget.hide()
             return
         text = len(self.text().encode()) // TEXT_BYTES_PER_TOKEN
         total = text + sum(self.look(p).tokens if is_document_like(p) else self.picture_tokens
                            for p in self.attachments)
-        over = total > self.room_tokens
+        over = self.over_budget = total > self.room_tokens
         self.budget.setText(f"This message: ≈{total:,} tokens of the {self.room_tokens:,} the "
                             "context has free" + (" — too many: remove something, or start a new "
                                                   "chat" if over else ""))
