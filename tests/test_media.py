@@ -244,9 +244,11 @@ def test_the_window_attaches_a_video_and_pdfs_shows_their_cost_and_keeps_what_wa
     assert w.composer.budget.isVisible() and "tokens of the" in w.composer.budget.text()
     letter = write_text_pdf(tmp_path / "letter.pdf", ["The secret word is marmalade."])
     locked = encrypt_pdf(letter, tmp_path / "statement.pdf", "hunter2")
-    answers = iter(["wrong", "hunter2"])  # a wrong password is asked again
-    monkeypatch.setattr(w.composer, "ask_text", lambda *a, **k: next(answers))
+    answers = iter(["wrong", "hunter2"])  # a wrong password is asked again, saying so (#67)
+    asked: list[str] = []
+    monkeypatch.setattr(w.composer, "ask_text", lambda t, label, *a, **k: asked.append(label) or next(answers))
     assert w.composer.attach(locked)
+    assert "Wrong password" not in asked[0] and asked[1].startswith("Wrong password: statement.pdf")
     unlocked = w.composer.attachments[-1]
     assert unlocked.name == "statement.pdf" and unlocked != locked
     assert unlocked.stat().st_mode & 0o777 == 0o600 and documents.pdf_info(unlocked).pages == 1
@@ -515,3 +517,25 @@ def test_a_video_attached_before_the_model_loads_waits_and_is_costed_once_it_has
     composer.picture_tokens, composer.room_tokens = 16, 1000  # the model loaded
     composer.recount()
     assert "up to 8 frames, 4 a second · ≈128 tokens" in composer.look(clip).words
+
+
+def test_a_scanned_pdf_attached_before_the_model_loads_waits_and_is_refused_by_it_if_at_all(qtbot, tmp_path):
+    """#67: `ebb scan.pdf` before the model has loaded: the PDF waits (whether it goes as pages
+    or text is the projector's to say); a model that sees takes it as pictures, one that does
+    not takes it off with the refusal in the composer (it vanished unsaid)."""
+    from app.widgets.composer import Composer
+
+    scan = write_picture_pdf(tmp_path / "scan.pdf", [RED], (40, 40))
+    for picture_tokens, kept in ((16, True), (0, False)):
+        composer = Composer()
+        qtbot.addWidget(composer)
+        assert composer.attach(scan) and not composer.error.isVisible()
+        assert "judged once the model is loaded" in composer.look(scan).words
+        composer.picture_tokens, composer.room_tokens = picture_tokens, 1000  # the model loaded
+        composer.recount()
+        assert (composer.attachments == [scan]) == kept
+        if kept:
+            assert "as pictures · ≈16 tokens" in composer.look(scan).words
+        else:
+            assert composer.error.text() == ("scan.pdf: it (pages 1-1) has no text in it: it is "
+                                             "scanned pictures — taken off")

@@ -64,6 +64,8 @@ def look(ref: str | Path, shown_name: str = "", picture_tokens: int = 0,
             if n > documents.MAX_PAGES:
                 return Look(head, f"it has {info_pdf.pages:,} pages; Ebb takes up to "
                             f"{documents.MAX_PAGES} at a time: choose a range", pages=info_pdf.pages)
+            if not room_tokens:  # no model yet: pictures or text is its projector's to say
+                return Look(f"{head} · judged once the model is loaded", None, pages=info_pdf.pages)
             if picture_tokens and not r.as_text:
                 return Look(f"{head} · as pictures · ≈{n * picture_tokens:,} tokens", None,
                             n * picture_tokens, info_pdf.pages)

@@ -217,9 +217,19 @@ class Composer(QWidget):
         return self._looks[key]
 
     def recount(self) -> None:
-        """The model or the room changed: each attachment's words and cost again."""
+        """The model or the room changed: each attachment's words and cost again. One that this
+        model cannot take (a scanned PDF, to a model that does not see, attached while it
+        loaded) is taken off, and said."""
         self._looks.clear()
+        refused = []
+        for path in [p for p in self.attachments if is_document_like(p)]:
+            problem = self.look(path).problem
+            if problem:
+                self.attachments.remove(path)
+                refused.append(f"{attachments.split(path)[0].name}: {problem} — taken off")
         self._rebuild_strip()
+        if refused:
+            self.show_error("\n".join(refused))
 
     def problem(self, path: Path) -> str | None:
         """Why `path` cannot be attached (a quick look at its header), or None."""
@@ -244,15 +254,17 @@ class Composer(QWidget):
         if seen.locked:
             from engine.media.documents import PasswordNeeded, unlocked_copy
 
+            asking = f"{path.name} is locked. Its password:"
             while True:
-                word = self.ask_text("Password", f"{path.name} is locked. Its password:", secret=True)
+                word = self.ask_text("Password", asking, secret=True)
                 if word is None:
                     return None
                 try:
                     path = unlocked_copy(path, word, self.recordings_dir.parent / "unlocked")
                     break
-                except PasswordNeeded:
-                    continue  # not right: asked again (Cancel ends it)
+                except PasswordNeeded:  # not right: asked again, saying so (Cancel ends it)
+                    asking = (f"Wrong password: {path.name} did not open with it.\n"
+                              f"{path.name} is locked. Its password:")
             seen = self.look(path)
         if seen.pages > MAX_PAGES and not attachments.parse(path).pages:
             pages = self.ask_text("Pages", f"{path.name} has {seen.pages:,} pages; Ebb takes up to "
