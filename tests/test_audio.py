@@ -305,6 +305,9 @@ def test_the_window_attaches_plays_and_sends_a_clip(qtbot, pairs, tmp_path):
     assert w.composer.attach(clip)
     chip = " ".join(lbl.text() for lbl in w.composer.findChildren(type(w.composer.error)))
     assert "♪ doorbell.wav · 0:02 · WAV" in chip  # 2.5 s rounds to even
+    # #67: the message's cost counts the clip as its chunk (375 tokens here), not as 0
+    per = w.models.loaded.clip_chunk_tokens
+    assert per > 100 and f"≈{per:,} tokens" in w.composer.budget.text(), w.composer.budget.text()
     send(qtbot, w, "What is this sound?")
     assert not w.notices.last_error, w.notices.last_error
     assert "▶ ♪ doorbell.wav · 0:02 · WAV" in w.transcript.toPlainText()  # its own name, kept
@@ -410,6 +413,9 @@ def test_a_recording_from_a_virtual_microphone_is_what_it_heard(virtual_micropho
     qtbot.waitUntil(lambda: rec.seconds() >= 1.5, timeout=30_000)  # the sound itself, however long
     assert rec.level() > 0.5  # the meter sees the tone
     path = rec.stop(tmp_path)
+    assert rec.shortfall(rec.seconds()) == ""  # whole
+    # #67: a take the sound system dropped most of (1 s of 60) is said, with both lengths
+    assert rec.shortfall(60.0).startswith(f"The microphone delivered {rec.seconds():.1f} s of sound in a 60.0 s take")
     with wave.open(str(path)) as w:
         assert (w.getnchannels(), w.getframerate()) == (1, RATE)
         x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(float)

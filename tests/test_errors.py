@@ -51,7 +51,20 @@ def test_missing_file(bad_files):
 
 def test_not_a_gguf(bad_files):
     _assert_user_error(run_cli(*CHAT, "--model", str(bad_files / "notes.gguf")), "not a GGUF")
-    _assert_user_error(run_cli("inspect", str(bad_files / "notes.gguf")), "not a GGUF")
+    proc = run_cli("inspect", str(bad_files / "notes.gguf"))
+    _assert_user_error(proc, "not a GGUF file (it is text that starts “this is not”)")
+    assert "b'" not in proc.stderr  # #67: what it is in words, not Python's bytes
+
+
+def test_what_a_file_is_instead_of_a_gguf_is_said_in_words():
+    from engine.gguf.info import not_gguf_words
+
+    assert not_gguf_words(b"") == "it is empty"
+    assert not_gguf_words(b"<!DOCTYPE html><html>").startswith("it is a web page")
+    assert not_gguf_words(b"version https://git-lfs.github.com/spec/v1\n") == \
+        "it is a Git LFS pointer, not the file itself"
+    assert not_gguf_words(b"PK\x03\x04rest") == "it is a ZIP archive: unpack it first"
+    assert not_gguf_words(b"\x00\x01\xfe\x80") == "its first bytes are 00 01 FE 80"
 
 
 def test_truncated_header(bad_files):

@@ -349,8 +349,9 @@ class Sending:
         # free (at least half of it: older turns leave for a long message)
         self.w.composer.picture_tokens = loaded.picture_tokens if loaded is not None and loaded.vision else 0
         self.w.composer.room_tokens = max(room - used, room // 2) if loaded is not None else 0
-        self.w.composer.recount()
         per = loaded.clip_chunk_tokens if loaded is not None else 0
+        self.w.composer.clip_chunk_tokens = max(per, 0)
+        self.w.composer.recount()
         if per <= 0:
             self.w.composer.record_limit_s = 0
             return

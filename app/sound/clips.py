@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from engine.errors import EbbError
 from engine.media import avfile
 from engine.media.audio import clip_info, fmt_seconds
+from app.sound.recorder import device_words
 
 PLAY_RATE = 44100  # what a clip plays at (16-bit stereo): every sound output takes it
 
@@ -72,7 +73,7 @@ class ClipPlayer:
             self.on_problem(f"Cannot play {path.name}: {exc.what}")
             return
         except (miniaudio.MiniaudioError, OSError) as exc:
-            self.on_problem(f"Cannot play {path.name}: no sound output here ({exc})")
+            self.on_problem(f"Cannot play {path.name}: no sound output here ({device_words(exc)})")
             return
         self.device, self.playing, self._ended = device, path, ended
 

@@ -18,11 +18,27 @@ from pathlib import Path
 from typing import Any, Generator
 
 RATE = 16000  # what Whisper-like encoders take: no resampling later
+# the device's buffer: at miniaudio's 200 ms (and more so at 50) a PulseAudio source whose
+# callbacks came late lost most of a take (seen: 0.2 s of 5 s at 50 ms); 500 ms kept up
+BUFFER_MS = 500
+SHORT_BY_S = 2.0  # a take that got this much less sound than it ran is said, not kept silent
 NULL_DEVICE = "generate zero samples"  # miniaudio's stand-in when a machine has no capture
 
 
 class RecordError(Exception):
     """Why recording cannot start or go on, in the window's words."""
+
+
+def device_words(exc: BaseException) -> str:
+    """A sound library's error in words: miniaudio's `(('failed to init device', -401))` is
+    "failed to init device (error -401)"."""
+    args: tuple[Any, ...] = exc.args
+    while len(args) == 1 and isinstance(args[0], tuple):
+        args = args[0]
+    texts = [str(a) for a in args if isinstance(a, str) and a]
+    codes = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    words = "; ".join(texts) or getattr(exc, "strerror", None) or type(exc).__name__
+    return f"{words} (error {codes[0]})" if codes else str(words)
 
 
 def _backends(name: str) -> Any:
@@ -43,6 +59,7 @@ class Recorder:
         self._level = 0.0
         self._device: Any = None
         self.started = 0.0
+        self.ran_s = 0.0  # how long the take ran, from start to stop
 
     def start(self) -> None:
         import miniaudio
@@ -54,7 +71,7 @@ class Recorder:
                     raise RecordError("No microphone found: connect one, or check that the system "
                                       "lets Ebb use it")
             device = miniaudio.CaptureDevice(input_format=miniaudio.SampleFormat.SIGNED16,
-                                             nchannels=1, sample_rate=RATE,
+                                             nchannels=1, sample_rate=RATE, buffersize_msec=BUFFER_MS,
                                              backends=_backends(self.backend), app_name="Ebb")
             sink = self._sink()
             next(sink)
@@ -62,7 +79,7 @@ class Recorder:
         except RecordError:
             raise
         except (miniaudio.MiniaudioError, OSError, AttributeError) as exc:
-            raise RecordError(f"The microphone could not be opened ({exc}): check that one is "
+            raise RecordError(f"The microphone could not be opened ({device_words(exc)}): check that one is "
                               "connected and that the system lets Ebb use it") from None
         self._device, self.started = device, time.monotonic()
 
@@ -91,6 +108,16 @@ class Recorder:
         with self._lock:
             return self._n_samples / RATE
 
+    def shortfall(self, ran_s: float) -> str:
+        """What to say when the sound captured is well short of how long the take ran (a sound
+        system that dropped the rest), or "" when it is whole."""
+        got = self.seconds()
+        if ran_s - got < max(SHORT_BY_S, 0.2 * ran_s):
+            return ""
+        return (f"The microphone delivered {got:.1f} s of sound in a {ran_s:.1f} s take: the "
+                "sound system dropped the rest. The clip holds what came; check the input "
+                "device in the system's sound settings, or record again")
+
     def level(self) -> float:
         """The last block's peak, 0..1 on a log scale (what a level meter shows)."""
         with self._lock:
@@ -113,6 +140,7 @@ class Recorder:
         """End the recording; the clip as a WAV in `folder` (the data folder's `recordings`:
         a voice stays with the user's data), the folder and the file readable by the user
         alone. RecordError when nothing was captured."""
+        self.ran_s = time.monotonic() - self.started if self.started else 0.0
         self._close()
         with self._lock:
             data = b"".join(self._chunks)

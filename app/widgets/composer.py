@@ -141,6 +141,7 @@ class Composer(QWidget):
         # what a frame or a page takes with the loaded projector, and the context's free room:
         # the window sets them (a video's frames are chosen to fit; the budget line says)
         self.picture_tokens = 0
+        self.clip_chunk_tokens = 0  # tokens a 30-second piece of sound takes (0: none hears)
         self.room_tokens = 0
         self.player = ClipPlayer(self.show_error)
         self._play_buttons: dict[Path, QToolButton] = {}  # each clip chip's ▶ (■ while it plays)
@@ -344,7 +345,11 @@ class Composer(QWidget):
         except RecordError as exc:
             self.show_error(str(exc))
             return None
-        return path if self.attach(path) else None
+        attached = self.attach(path)
+        short = rec.shortfall(rec.ran_s)
+        if short:  # attached all the same: what came is the user's to send or not
+            self.show_error(short)
+        return path if attached else None
 
     def cancel_recording(self) -> None:
         rec, self.recorder = self.recorder, None
@@ -546,14 +551,30 @@ class Composer(QWidget):
             self.budget.hide()
             return
         text = len(self.text().encode()) // TEXT_BYTES_PER_TOKEN
-        total = text + sum(self.look(p).tokens if is_document_like(p) else self.picture_tokens
-                           for p in self.attachments)
+        total = text + sum(self._tokens_of(p) for p in self.attachments)
         over = self.over_budget = total > self.room_tokens
         self.budget.setText(f"This message: ≈{total:,} tokens of the {self.room_tokens:,} the "
                             "context has free" + (" — too many: remove something, or start a new "
                                                   "chat" if over else ""))
         self.budget.setStyleSheet("color: #c62828;" if over else "color: #555555;")
         self.budget.show()
+
+    def _tokens_of(self, path: Path) -> int:
+        """What one attachment takes of the context, about: a clip its 30-second chunks (a
+        Qwen2-Audio clip is 750 tokens, not a picture's count), a document its look's."""
+        if is_document_like(path):
+            return self.look(path).tokens
+        if is_clip(path):
+            from engine.media.audio import clip_info
+            from engine.media.projector import CLIP_SECONDS
+
+            try:
+                seconds = clip_info(path).seconds
+            except EbbError:
+                return 0
+            # mtmd's chunks: k x 30 s of sound makes k + 1 (it pads, and keeps each whole one)
+            return (int(seconds // CLIP_SECONDS) + 1) * self.clip_chunk_tokens
+        return self.picture_tokens
 
     def _thumb(self, path: Path) -> QWidget:
         if is_document_like(path):

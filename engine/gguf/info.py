@@ -149,14 +149,38 @@ class HeaderIncomplete(Exception):
     """The bytes given end before the header and tensor table do: fetch more."""
 
 
+def not_gguf_words(head: bytes) -> str:
+    """What a file that should be a GGUF is instead, in words (never Python's bytes repr): "a web
+    page (HTML)", "text that starts “hell”", "its first bytes are 4A 3F 00 12"."""
+    head = bytes(head[:64])
+    if not head:
+        return "it is empty"
+    lower = head.lstrip().lower()
+    if lower.startswith((b"<!doctype html", b"<html", b"<?xml", b"<")):
+        return "it is a web page (HTML or XML), not the model: a download that went wrong?"
+    if head.startswith(b"version https://git-lfs"):
+        return "it is a Git LFS pointer, not the file itself"
+    if head.startswith(b"PK\x03\x04"):
+        return "it is a ZIP archive: unpack it first"
+    if head.startswith(b"\x1f\x8b"):
+        return "it is gzip-compressed: unpack it first"
+    try:
+        text = head[:16].decode("utf-8")
+    except UnicodeDecodeError:
+        text = ""
+    if text and all(c.isprintable() or c in "\t\r\n" for c in text):
+        return f"it is text that starts “{text.strip()[:12].rstrip()}”"
+    return "its first bytes are " + " ".join(f"{b:02X}" for b in head[:4])
+
+
 def parse_gguf_prefix(prefix: bytes, file_bytes: int, name: str) -> GGUFFile:
     """The header and tensor table from the first bytes of a GGUF of `file_bytes` bytes (a
     remote file read by HTTP ranges). Raises HeaderIncomplete when `prefix` ends inside them,
     EbbError when the file is not a GGUF or is damaged; the result is what `read_gguf` gives
     for the whole file."""
     if prefix[:4] != GGUF_MAGIC[:len(prefix[:4])]:
-        raise EbbError(f"{name} is not a GGUF file (it starts with {bytes(prefix[:4])!r}, not "
-                       "b'GGUF')", "pick a .gguf file in llama.cpp's format")
+        raise EbbError(f"{name} is not a GGUF file ({not_gguf_words(prefix)})",
+                       "pick a .gguf file in llama.cpp's format")
     try:
         metadata, tensors = _parse(prefix, file_bytes)
     except UnknownTensorType as exc:
@@ -291,7 +315,7 @@ def _parse_file(path: Path) -> GGUFFile:
     with open(path, "rb") as fh:
         magic = fh.read(4)
         if magic != GGUF_MAGIC:
-            raise EbbError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+            raise EbbError(f"{path} is not a GGUF file ({not_gguf_words(magic + fh.read(60))})",
                            "pass a .gguf model file (llama.cpp format)")
         file_bytes = path.stat().st_size
         try:

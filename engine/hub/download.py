@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import EbbError
+from engine.gguf.info import not_gguf_words
 from engine.hub.catalog import HubFile
 from engine.hub.remote import hub_error
 
@@ -266,11 +267,12 @@ def _tell(on_progress: Callable[[Progress], None] | None, f: HubFile, have: int,
 def _verify(part: Path, dest: Path, f: HubFile, sha256: str) -> None:
     if f.name.endswith(".gguf"):  # a file that is not a GGUF is never called ready
         with open(part, "rb") as fh:
-            magic = fh.read(4)
+            head = fh.read(64)
+        magic = head[:4]
         if magic != GGUF_MAGIC:
             aside = dest.with_name(dest.name + ".not-gguf")
             os.replace(part, aside)
-            raise EbbError(f"{f.name} from the Hub is not a GGUF file (it starts with {magic!r}); "
+            raise EbbError(f"{f.name} from the Hub is not a GGUF file ({not_gguf_words(head)}); "
                            f"it is kept aside as {aside.name}",
                            "pick another file, or check the mirror (HF_ENDPOINT)")
     if f.sha256 and sha256 != f.sha256:
