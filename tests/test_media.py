@@ -499,6 +499,8 @@ def test_stop_between_two_frames_keeps_the_frames_encoded(seeing, tmp_path, monk
     seeing.set_history([])
     res = seeing.turn(QUESTION, [clip], GREEDY, cancel=stop)
     assert "stopped while encoding" in res.reason and len(encoded) == 1, (res.reason, encoded)
+    # #67: the turn says what was encoded, not what was planned (it said 3 of a stopped 3)
+    assert res.n_image_chunks_encoded == 1 and res.n_images_encoded == 1, res
     monkeypatch.undo()
     again = seeing.turn(QUESTION, [clip], GREEDY)
     assert again.error is None and again.n_image_chunks_encoded == 2, again

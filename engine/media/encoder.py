@@ -190,6 +190,10 @@ class MediaEncoder:
         return lay is not None and all(self.is_chunk_cached(self.chunk_key(key, i))
                                        for i in range(lay[2]))
 
+    def holds(self, chunk_key: str) -> bool:
+        """The chunk is encoded and in RAM now (what a turn just encoded is pinned there)."""
+        return chunk_key in self._cache
+
     def is_chunk_cached(self, chunk_key: str) -> bool:
         """In RAM, or kept on disk (read into RAM now: the turn that asks uses it)."""
         if chunk_key in self._cache:

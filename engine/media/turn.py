@@ -116,6 +116,11 @@ class TurnMedia:
         finally:
             res.reason += "".join(f"; {note}" for note in run.notes)
             res.device_notes = list(run.notes)
+            # what was encoded, not what was planned: a Stop between two frames left the rest
+            done = [w for w in todo.values() if enc.holds(w.key)]
+            res.n_image_chunks_encoded = len(done)
+            res.n_image_tokens_encoded = sum(w.piece.n_tokens for w in done)
+            res.n_images_encoded = sum(1 for k in message_keys & new_images if enc.is_cached(k))
 
     def prompt_items(self, prompt: TokenizedPrompt | list[int], keys: list[str]) -> list[PromptItem]:
         """What the runtime prefills: tokens, and each image chunk's cached embeddings."""
