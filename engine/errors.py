@@ -24,7 +24,10 @@ class DeviceLost(EbbError):
 
 class TurnCancelled(Exception):
     """Stop was pressed before the reply started (during the images' encoding or a swap): the
-    plan's cleanup steps have run, the model is back where it was."""
+    plan's cleanup steps have run, the model is back where it was. `stats`: the prompt's
+    figures so far when it was stopped while read (an events.GenStats), else None."""
+
+    stats: object = None
 
 
 class DeviceOutOfMemory(EbbError):

@@ -82,6 +82,24 @@ def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_b
     assert rt.slot.n_past == len(tokens)
 
 
+def test_a_prompt_stopped_while_read_keeps_what_it_read_in_its_figures(small_batches):
+    """#67: a reply stopped while its prompt was read was saved as "0 tokens · prompt 0.00s";
+    its figures keep the tokens read and the time spent."""
+    from engine.llama.sampling import GenParams
+    from engine.stops import StopReason
+
+    rt = small_batches
+    rt.slot.reset()
+    tokens = _prompt(rt, 20)
+    stop = StopOnceEvaluated(rt, rt.params.n_batch, watcher_only=False)
+    with pytest.raises(TurnCancelled) as caught:
+        rt.generate_from(tokens, GenParams(max_tokens=2), cancel=stop)
+    stats = caught.value.stats
+    assert stats.stop_reason == StopReason.CANCELLED and stats.n_prompt_tokens == len(tokens)
+    assert stats.n_prompt_tokens_evaluated == rt.params.n_batch == rt.slot.n_past
+    assert stats.prompt_s > 0 and stats.n_gen_tokens == 0
+
+
 def test_a_prompt_on_the_stand_in_tells_its_progress_and_stops_between_batches(
         shared_rpc_server, model_path):
     """With every layer on the stand-in accelerator (an RPC device), a long prompt tells how

@@ -120,6 +120,7 @@ class TextRuntime:
         self.ctx = ctx
         self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
+        self.prefill_done = 0  # positions the running (or last) prefill has evaluated
         self.buffers = buffers_from_log()
         for key, n in self.loaded.buffers.items():
             self.buffers[key] = n
@@ -363,9 +364,11 @@ class TextRuntime:
         keys = self._keys(items)
         n_keep = self.slot.prefix_for(keys, cancel)
         total, done = len(keys) - n_keep, [0]
+        self.prefill_done = 0  # positions evaluated by this prefill so far (a Stop keeps them)
 
         def advanced(n: int) -> None:
             done[0] += n
+            self.prefill_done = done[0]
             if on_progress is not None:
                 on_progress(done[0], total)
 
@@ -446,7 +449,13 @@ class TextRuntime:
             raise EbbError(f"the conversation is {n_prompt} tokens, the context holds "
                            f"{self.n_ctx}", "start a new conversation or raise --ctx")
         t0 = time.perf_counter()
-        n_eval = self.prefill(items, cancel, on_progress)
+        try:
+            n_eval = self.prefill(items, cancel, on_progress)
+        except TurnCancelled as exc:  # what was read stays said: its tokens and its time
+            exc.stats = GenStats(n_prompt_tokens=n_prompt, prompt_s=time.perf_counter() - t0,
+                                 stop_reason=StopReason.CANCELLED,
+                                 n_prompt_tokens_evaluated=self.prefill_done)
+            raise
         prompt_s = time.perf_counter() - t0
         if after_prefill is not None:
             after_prefill()

@@ -187,7 +187,7 @@ class Session:
             res.error = str(exc)
         except TurnCancelled as exc:  # Stop before the reply: the message stays, no reply yet
             res.reason = (res.reason + "; " if res.reason else "") + str(exc)
-            res.gen = GenStats.cancelled()
+            res.gen = exc.stats if isinstance(exc.stats, GenStats) else GenStats.cancelled()
             self.chat.stopped_before_reply(turn)
         finally:
             self.chat.interrupted()  # unless the reply ended: nothing to resume from the cache
@@ -256,7 +256,7 @@ class Session:
             res.error = str(exc)
         except TurnCancelled as exc:  # the reply stays as it was
             res.reason = str(exc)
-            res.gen = GenStats.cancelled()
+            res.gen = exc.stats if isinstance(exc.stats, GenStats) else GenStats.cancelled()
         finally:
             self.chat.interrupted()
             self.encoder.pin(set())
@@ -288,7 +288,7 @@ class Session:
             res.error = str(exc)
         except TurnCancelled as exc:
             res.reason = str(exc)
-            res.gen = GenStats.cancelled()
+            res.gen = exc.stats if isinstance(exc.stats, GenStats) else GenStats.cancelled()
         res.device_peak_bytes = self.model.ledger.peaks()
         return res
 
