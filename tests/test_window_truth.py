@@ -136,6 +136,10 @@ def test_tune_without_an_accelerator_says_why_at_once(qtbot, store):
     w.tune_action.trigger()
     assert NO_ACCELERATOR in w.notices.area.text() and w.tuning.dialog is None
     assert w.notices.area.isVisible() and w.chat.loaded  # the model stays; nothing ran
+    # #67: it pointed to the welcome page, gone after the first message; its own button starts one
+    assert "welcome page" not in NO_ACCELERATOR
+    [notice] = [n for n in w.notices.area.notices() if NO_ACCELERATOR in n.text()]
+    assert notice.action_button is not None and notice.action_button.text() == "Start a stand-in…"
 
 
 def test_a_projector_handed_over_after_a_failed_load_goes_with_the_loaded_model(

@@ -12,8 +12,9 @@ from app.mainwindow.parts import WindowParts
 
 NO_ACCELERATOR = ("Tune measures tokens/s against how many layers sit on an accelerator, and this "
                   "model runs on the CPU alone: there is no GPU here and no RPC server in Settings. "
-                  "Start the stand-in accelerator (on the welcome page), add an RPC server in "
-                  "Settings, or use a machine with a GPU, then Tune again. Nothing was changed.")
+                  "Start a stand-in accelerator (the button here, or Model → Start a stand-in "
+                  "accelerator…), add an RPC server in Settings, or use a machine with a GPU, then "
+                  "Tune again. Nothing was changed.")
 
 
 class TuneController:
@@ -37,7 +38,7 @@ class TuneController:
             w.statusBar().showMessage("Tuning needs a loaded model and no reply running", 8000)
             return
         if w.models.has_accel is False:  # said at once, not after a dialog that promised minutes
-            w.notices.say(NO_ACCELERATOR)
+            w.notices.say(NO_ACCELERATOR, action=("Start a stand-in…", lambda: w.standin.start()))
             return
         cfg, rpc = session_config(w.store, str(last.model_path), str(last.mmproj_path or ""),
                                   rpc=w.rpc_servers)

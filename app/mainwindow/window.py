@@ -254,10 +254,18 @@ class MainWindow(QMainWindow):
         """The model's line at its own width, at most half the status line (the rest is for
         messages); cut with "…" beyond, whole in its tooltip."""
         label = self.model_label
+        bar = self.statusBar()
+        message = bar.currentMessage()
+        # a message gets the room it needs first (it was cut at 1,400 px): the model's line
+        # gives way down to its minimum, and the whole message is the bar's tooltip too
+        need = bar.fontMetrics().horizontalAdvance(message) + 48 if message else 0
+        others = sum(w.width() for w in (self.server_status, self.progress) if w.isVisible())
+        room = self.width() - need - others
         label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         label.setMinimumWidth(min(200, self.width() // 3))
-        label.setMaximumWidth(max(200, self.width() // 2))
+        label.setMaximumWidth(max(200, min(self.width() // 2, room)))
         label.updateGeometry()
+        bar.setToolTip(message)
 
     def set_model_line(self, text: str, why: str = "") -> None:
         self.model_label.set_full_text(text)

@@ -13,6 +13,7 @@ from pathlib import Path
 from PySide6.QtCore import QMimeData, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QImage, QKeyEvent, QPixmap, QTextOption
 from PySide6.QtWidgets import (
+    QFrame,
     QHBoxLayout,
     QInputDialog,
     QLabel,
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -156,8 +158,17 @@ class Composer(QWidget):
         self.edit.image_pasted.connect(self.attach)
         self.edit.files_dropped.connect(self.attach_all)
         self.edit.paste_refused.connect(self.show_error)
-        self.strip = QHBoxLayout()
+        # the attachments side by side, each chip at a width its words read at; more than the
+        # composer is wide scroll sideways (four or five squeezed chips overlapped their ✕)
+        self.strip_box = QWidget()
+        self.strip = QHBoxLayout(self.strip_box)
+        self.strip.setContentsMargins(0, 0, 0, 0)
         self.strip.addStretch(1)
+        self.strip_area = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.strip_area.setWidget(self.strip_box)
+        self.strip_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.strip_area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.strip_area.hide()
         self.error = QLabel("")
         self.error.setStyleSheet("color: #c62828;")
         self.error.setWordWrap(True)
@@ -198,7 +209,7 @@ class Composer(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.edit_bar)
         lay.addWidget(self.record_bar)
-        lay.addLayout(self.strip)
+        lay.addWidget(self.strip_area)
         self.budget = QLabel("", wordWrap=True)
         self.budget.hide()
         self.edit.textChanged.connect(self._update_budget)
@@ -461,6 +472,7 @@ class Composer(QWidget):
             chip = self._thumb(path)
             self.strip.insertWidget(i, chip)
             chip.show()  # now: a layout shows a child it gets later only on the next event pass
+        self._fit_strip()
         self._looks = {k: v for k, v in self._looks.items() if Path(k) in self.attachments}
         self._update_budget()
 
@@ -496,7 +508,7 @@ class Composer(QWidget):
             shown.setToolTip("its first frames" if kind_of(attachments.split(path)[0]) == VIDEO
                              else "its first page chosen")
             lay.addWidget(shown)
-        words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=60)
+        words = QLabel(self.look(path).words, wordWrap=True, minimumWidth=150, maximumWidth=240)
         words.setToolTip(str(attachments.split(path)[0]))
         name = attachments.split(path)[0].name
         remove = QToolButton(text="✕", toolTip=f"Remove {name}")
@@ -558,6 +570,15 @@ class Composer(QWidget):
                                                   "chat" if over else ""))
         self.budget.setStyleSheet("color: #c62828;" if over else "color: #555555;")
         self.budget.show()
+
+    def _fit_strip(self) -> None:
+        """The strip as tall as its tallest chip (and its scroll bar when it scrolls)."""
+        self.strip_area.setVisible(bool(self.attachments))
+        if not self.attachments:
+            return
+        self.strip_box.adjustSize()
+        bar = self.strip_area.horizontalScrollBar().sizeHint().height()
+        self.strip_area.setFixedHeight(self.strip_box.sizeHint().height() + bar + 2)
 
     def _tokens_of(self, path: Path) -> int:
         """What one attachment takes of the context, about: a clip its 30-second chunks (a
