@@ -564,3 +564,27 @@ def test_settings_keep_the_hub_mirror_and_token_and_need_no_reload(qtbot):
     after = dlg.values()
     assert (after["hub_endpoint"], after["hub_token"]) == ("https://hf-mirror.example", "hf_abc")
     assert reload_changes(Settings(**{**after, "hub_token": ""}), Settings(**after)) == ""
+
+
+def test_a_paused_download_goes_on_in_its_own_row(qtbot, model_path, tmp_path, monkeypatch):
+    """#67: Download after a pause added a second row and the old "paused at 15 %" stayed; the
+    same download goes on in its own row, and ends done."""
+    from app.widgets.downloads import Downloads
+    from tests.helpers import wait_for
+
+    monkeypatch.setenv("EBB_CACHE_DIR", str(tmp_path / "cache"))
+    with LoopbackHub() as hub:
+        hub.add("ebb/p-GGUF", {"smol-Q4_1.gguf": model_path}, tags=["gguf"])
+        [quant] = repo_files("ebb/p-GGUF", endpoint=hub.endpoint).quants
+        downloads = Downloads()
+        hub.stall = (1 << 20, 2.0)  # slow after the first MiB: it is under way when paused
+        first = downloads.start("ebb/p-GGUF", quant, None, hub.endpoint, None)
+        wait_for(lambda: first.fraction > 0)
+        downloads.pause(first.number)
+        wait_for(lambda: first.state == "paused")
+        assert first.line().startswith("ebb/p-GGUF Q4_1: paused at")
+        hub.stall = None
+        again = downloads.start("ebb/p-GGUF", quant, None, hub.endpoint, None)
+        assert again is first and len(downloads.all) == 1
+        wait_for(lambda: first.state != "downloading")
+        assert first.state == "done" and first.fetched.model.read_bytes() == model_path.read_bytes()

@@ -150,7 +150,7 @@ class HubDialog(QDialog):
         self.stop = QPushButton("Cancel download", enabled=False, clicked=self.cancel_download)
         self.open_now = QPushButton("Open now", clicked=self._on_open, enabled=False)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.status, 1)
+        buttons.addStretch(1)
         for b in (self.download, self.pause, self.stop, self.open_now,
                   QPushButton("Close", clicked=self.close)):
             buttons.addWidget(b)
@@ -163,6 +163,9 @@ class HubDialog(QDialog):
         lay.addWidget(self.list_label)
         lay.addWidget(self.list)
         lay.addWidget(self.bar)
+        # the words on a line of their own, as tall as they wrap to (beside the buttons, a
+        # retry's long line grew over the Downloads heading)
+        lay.addWidget(self.status)
         lay.addLayout(buttons)
         self.table.itemSelectionChanged.connect(self._update_buttons)
 

@@ -95,8 +95,17 @@ class Downloads(QObject):
         same = next((d for d in self.running() if d.repo == repo and d.quant.label == quant.label), None)
         if same is not None:  # already under way: one writer a file
             return same
-        d = Download(len(self.all), repo, quant, projector, endpoint, token, repo_folder(repo))
-        self.all.append(d)
+        # a paused or failed one of the same files goes on in its own row (not a second one
+        # beside an old "paused at 15 %")
+        again = next((d for d in reversed(self.all) if d.repo == repo and d.quant.label == quant.label
+                      and d.state in (PAUSED, FAILED)), None)
+        if again is not None:
+            d = again
+            d.projector, d.endpoint, d.token = projector, endpoint, token
+            d.state, d.words, d.stop, d.cancelling = RUNNING, "", threading.Event(), False
+        else:
+            d = Download(len(self.all), repo, quant, projector, endpoint, token, repo_folder(repo))
+            self.all.append(d)
         threading.Thread(target=self._work, args=(d,), name="ebb-download", daemon=True).start()
         self.changed.emit(d.number)
         return d
