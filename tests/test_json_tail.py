@@ -41,3 +41,42 @@ def test_a_capped_json_reply_is_one_whole_value(text_runtime):
                                                   grammar=str(JSON_GBNF), json_reply=True))
         assert isinstance(json.loads(r.text), dict), (cap, r.text)
         assert r.stats.n_gen_tokens <= cap
+
+
+def test_a_value_that_goes_round_is_seen_and_one_that_does_not_is_not():
+    """#67: llama.cpp's JSON grammar lets a small model go round until the cap ({"blue": {"red":
+    {"green": … ever deeper, or the same pair again and again); `looping` sees both, and never
+    a long list of different items or a deep but closing document."""
+    def fed(text: str) -> JsonTail:
+        t = JsonTail()
+        t.feed(text)
+        return t
+
+    deeper = '{\n  "blue"\n:\n{\n  "red"\n:\n{\n  "green"\n:\n{\n  "purple"\n:\n{\n  "blue"\n:\n{\n  "red"\n:\n{\n "g"\n:\n{\n "p":\n{'
+    assert fed(deeper).looping() and not fed(deeper[:40]).looping()
+    again = '{"answer": "yes", ' + '"answer": "yes", ' * 4
+    assert fed(again).looping() and not fed('{"answer": "yes", "answer": "yes", ').looping()
+    fruits = json.dumps({"fruits": [f"fruit number {i}" for i in range(40)]})[:-2]
+    assert not fed(fruits).looping()
+    numbers = "[" + ", ".join(str(i * 7) for i in range(60))
+    assert not fed(numbers).looping()
+    assert not fed('{"a": {"b": {"c": {"d": [1]}}}, "e": {"f": {"g": {"h": [2]}}}, "i": {"j": {').looping()
+    assert not fed(DOCS[0]).looping()  # done: nothing to close
+
+
+def test_a_json_reply_that_goes_round_is_closed_then_and_ends_as_a_stop(text_runtime):
+    """The colour prompt that went {"blue": {"red": … to its 300-token cap ends, closed, well
+    before it, with finish "stop"."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    from engine.llama.sampling import GenParams
+    from engine.stops import StopReason
+
+    text_runtime.slot.reset()
+    r = text_runtime.generate([{"role": "user", "content": "Name a colour."}],
+                              GenParams(max_tokens=300, temperature=0, grammar=str(JSON_GBNF),
+                                        json_reply=True))
+    json.loads(r.text)
+    if r.stats.stop_reason == StopReason.STOP and r.stats.n_gen_tokens < 300:
+        return  # ended by itself (another CPU's arithmetic), or closed as a loop: both whole
+    raise AssertionError((r.stats, r.text))

@@ -2,12 +2,19 @@
 says the shortest text that makes it one complete JSON value. A JSON reply with a length cap
 ends in it (the runtime writes it when the cap is near), so a client always gets JSON it can
 parse: a small model in llama.cpp's JSON grammar rambled on inside a string ("f/f/f…") until
-the cap cut it (#52). Pure; the engine's worker thread calls it."""
+the cap cut it (#52). `looping()` says when the value has gone round in a circle (the same
+text again and again, or container after container opened and none closed): the runtime then
+closes it at once rather than at the cap, where llama.cpp's grammar alone loops to it (#67).
+Pure; the engine's worker thread calls it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 LITERALS = ("true", "false", "null")
+LOOP_REPEATS = 4  # the same text this many times back to back is a loop
+LOOP_UNIT_CHARS = (6, 160)  # ... for a repeated unit of these lengths
+LOOP_OPENS = 8  # objects or arrays opened one inside the other with none closed: a loop
+_TAIL_CHARS = LOOP_UNIT_CHARS[1] * LOOP_REPEATS
 
 
 @dataclass
@@ -26,10 +33,29 @@ class JsonTail:
     word: str = ""  # a number or a literal being written
     started: bool = False  # the top value has begun
     done: bool = False  # the top value is complete
+    opens_in_a_row: int = 0  # containers opened since one was last closed
+    tail: str = ""  # the last text written (what `looping` looks at)
+    closed_a_loop: bool = False  # the runtime closed it because it went round (not at the cap)
 
     def feed(self, text: str) -> None:
         for ch in text:
             self._char(ch)
+        self.tail = (self.tail + text)[-_TAIL_CHARS:]
+
+    def looping(self) -> bool:
+        """The value goes round: its text ends in LOOP_REPEATS copies of one piece (spaces
+        aside), or LOOP_OPENS containers were opened one in another with none closed."""
+        if self.done:
+            return False
+        if self.opens_in_a_row >= LOOP_OPENS:
+            return True
+        text = "".join(self.tail.split())
+        low, high = LOOP_UNIT_CHARS
+        for n in range(low, min(high, len(text) // LOOP_REPEATS) + 1):
+            unit = text[-n:]
+            if text.endswith(unit * LOOP_REPEATS):
+                return True
+        return False
 
     def _char(self, ch: str) -> None:
         if self.in_string:
@@ -43,7 +69,9 @@ class JsonTail:
         if ch in "{[":
             self._begins()
             self.stack.append(_Open(ch, "key" if ch == "{" else "value"))
+            self.opens_in_a_row += 1
         elif ch in "}]":
+            self.opens_in_a_row = 0
             if self.stack:
                 self.stack.pop()
                 self._value_done()

@@ -494,16 +494,19 @@ class TextRuntime:
         n_gen, stop = 0, StopReason.LENGTH
         # a JSON reply with a cap ends in one complete value: when the cap is near, the text
         # that closes it is written instead of what the model would sample
-        json_tail = JsonTail() if gp.json_reply and gp.max_tokens and not resume else None
+        json_tail = JsonTail() if gp.json_reply and not resume else None
         try:
             while not gp.max_tokens or n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
                     stop = StopReason.CANCELLED
                     break
-                closed = (self._close_json(json_tail, gp.max_tokens - n_gen, pieces, on_text)
+                room = gp.max_tokens - n_gen if gp.max_tokens else self.n_ctx - len(self.slot.cells)
+                closed = (self._close_json(json_tail, room, pieces, on_text)
                           if json_tail is not None else None)
                 if closed is not None:
                     n_gen += closed
+                    if json_tail is not None and json_tail.closed_a_loop:
+                        stop = StopReason.STOP  # closed because it went round: a whole value
                     break
                 tok = L.llama_sampler_sample(chain, self.ctx, -1)
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
@@ -546,9 +549,12 @@ class TextRuntime:
         """When the text that closes the JSON reply needs about all the `room` tokens left (a
         margin for one token that opens more), write it (into the KV cache too): the number
         of its tokens; None while there is room."""
+        if tail.done:
+            return None
         closer = tail.closer()
         tokens = self.tokenize(closer, add_special=False) if closer else []
-        if len(tokens) + JSON_CLOSE_MARGIN < room or tail.done:
+        tail.closed_a_loop = len(tokens) + JSON_CLOSE_MARGIN < room and tail.looping()
+        if len(tokens) + JSON_CLOSE_MARGIN < room and not tail.closed_a_loop:
             return None
         if tokens:
             self._decode_tokens(tokens)
