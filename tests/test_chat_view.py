@@ -397,3 +397,25 @@ def test_numbered_lists_are_tight(view):
                                              "1. First.\n\n2. Second.\n\nAfter.")])
     shown = shown_text(view)
     assert "Steps:\nBoil.\nAdd pasta.\nLoose:\nFirst.\nSecond.\nAfter." in shown, repr(shown)
+
+
+def test_a_reply_says_no_rate_until_it_has_streamed_a_while(monkeypatch, tmp_path):
+    """Pieces reach the window in batches: ten at once read "20704.7 tok/s". No rate is said
+    until the reply has streamed RATE_AFTER_S; then pieces over the time since the first."""
+    from app.core import chat_state
+    from app.core.chat_state import RATE_AFTER_S, ChatState
+    from app.core.store import Store
+    from app.core.chat_state import Pending
+
+    now = [100.0]
+    monkeypatch.setattr(chat_state.time, "monotonic", lambda: now[0])
+    store = Store(tmp_path / "data")
+    chat = ChatState(store)
+    chat.new_conversation()
+    rid = chat.begin(Pending("hi", [], 0))
+    for _ in range(10):
+        chat.add_text(rid, "x")
+    assert chat.live_rate() == (10, 0.0)
+    now[0] += RATE_AFTER_S * 2
+    assert chat.live_rate() == (10, 9 / (RATE_AFTER_S * 2))
+    store.close()

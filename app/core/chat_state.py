@@ -40,6 +40,9 @@ COMMIT_EVERY_S = 1.0  # a streaming reply is committed at least this often
 # stops after which a reply can go on (a full context: older turns make room, by the policy)
 
 
+RATE_AFTER_S = 0.5  # a reply's rate is said once it has streamed this long (it read 20,704 tok/s)
+
+
 class ChatState:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -257,9 +260,10 @@ class ChatState:
         """(pieces streamed so far, pieces a second since the first): the reply's tokens and
         tokens/s as it streams (a piece is a token, but for a character split over two)."""
         n = len(self.reply_parts)
-        if n < 2 or self._first_at is None:
+        elapsed = time.monotonic() - self._first_at if self._first_at is not None else 0.0
+        if n < 2 or elapsed < RATE_AFTER_S:  # pieces come in batches: 10 at once is no rate
             return n, 0.0
-        return n, (n - 1) / max(time.monotonic() - self._first_at, 1e-6)
+        return n, (n - 1) / elapsed
 
     def stopped_result(self) -> TurnResult:
         """The turn as it stood when the window closed mid-reply (SIGTERM, Ctrl+Q): its text,

@@ -244,9 +244,9 @@ class Sending:
             now = time.monotonic()
             if now - self._rate_shown_at >= RATE_EVERY_S:  # not at every update: a repaint each
                 n, rate = self.w.chat.live_rate()
-                if rate:
-                    self._rate_shown_at = now
-                    self.w.statusBar().showMessage(f"Writing: {n} tokens · {rate:.1f} tok/s", 2000)
+                self._rate_shown_at = now
+                self.w.statusBar().showMessage(f"Writing: {n} tokens" + (f" · {rate:.1f} tok/s" if rate else ""),
+                                               2000)
 
     def on_turn_finished(self, ev: events.TurnFinished) -> None:
         res = ev.result
