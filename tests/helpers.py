@@ -11,9 +11,27 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-# ggml spins: never more threads than the CI machine's cores (the numerics-shaking run,
-# `make test-numerics`, sets EBB_TEST_THREADS to run the output-comparing tests with others)
-N_THREADS = int(os.environ.get("EBB_TEST_THREADS") or 2)
+def _suite_threads() -> int:
+    """ggml spins: never more threads than the cores that are free as the suite starts (two at
+    most, as on CI's 2 cores). With other work beside it (busy loops, a build: two tests timed
+    out at load 9 with 2 threads each waiting on the other's core), one. The numerics-shaking
+    run, `make test-numerics`, sets EBB_TEST_THREADS to run the output-comparing tests with
+    others. Fixed for the whole run: a test's two sides always use the same count."""
+    if os.environ.get("EBB_TEST_THREADS"):
+        return int(os.environ["EBB_TEST_THREADS"])
+    from engine.hw import physical_cores
+    from engine.llama.thread_share import ProcSampler
+
+    sampler = ProcSampler()
+    try:
+        running = sampler.running()
+    finally:
+        sampler.close()
+    others = max(0, (running or 1) - 1)  # this process is one of them
+    return max(1, min(2, physical_cores() - others))
+
+
+N_THREADS = _suite_threads()
 
 
 # ---------------------------------------------------------------- comparing model outputs

@@ -58,3 +58,23 @@ def test_window_restarts_without_the_dead_server_and_keeps_the_conversation(tmp_
         assert msgs and msgs[0].role == "user" and msgs[0].text == LONG
     finally:
         store.close()
+
+
+def test_a_conversation_carried_to_a_new_session_keeps_all_its_owner_keeps(model_path):
+    """#70: after a device is lost the conversation goes on in a new session; only its turns
+    and tools went over, so its kept states were filed under another chat ("x"), thinking
+    switched off came back on, and forgotten turns were counted again. All of it goes over."""
+    from engine.session import Session, SessionConfig
+    from tests.helpers import N_THREADS
+
+    cfg = SessionConfig(model_path, None, n_ctx=512, n_threads=N_THREADS)
+    with Session(cfg) as lost, Session(cfg) as new:
+        lost.set_history([("user", "Hi", []), ("assistant", "Hello", []), ("user", "Bye", []),
+                          ("assistant", "Goodbye", [])], tag="chat-7")
+        lost.set_template_kwargs({"enable_thinking": False})
+        lost.set_tools([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        lost.chat.forgotten = 2  # two turns left the model's memory to fit the context
+        new.adopt_conversation(lost)
+        assert new.chat.tag == "chat-7" and new.chat.template_kwargs == {"enable_thinking": False}
+        assert new.chat.forgotten == 2 and [t.text for t in new.history] == ["Hi", "Hello", "Bye", "Goodbye"]
+        assert new.chat.tools == lost.chat.tools and not new.chat.resumes_from_cache

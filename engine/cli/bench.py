@@ -516,6 +516,44 @@ def cmd_bench_reopen(args: argparse.Namespace) -> int:
     return 0
 
 
+@bench("contention", "tokens/s with 0, 1 and 2 busy loops beside: Ebb's adaptive threads ÷ the best "
+                     "fixed count, and ÷ the peer with its default threads (ratios)",
+       ("model", "json"),
+       arg("--loads", default="0,1,2", help="busy loops beside, comma-separated"),
+       arg("--rounds", type=int, default=3),
+       arg("--max-tokens", type=int, default=64),
+       arg("--peer", default=None, metavar="PATH",
+           help="llama.cpp's llama-server (default: EBB_LLAMA_SERVER, else llama-cpp-python)"))
+def cmd_bench_contention(args: argparse.Namespace) -> int:
+    import sys
+
+    from engine.measure.contention_bench import bench_contention, find_peer
+    from engine.models.default import resolve_model_path
+
+    loads = [int(x) for x in args.loads.split(",") if x.strip()]
+    out = bench_contention(resolve_model_path(args.model), loads, args.rounds, args.max_tokens,
+                           find_peer(args.peer), log=(lambda m: None) if args.json else
+                           (lambda m: print(f"  {m}", file=sys.stderr, flush=True)))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']} on {out['cores']} cores, median of {out['rounds']} rounds; the peer: "
+          f"{out['peer']}")
+    for phase, what in (("prompt", f"reading a {out['prompt_tokens']}-token prompt"),
+                        ("gen", f"generating {out['n_gen']} tokens")):
+        i = 0 if phase == "prompt" else 1
+        print(f"{what} (tok/s)")
+        print(f"{'busy loops':>10}  {'adaptive':>9}  {'best fixed':>14}  {'peer':>7}  "
+              f"{'adaptive ÷ best fixed':>21}  {'adaptive ÷ peer':>15}")
+        for r in out["rows"]:
+            best = r[f"{phase}_best_fixed"]
+            print(f"{r['busy_loops']:>10}  {r['tok_s']['adaptive'][i]:>9.1f}  "
+                  f"{r['tok_s'][best][i]:>6.1f} ({best})  {r['tok_s']['peer'][i]:>7.1f}  "
+                  f"{r[f'{phase}_adaptive_vs_best_fixed']:>21.3f}  {r[f'{phase}_adaptive_vs_peer']:>15.3f}")
+    print("goals: adaptive ÷ best fixed ≥ 0.9 at every load; adaptive ÷ peer ≥ 1.5 with one busy loop")
+    return 0
+
+
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     benches = p.add_subparsers(dest="bench", required=True)

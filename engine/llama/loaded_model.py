@@ -41,6 +41,9 @@ class LoadParams:
     repack: bool = True  # False: keep host weights in plain GGUF layout (no CPU_REPACK copy)
     # (regex, device name or "CPU"): llama.cpp's tensor_buft_overrides, first match wins
     buft_overrides: tuple[tuple[str, str], ...] = ()
+    # the thread counts given are the most: fewer are used while the cores are shared
+    # (engine/llama/thread_share.py); False: exactly those, always
+    share_threads: bool = False
 
 
 def state_identity(model_path: Path, n_ctx: int, flash_attn: bool | None) -> dict[str, Any]:

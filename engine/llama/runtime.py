@@ -21,6 +21,7 @@ from engine.errors import EbbError, TurnCancelled
 from engine.events import GenStats, Logprob
 from engine.gguf.info import ModelInfo, model_info, read_gguf
 from engine.config import default_threads
+from engine.hw import physical_cores
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
@@ -28,6 +29,7 @@ from engine.llama.embeddings import embed
 from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
 from engine.llama.prefill_stop import PrefillStop
+from engine.llama.thread_share import ProcSampler, ThreadShare
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
 from engine.llama.loaded_model import DEFAULT_BATCH, LoadedModel, LoadParams, check_context, state_identity
 from engine.llama.buffer_log import buffers_from_log
@@ -100,6 +102,13 @@ class TextRuntime:
         self._last_batch: tuple[str, int] | None = None
         self._utf8_state: tuple[bytes, int] = (b"", 0)  # see _decode_loop
         self._decoded = False  # the first decode is guarded (engine.llama.native)
+        # fewer threads while the cores are shared (generation's and batches' own), or None
+        self.shares: tuple[ThreadShare, ThreadShare] | None = None
+        self._proc: ProcSampler | None = None
+        if params.share_threads:
+            cores = physical_cores()
+            self.shares = (ThreadShare(self.n_threads, cores), ThreadShare(self.n_threads_batch, cores))
+            self._proc = ProcSampler()
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
         try:
             self._load()
@@ -117,6 +126,8 @@ class TextRuntime:
         self.model, self.vocab = self.loaded.model, self.loaded.vocab
         ctx = self._new_context(self.n_ctx)
         self._stack.callback(L.llama_free, ctx)
+        if self._proc is not None:
+            self._stack.callback(self._proc.close)
         self.ctx = ctx
         self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
@@ -259,7 +270,12 @@ class TextRuntime:
     def _decode(self, batch: Any) -> None:
         self._before_decode("tokens", batch.n_tokens)
         if self._decoded:
+            if self.shares is None:
+                self._check(llama().llama_decode(self.ctx, batch))
+                return
+            t0, c0 = time.perf_counter(), ProcSampler.cpu_s()
             self._check(llama().llama_decode(self.ctx, batch))
+            self._shared_step(batch.n_tokens, time.perf_counter() - t0, ProcSampler.cpu_s() - c0)
             return
         from engine.llama import native
 
@@ -267,6 +283,20 @@ class TextRuntime:
         with native.first_decode(self.params.model_path):
             self._check(llama().llama_decode(self.ctx, batch))
         self._decoded = True
+
+    def _shared_step(self, n_tokens: int, wall_s: float, cpu_s: float) -> None:
+        """After a decode on the CPU: its phase's share of the cores, and its thread count for
+        the next one (thread_share.py)."""
+        assert self.shares is not None and self._proc is not None
+        gen, batch = self.shares
+        share = batch if n_tokens > 1 else gen
+        running = self._proc.running()
+        others = None if running is None else max(0, running - share.current)
+        before = share.current
+        after = share.observe(wall_s, cpu_s, n_tokens, others)
+        if after != before:
+            (batch if share is gen else gen).suggest(after)
+            self.set_threads(gen.current, batch.current)
 
     def _decode_tokens(self, tokens: list[int],
                        on_batch: Callable[[int], None] | None = None) -> None:

@@ -295,9 +295,12 @@ class ModelResidency:
         accelerator and forces repeating-layer weights to host (`device_layers` excepted); a
         spread gives llama.cpp the devices and their layer counts."""
         cfg = self.cfg
+        # threads nobody chose, on a model the CPU runs: fewer while the cores are shared
+        share = (cfg.n_threads is None and cfg.n_threads_batch is None and cfg.phases is None
+                 and placement.n_layers_on_accel == 0)
         common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
                                       n_threads_batch=cfg.n_threads_batch,
-                                      flash_attn=cfg.flash, n_batch=cfg.n_batch)
+                                      flash_attn=cfg.flash, n_batch=cfg.n_batch, share_threads=share)
         if self.spread is not None and placement is self.spread.placement:
             return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers,
                               devices=tuple(name for name, _ in self.spread.split),

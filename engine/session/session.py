@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from engine import events
 from engine.config import SessionConfig, flash_attn_for, thread_plan
-from engine.conversation import Conversation, History, HistoryTurn
+from engine.conversation import Conversation, History, HistoryTurn, ReplyState
 from engine.events import GenStats, TurnResult
 from engine.errors import DeviceLost, EbbError, TurnCancelled
 from engine.gguf.model_files import ModelFiles
@@ -465,9 +465,12 @@ class Session:
         self.chat.template_kwargs = dict(kwargs)
 
     def adopt_conversation(self, other: "Session") -> None:
-        """Carry on another session's conversation (e.g. after its device went away)."""
-        self.chat.turns = list(other.history)
-        self.chat.tools = other.chat.tools
+        """Carry on another session's conversation (e.g. after its device went away): all of
+        it, as the owner keeps it (its tag, so its kept states stay filed under its chat; the
+        template's switches; the turns the model had forgotten), with nothing to go on with
+        from this session's empty cache."""
+        saved = other.save_conversation()
+        self.restore_conversation(replace(saved, reply=ReplyState.IDLE))
         self.encoder.adopt(other.encoder)
 
     def undo_last_exchange(self) -> tuple[str, list[str]] | None:

@@ -1,0 +1,157 @@
+"""A fair share of a busy machine: how many threads a phase (generation, or prompt batches)
+decodes with, chosen again between decodes from what the threads got.
+
+llama.cpp's threads meet at a barrier after every op and spin there (OpenMP in our build).
+When another process holds one of their cores, the whole step waits for the thread that is not
+running: on 2 cores with one busy loop beside, 2 threads ran at 0.3 of 1 thread's speed
+(docs/performance.md). So each step is watched:
+
+- **the share**: the CPU time the process got during the step against `threads x wall`. Threads
+  that own their cores spin through every barrier, so it is about 1; below SHARE_LOW, a thread
+  waited for a core. Then one thread fewer is tried.
+- **the room**: the machine's runnable tasks (`/proc/stat` procs_running) beside ours. Fewer
+  than the cores left free: one thread more is tried (the machine was freed).
+- **the proof**: a count that was tried is kept only if its steps are faster per token than
+  the count before (TRY_STEPS of each, medians); else the old count comes back and that move is
+  not tried again for a while (BACK_OFF_STEPS, doubled at each failure up to a limit). A count
+  is also re-tried now and then (PROBE_EVERY_STEPS), so a change the signals miss is found.
+
+`ThreadShare` is pure (the caller measures and reads /proc); `ProcSampler` does the reading.
+The runtime's thread calls both, between decodes.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+SHARE_LOW = 0.8  # below this share of `threads x wall` a thread waited for its core
+TRY_STEPS = 4  # steps a tried count runs before it is judged
+WATCH_STEPS = 3  # steps in a row a signal must hold before a count is tried
+BETTER_BY = 0.95  # a tried count is kept when its time per token is under this x the old's
+BACK_OFF_STEPS = 32  # a move that did not pay is not tried again for this many steps (doubling)
+BACK_OFF_MOST = 1024
+PROBE_EVERY_STEPS = 256  # with no signal, the other count is tried now and then all the same
+
+
+@dataclass
+class ThreadShare:
+    """The thread count of one phase, between 1 and `most`, on a machine of `cores` cores."""
+    most: int
+    cores: int
+    current: int = 0
+    # the count before a try, and the per-token times of the steps since the try began
+    _before: int = 0
+    _before_times: list[float] = field(default_factory=list)
+    _trying: list[float] = field(default_factory=list)
+    _recent: list[float] = field(default_factory=list)  # the current count's last step times
+    _low_share: int = 0  # steps in a row with a low share
+    _room: int = 0  # steps in a row with a free core beside us
+    _steps: int = 0
+    _back_off: dict[int, int] = field(default_factory=dict)  # count -> step before which not tried
+    _back_off_len: dict[int, int] = field(default_factory=dict)
+    changes: int = 0  # how often the count changed (benches and the panel say it)
+
+    def __post_init__(self) -> None:
+        self.most = max(1, self.most)
+        self.current = min(max(1, self.current or self.most), self.most)
+
+    def observe(self, wall_s: float, cpu_s: float, n_tokens: int, others_running: int | None) -> int:
+        """One step's figures: its wall and process CPU seconds, the tokens it decoded, and
+        the runnable tasks beside ours (None: not read this step). Returns the count for the
+        next step."""
+        self._steps += 1
+        if wall_s <= 0 or n_tokens <= 0:
+            return self.current
+        per_token = wall_s / n_tokens
+        share = cpu_s / (self.current * wall_s)
+        if self._before:  # a try under way: judge it after TRY_STEPS
+            self._trying.append(per_token)
+            if len(self._trying) >= TRY_STEPS:
+                self._judge()
+            return self.current
+        self._recent = (self._recent + [per_token])[-TRY_STEPS:]
+        self._low_share = self._low_share + 1 if share < SHARE_LOW and self.current > 1 else 0
+        free = others_running is not None and others_running + self.current < self.cores
+        self._room = self._room + 1 if free and self.current < self.most else (
+            self._room if others_running is None else 0)
+        if self._low_share >= WATCH_STEPS:
+            self._try(self.current - 1)
+        elif self._room >= WATCH_STEPS:
+            self._try(self.current + 1)
+        elif self._steps % PROBE_EVERY_STEPS == 0 and len(self._recent) >= TRY_STEPS:
+            other = self.current + 1 if self.current < self.most else self.current - 1
+            self._try(other)
+        return self.current
+
+    def suggest(self, n: int) -> None:
+        """The other phase moved to `n` (what it saw holds here too): try it, judged by this
+        phase's own times (a prompt of one batch would take several to see it itself)."""
+        if not self._before and n != self.current:
+            if len(self._recent) < TRY_STEPS:
+                self._recent = (self._recent * TRY_STEPS)[:TRY_STEPS]  # what is known, repeated
+            self._try(n)
+
+    def _try(self, n: int) -> None:
+        self._low_share = self._room = 0
+        if not 1 <= n <= self.most or n == self.current or self._steps < self._back_off.get(n, 0):
+            return
+        if len(self._recent) < TRY_STEPS:
+            return  # the current count's own time is not known yet
+        self._before, self._before_times = self.current, list(self._recent)
+        self._trying = []
+        self.current = n
+        self.changes += 1
+
+    def _judge(self) -> None:
+        tried, before = self.current, self._before
+        if statistics.median(self._trying) < BETTER_BY * statistics.median(self._before_times):
+            self._recent = self._trying[-TRY_STEPS:]
+            self._back_off_len.pop(tried, None)
+        else:  # no better: back, and not again for a while (longer each time)
+            span = min(self._back_off_len.get(tried, BACK_OFF_STEPS // 2) * 2, BACK_OFF_MOST)
+            self._back_off_len[tried] = span
+            self._back_off[tried] = self._steps + span
+            self.current = before
+            self._recent = self._before_times
+            self.changes += 1
+        self._before, self._trying = 0, []
+
+
+class ProcSampler:
+    """What the process got and what else runs: process CPU seconds, and the runnable tasks
+    of the machine (Linux's /proc/stat; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self._stat: int | None = None
+        try:
+            self._stat = os.open("/proc/stat", os.O_RDONLY)
+        except OSError:
+            self._stat = None
+
+    @staticmethod
+    def cpu_s() -> float:
+        return time.process_time()
+
+    def running(self) -> int | None:
+        """Runnable tasks on the machine now (ours among them)."""
+        if self._stat is None:
+            return None
+        try:
+            data = os.pread(self._stat, 65536, 0)
+        except OSError:
+            return None
+        at = data.find(b"procs_running ")
+        if at < 0:
+            return None
+        end = data.find(b"\n", at)
+        try:
+            return int(data[at + 14:end])
+        except ValueError:
+            return None
+
+    def close(self) -> None:
+        if self._stat is not None:
+            os.close(self._stat)
+            self._stat = None
