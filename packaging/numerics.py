@@ -137,8 +137,11 @@ def run_tests(label: str, env: dict[str, str], pytest_args: list[str]) -> tuple[
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, **env))
     passed, failed = _counts(report)
-    if proc.returncode not in (0, 5) and not failed:
-        failed = 1  # it ended before reporting (a crash): a failure of its own
+    if proc.returncode != 0 and not failed:
+        failed = 1  # it ended before reporting (a crash), or collected nothing (5): a failure
+    if not passed:  # a run that shook nothing proves nothing: every test skipped, or none ran
+        say(f"{label}: ran no {MARK} test (pytest's exit {proc.returncode}): counted as a failure")
+        failed = max(failed, 1)
     say(f"{label}: {passed} passed, {failed} failed in {time.monotonic() - started:.0f}s")
     return passed, failed
 
@@ -173,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         variants = cpu_variants(package)
         say("CPU variants this machine runs: "
             + (", ".join(f"{v} ({s})" for v, s in variants) or "none (not a portable build)"))
+        if not variants:  # the shakes alone would go green having run no CPU variant
+            say("no CPU variant of the portable build runs here: nothing to shake by CPU variant "
+                "(pass --no-variants to run the other shakes alone)")
+            print("0 passed, 1 failed")
+            return 1
         if not args.all_variants:
             variants = chosen(variants)
         for variant, _score in variants:
