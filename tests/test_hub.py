@@ -280,6 +280,10 @@ def test_models_get_fetches_the_pair_where_open_model_finds_it(hub, families, tm
     assert model.read_bytes() == lm.read_bytes() and proj.read_bytes() == mm.read_bytes()
     note = json.loads((model.parent / "ebb-pair.json").read_text())
     assert note[model.name]["projector"] == proj.name
+    from engine.hub.fetch import paired_projector
+
+    assert paired_projector(model) == proj  # what Open model offers first (#70: read, not only written)
+    (model.parent / "ebb-pair.json").write_text("{damaged")  # a damaged note is written anew
     # no quantisation named: the one that suits this machine, said with why (#52)
     auto = run_cli("models", "get", "ebb/llava-GGUF", "--json")
     assert auto.returncode == 0, auto.stderr

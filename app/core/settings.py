@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import PhaseTuning, SessionConfig, flash_choice
 from engine.tune_result import TuneResult
+from engine.server.limits import DEFAULT_PORT
 from engine.units import parse_size
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Settings:
     # Settings → Local server: the OpenAI-compatible endpoint
     server: bool = False
     server_host: str = "127.0.0.1"
-    server_port: int = 8089
+    server_port: int = DEFAULT_PORT
     server_api_key: str = ""
     # a new chat's system prompt and sampling (each chat may have its own: chat_params)
     system_prompt: str = ""

@@ -54,6 +54,10 @@ def projector_offer(model: Path) -> tuple[list[str], str]:
         choices = projector_choices(model, projectors_beside(model))
     except EbbError as exc:
         return [], f"cannot read the model: {exc}"
+    from engine.hub.fetch import paired_projector
+
+    paired = paired_projector(model)  # downloaded with it (Get models): first when it fits
+    choices = sorted(choices, key=lambda c: Path(c.path) != paired)
     fit = [c for c in choices if c.problem is None]
     notes = []
     if fit:

@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 from engine.cli.chat import SESSION_FLAGS, add_session_flags, session_config
+from engine.server.limits import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT_S, DEFAULT_PORT
 from engine.cli.common import Subcommands, flag_parser
 from engine.errors import EbbError
 
@@ -79,7 +80,7 @@ def register(sub: Subcommands) -> None:
                        parents=[flag_parser(*SESSION_FLAGS)])
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default loopback; any other address warns)")
-    p.add_argument("--port", type=int, default=8089)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN (e.g. http://localhost:3000) call the API; "
                         "off by default; repeat for more")
@@ -94,10 +95,10 @@ def register(sub: Subcommands) -> None:
                    help="require 'Authorization: Bearer KEY' on every request (or EBB_API_KEY)")
     p.add_argument("--queue", type=int, default=8,
                    help="requests that may wait while one is answered (more: 503, Retry-After)")
-    p.add_argument("--max-wait", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--max-wait", type=float, default=DEFAULT_MAX_WAIT_S, metavar="SECONDS",
                    help="how long a request that is not streamed may wait in line before a 503 "
                         "with Retry-After (0: no limit; a stream sees its place every second)")
-    p.add_argument("--max-body", default="32MiB", metavar="SIZE",
+    p.add_argument("--max-body", default=f"{DEFAULT_MAX_BODY >> 20}MiB", metavar="SIZE",
                    help="largest request body (pictures as base64 count 4/3; more: 413)")
     add_session_flags(p)
     p.set_defaults(func=cmd_serve, max_tokens=0, memory_disk="4GiB")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.paths import cache_dir
+from engine.json_file import read_object
 
 FORMAT = 1
 KEPT_MAX = 64  # files: the oldest go first (a header is a few KiB to a few hundred)
@@ -40,11 +41,8 @@ def _file_for(version: Version) -> Path:
 def load(version: Version) -> dict[str, Any] | None:
     """The header kept for exactly this version ({"file_bytes", "metadata", "tensors"}), or
     None."""
-    try:
-        kept = json.loads(_file_for(version).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or kept.get("format") != FORMAT or kept.get("version") != list(version):
+    kept = read_object(_file_for(version))
+    if kept.get("format") != FORMAT or kept.get("version") != list(version):
         return None
     return kept
 

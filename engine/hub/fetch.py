@@ -3,7 +3,7 @@ model finds them (a projector beside its model is offered with it), with a note 
 are. Any thread; `cancel` pauses between reads (download.py)."""
 from __future__ import annotations
 
-import json
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from engine.hub.catalog import HubFile, Quant
 from engine.hub.download import Progress, download_file
+from engine.json_file import read_object, write_object
 
 PAIR_NOTE = "ebb-pair.json"
 
@@ -39,8 +40,19 @@ def fetch_pair(repo: str, quant: Quant, projector: HubFile | None, endpoint: str
         proj = download_file(repo, projector, folder / projector.name, endpoint, token,
                              on_progress, cancel)
     note = folder / PAIR_NOTE
-    pairs = json.loads(note.read_text()) if note.exists() else {}
+    pairs = read_object(note)  # a damaged note is written anew, not a failure after a download
     pairs[paths[0].name] = {"repo": repo, "quant": quant.label,
                             "projector": proj.name if proj is not None else None}
-    note.write_text(json.dumps(pairs, indent=1))
+    with contextlib.suppress(OSError):  # the files are there: the note only helps pair them
+        write_object(note, pairs, indent=1)
     return Fetched(paths[0], proj)
+
+
+def paired_projector(model: Path) -> Path | None:
+    """The projector downloaded with `model` (its folder's pairing note), if it is still there:
+    File → Open model offers it first."""
+    entry = read_object(Path(model).parent / PAIR_NOTE).get(Path(model).name)
+    name = entry.get("projector") if isinstance(entry, dict) else None
+    if isinstance(name, str) and name and (Path(model).parent / name).is_file():
+        return Path(model).parent / name
+    return None

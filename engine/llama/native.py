@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from engine import paths, testhooks
+from engine.json_file import read_object
 
 SAFE_MODE_ENV = "EBB_SAFE_MODE"
 CRASH_TEST_ENV = testhooks.NATIVE_CRASH
@@ -110,11 +111,7 @@ def record_path() -> Path:
 
 
 def _read(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_object(path)
 
 
 def _write(path: Path, data: dict[str, object]) -> None:

