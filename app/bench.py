@@ -289,7 +289,7 @@ def cmd_open(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.hw import physical_cores
+    from engine.config import default_threads
 
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--prompt", default=PROMPT)
         s.add_argument("--max-tokens", type=int, default=600)
         s.add_argument("--ctx", type=int, default=2048)
-        s.add_argument("--threads", type=int, default=physical_cores())
+        s.add_argument("--threads", type=int, default=default_threads(None))
         s.add_argument("--runs", type=int, default=4)
     o = sub.add_parser("open")
     o.add_argument("--messages", type=int, default=500)

@@ -33,7 +33,7 @@ def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str,
     from engine.gguf.info import inspect_files
     from engine.models.default import existing_file, resolve_model_path
     from engine.synth.demo import default_projector_path
-    from engine.hw import physical_cores
+    from engine.config import default_threads
     from engine.placement import calibration as calibrate
     from engine.placement.whatif import parse_bus, what_if
     from engine.units import parse_size
@@ -44,7 +44,7 @@ def predict(model: str, mmproj: str, vram: str, bus: str, ctx: int) -> dict[str,
     ins = inspect_files(model_path, proj)
     n_ctx = ins.model.fit_context(ctx)
     w = what_if(ins.model, ins.projector, parse_size(vram), parse_bus(bus), 40e9, 300e9, n_ctx,
-                physical_cores(), calibrate.load("CPU"))
+                default_threads(None), calibrate.load("CPU"))
     return {"what_if": w, "out": w.to_dict(), "model": ins.model, "n_ctx": n_ctx}
 
 

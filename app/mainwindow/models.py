@@ -115,9 +115,9 @@ class Models:
         from engine.hub.verdict import machine_from_devices
 
         settings = self.w.settings()
-        from engine.hw import physical_cores
+        from engine.config import default_threads
 
-        threads = settings.threads or physical_cores()
+        threads = default_threads(settings.threads or None)
         devices = list(self.loaded.devices) if self.loaded else []
         machine = machine_from_devices(devices, threads)
         if self.hub_dialog is None:  # one dialog: closed and opened again, it is as it was

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.cli.common import Subcommands, flag_parser, flash_attn_arg
+from engine.config import default_threads
 from engine.errors import EbbError
 from engine.paths import engine_argv
 from engine.units import fmt_bytes
@@ -104,7 +105,6 @@ def cmd_bench_calibrate(args: argparse.Namespace) -> int:
 
     from engine.models.default import existing_file, resolve_model_path
     from engine.synth.demo import default_projector_path
-    from engine.config import default_threads
     from engine.measure.accuracy import bench_calibrate
     from engine.units import parse_size
 
@@ -210,7 +210,7 @@ def _start_rpc_server(threads: int | None) -> tuple[Any, str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen([*engine_argv(), "rpc-serve", "--port", str(port),
-                             "--threads", str(threads or 2)],
+                             "--threads", str(default_threads(threads))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         with socket.socket() as sock:
@@ -253,7 +253,7 @@ def cmd_bench_autotune(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
         def measurer() -> Measurer:
-            return Measurer(model, info, accel, args.ctx, args.threads or 1, live=False, on_point=log)
+            return Measurer(model, info, accel, args.ctx, default_threads(args.threads), live=False, on_point=log)
 
         top = max_layers(info, accel, budget, args.ctx, 512, True, 0, live=False)
         print(f"sweep 0..{top}", file=sys.stderr, flush=True)
@@ -301,7 +301,7 @@ def cmd_bench_conversation(args: argparse.Namespace) -> int:
     from engine.models.default import resolve_model_path
     from engine.measure.conversation_bench import RUNNERS, bench_conversation
 
-    out = bench_conversation(resolve_model_path(args.model), args.ctx, args.threads or 2,
+    out = bench_conversation(resolve_model_path(args.model), args.ctx, default_threads(args.threads),
                              args.turns, args.reply,
                              log=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     if args.json:
@@ -408,7 +408,7 @@ def cmd_bench_start(args: argparse.Namespace) -> int:
     from engine.measure.start_bench import bench_start
 
     # the CPU alone: auto is off (flash_attn_for)
-    out = bench_start(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
+    out = bench_start(resolve_model_path(args.model), args.ctx, default_threads(args.threads), args.rounds,
                       flash_attn_arg(args) is True)
     if args.json:
         print(json.dumps(out))
@@ -430,7 +430,7 @@ def cmd_bench_context(args: argparse.Namespace) -> int:
     from engine.measure.context_bench import bench_context
 
     fills = tuple(int(x) for x in args.fills.split(","))
-    out = bench_context(resolve_model_path(args.model), fills, args.threads or 2, args.rounds)
+    out = bench_context(resolve_model_path(args.model), fills, default_threads(args.threads), args.rounds)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -452,7 +452,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from engine.models.default import resolve_model_path
     from engine.measure.serve_bench import bench_serve
 
-    out = bench_serve(resolve_model_path(args.model), args.ctx, args.threads or 2, args.rounds,
+    out = bench_serve(resolve_model_path(args.model), args.ctx, default_threads(args.threads), args.rounds,
                       # the CPU alone: auto is off there (flash_attn_for)
                       args.max_tokens, flash_attn_arg(args) is True,
                       log=(lambda s: None) if args.json else print)
@@ -487,7 +487,7 @@ def cmd_bench_reopen(args: argparse.Namespace) -> int:
     from engine.models.default import resolve_model_path
     from engine.measure.reopen_bench import bench_reopen, parse_sizes
 
-    out = bench_reopen(resolve_model_path(args.model), parse_sizes(args.sizes), args.threads or 2,
+    out = bench_reopen(resolve_model_path(args.model), parse_sizes(args.sizes), default_threads(args.threads),
                        args.rounds, picture=not args.no_picture, pause_s=args.pause,
                        log=(lambda m: None) if args.json else
                        (lambda m: print(f"  {m}", file=sys.stderr, flush=True)))

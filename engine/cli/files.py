@@ -30,11 +30,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     result = inspect_files(model, mmproj)
     probe = None
     if mmproj is not None and result.projector is not None:
-        from engine.hw import physical_cores
+        from engine.config import default_threads
         from engine.media.projector import probe_projector
 
         size = args.image_size or (result.projector.image_size, result.projector.image_size)
-        probe = probe_projector(mmproj, model, size, physical_cores(), flash_attn_arg(args) is True,
+        probe = probe_projector(mmproj, model, size, default_threads(args.threads), flash_attn_arg(args) is True,
                                 args.image_max_tokens)
     if args.json:
         d = result.to_dict()

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import SessionConfig
+from engine.config import SessionConfig, default_threads
 from engine.llama.sampling import GenParams
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def bare_mtmd_encode_s(cfg: SessionConfig, clip: Path, n: int) -> float:
     model_p = L.llama_model_load_from_file(str(cfg.model_path).encode(), mp)
     params = M.mtmd_context_params_default()
     params.use_gpu = False
-    params.n_threads = cfg.n_threads or 2
+    params.n_threads = default_threads(cfg.n_threads)
     params.print_timings = False
     mctx = M.mtmd_init_from_file(str(cfg.mmproj_path).encode(), model_p, params)
     chunks = M.mtmd_input_chunks_init()
