@@ -101,13 +101,14 @@ def _window_run(args: argparse.Namespace) -> int:
         # and when the turn's end reaches the window, before the saved reply is drawn: the
         # stream's share apart from what the window does once the reply is done
         at_end: list[float] = []
-        finished = w._handlers[events.TurnFinished]
 
-        def on_finished(ev: events.TurnFinished) -> None:
-            at_end.append(time.thread_time())
-            finished(ev)
+        def timed(finished: Callable[[Any], None]) -> Callable[[Any], None]:
+            def on_finished(ev: events.TurnFinished) -> None:
+                at_end.append(time.thread_time())
+                finished(ev)
+            return on_finished
 
-        w._handlers[events.TurnFinished] = on_finished
+        w.wrap_handler(events.TurnFinished, timed)
         w.composer.edit.setPlainText(args.prompt)
         QTimer.singleShot(0, w.sending.send)
         gui0 = time.thread_time()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import (
@@ -510,6 +510,11 @@ class MainWindow(QMainWindow):
         return load_settings(self.store)
 
     # ------------------------------------------------------------ engine events
+
+    def wrap_handler(self, kind: type, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -> None:
+        """Replace the handler of an engine event `kind` with `wrap(handler)` (a bench that
+        times what the window does with it)."""
+        self._handlers[kind] = wrap(self._handlers[kind])
 
     @Slot(object)
     def _on_event(self, ev: events.Event) -> None:

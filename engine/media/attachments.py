@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from engine.errors import EbbError
 from engine.media import documents, kinds, video
-from engine.media.images import LoadedMedia, _to_rgb
+from engine.media.images import LoadedMedia, to_rgb
 
 KEYS = {"every", "from", "to", "frames", "pages", "as"}
 DEFAULT_SIDE = 896  # frames and pages for a projector whose input size is unknown
@@ -125,7 +125,7 @@ def frame_key(file_sha: str, what: str, size: tuple[int, int]) -> str:
 
 
 def _media(image: Any, ref: str, key: str) -> LoadedMedia:
-    rgb = _to_rgb(image)
+    rgb = to_rgb(image)
     return LoadedMedia(ref, key, rgb.width, rgb.height, rgb.tobytes())
 
 

@@ -31,7 +31,7 @@ class LoadedMedia:
         return self.height == CLIP_HEIGHT
 
 
-def _to_rgb(im: Any) -> Any:
+def to_rgb(im: Any) -> Any:
     """8-bit RGB from any mode: 16-bit and float greyscale are scaled, alpha is dropped on
     white, CMYK and palettes are converted."""
     import numpy as np
@@ -93,7 +93,7 @@ def load_image(path: Path) -> LoadedMedia:
                                    f"resize it below {MAX_IMAGE_PIXELS // 1_000_000} megapixels")
                 im.seek(0)  # animated: the first frame
                 im.load()
-                rgb = _to_rgb(ImageOps.exif_transpose(im))
+                rgb = to_rgb(ImageOps.exif_transpose(im))
     except EbbError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
