@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Callable, Sequence
 
 from engine import stops
+from engine.stops import StopReason
 from engine.errors import EbbError
 
 __all__ = ["Conversation", "Fitted", "History", "HistoryTurn", "ReplyState", "drop_oldest",
@@ -56,7 +57,7 @@ class Conversation:
     (Session.save_conversation / restore_conversation)."""
     history: tuple[HistoryTurn, ...]
     reply: ReplyState  # OPEN: the last reply can be continued from the KV cache
-    last_stop: str
+    last_stop: StopReason | None  # how its last reply ended (None: none yet)
     forgotten: int  # turns at the start no longer in the model's memory
     system: str | None
     tools: tuple[dict[str, Any], ...] | None
@@ -76,12 +77,12 @@ class History:
         self.template_kwargs: dict[str, Any] = {}  # the template's own switches (enable_thinking)
         self.tag = "x"  # what the conversation's kept states go by (a chat's id)
         self.reply = ReplyState.IDLE
-        self.last_stop = ""  # how the last reply ended (a StopReason's value; "" none yet)
+        self.last_stop: StopReason | None = None  # how the last reply ended (None: none yet)
 
     def reset(self, turns: list[HistoryTurn], tag: str) -> None:
         """Another conversation, or another branch of this one."""
         self.turns, self.forgotten, self.tag = turns, 0, tag or "x"
-        self.reply, self.last_stop = ReplyState.IDLE, ""
+        self.reply, self.last_stop = ReplyState.IDLE, None
 
     def begin_prompt(self) -> None:
         self.reply = ReplyState.PROMPT
@@ -89,7 +90,7 @@ class History:
     def begin_reply(self) -> None:
         self.reply = ReplyState.GENERATING
 
-    def reply_ended(self, reason: str) -> None:
+    def reply_ended(self, reason: StopReason) -> None:
         """The reply stopped (`reason`: a StopReason): open when the cache ends with it."""
         self.reply = ReplyState.OPEN if stops.resumes_from_cache(reason) else ReplyState.IDLE
         self.last_stop = reason
@@ -107,7 +108,8 @@ class History:
 
     @property
     def resumes_from_cache(self) -> bool:
-        return self.reply is ReplyState.OPEN and stops.resumes_from_cache(self.last_stop)
+        return (self.reply is ReplyState.OPEN and self.last_stop is not None
+                and stops.resumes_from_cache(self.last_stop))
 
     def add_exchange(self, turn: HistoryTurn, reply: str) -> None:
         self.turns = self.turns + [turn, HistoryTurn("assistant", reply)]
@@ -116,6 +118,21 @@ class History:
         """Stop before the reply began: the message stays, with an empty reply."""
         self.add_exchange(turn, "")
         self.reply, self.last_stop = ReplyState.IDLE, stops.CANCELLED
+
+    def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
+        self.tools = tools or None
+
+    def set_template_kwargs(self, kwargs: dict[str, Any]) -> None:
+        self.template_kwargs = dict(kwargs)
+
+    def hold_out_reply(self) -> HistoryTurn:
+        """The last reply, taken out while the conversation before it is rendered (Continue
+        prefills up to it); `put_back` returns it, whatever happens meanwhile."""
+        before, self.turns = self.turns[-1], self.turns[:-1]
+        return before
+
+    def put_back(self, reply: HistoryTurn) -> None:
+        self.turns = self.turns + [reply]
 
     def set_last_reply(self, text: str) -> None:
         self.turns = self.turns[:-1] + [HistoryTurn("assistant", text)]

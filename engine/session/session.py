@@ -226,11 +226,11 @@ class Session:
                 tl.add("decode", t0, t0 + result.stats.gen_s, accel)
                 res.reason = "resumed from the KV cache (no prefill)"
             else:
-                self.chat.turns = self.chat.turns[:-1]
+                self.chat.hold_out_reply()
                 try:  # a reply that filled the context: older turns leave to make room
                     self.prompt.fit(None, self.prompt.pending_images(), res, open_reply=before.text)
                 except EbbError:
-                    self.chat.turns = self.chat.turns + [before]
+                    self.chat.put_back(before)
                     raise
                 pending = self.prompt.pending_images()
                 messages, keys = self.prompt.messages()
@@ -238,7 +238,7 @@ class Session:
                 text += before.text  # the reply so far, left open: the model goes on with it
                 prompt = (self.media.tokenize(text, not added_special, keys, pending) if keys
                           else contextlib.nullcontext(self.model.runtime.tokenize(text, not added_special)))
-                self.chat.turns = self.chat.turns + [before]  # kept if anything below fails
+                self.chat.put_back(before)  # kept if anything below fails
                 with prompt as p:
                     self.chat.begin_prompt()
                     self.media.encode_new(p, keys, [], res, tl, cancel, self.before_restore)
@@ -457,12 +457,12 @@ class Session:
 
     def set_tools(self, tools: list[dict[str, Any]] | None) -> None:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""
-        self.chat.tools = tools or None
+        self.chat.set_tools(tools)
 
     def set_template_kwargs(self, kwargs: dict[str, Any]) -> None:
         """The chat template's own switches for the next turns (`enable_thinking`: False asks a
         thinking model to answer at once); {}: the template's defaults."""
-        self.chat.template_kwargs = dict(kwargs)
+        self.chat.set_template_kwargs(kwargs)
 
     def adopt_conversation(self, other: "Session") -> None:
         """Carry on another session's conversation (e.g. after its device went away): all of
