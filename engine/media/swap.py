@@ -136,7 +136,7 @@ class PlanRun:
     def _save_state(self, step: PlannedStep) -> None:
         assert self.model.runtime is not None
         with self.tl.step("save_state", CPU, 0):
-            self._state = self.model.runtime.slot.save_state()
+            self._state = self.model.save_state()
         self.tl.amend_last(len(self._state[0]))
 
     def _evict(self, step: PlannedStep) -> None:
@@ -187,7 +187,7 @@ class PlanRun:
         if self._state is None or self.model.runtime is None:
             return
         with self.tl.step("restore_state", self._accel, len(self._state[0])):
-            self.model.runtime.slot.restore_state(self._state)
+            self.model.restore_state(self._state)
         self.model.emit()
 
     def _set_projector(self, where: str) -> None:

@@ -98,7 +98,7 @@ class TurnMedia:
         assert enc.info is not None and model.runtime is not None
         n_tokens = sum(w.piece.n_tokens for w in todo.values())
         res.n_image_tokens_encoded, res.n_image_chunks_encoded = n_tokens, len(todo)
-        state_bytes = self.n_ctx * self.info.kv_bytes_per_token if model.runtime.slot.n_positions() else 0
+        state_bytes = self.n_ctx * self.info.kv_bytes_per_token if model.has_positions() else 0
         with tl.step("plan", CPU):
             plan = plan_vision(self.cfg.vision, model.placement, enc.info, model.budget_bytes,
                                n_tokens, state_bytes, self.cfg.flash, enc.costs,

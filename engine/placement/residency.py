@@ -454,6 +454,29 @@ class ModelResidency:
         if self.runtime is not None:
             self.runtime.reschedule()
 
+    # ------------------------------------------------------------ the KV cache, asked here
+
+    def shifted_cells(self) -> int:
+        """Cells the last prefill kept by moving them (a K-shift), none re-evaluated."""
+        return self.runtime.slot.last_shift[1] if self.runtime is not None else 0
+
+    def has_positions(self) -> bool:
+        """The KV cache holds something (a swap then saves its state)."""
+        return self.runtime is not None and self.runtime.slot.n_positions() > 0
+
+    def save_state(self) -> Any:
+        assert self.runtime is not None
+        return self.runtime.slot.save_state()
+
+    def restore_state(self, state: Any) -> None:
+        assert self.runtime is not None
+        self.runtime.slot.restore_state(state)
+
+    def keep_on_drop(self) -> None:
+        """The cache's state is kept if the next prompt drops it (KeptMemory.keep_on_drop)."""
+        if self.runtime is not None:
+            self.runtime.slot.keep_on_drop = True
+
     # ------------------------------------------------------------ events and closing
 
     def emit(self, evicted: bool = False) -> None:

@@ -32,8 +32,7 @@ class KeptMemory:
         is kept if the next prompt drops it, to be taken back when it comes back, under the tag
         of the conversation it held."""
         self.model.snapshots.next_tag = tag
-        if self.model.runtime is not None:
-            self.model.runtime.slot.keep_on_drop = True
+        self.model.keep_on_drop()
 
     def holds(self, tag: str) -> bool:
         """The cache holds cells of the conversation `tag` (a branch of it, maybe)."""

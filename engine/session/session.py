@@ -251,7 +251,7 @@ class Session:
                 self.model.runtime.tokenize(before.text + result.text, False)))
             self.chat.set_last_reply(before.text + result.text)
             self.chat.reply_ended(result.stop_reason)
-            res.shifted_cells = self.model.runtime.slot.last_shift[1]
+            res.shifted_cells = self.model.shifted_cells()
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:  # the reply stays as it was
@@ -283,7 +283,7 @@ class Session:
             result = self._run_prompt(tokens, [], gp or GenParams(), on_text, cancel, tl)
             res.text = result.text
             res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)
-            res.shifted_cells = self.model.runtime.slot.last_shift[1]
+            res.shifted_cells = self.model.shifted_cells()
         except EbbError as exc:
             res.error = str(exc)
         except TurnCancelled as exc:
@@ -491,7 +491,7 @@ class Session:
         res.text = result.text
         res.gen = replace(result.stats, flash_attn=self.cfg.flash_attn)  # the turn says whether it was on
         assert self.model.runtime is not None
-        res.shifted_cells = self.model.runtime.slot.last_shift[1]
+        res.shifted_cells = self.model.shifted_cells()
         self.chat.add_exchange(turn, result.text)
         self.chat.reply_ended(result.stop_reason)
 
