@@ -28,7 +28,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from app.core.store import Store
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
@@ -209,7 +212,7 @@ def cmd_stream_ab(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_conversation(store: Any, n_messages: int, n_images: int, folder: Path) -> int:
+def make_conversation(store: Store, n_messages: int, n_images: int, folder: Path) -> int:
     """A conversation of `n_messages` (user and Ebb in turn; user messages every so often
     carry one of `n_images` distinct pictures; replies with paragraphs, lists and code)."""
     from PIL import Image

@@ -6,6 +6,7 @@ session's config needs for it (the swap shown; its memory not kept back). GUI th
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer
@@ -21,7 +22,7 @@ STANDIN_SHARE = 0.95
 
 
 class StandInControl(QObject):
-    def __init__(self, window: QWidget, log_dir: Any, status: Callable[[str, int], None],
+    def __init__(self, window: QWidget, log_dir: Path | None, status: Callable[[str, int], None],
                  error: Callable[[str], None], ready: Callable[[str], None]) -> None:
         super().__init__(window)
         self.window = window

@@ -8,11 +8,14 @@ import contextlib
 import json
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.cli.common import Subcommands, flag_parser, install_sigint
 from engine.errors import EbbError
 from engine.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from engine.hub.catalog import Quant, RepoFiles
 
 
 def _hub_flags(p: argparse.ArgumentParser) -> None:
@@ -74,7 +77,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recommended(args: argparse.Namespace, files: Any) -> Any:
+def _recommended(args: argparse.Namespace, files: RepoFiles) -> Quant:
     """No quantisation named: the one `recommend` picks for this machine, said with why."""
     from engine.hub.verdict import judge_remote, recommend, remote_projector, this_machine
 
@@ -109,6 +112,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     from engine.hub.fetch import fetch_pair
 
     files = repo_files(args.repo, args.endpoint, args.token)
+    quant: Quant | None
     if args.quant is None:
         quant = _recommended(args, files)
     else:
