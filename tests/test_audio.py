@@ -105,6 +105,8 @@ def test_an_ultravox_with_its_real_stack_factor_leaves_a_text_model_not_a_crash(
         assert s.turn("Hello", [], GenParams(max_tokens=2, temperature=0)).error is None
         res = s.turn("What is this?", [clips["a.wav"]], GenParams(max_tokens=2, temperature=0))
         assert res.error and "a.wav" in res.error  # a clip is refused by name, nothing aborts
+        # #67: and it says the projector was refused (it said "no projector is loaded")
+        assert "refused" in res.error and "no projector is loaded" not in res.error, res.error
     w = open_window(qtbot, fresh_store(tmp_path), str(lm), str(mm), max_tokens=2)
     assert w.chat.loaded and w.send_button.isEnabled()
     assert "sound is off" in w.notices.area.text() and w.notices.area.isVisible()

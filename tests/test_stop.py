@@ -150,3 +150,27 @@ def test_a_prompt_being_read_is_one_growing_step_in_the_panel():
     tel.on_event(events.Span(1, name="prefill", start_s=10.0, end_s=12.0, device="RPC0"))
     tel.on_event(events.Span(1, name="decode", start_s=12.0, end_s=13.0, device="RPC0"))
     assert [(s.name, s.detail) for s in tel.spans] == [("plan", ""), ("prefill", ""), ("decode", "")]
+
+
+def test_a_turn_stopped_while_its_prompt_is_read_keeps_its_prefill_step_and_figures(model_path):
+    """#67: Stop during the prompt: the turn's figures keep the tokens read and the time (they
+    were saved as "0 tokens · prompt 0.00s"), and its Steps lane keeps the prefill so far."""
+    from engine import events
+    from engine.llama.sampling import GenParams
+    from engine.session import Session, SessionConfig
+    from engine.stops import StopReason
+    from tests.helpers import N_THREADS
+
+    stop = threading.Event()
+
+    def on_event(ev) -> None:
+        if isinstance(ev, events.PrefillProgress):
+            stop.set()  # at the first batch's end, as a click would land
+
+    cfg = SessionConfig(model_path, None, n_ctx=1024, n_threads=N_THREADS, n_batch=32)
+    with Session(cfg, emit=on_event) as s:
+        text = " ".join(f"item {i} is a word" for i in range(40))
+        res = s.turn(text, [], GenParams(max_tokens=4, temperature=0), cancel=stop)
+    assert res.gen.stop_reason == StopReason.CANCELLED and res.error is None
+    assert 0 < res.gen.n_prompt_tokens_evaluated < res.gen.n_prompt_tokens and res.gen.prompt_s > 0
+    assert "prefill" in [sp.name for sp in res.spans]

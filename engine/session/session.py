@@ -527,6 +527,9 @@ class Session:
 
         try:
             result = runtime.generate_from(items, gp, on_text, cancel, after_prefill, progress)
+        except TurnCancelled:  # stopped while read: the Steps lane keeps the prefill as far as it got
+            tl.add("prefill", t_start, time.monotonic(), accel)
+            raise
         finally:
             while pending:  # the prefill failed: back to generation's placement all the same
                 pending.pop()()
