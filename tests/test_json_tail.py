@@ -54,8 +54,9 @@ def test_a_value_that_goes_round_is_seen_and_one_that_does_not_is_not():
 
     deeper = '{\n  "blue"\n:\n{\n  "red"\n:\n{\n  "green"\n:\n{\n  "purple"\n:\n{\n  "blue"\n:\n{\n  "red"\n:\n{\n "g"\n:\n{\n "p":\n{'
     assert fed(deeper).looping() and not fed(deeper[:40]).looping()
-    again = '{"answer": "yes", ' + '"answer": "yes", ' * 4
+    again = '{"answer": "yes", ' + '"answer": "yes", ' * 6
     assert fed(again).looping() and not fed('{"answer": "yes", "answer": "yes", ').looping()
+    assert not fed("[" + "0, " * 200).looping()  # a row of zeros is data
     fruits = json.dumps({"fruits": [f"fruit number {i}" for i in range(40)]})[:-2]
     assert not fed(fruits).looping()
     numbers = "[" + ", ".join(str(i * 7) for i in range(60))

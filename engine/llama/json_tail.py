@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LITERALS = ("true", "false", "null")
-LOOP_REPEATS = 4  # the same text this many times back to back is a loop
+LOOP_REPEATS = 6  # the same text (with a string in it) this many times back to back is a loop
 LOOP_UNIT_CHARS = (6, 160)  # ... for a repeated unit of these lengths
 LOOP_OPENS = 8  # objects or arrays opened one inside the other with none closed: a loop
 _TAIL_CHARS = LOOP_UNIT_CHARS[1] * LOOP_REPEATS
@@ -43,8 +43,9 @@ class JsonTail:
         self.tail = (self.tail + text)[-_TAIL_CHARS:]
 
     def looping(self) -> bool:
-        """The value goes round: its text ends in LOOP_REPEATS copies of one piece (spaces
-        aside), or LOOP_OPENS containers were opened one in another with none closed."""
+        """The value goes round: its text ends in LOOP_REPEATS copies of one piece with a string
+        in it (spaces aside: numbers alone may repeat, a row of zeros is data), or LOOP_OPENS
+        containers were opened one in another with none closed."""
         if self.done:
             return False
         if self.opens_in_a_row >= LOOP_OPENS:
@@ -53,7 +54,7 @@ class JsonTail:
         low, high = LOOP_UNIT_CHARS
         for n in range(low, min(high, len(text) // LOOP_REPEATS) + 1):
             unit = text[-n:]
-            if text.endswith(unit * LOOP_REPEATS):
+            if '"' in unit and text.endswith(unit * LOOP_REPEATS):
                 return True
         return False
 
