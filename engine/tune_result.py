@@ -113,6 +113,20 @@ class TuneResult:
     best_image_layers: int | None = None
     cliff_image_layers: int | None = None
     flash_attn: FlashChoice | None = None  # None: not chosen by measurement
+    # other work that ran beside the measurement (the machine's runnable tasks besides the
+    # tuning's, median over its points; None: not known): the choice is for that load
+    busy_beside: float | None = None
+
+    def load_words(self) -> str:
+        """"measured on an idle machine" / "measured with about 2 other busy tasks beside it":
+        the load the choice was made under (Tune and the threads it picks are for that)."""
+        if self.busy_beside is None:
+            return ""
+        if self.busy_beside < 0.5:
+            return "measured on an otherwise idle machine"
+        n = round(self.busy_beside)
+        return (f"measured with about {n} other busy task{'' if n == 1 else 's'} beside it: "
+                "the threads chosen suit that load (Tune again when the machine is quieter)")
 
     def point(self, layers: int) -> Point:
         return next(p for p in self.points if p.layers == layers)
@@ -162,6 +176,7 @@ class TuneResult:
                if self.best_image_layers is not None else {}),
             "points": [p.to_dict() for p in sorted(self.points, key=lambda p: p.layers)],
             **({"flash_attn": self.flash_attn.to_dict()} if self.flash_attn is not None else {}),
+            **({"busy_beside": round(self.busy_beside, 2)} if self.busy_beside is not None else {}),
         }
 
     @classmethod
@@ -185,7 +200,8 @@ class TuneResult:
                    _opt_int(d.get("cliff_gen_layers")), _opt_int(d.get("cliff_prompt_layers")),
                    int(d.get("image_tokens") or 0), _opt_int(image),
                    _opt_int(d.get("cliff_image_layers")),
-                   FlashChoice.from_dict(fa) if fa else None)
+                   FlashChoice.from_dict(fa) if fa else None,
+                   float(d["busy_beside"]) if d.get("busy_beside") is not None else None)
 
 
 def _opt_int(v: Any) -> int | None:

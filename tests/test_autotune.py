@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine.gguf.info import model_info, read_gguf
+from engine.tune_result import TuneResult
 from engine.measure.autotune import (
     Measurer,
     Point,
@@ -61,6 +62,9 @@ class Curves:
             self.points[k] = Point(k, self.prompt(k), self.gen(k), 0.0, 0)
         return self.points[k]
 
+    def load_beside(self):
+        return 1.0  # as if one busy loop ran beside the search
+
 
 @pytest.mark.parametrize("gen_peak,prompt_peak", [(18, 18), (9, 18), (18, 5), (9, 10), (12, 12), (3, 3)])
 def test_autotune_searches_once_when_both_peak_below_the_top(model_path, gen_peak, prompt_peak):
@@ -78,6 +82,9 @@ def test_autotune_searches_once_when_both_peak_below_the_top(model_path, gen_pea
     c = Curves(info, peaked(gen_peak, 90), peaked(prompt_peak, 230))
     tuned = autotune(c, budget, 0)
     assert (tuned.best_gen_layers, tuned.best_prompt_layers) == (gen_peak, prompt_peak)
+    # #71: the load it was measured under goes with the result, and is said
+    assert tuned.busy_beside == 1.0 and "about 1 other busy task beside it" in tuned.load_words()
+    assert TuneResult.from_dict(tuned.to_dict()).busy_beside == 1.0
     one_search = 1 + 2 + 7  # k=0, the top check, a golden search of 1..17
     assert len(tuned.points) <= (3 if gen_peak == prompt_peak == top else one_search), sorted(c.points)
 
@@ -145,7 +152,7 @@ def test_autotune_cli_json_and_applying_the_result(shared_rpc_server, tiny_proje
     out = json.loads(r.stdout)
     assert out["headroom_bytes"] > 0
     assert {"best_gen_layers", "best_prompt_layers", "best_gen_threads", "best_prompt_threads",
-            "points"} <= set(out)
+            "points", "busy_beside"} <= set(out)
     assert {p["layers"] for p in out["points"]} == {0, 1, 2, 3} and out["max_layers"] == 3
     grid = thread_grid(physical_cores())
     assert out["threads_searched"] == grid
@@ -211,7 +218,6 @@ class TurnTimes(Curves):
 
 def test_autotune_chooses_flash_attention_at_the_best_generation_layers(model_path):
     from app.core.settings import phase_settings
-    from engine.tune_result import TuneResult
 
     info = model_info(read_gguf(model_path))
     c = TurnTimes(info, on_s=2.0, off_s=1.5)

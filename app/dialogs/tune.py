@@ -158,7 +158,8 @@ class TuneDialog(QDialog):
             f"{n_threads(prompt.prompt_threads)} ({prompt.prompt_tps:.1f} tok/s)"
             + ("" if gen.layers == prompt.layers else
                " · a long prompt moves to its layers when the move pays")
-            + (flash_summary(result.flash_attn) if result.flash_attn else ""))
+            + (flash_summary(result.flash_attn) if result.flash_attn else "")
+            + (f" · {result.load_words()}" if result.load_words() else ""))
         self.apply_button.setEnabled(True)
 
     def _mark(self, plot: pg.PlotWidget, x: int, color: str, label: str, height: float,

@@ -155,6 +155,8 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     fa = out["flash_attn"]
     print(f"flash attention: {'on' if fa['on'] else 'off'} (a turn with {fa['fill']} tokens of "
           f"history: on {fa['turn_s_on']:.3f}s, off {fa['turn_s_off']:.3f}s; {fa['reason']})")
+    if tuned.load_words():
+        print(tuned.load_words())
     print("use both: ebb-engine autotune --json ... > tune.json; ebb-engine chat --tuning "
           "tune.json ...")
     return 0

@@ -76,15 +76,36 @@ class Measurer:
         self.on_point, self.cancel = on_point, cancel
         self.live = live  # measure the live mover's layout (what a session runs), else llama.cpp's
         self.points: dict[int, Point] = {}
+        self.busy_beside: list[int] = []  # the machine's other runnable tasks, at each point
+
+    def load_beside(self) -> float | None:
+        """The median of the other work seen beside the measurement (None: not known)."""
+        import statistics
+
+        return statistics.median(self.busy_beside) if self.busy_beside else None
 
     def __call__(self, layers: int) -> Point:
         if layers not in self.points:
             if self.cancel is not None and self.cancel.is_set():
                 raise Cancelled("autotune cancelled")
             self.points[layers] = self.measure(layers)
+            self._note_load()
             if self.on_point is not None:
                 self.on_point(self.points[layers])
         return self.points[layers]
+
+    def _note_load(self) -> None:
+        """What else runs on the machine now, besides this thread (ours spin only while a
+        decode runs: between points the count is the others')."""
+        from engine.llama.thread_share import ProcSampler
+
+        sampler = ProcSampler()
+        try:
+            running = sampler.running()
+        finally:
+            sampler.close()
+        if running is not None:
+            self.busy_beside.append(max(0, running - 1))
 
     def _params(self, layers: int, flash_attn: bool) -> Any:
         """The load at `layers` on the accelerator, in the layout a session runs."""
@@ -349,7 +370,7 @@ def autotune(measure: Measurer, budget: int, headroom: int, flash_attn: bool = F
                                history=flash_history)
     return TuneResult(measure.accel, budget, headroom, top, best_gen, best_prompt, tuple(pts),
                       find_cliff(pts, lambda p: p.gen_tps), find_cliff(pts, lambda p: p.prompt_tps),
-                      measure.image_tokens, best_image, cliff_image, fa)
+                      measure.image_tokens, best_image, cliff_image, fa, measure.load_beside())
 
 
 def sweep(measure: Measurer, top: int) -> list[Point]:
