@@ -8,8 +8,24 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from engine import crashlog
 from tests.helpers import N_THREADS, RpcServer, track_window, wait_for, wait_for_line
+
+
+@pytest.fixture(autouse=True)
+def no_core_files():
+    """The deaths here are on purpose: the children they kill leave no core file (a developer
+    with core dumps on found one in the checkout after each run)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
 def test_a_window_that_dies_is_named_at_the_next_start_with_its_report(monkeypatch, qtbot, tmp_path):
