@@ -109,6 +109,7 @@ class TextRuntime:
             cores = physical_cores()
             self.shares = (ThreadShare(self.n_threads, cores), ThreadShare(self.n_threads_batch, cores))
             self._proc = ProcSampler()
+            self._stack.callback(self._proc.close)
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
         try:
             self._load()
@@ -126,8 +127,6 @@ class TextRuntime:
         self.model, self.vocab = self.loaded.model, self.loaded.vocab
         ctx = self._new_context(self.n_ctx)
         self._stack.callback(L.llama_free, ctx)
-        if self._proc is not None:
-            self._stack.callback(self._proc.close)
         self.ctx = ctx
         self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
