@@ -39,7 +39,7 @@ def test_a_try_that_does_not_pay_goes_back_and_waits_longer_each_time():
     share = ThreadShare(most=2, cores=2, current=1)
     counts = [_step(share, 2) for _ in range(PROBE_EVERY_STEPS * 6 + 10)]
     at_two = sum(1 for c in counts if c == 2)
-    assert counts[-1] == 1 and at_two <= 4 * 6
+    assert counts[-1] == 1 and at_two <= TRY_STEPS * 6
     assert share.changes <= 2 * 6
 
 
@@ -47,9 +47,10 @@ def test_signals_that_lie_are_overruled_by_the_times():
     """A step that reads a low share while the time says two threads are faster (a GUI thread
     or a device wait skews the CPU figure): the count tried is judged by its time and goes back."""
     share = ThreadShare(most=2, cores=2)
-    for _ in range(50):  # two threads, faster, but the CPU figure says a thread waited
-        share.observe(0.010, 0.010, 1, 0)  # share 0.5
-    assert share.current == 2  # tried one, found it no faster, back (times: both 10 ms here)
+    # the CPU figure says a thread waited (share 0.5), the times say one thread is no faster
+    counts = [share.observe(0.010, 0.010, 1, 0) for _ in range(300)]
+    assert counts.count(2) > 0.8 * len(counts)  # each try of one went back, and waited longer
+    assert share._back_off_len[1] > 32
 
 
 def test_the_machine_sampler_reads_this_machine():

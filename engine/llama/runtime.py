@@ -107,7 +107,8 @@ class TextRuntime:
         self._proc: ProcSampler | None = None
         if params.share_threads:
             cores = physical_cores()
-            self.shares = (ThreadShare(self.n_threads, cores), ThreadShare(self.n_threads_batch, cores))
+            self.shares = (ThreadShare(self.n_threads, cores),
+                           ThreadShare(self.n_threads_batch, cores, try_steps=2, watch_steps=1))
             self._proc = ProcSampler()
             self._stack.callback(self._proc.close)
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for

@@ -12,7 +12,8 @@ running: on 2 cores with one busy loop beside, 2 threads ran at 0.3 of 1 thread'
 - **the room**: the machine's runnable tasks (`/proc/stat` procs_running) beside ours. Fewer
   than the cores left free: one thread more is tried (the machine was freed).
 - **the proof**: a count that was tried is kept only if its steps are faster per token than
-  the count before (TRY_STEPS of each, medians); else the old count comes back and that move is
+  the count before (TRY_STEPS of each, the time per token over all of them: a median hides the
+  stalls that make the cost, and the steps before are the latest, under the same load); else the old count comes back and that move is
   not tried again for a while (BACK_OFF_STEPS, doubled at each failure up to a limit). A count
   is also re-tried now and then (PROBE_EVERY_STEPS), so a change the signals miss is found.
 
@@ -26,8 +27,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-SHARE_LOW = 0.8  # below this share of `threads x wall` a thread waited for its core
-TRY_STEPS = 4  # steps a tried count runs before it is judged
+SHARE_LOW = 0.85  # below this share of `threads x wall` a thread waited for its core
+# steps a tried count runs before it is judged, against as many of the count before: long enough
+# to hold the stalls (2 threads beside a busy loop ran 11-15 ms a token, and 130-180 ms every
+# eighth or so, when the loop took a thread's core at a barrier)
+TRY_STEPS = 8
 WATCH_STEPS = 3  # steps in a row a signal must hold before a count is tried
 BETTER_BY = 0.95  # a tried count is kept when its time per token is under this x the old's
 BACK_OFF_STEPS = 32  # a move that did not pay is not tried again for this many steps (doubling)
@@ -41,12 +45,17 @@ class ThreadShare:
     most: int
     cores: int
     current: int = 0
+    # steps a try runs and a signal must hold: generation's tokens are short and many; a
+    # prompt's batches long and few (a 700-token prompt is two), each one telling alone
+    try_steps: int = TRY_STEPS
+    watch_steps: int = WATCH_STEPS
     # the count before a try, and the per-token times of the steps since the try began
     _before: int = 0
     _before_times: list[float] = field(default_factory=list)
     _trying: list[float] = field(default_factory=list)
     _recent: list[float] = field(default_factory=list)  # the current count's last step times
     _low_share: int = 0  # steps in a row with a low share
+    _was_low: bool = False  # the last step's share was low
     _room: int = 0  # steps in a row with a free core beside us
     _steps: int = 0
     _back_off: dict[int, int] = field(default_factory=dict)  # count -> step before which not tried
@@ -68,19 +77,22 @@ class ThreadShare:
         share = cpu_s / (self.current * wall_s)
         if self._before:  # a try under way: judge it after TRY_STEPS
             self._trying.append(per_token)
-            if len(self._trying) >= TRY_STEPS:
+            if len(self._trying) >= self.try_steps:
                 self._judge()
             return self.current
-        self._recent = (self._recent + [per_token])[-TRY_STEPS:]
-        self._low_share = self._low_share + 1 if share < SHARE_LOW and self.current > 1 else 0
+        low = share < SHARE_LOW and self.current > 1
+        if low != self._was_low:  # another regime: the times before it say nothing of this one
+            self._recent, self._was_low = [], low
+        self._recent = (self._recent + [per_token])[-self.try_steps:]
+        self._low_share = self._low_share + 1 if low else 0
         free = others_running is not None and others_running + self.current < self.cores
         self._room = self._room + 1 if free and self.current < self.most else (
             self._room if others_running is None else 0)
-        if self._low_share >= WATCH_STEPS:
+        if self._low_share >= self.watch_steps:
             self._try(self.current - 1)
-        elif self._room >= WATCH_STEPS:
+        elif self._room >= self.watch_steps:
             self._try(self.current + 1)
-        elif self._steps % PROBE_EVERY_STEPS == 0 and len(self._recent) >= TRY_STEPS:
+        elif self._steps % PROBE_EVERY_STEPS == 0 and len(self._recent) >= self.watch_steps:
             other = self.current + 1 if self.current < self.most else self.current - 1
             self._try(other)
         return self.current
@@ -89,15 +101,15 @@ class ThreadShare:
         """The other phase moved to `n` (what it saw holds here too): try it, judged by this
         phase's own times (a prompt of one batch would take several to see it itself)."""
         if not self._before and n != self.current:
-            if len(self._recent) < TRY_STEPS:
-                self._recent = (self._recent * TRY_STEPS)[:TRY_STEPS]  # what is known, repeated
+            if len(self._recent) < self.watch_steps:
+                self._recent = (self._recent * self.watch_steps)[:self.watch_steps]  # what is known, repeated
             self._try(n)
 
     def _try(self, n: int) -> None:
         self._low_share = self._room = 0
         if not 1 <= n <= self.most or n == self.current or self._steps < self._back_off.get(n, 0):
             return
-        if len(self._recent) < TRY_STEPS:
+        if len(self._recent) < self.watch_steps:
             return  # the current count's own time is not known yet
         self._before, self._before_times = self.current, list(self._recent)
         self._trying = []
@@ -106,7 +118,7 @@ class ThreadShare:
 
     def _judge(self) -> None:
         tried, before = self.current, self._before
-        if statistics.median(self._trying) < BETTER_BY * statistics.median(self._before_times):
+        if statistics.fmean(self._trying) < BETTER_BY * statistics.fmean(self._before_times):
             self._recent = self._trying[-TRY_STEPS:]
             self._back_off_len.pop(tried, None)
         else:  # no better: back, and not again for a while (longer each time)
