@@ -81,8 +81,9 @@ class ThreadShare:
                 self._judge()
             return self.current
         low = share < SHARE_LOW and self.current > 1
-        if low != self._was_low:  # another regime: the times before it say nothing of this one
-            self._recent, self._was_low = [], low
+        if low != self._was_low:  # another regime: the times before it say nothing of this
+            self._recent, self._was_low = [], low  # one, nor do the tries it judged
+            self._back_off.clear()
         self._recent = (self._recent + [per_token])[-self.try_steps:]
         self._low_share = self._low_share + 1 if low else 0
         free = others_running is not None and others_running + self.current < self.cores
@@ -98,12 +99,14 @@ class ThreadShare:
         return self.current
 
     def suggest(self, n: int) -> None:
-        """The other phase moved to `n` (what it saw holds here too): try it, judged by this
-        phase's own times (a prompt of one batch would take several to see it itself)."""
-        if not self._before and n != self.current:
-            if len(self._recent) < self.watch_steps:
-                self._recent = (self._recent * self.watch_steps)[:self.watch_steps]  # what is known, repeated
-            self._try(n)
+        """The other phase moved to `n` (what it saw holds here too): move there, and let this
+        phase's own signals and tries take it on (this phase's times are of the load before:
+        judging a move against them undid the right one)."""
+        if not self._before and n != self.current and 1 <= n <= self.most:
+            self.current, self._recent = n, []
+            self._low_share = self._room = 0
+            self._back_off.clear()
+            self.changes += 1
 
     def _try(self, n: int) -> None:
         self._low_share = self._room = 0
