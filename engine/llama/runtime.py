@@ -273,6 +273,8 @@ class TextRuntime:
             if self.shares is None:
                 self._check(llama().llama_decode(self.ctx, batch))
                 return
+            if batch.n_tokens > 1:  # a prompt's batch: a core freed meanwhile is taken now
+                self._before_batch()
             t0, c0 = time.perf_counter(), ProcSampler.cpu_s()
             self._check(llama().llama_decode(self.ctx, batch))
             self._shared_step(batch.n_tokens, time.perf_counter() - t0, ProcSampler.cpu_s() - c0)
@@ -284,6 +286,15 @@ class TextRuntime:
             self._check(llama().llama_decode(self.ctx, batch))
         self._decoded = True
 
+    def _before_batch(self) -> None:
+        assert self.shares is not None and self._proc is not None
+        gen, batch = self.shares
+        running = self._proc.running()
+        before = batch.current
+        # between decodes nothing of ours runs but this thread
+        if batch.before_step(None if running is None else max(0, running - 1)) != before:
+            self.set_threads(gen.current, batch.current)
+
     def _shared_step(self, n_tokens: int, wall_s: float, cpu_s: float) -> None:
         """After a decode on the CPU: its phase's share of the cores, and its thread count for
         the next one (thread_share.py)."""
@@ -293,7 +304,7 @@ class TextRuntime:
         running = self._proc.running()
         others = None if running is None else max(0, running - share.current)
         before = share.current
-        after = share.observe(wall_s, cpu_s, n_tokens, others)
+        after = share.observe(wall_s, cpu_s, n_tokens, others, time.monotonic())
         if after != before:
             (batch if share is gen else gen).suggest(after)
             self.set_threads(gen.current, batch.current)

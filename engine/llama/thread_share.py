@@ -37,6 +37,7 @@ BETTER_BY = 0.95  # a tried count is kept when its time per token is under this 
 BACK_OFF_STEPS = 32  # a move that did not pay is not tried again for this many steps (doubling)
 BACK_OFF_MOST = 1024
 PROBE_EVERY_STEPS = 256  # with no signal, the other count is tried now and then all the same
+GAP_S = 1.0  # steps further apart than this may be under another load: a try is not judged across
 
 
 @dataclass
@@ -58,6 +59,7 @@ class ThreadShare:
     _was_low: bool = False  # the last step's share was low
     _room: int = 0  # steps in a row with a free core beside us
     _steps: int = 0
+    _last_s: float | None = None  # when the last step ended
     _back_off: dict[int, int] = field(default_factory=dict)  # count -> step before which not tried
     _back_off_len: dict[int, int] = field(default_factory=dict)
     changes: int = 0  # how often the count changed (benches and the panel say it)
@@ -66,11 +68,16 @@ class ThreadShare:
         self.most = max(1, self.most)
         self.current = min(max(1, self.current or self.most), self.most)
 
-    def observe(self, wall_s: float, cpu_s: float, n_tokens: int, others_running: int | None) -> int:
-        """One step's figures: its wall and process CPU seconds, the tokens it decoded, and
-        the runnable tasks beside ours (None: not read this step). Returns the count for the
-        next step."""
+    def observe(self, wall_s: float, cpu_s: float, n_tokens: int, others_running: int | None,
+                now_s: float | None = None) -> int:
+        """One step's figures: its wall and process CPU seconds, the tokens it decoded, the
+        runnable tasks beside ours (None: not read this step), and when it ended (monotonic
+        seconds; None: steps come back to back). Returns the count for the next step."""
         self._steps += 1
+        if now_s is not None:
+            if self._last_s is not None and now_s - wall_s - self._last_s > GAP_S:
+                self._new_regime()  # a pause (another prompt, the user): what came before is old
+            self._last_s = now_s
         if wall_s <= 0 or n_tokens <= 0:
             return self.current
         per_token = wall_s / n_tokens
@@ -82,8 +89,8 @@ class ThreadShare:
             return self.current
         low = share < SHARE_LOW and self.current > 1
         if low != self._was_low:  # another regime: the times before it say nothing of this
-            self._recent, self._was_low = [], low  # one, nor do the tries it judged
-            self._back_off.clear()
+            self._new_regime()  # one, nor do the tries it judged
+            self._was_low = low
         self._recent = (self._recent + [per_token])[-self.try_steps:]
         self._low_share = self._low_share + 1 if low else 0
         free = others_running is not None and others_running + self.current < self.cores
@@ -96,6 +103,15 @@ class ThreadShare:
         elif self._steps % PROBE_EVERY_STEPS == 0 and len(self._recent) >= self.watch_steps:
             other = self.current + 1 if self.current < self.most else self.current - 1
             self._try(other)
+        return self.current
+
+    def before_step(self, others_running: int | None) -> int:
+        """Before a long step (a prompt's batch): with a core free beside us and no try under
+        way, take one thread more now (a prompt after a busy spell read its first batch on one
+        thread); the step's own figures correct it. Returns the count for the step."""
+        if (others_running is not None and not self._before and self.current < self.most
+                and others_running + self.current < self.cores):
+            self.suggest(self.current + 1)
         return self.current
 
     def suggest(self, n: int) -> None:
@@ -112,12 +128,24 @@ class ThreadShare:
         self._low_share = self._room = 0
         if not 1 <= n <= self.most or n == self.current or self._steps < self._back_off.get(n, 0):
             return
-        if len(self._recent) < self.watch_steps:
-            return  # the current count's own time is not known yet
+        if len(self._recent) < (self.try_steps if n < self.current else self.watch_steps):
+            return  # the current count's own time is not known yet: fewer threads are judged
+            # against as many steps as they run (the stalls come every few steps)
         self._before, self._before_times = self.current, list(self._recent)
         self._trying = []
         self.current = n
         self.changes += 1
+
+    def _new_regime(self) -> None:
+        """The load may have changed: a try under way goes back to the count it left (a probe
+        cut short by a pause stayed, and the next reply ran on it under two busy loops), the
+        times and back-offs of before go."""
+        if self._before:
+            self.current = self._before
+            self.changes += 1
+        self._before, self._trying, self._recent = 0, [], []
+        self._low_share = self._room = 0
+        self._back_off.clear()
 
     def _judge(self) -> None:
         tried, before = self.current, self._before

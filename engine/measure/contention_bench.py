@@ -155,6 +155,7 @@ def bench_contention(model: Path, loads: list[int], rounds: int, n_gen: int, pee
                 with busy_loops(load):
                     order = names[r % len(names):] + names[:r % len(names)]
                     for name in order:
+                        time.sleep(0.2)  # the last one's threads stop spinning: the load is the loops'
                         got = (peer.run(PROMPT, n_gen) if name == "peer"
                                else _ebb_run(runtimes[name], tokens, n_gen))
                         seen.setdefault((load, name), []).append(got)
