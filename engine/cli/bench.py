@@ -31,6 +31,15 @@ class Bench:
 BENCHES: list[Bench] = []
 
 
+def progress_log(args: argparse.Namespace) -> Callable[[str], None]:
+    """A bench's running lines: on stderr, indented; none with --json."""
+    import sys
+
+    if args.json:
+        return lambda m: None
+    return lambda m: print(f"  {m}", file=sys.stderr, flush=True)
+
+
 def arg(*names: str, **kw: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
     """One argument of a bench, as argparse's add_argument takes it."""
     return names, kw
@@ -482,15 +491,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
        arg("--pause", type=float, default=1.0, metavar="SECONDS",
            help="opened: the seconds between opening the chat and the question"))
 def cmd_bench_reopen(args: argparse.Namespace) -> int:
-    import sys
 
     from engine.models.default import resolve_model_path
     from engine.measure.reopen_bench import bench_reopen, parse_sizes
 
     out = bench_reopen(resolve_model_path(args.model), parse_sizes(args.sizes), default_threads(args.threads),
                        args.rounds, picture=not args.no_picture, pause_s=args.pause,
-                       log=(lambda m: None) if args.json else
-                       (lambda m: print(f"  {m}", file=sys.stderr, flush=True)))
+                       log=progress_log(args))
     if args.json:
         print(json.dumps(out))
         return 0
@@ -525,15 +532,13 @@ def cmd_bench_reopen(args: argparse.Namespace) -> int:
        arg("--peer", default=None, metavar="PATH",
            help="llama.cpp's llama-server (default: EBB_LLAMA_SERVER, else llama-cpp-python)"))
 def cmd_bench_contention(args: argparse.Namespace) -> int:
-    import sys
 
     from engine.measure.contention_bench import bench_contention, find_peer
     from engine.models.default import resolve_model_path
 
     loads = [int(x) for x in args.loads.split(",") if x.strip()]
     out = bench_contention(resolve_model_path(args.model), loads, args.rounds, args.max_tokens,
-                           find_peer(args.peer), log=(lambda m: None) if args.json else
-                           (lambda m: print(f"  {m}", file=sys.stderr, flush=True)))
+                           find_peer(args.peer), log=progress_log(args))
     if args.json:
         print(json.dumps(out))
         return 0
