@@ -116,4 +116,4 @@ def test_a_replys_life_is_one_state_and_only_an_open_one_resumes_from_the_cache(
     assert h.turns[-1] == HistoryTurn("assistant", "") and h.last_stop == CANCELLED
     assert h.undo_last_exchange() == HistoryTurn("user", "again") and len(h.turns) == 2
     h.reset([q], "7")
-    assert (h.turns, h.tag, h.reply, h.last_stop, h.forgotten) == ([q], "7", ReplyState.IDLE, "", 0)
+    assert (h.turns, h.tag, h.reply, h.last_stop, h.forgotten) == ([q], "7", ReplyState.IDLE, None, 0)

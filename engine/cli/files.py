@@ -34,7 +34,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from engine.media.projector import probe_projector
 
         size = args.image_size or (result.projector.image_size, result.projector.image_size)
-        probe = probe_projector(mmproj, model, size, default_threads(args.threads), flash_attn_arg(args) is True,
+        probe = probe_projector(mmproj, model, size, default_threads(None), flash_attn_arg(args) is True,
                                 args.image_max_tokens)
     if args.json:
         d = result.to_dict()
