@@ -588,7 +588,8 @@ def test_stop_anywhere_in_a_swap_turn_leaves_the_model_where_it_was(stop_after, 
         assert res.error is None and res.gen.stop_reason == "cancelled", res.to_dict()
         assert "restore" in seen and seen.index("restore") > seen.index("evict")
         if stop_after == "encode":
-            assert res.n_image_chunks_encoded == 2 and seen.count("encode") == 1
+            # what was encoded, not what was planned (#67: it said 2 of a stopped 2)
+            assert res.n_image_chunks_encoded == 1 and seen.count("encode") == 1
         if stop_after == "evict":
             assert "encode" not in seen
         assert _layers_on_device(s) == placed
