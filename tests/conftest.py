@@ -8,6 +8,14 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# As the window does (app/main.py, pyqtgraph's GarbageCollector): no automatic cyclic collection,
+# which runs on whichever thread allocates. The suite died with SIGSEGV (its crash file: the GUI
+# thread in QListWidget.clear() with the GIL let go, the engine thread allocating in kind_of):
+# a collection there can free Qt wrappers made on the GUI thread while Qt deletes their items.
+# Each test's end collects on this, the GUI, thread (close_windows below).
+import gc  # noqa: E402
+
+gc.disable()
 # this machine's calibration (ebb-engine calibrate) would change the sessions' choices: tests
 # start from none, and the calibration test writes its own
 import tempfile  # noqa: E402
@@ -109,12 +117,12 @@ def close_windows():
     thread runs would abort the process, and one left to the cyclic collector could be freed on
     another test's engine thread, destroying Qt widgets off the GUI thread (a deadlock seen in
     CI)."""
-    import gc
-
     yield
     if "PySide6.QtWidgets" in sys.modules:
         close_open_windows()
         gc.collect()
+    else:
+        gc.collect(1)  # the young generations: automatic collection is off
 
 
 @pytest.fixture
