@@ -35,16 +35,17 @@ def kind_of(path: Path) -> str | None:
     suffix = path.suffix.lower()
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            sample = f.read(4096)  # once: the magic bytes and, for a text mark, what follows
     except OSError:
         return _by_name(suffix)
+    head = sample[:16]
     if head[:5] == b"%PDF-":
         return PDF
     if head[:4] == _AVI[0] and head[8:12] == _AVI[1]:
         return VIDEO
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return VIDEO if _animated_gif(path) else PICTURE
-    if _bom_text(_sample(path)):  # text first: UTF-16's byte-order mark is also MP3's frame sync
+    if _bom_text(sample):  # text first: UTF-16's byte-order mark is also MP3's frame sync
         return TEXT
     sound = sniff(head[:12])
     if sound in AV_CONTAINER_KINDS:  # MP4/MOV, WebM/Matroska, ASF: sound alone, or a video
