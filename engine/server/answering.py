@@ -18,8 +18,9 @@ from engine.server.api.chat import ChatRequest, ImageRef
 from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within
 from engine.server.api.completions import CompletionRequest
 from engine.server.api.embeddings import EmbeddingRequest
-from engine.server.tools import (
+from engine.tools.calls import (
     OPENERS,
+    ToolsRefused,
     ArgumentStream,
     CallGate,
     read_calls,
@@ -28,7 +29,7 @@ from engine.server.tools import (
     template_format,
     text_grammar,
 )
-from engine.server.tools import grammar as tool_grammar
+from engine.tools.calls import grammar as tool_grammar
 from engine.server.jobs import Answer, Event, Job, Piece
 
 if TYPE_CHECKING:
@@ -92,14 +93,17 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
     usable = req.callable_tools()
     runtime = session.model.runtime
     session.set_template_kwargs(req.thinking_kwargs(runtime.template_source if runtime else ""))
-    # the model's own tool format where its template has one (tools.py), else the universal one
+    # the model's own tool format where its template has one (engine/tools/calls.py), else the universal one
     fmt = template_format(session.model.runtime.template_source) if usable and session.model.runtime else None
     if fmt is not None:
         session.set_system(req.own_system if req.own_system is not None else default_system)
         session.set_tools([spec(t) for t in usable])
         # call ids as the template takes them (Mistral's: 9 letters and digits)
         *before, last = [replace(t, extra=template_extra(fmt, t.extra)) for t in req.messages]
-        grammar = tool_grammar(req.tools, req.tool_choice, fmt) if calls_allowed else text_grammar(fmt)
+        try:
+            grammar = tool_grammar(req.tools, req.tool_choice, fmt) if calls_allowed else text_grammar(fmt)
+        except ToolsRefused as exc:
+            raise ApiError(400, exc.what, exc.param) from None
     else:
         session.set_system(req.system if req.system is not None else default_system)
         session.set_tools(None)

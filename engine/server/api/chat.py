@@ -60,8 +60,8 @@ class ChatRequest:
     grammar: str = ""  # GBNF the reply must follow (response_format, or the tools' calls)
     json_reply: bool = False  # response_format asks JSON: a capped reply ends in a whole value
     transcribe: bool = False  # /v1/audio/transcriptions: the clip is speech to write down
-    tools: tuple[Any, ...] = ()  # engine.server.tools.Tool
-    tool_choice: Any = None  # engine.server.tools.ToolChoice
+    tools: tuple[Any, ...] = ()  # engine.tools.calls.Tool
+    tool_choice: Any = None  # engine.tools.calls.ToolChoice
     extra: dict[str, Any] = field(default_factory=dict)
     # for a chat template with a tool format of its own (tools.template_format): the client's
     # system text alone, and every message as it came (calls and results unflattened)
@@ -97,7 +97,7 @@ class ChatRequest:
         return "api-" + hashlib.sha256(json.dumps(opening).encode()).hexdigest()[:16]
 
     def callable_tools(self) -> tuple[Any, ...]:
-        from engine.server.tools import offered
+        from engine.tools.calls import offered
 
         return offered(self.tools, self.tool_choice) if self.tool_choice is not None else ()
 
@@ -368,10 +368,13 @@ def parse_chat_request(body: Any) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
-    from engine.server import tools as tl
+    from engine.tools import calls as tl
 
-    tools = tl.parse_tools(body.get("tools"))
-    choice = tl.parse_tool_choice(body.get("tool_choice"), tools)
+    try:
+        tools = tl.parse_tools(body.get("tools"))
+        choice = tl.parse_tool_choice(body.get("tool_choice"), tools)
+    except tl.ToolsRefused as exc:
+        raise ApiError(400, exc.what, exc.param) from None
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ApiError(400, "'parallel_tool_calls' must be true or false", "parallel_tool_calls")
@@ -443,7 +446,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if grammar:
             raise ApiError(400, "Ebb cannot follow 'response_format' and offer 'tools' in one "
                                 "request: ask for one of them", "response_format")
-        grammar = tl.grammar(tools, choice)
+        try:
+            grammar = tl.grammar(tools, choice)
+        except tl.ToolsRefused as exc:
+            raise ApiError(400, exc.what, exc.param) from None
     top_logprobs = -1
     if body.get("logprobs") is not None and not isinstance(body.get("logprobs"), bool):
         raise ApiError(400, "'logprobs' must be true or false", "logprobs")
@@ -494,8 +500,8 @@ def _template_kwargs(value: Any) -> dict[str, Any]:
 
 
 def _calls(calls: Any, called: dict[str, str], param: str) -> list[Any]:
-    """An assistant's tool calls (engine.server.tools.ToolCall); `called` learns their ids."""
-    from engine.server.tools import ToolCall
+    """An assistant's tool calls (engine.tools.calls.ToolCall); `called` learns their ids."""
+    from engine.tools.calls import ToolCall
 
     if not isinstance(calls, list):
         raise ApiError(400, "'tool_calls' must be a list", f"{param}.tool_calls")

@@ -31,7 +31,16 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.errors import ApiError
+from engine.errors import EbbError
+
+class ToolsRefused(EbbError):
+    """Tools (or a choice of them) that cannot be offered: `param` names the field at fault
+    (the endpoint answers 400 with it)."""
+
+    def __init__(self, what: str, param: str | None = None) -> None:
+        super().__init__(what)
+        self.param = param
+
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
@@ -126,30 +135,30 @@ def parse_tools(value: Any) -> tuple[Tool, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ApiError(400, "'tools' must be a list", "tools")
+        raise ToolsRefused("'tools' must be a list", "tools")
     tools: list[Tool] = []
     for i, spec in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(spec, dict) or spec.get("type") != "function":
-            raise ApiError(400, "a tool must be {\"type\": \"function\", \"function\": {...}}", where)
+            raise ToolsRefused("a tool must be {\"type\": \"function\", \"function\": {...}}", where)
         fn = spec.get("function")
         if not isinstance(fn, dict):
-            raise ApiError(400, "a tool needs 'function' as an object", f"{where}.function")
+            raise ToolsRefused("a tool needs 'function' as an object", f"{where}.function")
         name = fn.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise ApiError(400, "a function's name must be 1-64 letters, digits, _ or -",
+            raise ToolsRefused("a function's name must be 1-64 letters, digits, _ or -",
                            f"{where}.function.name")
         if any(t.name == name for t in tools):
-            raise ApiError(400, f"two tools are named {name!r}", f"{where}.function.name")
+            raise ToolsRefused(f"two tools are named {name!r}", f"{where}.function.name")
         params = fn.get("parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
         if not isinstance(params, dict):
-            raise ApiError(400, "'parameters' must be a JSON schema object",
+            raise ToolsRefused("'parameters' must be a JSON schema object",
                            f"{where}.function.parameters")
         description = fn.get("description") or ""
         if not isinstance(description, str):
-            raise ApiError(400, "'description' must be a string", f"{where}.function.description")
+            raise ToolsRefused("'description' must be a string", f"{where}.function.description")
         tools.append(Tool(name, description, params))
     return tuple(tools)
 
@@ -159,16 +168,16 @@ def parse_tool_choice(value: Any, tools: tuple[Tool, ...]) -> ToolChoice:
         return ToolChoice("auto" if tools else "none")
     if value in ("none", "auto", "required"):
         if value != "none" and not tools:
-            raise ApiError(400, f"'tool_choice' {value!r} needs 'tools'", "tool_choice")
+            raise ToolsRefused(f"'tool_choice' {value!r} needs 'tools'", "tool_choice")
         return ToolChoice(str(value))
     if isinstance(value, dict) and value.get("type") == "function":
         fn = value.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not any(t.name == name for t in tools):
-            raise ApiError(400, f"'tool_choice' names {name!r}, which is not among the tools",
+            raise ToolsRefused(f"'tool_choice' names {name!r}, which is not among the tools",
                            "tool_choice")
         return ToolChoice("required", str(name))
-    raise ApiError(400, "'tool_choice' must be none, auto, required or "
+    raise ToolsRefused("'tool_choice' must be none, auto, required or "
                         "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 
 
@@ -229,7 +238,7 @@ def grammar(tools: tuple[Tool, ...], choice: ToolChoice, fmt: str | None = None)
     try:
         gbnf = str(json_schema_to_gbnf(json.dumps(schema), prop_order=["name", key]))
     except Exception as exc:  # noqa: BLE001 - the converter raises many kinds
-        raise ApiError(400, f"a tool's parameters cannot be followed: {exc}", "tools") from None
+        raise ToolsRefused(f"a tool's parameters cannot be followed: {exc}", "tools") from None
     parallel = choice.parallel and fmt != LLAMA3  # Llama 3's template takes one call a turn
     more = f"{{0,{MAX_PARALLEL_CALLS - 1}}}"
     call = re.sub(r"^root ::= ", "ebb-tool-call ::= ", gbnf, flags=re.M)
