@@ -24,7 +24,7 @@ class HistoryTurn:
     text: str
     image_keys: tuple[str, ...] = ()
     # more of the message for the chat template: an assistant's `tool_calls`, a result's
-    # `tool_call_id` and `name` (the local server's function calling, engine/server/tools.py)
+    # `tool_call_id` and `name` (the local server's function calling, engine/tools/calls.py)
     extra: dict[str, Any] | None = None
     # text around an image's marker where it is not a picture's plain one (nothing before, a
     # new line after): a video's frames ("Video:", timestamps), a PDF's pages, by image key
@@ -134,8 +134,14 @@ class History:
     def put_back(self, reply: HistoryTurn) -> None:
         self.turns = self.turns + [reply]
 
-    def set_last_reply(self, text: str) -> None:
-        self.turns = self.turns[:-1] + [HistoryTurn("assistant", text)]
+    def set_last_reply(self, text: str, extra: dict[str, Any] | None = None) -> None:
+        """The last reply as it stays: its text, and (a tool call) its `tool_calls`."""
+        self.turns = self.turns[:-1] + [HistoryTurn("assistant", text, extra=extra)]
+
+    def take_back(self) -> None:
+        """The last message and its reply leave (a tool loop asks again, without tools)."""
+        self.turns = self.turns[:-2]
+        self.reply = ReplyState.IDLE
 
     def undo_last_exchange(self) -> HistoryTurn | None:
         """Drop the last user turn and what follows it (Regenerate); returns that turn."""

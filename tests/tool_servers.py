@@ -54,7 +54,9 @@ def tools_server(mode: str) -> object:
 
     @m.tool()
     def slow(flag: str) -> str:
-        """Waits until the file `flag` exists (the test makes it), then answers."""
+        """Writes FLAG.started (its pid), then waits until the file `flag` exists (the test
+        makes it) and answers."""
+        Path(flag + ".started").write_text(str(os.getpid()))
         while not Path(flag).exists():
             time.sleep(0.02)
         return "slow done"

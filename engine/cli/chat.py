@@ -135,14 +135,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"ebb-engine: note: {note}", file=sys.stderr, flush=True)
     install_sigint(cancel)  # from here on the first Ctrl-C stops between tokens
+    tools = _ToolsForChat(args) if args.mcp else None
     try:
-        for turn in turns:
+        for i, turn in enumerate(turns):
             if cancel.is_set():
                 break
-            session, res = turn_with_recovery(session, turn["text"], turn["images"], gp,
-                                              on_text=on_text, cancel=cancel)
+            if tools is not None:
+                session, tt = tools.turn(session, turn["text"], turn["images"], gp, on_text, cancel,
+                                         cfg.system, first=i == 0)
+                res = tt.last
+                for r in tt.rounds[:-1]:
+                    all_spans.extend(r.spans)
+            else:
+                session, res = turn_with_recovery(session, turn["text"], turn["images"], gp,
+                                                  on_text=on_text, cancel=cancel)
             all_spans.extend(res.spans)
             out = res.to_dict()
+            if tools is not None:
+                out.update(tools.turn_dict(tt))
             out.update(model=str(cfg.model_path), n_threads=session.n_threads,
                        n_ctx=session.n_ctx, accelerator=session.model.accel,
                        n_gpu_layers=session.model.placement.n_gpu_layers,
@@ -158,6 +168,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             failed = failed or res.error is not None
             _print_turn(out, args.json)
     finally:
+        if tools is not None:
+            tools.close()
         session.close()
     if args.trace:
         from engine.trace import write_chrome_trace
@@ -166,6 +178,86 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if cancelled:
         return EXIT_INTERRUPTED
     return EXIT_USER_ERROR if failed and args.script is None else 0
+
+
+class _ToolsForChat:
+    """`chat --mcp FILE`: the file's servers (each stdio one started after a yes on the terminal,
+    or --allow-tools), and each turn through the tool loop (engine/tools/loop.py)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from engine.paths import data_dir
+        from engine.tools.host import READY, ToolHost
+        from engine.tools.servers import read_config
+
+        self.args = args
+        defs = read_config(Path(args.mcp).expanduser())
+        if not defs and not Path(args.mcp).expanduser().is_file():
+            raise EbbError(f"{args.mcp} does not exist", "pass an MCP servers file: "
+                           '{"mcpServers": {NAME: {"command": ..., "args": [...]}}}')
+        self.host = ToolHost(data_dir() / "tool-files")
+        self.always: set[str] = set()
+        self.host.set_servers(defs, self._consent)
+        self.host.settled(self.host.start_timeout_s + 5)  # each is ready or failed by then
+        for s in self.host.states():
+            if s.phase != READY:
+                tail = f" (its last words: {s.stderr_tail.splitlines()[-1]})" if s.stderr_tail else ""
+                print(f"ebb-engine: tools: {s.name}: {s.words()}{tail}", file=sys.stderr, flush=True)
+            elif s.skipped:
+                print(f"ebb-engine: tools: {s.name}: left out: {'; '.join(s.skipped)}", file=sys.stderr,
+                      flush=True)
+
+    def _ask(self, question: str) -> str:
+        if self.args.allow_tools:
+            return "y"
+        print(question, end=" ", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        return line.strip().lower()[:1]
+
+    def _consent(self, d: Any) -> bool:
+        if not d.stdio:
+            return True
+        return self._ask(f"ebb-engine: start the MCP server {d.name!r}: {d.describe()} ? [y/N]") == "y"
+
+    def _decide(self, rec: Any) -> Any:
+        from engine.tools.loop import Decision
+
+        answer = self._ask(f"\nebb-engine: call {rec.label} with {json.dumps(rec.arguments)} ? "
+                           "[y]es once, [a]lways for this tool, [N]o")
+        return {"y": Decision.ONCE, "a": Decision.ALWAYS}.get(answer, Decision.DENY)
+
+    def turn(self, session: Any, text: str, images: list[str], gp: Any, on_text: Any,
+             cancel: threading.Event, system: str | None, first: bool) -> Any:
+        from engine.tools.loop import first_choice, offer, run_tool_turn
+
+        offered, left = offer(self.host.tools())
+        for why in left:
+            print(f"ebb-engine: tools: left out {why}", file=sys.stderr, flush=True)
+        choice = first_choice(self.args.tool_choice, offered) if first else None
+        return run_tool_turn(
+            session, text, images, gp, offered, ask=self._decide, always=self.always,
+            call=lambda rec, c: self.host.call(rec.label.split(":", 1)[0], _tool_name(offered, rec),
+                                               rec.arguments, c),
+            on_text=on_text, on_call=self._said if not self.args.json else None, cancel=cancel,
+            choice=choice, system=system, max_rounds=self.args.max_tool_rounds)
+
+    def _said(self, rec: Any) -> None:
+        if rec.state in ("done", "failed", "denied", "cancelled", "timeout", "repeat"):
+            head = (rec.outcome.text if rec.outcome else "").splitlines()[:1]
+            print(f"\n[{rec.label} {rec.state}{': ' + head[0][:200] if head else ''}]",
+                  file=sys.stderr, flush=True)
+
+    @staticmethod
+    def turn_dict(tt: Any) -> dict[str, Any]:
+        return {"text": tt.text,
+                "tool_calls": [c.to_dict() for c in tt.calls], "tool_rounds": len(tt.rounds),
+                "tool_turn_ended": tt.ended, "tool_turn_message": tt.message}
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def _tool_name(offered: list[Any], rec: Any) -> str:
+    return next(o.tool.name for o in offered if o.fn == rec.fn)
 
 
 def _print_turn(out: dict[str, Any], as_json: bool) -> None:
@@ -234,6 +326,17 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object per turn")
+    p.add_argument("--mcp", default=None, metavar="FILE.json",
+                   help='tools from the MCP servers of this file ({"mcpServers": {...}}, as '
+                        "Claude Desktop and LM Studio write it): the model may call them, each "
+                        "call asked on the terminal")
+    p.add_argument("--allow-tools", action="store_true",
+                   help="with --mcp: start the file's servers and allow every call without asking")
+    p.add_argument("--tool-choice", default="auto", metavar="auto|required|none|NAME",
+                   help="with --mcp: what the first round may do (NAME: call that tool)")
+    p.add_argument("--max-tool-rounds", type=int, default=8, metavar="N",
+                   help="with --mcp: rounds of calls in one turn before the model answers "
+                        "without tools (default 8)")
     p.add_argument("--top-logprobs", type=int, default=-1, metavar="N",
                    help="with --json: each reply token's logprob and the N most likely "
                         "(OpenAI's shape, under \"logprobs\")")

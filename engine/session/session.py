@@ -459,6 +459,18 @@ class Session:
         """Functions (OpenAI's specs) the chat template lists for the next turns; None: none."""
         self.chat.set_tools(tools)
 
+    def reply_was_calls(self, text: str, calls: list[dict[str, Any]] | None) -> None:
+        """The last reply was function calls (engine/tools/loop.py): it stays as `text` with
+        those `tool_calls` (the template's own form of them) for the results that follow."""
+        if self.history and self.history[-1].role == "assistant":
+            self.chat.set_last_reply(text, {"tool_calls": calls} if calls else None)
+
+    def take_back_last(self) -> None:
+        """The last message and its reply leave the conversation, to be sent again (the tool
+        loop's repeated call: the same message, answered without tools)."""
+        if len(self.history) >= 2 and self.history[-1].role == "assistant":
+            self.chat.take_back()
+
     def set_template_kwargs(self, kwargs: dict[str, Any]) -> None:
         """The chat template's own switches for the next turns (`enable_thinking`: False asks a
         thinking model to answer at once); {}: the template's defaults."""

@@ -122,6 +122,15 @@ class ToolHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._changed = threading.Condition()
+
+    def settled(self, timeout_s: float | None = None,
+                until: Callable[[list[ServerState]], bool] | None = None) -> bool:
+        """Wait (any thread but the host's) until no server is starting, or `until(states)`;
+        False when `timeout_s` ran out first."""
+        until = until or (lambda states: all(s.phase != STARTING for s in states))
+        with self._changed:
+            return self._changed.wait_for(lambda: until(self.states()), timeout_s)
 
     # ------------------------------------------------------------ the loop's thread
 
@@ -320,7 +329,9 @@ class ToolHost:
     # ------------------------------------------------------------ on the loop
 
     def _set(self, entry: _Entry, **changes: Any) -> None:
-        entry.state = replace(entry.state, **changes)
+        with self._changed:
+            entry.state = replace(entry.state, **changes)
+            self._changed.notify_all()
         try:
             self.on_state(entry.state)
         except Exception:  # noqa: BLE001 - a listener's fault must not end the connection
