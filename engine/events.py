@@ -85,6 +85,9 @@ class LoadDetails:
     # the model and projector as asked ("default", "demo" or paths): remembered as last used
     requested: tuple[str, str] | None = None
     devices: tuple[DeviceInfo, ...] = ()  # this session's devices, as the load saw them
+    # the tool-call format the model's chat template teaches (engine/tools/calls.py: hermes,
+    # llama3, mistral); "": none Ebb knows, so tools are described in the system prompt
+    tool_format: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,14 @@ pause_point = testhooks.pause_point  # test hook: engine/testhooks.py
 @dataclass(frozen=True)
 class TurnFinished(Event):
     result: TurnResult
+
+
+@dataclass(frozen=True)
+class ToolCallChanged(Event):
+    """A tool call of the window's turn: asked (the card waits for Allow or Deny), running, or
+    ended (engine/tools/loop.py CallRecord.to_dict, with `said`: the result as the model
+    read it)."""
+    call: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -797,7 +797,7 @@ def _forecast_follow_up(model, fmt: str, system: str | None = None, last_user: b
     the answer. `last_user`: a user message after the result (else the result is last, as
     Mistral's template wants: it allows no two user messages without a reply between)."""
     from engine.server.api.chat import parse_chat_request
-    from engine.server.tools import template_format
+    from engine.tools.calls import template_format
     from engine.server.answering import answer_job
     from engine.server.jobs import Job
     from engine.session import Session, SessionConfig
@@ -831,7 +831,7 @@ def test_a_template_with_its_own_tool_format_is_given_the_tools_calls_and_result
     """#29: with a template that knows tools, the tools, the assistant's call and the tool's
     result reach the template as they came (no universal system text), and the reply is held
     to the template's <tool_call> block."""
-    from engine.server.tools import HERMES
+    from engine.tools.calls import HERMES
 
     prompt, ans = _forecast_follow_up(hermes_model, HERMES, system="Be brief.")
     assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and "<tools>\n{" in prompt
@@ -851,7 +851,7 @@ def test_a_llama3_template_gets_its_own_json_calls_and_ipython_results(tmp_path,
     as {"name", "parameters"}, its result in an ipython turn, and the reply held to such a call
     (read back into OpenAI's shape)."""
     from engine.synth.model_gen import SHAPES, write_model
-    from engine.server.tools import LLAMA3
+    from engine.tools.calls import LLAMA3
 
     model = write_model(tmp_path / "llama3-tiny.gguf", SHAPES["tiny"], model_path,
                         chat_template=LLAMA3_TEMPLATE.read_text())
@@ -874,7 +874,7 @@ def test_a_mistral_template_gets_its_tool_calls_with_ids_it_accepts(tmp_path, mo
     other length), its result in [TOOL_RESULTS] under the same id, and the reply held to one
     [TOOL_CALLS] call, read back into OpenAI's shape."""
     from engine.synth.model_gen import SHAPES, write_model
-    from engine.server.tools import MISTRAL, template_format, template_id
+    from engine.tools.calls import MISTRAL, template_format, template_id
 
     source = MISTRAL_TEMPLATE.read_text()
     assert template_format(source) == MISTRAL

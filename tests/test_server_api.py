@@ -14,7 +14,7 @@ from engine.server.api.common import ApiError, StopWatcher
 
 def read_call(text, tools, choice, fmt=None):
     """The one call a reply makes, or None (text, or several calls)."""
-    from engine.server.tools import read_calls
+    from engine.tools.calls import read_calls
 
     calls = read_calls(text, tools, choice, fmt)
     return calls[0] if len(calls) == 1 else None
@@ -259,7 +259,7 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
     from dataclasses import replace
 
     from engine.llama.lib import llama
-    from engine.server.tools import HERMES, LLAMA3, MISTRAL, grammar, parse_tool_choice, parse_tools
+    from engine.tools.calls import HERMES, LLAMA3, MISTRAL, grammar, parse_tool_choice, parse_tools
 
     L = llama()
 
@@ -280,7 +280,7 @@ def test_the_tool_grammars_are_ones_llama_cpp_accepts(text_runtime):
 
 
 def test_a_reply_is_a_call_only_when_it_is_one():
-    from engine.server.tools import CallGate, parse_tool_choice, parse_tools
+    from engine.tools.calls import CallGate, parse_tool_choice, parse_tools
 
     tools = parse_tools([WEATHER])
     auto = parse_tool_choice("auto", tools)
@@ -305,7 +305,7 @@ def test_a_template_that_teaches_tool_calls_is_recognised_and_its_calls_are_read
     themselves; a template without tools, or with a format Ebb does not know, gets the
     universal system-prompt format."""
     from engine.server.api.chat import parse_chat_request
-    from engine.server.tools import (
+    from engine.tools.calls import (
         HERMES,
         LLAMA3,
         MISTRAL,
@@ -486,7 +486,7 @@ def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
     from dataclasses import replace
 
     from engine.server.api.chat import parse_chat_request
-    from engine.server.tools import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_calls
+    from engine.tools.calls import HERMES, MISTRAL, parse_tool_choice, parse_tools, read_calls
 
     tools = parse_tools([WEATHER, TIME])
     auto = replace(parse_tool_choice("auto", tools), parallel=True)
@@ -506,7 +506,7 @@ def test_parallel_tool_calls_are_read_in_each_format_and_off_unless_asked():
 
 
 def test_a_calls_arguments_stream_as_they_are_written():
-    from engine.server.tools import HERMES, ArgumentStream
+    from engine.tools.calls import HERMES, ArgumentStream
 
     stream = ArgumentStream(HERMES)
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'
@@ -525,7 +525,7 @@ def test_a_calls_arguments_stream_as_they_are_written():
 def test_the_calls_answered_since_the_users_last_message_are_known_in_any_spelling():
     """#38: what a reply may not simply repeat: calls whose results came back after the user's
     last message, keyed by function and argument values (not spacing or key order)."""
-    from engine.server.tools import call_key
+    from engine.tools.calls import call_key
 
     def req(*after_user):
         return parse_chat_request({"model": "m", "tools": [WEATHER], "messages": [

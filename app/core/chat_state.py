@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from app.core.reply_stats import ReplyStats
 from app.core.store import Message, Store, StoreError
@@ -115,14 +115,16 @@ class ChatState:
         self.store.restore(conv_id)
         return self.select(conv_id)
 
-    def history(self, before: int | None = None) -> list[tuple[str, str, list[str]]]:
-        """The open branch as the engine takes it: (role, text, image files); with `before`,
+    def history(self, before: int | None = None) -> list[tuple[Any, ...]]:
+        """The open branch as the engine takes it: (role, text, image files[, a kept tool
+        call's record]); with `before`,
         only the messages ahead of that one (what a new version of it follows)."""
         msgs = self.messages()
         if before is not None:
             ids = self.store.branch_to(before)[:-1]
             msgs = self.store.messages(self.conv_id, ids=ids)
-        return [(m.role, m.text, [str(p) for p in m.refs()]) for m in msgs]
+        return [(m.role, m.text, [str(p) for p in m.refs()], m.tool) if m.tool is not None
+                else (m.role, m.text, [str(p) for p in m.refs()]) for m in msgs]
 
     # ------------------------------------------------------------ versions and branches
 
@@ -222,6 +224,8 @@ class ChatState:
         if self.busy or reply is None or reply.role != "assistant" or reply.parent_id is None:
             return None
         user = self.store.message(reply.parent_id)
+        while user is not None and user.role == "tool" and user.parent_id is not None:
+            user = self.store.message(user.parent_id)  # the calls go with the reply: asked again
         if user is None or user.role != "user":
             return None
         self.store.end_branch_at(user.id, self.conv_id)
@@ -246,6 +250,25 @@ class ChatState:
         self.busy = True
         self._changed()
         return self.request_id
+
+    def tool_call_ended(self, call: dict[str, Any], files: list[Path]) -> Message | None:
+        """A call of the reply in flight ended (engine/tools/loop.py CallRecord.to_dict): it is
+        kept as a message of its own (role "tool": the result as the model read it, with its
+        pictures and clips) after the ones before it, and the reply goes on below it. The
+        stored message, or None when the disk refused it (the reply goes on)."""
+        from engine.tools.loop import stored_record
+
+        mid, said, record = self.reply_id, call.get("said", ""), stored_record(call)
+        with contextlib.suppress(StoreError):
+            if mid:  # the row the reply began in holds the call (its place in the tree)
+                self.store.make_tool_message(mid, said, files, record)
+            else:
+                mid = self.store.add_message(self.conv_id, "tool", said, files, tool=record)
+        self.reply_id = 0
+        self.reply_parts = []
+        with contextlib.suppress(StoreError):
+            self.reply_id = self.store.add_message(self.conv_id, "assistant", "", state="streaming")
+        return self.store.message(mid) if mid else None
 
     def add_text(self, request_id: int, text: str) -> None:
         if request_id != self.request_id:
@@ -388,7 +411,7 @@ class ChatState:
 @dataclass(frozen=True)
 class ChatHistory:
     """What the engine needs of the open chat: its messages and its system prompt."""
-    turns: list[tuple[str, str, list[str]]]
+    turns: list[tuple[Any, ...]]
     system: str | None
     tag: str = ""  # what the engine's saved states of this chat go by (chat_tag)
     # set when another history follows: the engine stops taking this one's state back

@@ -73,6 +73,9 @@ class Message:
     # what was taken from an attachment (a video's frames, a PDF's pages: "frames=0,4,8"), by
     # its stored path; engine/media/attachments.py reads it
     fragments: dict[str, str] = field(default_factory=dict)
+    # role "tool": the call and how it went (engine/tools/loop.py CallRecord.to_stored); its
+    # text is the result as the model read it, its attachments the result's pictures and clips
+    tool: dict | None = None
 
     def refs(self) -> list[Path]:
         """The attachments as the engine takes them: each stored file with what was taken."""
@@ -257,7 +260,8 @@ class Store:
 
     def add_message(self, conversation_id: int, role: str, text: str,
                     images: list[Path] | None = None, stats: ReplyStats | None = None,
-                    state: str = "complete", parent: int | None | object = _LEAF) -> int:
+                    state: str = "complete", parent: int | None | object = _LEAF,
+                    tool: dict | None = None) -> int:
         """Save a message after `parent` (default: the open branch's last message; None: a
         first message) and make it the open branch's end. StoreError when it cannot be saved:
         nothing of it is kept then."""
@@ -270,9 +274,10 @@ class Store:
             with self.db:
                 cur = self.db.execute(
                     "INSERT INTO messages (conversation_id, role, text, created, stats, state, "
-                    "parent_id, visited) VALUES (?,?,?,?,?,?,?,?)",
+                    "parent_id, visited, tool) VALUES (?,?,?,?,?,?,?,?,?)",
                     (conversation_id, role, text, now,
-                     json.dumps(stats.to_json() if stats is not None else {}), state, parent, now))
+                     json.dumps(stats.to_json() if stats is not None else {}), state, parent, now,
+                     json.dumps(tool) if tool is not None else None))
                 mid = int(cur.lastrowid or 0)
                 self.db.executemany(
                     "INSERT INTO attachments (message_id, position, sha256, filename, shown_name, "
@@ -284,6 +289,21 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise _write_error("the message", exc, self.folder) from None
         return mid
+
+    def make_tool_message(self, message_id: int, text: str, files: list[Path], tool: dict) -> None:
+        """The reply row a turn began with became a tool call (engine/tools/loop.py): it keeps
+        the call's record, the result as the model read it and the result's files."""
+        stored = [self.store_image(p) for p in files]
+        try:
+            with self.db:
+                self.db.execute("UPDATE messages SET role='tool', text=?, tool=?, state='complete' "
+                                "WHERE id=?", (text, json.dumps(tool), message_id))
+                self.db.executemany(
+                    "INSERT INTO attachments (message_id, position, sha256, filename, shown_name, "
+                    "fragment) VALUES (?,?,?,?,?,NULL)",
+                    [(message_id, i, sha, name, None) for i, (sha, name) in enumerate(stored)])
+        except sqlite3.DatabaseError as exc:
+            raise _write_error("the tool's result", exc, self.folder) from None
 
     def set_fragments(self, message_id: int, fragments: list[str]) -> None:
         """What the engine took from each attachment of a sent message (its frames, its pages),
@@ -488,11 +508,12 @@ class Store:
         rows: dict[int, Message] = {}
         for chunk in _chunks(wanted):
             marks = ",".join("?" * len(chunk))
-            for mid, role, text, stats, state, parent in self.db.execute(
-                    "SELECT id, role, text, stats, state, parent_id FROM messages "
+            for mid, role, text, stats, state, parent, tool in self.db.execute(
+                    "SELECT id, role, text, stats, state, parent_id, tool FROM messages "
                     f"WHERE id IN ({marks})", chunk):
                 rows[int(mid)] = Message(int(mid), role, text, [], ReplyStats.from_json(json.loads(stats or "{}")), state,
-                                         parent, tuple(children.get(parent, [mid])))
+                                         parent, tuple(children.get(parent, [mid])),
+                                         tool=_tool(tool))
             for mid, name, shown, frag in self.db.execute(
                     f"SELECT message_id, filename, shown_name, fragment FROM attachments "
                     f"WHERE message_id IN ({marks}) ORDER BY message_id, position", chunk):
@@ -508,6 +529,14 @@ class Store:
         for f in self.images_dir.iterdir():
             if f.is_file() and f.name not in used:
                 f.unlink(missing_ok=True)
+
+
+def _tool(text: str | None) -> dict | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return {"state": "failed", "label": "?", "arguments": {}}
+    return value if isinstance(value, dict) else None
 
 
 def _subtree(parents: dict[int, int | None], root: int) -> set[int]:

@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
     conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL, text TEXT NOT NULL, created REAL NOT NULL, stats TEXT,
-    state TEXT NOT NULL DEFAULT 'complete', parent_id INTEGER, deleted REAL, visited REAL);
+    state TEXT NOT NULL DEFAULT 'complete', parent_id INTEGER, deleted REAL, visited REAL,
+    tool TEXT);
 CREATE TABLE IF NOT EXISTS attachments (
     message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
     position INTEGER NOT NULL, sha256 TEXT NOT NULL, filename TEXT NOT NULL, shown_name TEXT,
@@ -95,6 +96,10 @@ def open_checked(path: Path) -> sqlite3.Connection:
         if "fragment" not in {r[1] for r in db.execute("PRAGMA table_info(attachments)")}:
             # what was taken from a video or a PDF (an older Ebb sees the whole file)
             db.execute("ALTER TABLE attachments ADD COLUMN fragment TEXT")
+        if "tool" not in {r[1] for r in db.execute("PRAGMA table_info(messages)")}:
+            # a tool's call and its result (role "tool", JSON): added, not a new schema (an
+            # older Ebb shows such a message as a reply)
+            db.execute("ALTER TABLE messages ADD COLUMN tool TEXT")
         db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent "
                    "ON messages(conversation_id, parent_id)")
         _add_fts(db, rebuild=version < 3)

@@ -4,6 +4,7 @@ streamed into the transcript, a reply the engine could not write given back to t
 and a reply a full disk kept tried again until it is saved."""
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +40,16 @@ RATE_EVERY_S = 1.0  # the status line's live tokens/s, this often
 RETRY_SAVE_MS = 3000  # how often a reply a full disk kept is offered to the store again
 UNDO_S = 60  # an Undo notice stays this long (the trash keeps what went for days)
 PERSIST_IDLE_MS = 20_000  # this long after a reply with nothing else: the chat's memory to disk
+
+
+TOOL_COMMAND = re.compile(r"^/tool\s+(\S+)\s*", re.S)
+
+
+def tool_command(text: str) -> tuple[str, str]:
+    """A message that begins "/tool NAME": (the rest, NAME: the tool the model must call
+    first); else (text, "")."""
+    m = TOOL_COMMAND.match(text)
+    return (text[m.end():], m.group(1)) if m else (text, "")
 
 
 class Sending:
@@ -147,7 +158,16 @@ class Sending:
         if pending.continues is not None:
             self.w.request_continue.emit(request_id, gp)
         else:
-            self.w.request_send.emit(request_id, pending.text, [str(p) for p in images], gp)
+            # the chat's tools, read by the worker as the turn begins (the queued send after it);
+            # "/tool NAME …" asks the model to call that tool first (the message goes without it)
+            text, choice = tool_command(pending.text)
+            tools = self.w.tools.for_send(self.w.conv_id)
+            self.w.worker.turn_tools = (*tools, choice) if tools is not None else None
+            if choice and tools is None:
+                self.w.notices.say(f"“/tool {choice}” needs tools in this chat: Model → Tools… "
+                                   "switches a server on.", "info")
+            self.w.request_send.emit(request_id, text if tools is not None else pending.text,
+                                     [str(p) for p in images], gp)
         self.w.update_actions()
 
     def _send_edit(self, target: Message, text: str, images: list[Path]) -> None:

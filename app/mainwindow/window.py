@@ -59,6 +59,7 @@ from app.widgets.transcript import Transcript
 from app.mainwindow.models import Models
 from app.widgets.downloads import Downloads
 from app.mainwindow.sending import UNDO_S, Sending
+from app.mainwindow.tooling import Tools
 from app.mainwindow.tuning import TuneController
 from app.mainwindow.worker import EngineWorker
 from engine import events
@@ -122,6 +123,9 @@ class MainWindow(QMainWindow):
         self.layout_keeper = WindowLayout(self)  # the size, splitter and docks as they were left
         self.layout_keeper.restore()
         self._start_worker()
+        self.tools = Tools(self)  # MCP servers, a chat's switches, a turn's calls as cards
+        self._handlers.update(self.tools.handlers())
+        self.transcript.call_answer.connect(self.tools.answer)
         self.chat.observe(self._on_chat_changed)
         self.chat.open_first()
         self.chats.refresh()
@@ -136,6 +140,7 @@ class MainWindow(QMainWindow):
         problems = checked_settings(store)[1]  # bad saved values: their defaults, said once
         if problems:
             self.notices.say("\n".join(problems))
+        self.tools.start()
         if load is not None:
             self.request_load.emit(load, self.rpc)
 
@@ -318,6 +323,10 @@ class MainWindow(QMainWindow):
                                    "min-p, repeat penalty and seed")
         chat_settings.triggered.connect(self.edit_chat_settings)
         model.addAction(chat_settings)
+        tools = QAction("Tools…", self, triggered=lambda: self.tools.open_dialog())
+        tools.setStatusTip("MCP servers whose tools the model may call in this chat: add, "
+                           "switch on, restart; each call is shown and asked")
+        model.addAction(tools)
         self.tune_action = QAction("Tune layers…", self, triggered=self.tuning.start)
         self.tune_action.setStatusTip("Measure tokens/s against accelerator layers and pick the best")
         model.addAction(self.tune_action)
@@ -562,6 +571,7 @@ class MainWindow(QMainWindow):
         QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()
         self._thread.wait(10_000)
+        self.tools.close()  # every tool server ends (a program's whole process group)
         if self.chat.busy:  # closed during a reply: it is kept as far as it got, as stopped
             self.sending.take_stream()
             self.chat.finish(self.chat.stopped_result())

@@ -59,6 +59,13 @@ class EngineWorker(QObject):
         # the window's own reply is on its way (set by the GUI thread from Send to its end): the
         # local server counts it ahead of the requests that wait
         self.turn_running = threading.Event()
+        # tools (engine/tools): the window's ToolHost, and for the next Send the chat's servers
+        # and the tools it always allows (set by the GUI thread before it asks for the turn)
+        self.tool_host: Any = None
+        self.turn_tools: tuple[tuple[str, ...], set[str], str] | None = None
+        self._answers: dict[str, str] = {}  # a call's id -> the user's answer on its card
+        self._answered = threading.Condition()
+        self._chat_system: str | None = None  # the open chat's system prompt, as the window set it
 
     @property
     def session(self) -> Session | None:
@@ -108,9 +115,18 @@ class EngineWorker(QObject):
                 self._announce(self._session)
 
     def cancel(self) -> None:
-        """Any thread: ask the running generation to stop at the next token."""
+        """Any thread: ask the running generation to stop at the next token (a tool call's
+        card that waits for an answer, or a running call, ends too)."""
         self._cancel.set()
         self._tune_cancel.set()
+        with self._answered:
+            self._answered.notify_all()
+
+    def answer_call(self, call_id: str, decision: str) -> None:
+        """GUI thread: the user's answer on a tool call's card (once, always or deny)."""
+        with self._answered:
+            self._answers[call_id] = decision
+            self._answered.notify_all()
 
     def arm_tune(self) -> None:
         """GUI thread, before asking for a tune: a Stop or Close from now on ends it, even one
@@ -172,6 +188,7 @@ class EngineWorker(QObject):
         from engine.llama import native
         from engine.llama.about import backend_notes
         from engine.llama.devices import list_devices
+        from engine.tools.calls import template_format
 
         proj = s.proj_info
         assert s.model.runtime is not None
@@ -194,6 +211,7 @@ class EngineWorker(QObject):
                 rpc_bytes_sent=s.load_rpc_bytes_sent,
                 # a GPU backend built in that cannot run here; safe mode (engine.llama.native)
                 backend_notes=tuple(backend_notes()), safe_mode=native.safe_mode(),
+                tool_format=template_format(s.model.runtime.template_source) or "",
                 requested=((str(self._loaded_with[0].model_path),
                             str(self._loaded_with[0].mmproj_path or ""))
                            if self._loaded_with else None),
@@ -201,18 +219,25 @@ class EngineWorker(QObject):
                 devices=tuple(list_devices(s.cfg.rpc)))))
 
     @Slot(object)
-    def set_history(self, history: ChatHistory | list[tuple[str, str, list[str]]]) -> None:
+    def set_history(self, history: ChatHistory | list[tuple[Any, ...]]) -> None:
         """The open chat's messages (a list), or a ChatHistory with its system prompt too."""
         if self._session is None:
             return
-        turns: list[tuple[str, str, list[str]]]
+        turns: list[tuple[Any, ...]]
         tag, superseded = "", None
         if not isinstance(history, ChatHistory):
             turns = history
         else:
             self._session.set_system(history.system)
+            self._chat_system = history.system
             turns, tag, superseded = history.turns, history.tag, history.superseded
-        self._session.set_history(turns, tag)
+        # a chat's kept tool calls: each as the model's call and its result (engine/tools/loop.py)
+        from engine.tools.calls import template_format
+        from engine.tools.loop import history_turns
+
+        runtime = self._session.model.runtime
+        self._session.set_history(history_turns(turns, template_format(runtime.template_source)
+                                                if runtime is not None else None), tag)
         # the model's memory of the chat back from disk now, while the user reads and types;
         # a Send waits behind it (the same thread), another chat opened stops it
         try:
@@ -257,10 +282,14 @@ class EngineWorker(QObject):
             self.engine_event.emit(events.EngineFailed(request_id, message="no model is loaded"))
             return
         self._cancel.clear()
+        tools, self.turn_tools = self.turn_tools, None
         try:
-            session, res = turn_with_recovery(
-                self._session, text, images, gp, cancel=self._cancel, emit=self.engine_event.emit,
-                on_text=lambda s: self.stream.put(request_id, s))
+            if tools is not None and self.tool_host is not None:
+                session, res = self._tool_turn(request_id, text, images, gp, *tools)
+            else:
+                session, res = turn_with_recovery(
+                    self._session, text, images, gp, cancel=self._cancel, emit=self.engine_event.emit,
+                    on_text=lambda s: self.stream.put(request_id, s))
         except Exception as exc:
             self._fail(request_id, exc)
             return
@@ -268,6 +297,47 @@ class EngineWorker(QObject):
             self._session = session
             self._announce(session)
         self.engine_event.emit(events.TurnFinished(request_id, result=res))
+
+    def _tool_turn(self, request_id: int, text: str, images: list[str], gp: GenParams,
+                   servers: tuple[str, ...], always: set[str], first: str = "") -> tuple[Session, Any]:
+        """The turn through the tool loop (engine/tools/loop.py) with the chat's servers' tools:
+        each call's card asks the user (events.ToolCallChanged) and this thread waits for the
+        answer, or a Stop."""
+        from engine.tools.loop import Decision, first_choice, offer, run_tool_turn
+
+        assert self._session is not None
+        host = self.tool_host
+        offered, _left = offer(host.tools(), lambda t: t.server in servers)
+        system = self._chat_system  # the chat's own (the loop adds the tools' description)
+        by_fn = {o.fn: o.tool for o in offered}
+
+        def ask(rec: Any) -> Decision:
+            with self._answered:
+                self._answered.wait_for(lambda: rec.id in self._answers or self._cancel.is_set())
+                answer = self._answers.pop(rec.id, Decision.DENY.value)
+            return Decision(answer)
+
+        def call(rec: Any, cancel: threading.Event) -> Any:
+            tool = by_fn[rec.fn]
+            return host.call(tool.server, tool.name, rec.arguments, cancel)
+
+        def told(rec: Any) -> None:
+            self.engine_event.emit(events.ToolCallChanged(request_id, call=rec.to_dict()))
+
+        def turn(s: Session, t: str, i: list[Any], g: GenParams, ot: Any, c: Any, role: str,
+                 extra: Any) -> tuple[Session, Any]:
+            return turn_with_recovery(s, t, i, g, on_text=ot, cancel=c, emit=self.engine_event.emit,
+                                      role=role, extra=extra)
+
+        session, tt = run_tool_turn(
+            self._session, text, images, gp, offered, ask=ask, call=call, always=always,
+            on_text=lambda piece: self.stream.put(request_id, piece), on_call=told,
+            cancel=self._cancel, system=system, turn=turn,
+            choice=first_choice(first, offered) if first else None)
+        res = tt.last
+        if tt.message:
+            res.notes = [*res.notes, tt.message]
+        return session, res
 
     @Slot(int, object)
     def continue_reply(self, request_id: int, gp: GenParams) -> None:

@@ -58,6 +58,7 @@ QScrollBar::add-page:vertical, QScrollBar::sub-page:vertical { background: none;
 
 class Transcript(QTextBrowser):
     copied = Signal(str)  # a code block was copied (its text)
+    call_answer = Signal(str, str)  # a tool call's card: (call id, once | always | deny)
     # a message's link was clicked: (edit | regen | prev | next | delete, the message's id)
     action = Signal(str, int)
     problem = Signal(str)  # something the user asked for cannot be done (a clip cannot play)
@@ -80,6 +81,8 @@ class Transcript(QTextBrowser):
         self.marked: list[str] = []  # the search's words marked in the message found
         self.system_prompt = ""  # the chat's own: marked above its first message (set by the window)
         self._stream: _Stream | None = None
+        self._live_call_at: int | None = None  # where the reply's live call card begins
+        self.open_results: set[int] = set()  # kept calls whose result is shown
         self._filler = QTimer(self, singleShot=True, interval=0)
         self._filler.timeout.connect(self._add_older)
         self.verticalScrollBar().valueChanged.connect(self._near_top)
@@ -98,6 +101,7 @@ class Transcript(QTextBrowser):
         self.memory_from = memory_from
         self._filler.stop()
         self._stream = None
+        self._live_call_at = None
         self._messages = list(messages)
         self.setExtraSelections([])
         self.marked = []
@@ -254,6 +258,57 @@ class Transcript(QTextBrowser):
     def streaming(self) -> bool:
         return self._stream is not None
 
+    # ------------------------------------------------------------ tool calls
+
+    def show_call(self, call: dict[str, Any]) -> None:
+        """A call of the reply being written, as a live card at the end: asked (Allow once /
+        Always for this tool in this chat / Deny), running (with its time). The reply's empty
+        stream above it goes; `end_call` puts the kept call in its place."""
+        follow = self._at_bottom()
+        if self._stream is not None:
+            self._stream = None
+            self._drop_from(self._last_start)
+        if self._live_call_at is not None:
+            self._drop_from(self._live_call_at)
+        cur = self._end()
+        self._live_call_at = cur.position()
+        _insert_header(cur, "Tool", first=self.document().isEmpty())
+        record = {"label": call.get("tool", ""), "arguments": call.get("arguments", {}),
+                  "state": call.get("state", ""), "id": call.get("id", ""),
+                  "since": call.get("since", 0.0)}
+        self._insert_card(cur, record, "", [], False, 0, live=True)
+        if follow:
+            self.scroll_to_end()
+
+    def end_call(self, m: Message | None) -> None:
+        """The live card's call ended: the kept call (`m`) in its place (None: not kept)."""
+        if self._live_call_at is not None:
+            self._drop_from(self._live_call_at)
+            self._live_call_at = None
+        if m is not None:
+            self.append_message(m)
+
+    @property
+    def live_call(self) -> bool:
+        return self._live_call_at is not None
+
+    def _drop_from(self, position: int) -> None:
+        cur = self._end()
+        cur.setPosition(min(position, cur.position()), QTextCursor.MoveMode.KeepAnchor)
+        cur.removeSelectedText()
+        self._last_start = self._start_of_last()
+
+    def _insert_card(self, cur: QTextCursor, tool: dict[str, Any], said: str, files: list[Path],
+                     open_result: bool, message_id: int, live: bool = False) -> None:
+        """A call as a card: the tool (server:tool), its arguments as JSON, its state, and
+        (kept) its result: shown when asked for (pictures always, as thumbnails)."""
+        cur.insertBlock(_block_format(top=4), QTextCharFormat())
+        cur.insertHtml(card_html(tool, said, open_result, message_id, live,
+                                 " ".join(self._image_html(p) for p in files)))
+        table = cur.currentTable()
+        if table is not None:
+            cur.setPosition(table.lastPosition() + 1)
+
     # ------------------------------------------------------------ rendering
 
     def _end(self) -> QTextCursor:
@@ -282,6 +337,11 @@ class Transcript(QTextBrowser):
             cur.insertHtml('<i style="color:#8a6d00">— earlier messages are outside the model\'s '
                            'memory (the context is full) —</i>')
             first = False
+        if m.role == "tool":
+            _insert_header(cur, "Tool", first)
+            cur.insertHtml(_actions_html(m))
+            self._insert_card(cur, m.tool or {}, m.text, m.images, m.id in self.open_results, m.id)
+            return
         _insert_header(cur, "You" if m.role == "user" else "Ebb", first)
         cur.insertHtml(_actions_html(m))
         if m.images:
@@ -392,6 +452,14 @@ class Transcript(QTextBrowser):
             kind, _, mid = url.path().partition("/")
             if mid.isdigit():
                 self.action.emit(kind, int(mid))
+        elif url.scheme() == "tool":
+            kind, _, ident = url.path().partition("/")
+            if kind in ("once", "always", "deny"):
+                self.call_answer.emit(ident, kind)
+            elif kind == "result" and ident.isdigit() and self._stream is None \
+                    and self._live_call_at is None:  # a kept call's result, shown or hidden
+                self.open_results ^= {int(ident)}
+                self.show_messages(list(self._messages), self.memory_from)
         elif url.scheme() == "view":
             self.view_picture.emit(url.path())
         elif url.scheme() == "play":
@@ -436,7 +504,8 @@ def _actions_html(m: Message) -> str:
                else f"<span {grey}>›</span>")
         bits.append(f'<span style="font-size:medium; font-weight:bold">{prev}</span> {i}/{n} '
                     f'<span style="font-size:medium; font-weight:bold">{nxt}</span>')
-    bits.append(f'<a href="msg:edit/{m.id}" {link}>Edit</a>')
+    if m.role != "tool":  # a call is asked again by regenerating the reply after it
+        bits.append(f'<a href="msg:edit/{m.id}" {link}>Edit</a>')
     if m.role == "assistant":
         bits.append(f'<a href="msg:regen/{m.id}" {link}>Regenerate</a>')
     bits.append(f'<a href="msg:delete/{m.id}" {link}>Delete</a>')
@@ -607,3 +676,56 @@ def thumb(path: Path, size: int = THUMB) -> str:
             out.with_suffix(".tmp").unlink(missing_ok=True)
             return ""
     return out.as_posix()
+
+
+CALL_STATES = {"asked": ("#8a6d00", "waiting for your answer"), "running": ("#1565c0", "running"),
+               "done": ("#2e7d32", "done"), "failed": ("#c62828", "failed"),
+               "denied": ("#6b6b6b", "denied"), "cancelled": ("#6b6b6b", "stopped"),
+               "timeout": ("#c62828", "no answer in time"), "repeat": ("#8a6d00", "made again")}
+
+
+def card_html(tool: dict[str, Any], said: str, open_result: bool, message_id: int, live: bool,
+              pictures: str = "") -> str:
+    """A tool call's card (a table the transcript's HTML can draw): `live` is the reply's call
+    that waits for an answer or runs; else the kept one, its result behind a link."""
+    import json
+    import time as _time
+
+    label = html.escape(str(tool.get("label") or tool.get("tool") or "tool"))
+    state = str(tool.get("state", ""))
+    colour, words = CALL_STATES.get(state, ("#6b6b6b", state))
+    if state == "running" and tool.get("since"):
+        words += f" · {max(0.0, _time.monotonic() - float(tool['since'])):.0f} s"
+    elif tool.get("seconds") and state not in ("asked", "denied"):
+        words += f" · {float(tool['seconds']):.1f} s"
+    if tool.get("is_error") and state == "failed":
+        words += " (the tool said it failed)"
+    args = json.dumps(tool.get("arguments", {}), indent=1, ensure_ascii=False)
+    if len(args) > 2000:
+        args = args[:2000] + " …"
+    rows = [f'<tr><td><b>{label}</b> &nbsp;<span style="color:{colour}">{html.escape(words)}</span>'
+            "</td></tr>",
+            f'<tr><td><pre style="font-family:monospace; margin:0">{html.escape(args)}</pre></td></tr>']
+    link = 'style="text-decoration:none; font-weight:bold"'
+    if live and state == "asked":
+        ident = html.escape(str(tool.get("id", "")))
+        rows.append(f'<tr><td><a href="tool:once/{ident}" {link}>Allow once</a> &nbsp;·&nbsp; '
+                    f'<a href="tool:always/{ident}" {link}>Always for this tool in this chat</a> '
+                    f'&nbsp;·&nbsp; <a href="tool:deny/{ident}" {link} >Deny</a></td></tr>')
+    elif not live:
+        if pictures:
+            rows.append(f"<tr><td>{pictures}</td></tr>")
+        result = said or str(tool.get("result", ""))
+        if result:
+            if open_result:
+                shown = result if len(result) <= 4000 else result[:4000] + " …"
+                rows.append(f'<tr><td><a href="tool:result/{message_id}" style="text-decoration:none">'
+                            f'▾ Hide the result</a><pre style="font-family:monospace; margin:0; '
+                            f'white-space:pre-wrap">{html.escape(shown)}</pre></td></tr>')
+            else:
+                first = result.strip().splitlines()[0] if result.strip() else ""
+                rows.append(f'<tr><td><a href="tool:result/{message_id}" style="text-decoration:none">'
+                            f'▸ Show the result</a> <span style="color:#6b6b6b">'
+                            f'{html.escape(first[:120])}{" …" if len(first) > 120 else ""}</span></td></tr>')
+    return (f'<table width="100%" cellspacing="0" cellpadding="5" bgcolor="#f4f6fa" '
+            f'style="border: 1px solid #c9d3e0">{"".join(rows)}</table>')

@@ -30,8 +30,10 @@ from engine.tools.calls import (
     OPENERS,
     CallGate,
     Tool,
+    ToolCall,
     ToolChoice,
     ToolsRefused,
+    call_text,
     grammar,
     read_calls,
     result_text,
@@ -84,7 +86,40 @@ class CallRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.label, "function": self.fn, "arguments": self.arguments,
                 "round": self.round, "state": self.state, "decision": self.decision,
-                "result": self.outcome.to_dict() if self.outcome else None}
+                "result": self.outcome.to_dict() if self.outcome else None,
+                "said": self.said_to_model}
+
+
+def stored_record(call: dict[str, Any]) -> dict[str, Any]:
+    """A call as a chat keeps it, from its CallRecord.to_dict (what the window was told)."""
+    result = call.get("result") or {}
+    return {"id": call.get("id", ""), "fn": call.get("function", ""), "label": call.get("tool", ""),
+            "arguments": call.get("arguments", {}), "state": call.get("state", ""),
+            "decision": call.get("decision", ""), "seconds": result.get("seconds", 0.0),
+            "is_error": bool(result.get("is_error")), "chars": result.get("chars", 0),
+            "result": str(result.get("text", ""))[:4000]}
+
+
+def history_turns(turns: list[tuple[Any, ...]], fmt: str | None) -> list[tuple[Any, ...]]:
+    """A saved chat's messages as the session takes them, each kept call (role "tool", with
+    its stored record) as the two messages the loop made of it: the model's call (as the
+    template `fmt` writes calls, else as the bare JSON the model wrote) and its result."""
+    out: list[tuple[Any, ...]] = []
+    for role, text, images, *more in turns:
+        tool = more[0] if more else None
+        if role != "tool" or not isinstance(tool, dict):
+            out.append((role, text, images))
+            continue
+        fn, cid = str(tool.get("fn") or "tool"), str(tool.get("id") or "call_0")
+        args = tool.get("arguments") if isinstance(tool.get("arguments"), dict) else {}
+        call = ToolCall(cid, fn, json.dumps(args))
+        if fmt is not None:
+            out.append(("assistant", "", [], {"tool_calls": [call.for_template()]}))
+            out.append(("tool", text, images, {"tool_call_id": cid, "name": fn}))
+        else:
+            out.append(("assistant", call_text(fn, call.arguments), [], None))
+            out.append(("user", result_text(fn, text), images, None))
+    return out
 
 
 @dataclass

@@ -1,0 +1,49 @@
+"""Tools in the real window: a server from the data folder's mcp.json (written with the SDK:
+tests/tool_servers.py), switched on for the chat, the call's card asked and allowed, its result
+kept in the conversation's tree and given back to the model when the chat is reopened."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.helpers import open_window, shown_text, wait_for
+
+SERVERS = Path(__file__).parent / "tool_servers.py"
+
+
+def _with_server(store, name="demo", consent=True):
+    from app.core.tools import ChatTools, servers_path, set_chat_tools, set_consent
+    from engine.tools.servers import ServerDef, write_config
+
+    d = ServerDef(name, command=sys.executable, args=(str(SERVERS), "tools"))
+    write_config(servers_path(store), [d])
+    if consent:
+        set_consent(store, d, True)
+    conv = store.create_conversation()
+    set_chat_tools(store, conv, ChatTools((name,)))
+    return d, conv
+
+
+def test_a_call_is_asked_on_its_card_and_kept_in_the_chat(qtbot, store):
+    d, conv = _with_server(store)
+    w = open_window(qtbot, store, max_tokens=48)
+    wait_for(lambda: w.tools.host.state("demo") is not None and w.tools.host.state("demo").phase == "ready")
+    assert w.conv_id == conv  # the only chat: opened first
+    w.composer.edit.setPlainText("/tool add What is 2 plus 3?")
+    w.sending.send()
+    wait_for(lambda: w.tools.live is not None and w.tools.live.get("state") == "asked")
+    assert "Allow once" in w.transcript.toPlainText() and "demo:add" in w.transcript.toPlainText()
+    w.tools.answer(w.tools.live["id"], "once")
+    wait_for(lambda: not w.chat.busy)
+    msgs = w.store.messages(conv)
+    assert [m.role for m in msgs] == ["user", "tool", "assistant"], [(m.role, m.text) for m in msgs]
+    tool = msgs[1].tool
+    assert tool["label"] == "demo:add" and tool["state"] == "done" and msgs[1].text == "5"
+    assert tool["arguments"] == {"a": 2, "b": 3}
+    text = shown_text(w.transcript)
+    assert "Tool" in text and "demo:add" in text and "Show the result" in text
+    # reopened: the engine's history has the call and its result (as two messages)
+    w.sending.send_history()
+    wait_for(lambda: w.worker.session is not None and len(w.worker.session.history) == 4)
+    roles = [t.role for t in w.worker.session.history]
+    assert roles[:2] == ["user", "assistant"] and roles[-1] == "assistant"
