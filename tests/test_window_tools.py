@@ -47,3 +47,54 @@ def test_a_call_is_asked_on_its_card_and_kept_in_the_chat(qtbot, store):
     wait_for(lambda: w.worker.session is not None and len(w.worker.session.history) == 4)
     roles = [t.role for t in w.worker.session.history]
     assert roles[:2] == ["user", "assistant"] and roles[-1] == "assistant"
+    # export keeps the call (Markdown and JSON), search finds its result
+    from app.core.export import render
+
+    md = render(w.store, conv, "md")
+    assert "## Tool: demo:add (done)" in md and '{"a": 2, "b": 3}' in md
+    assert '"tool": {' in render(w.store, conv, "json")
+    assert any(c.id == conv for c in w.store.conversations("5"))
+    # Regenerate asks again before the call runs; denied, the model is told and answers
+    w.sending.regenerate()
+    wait_for(lambda: w.tools.live is not None and w.tools.live.get("state") == "asked")
+    w.tools.answer(w.tools.live["id"], "deny")
+    wait_for(lambda: not w.chat.busy)
+    msgs = w.store.messages(conv)
+    assert [m.role for m in msgs] == ["user", "tool", "assistant"] and msgs[1].tool["state"] == "denied"
+    assert len(msgs[2].siblings) == 1 and len(msgs[1].siblings) == 2  # the old call is a version
+
+
+def test_stop_ends_a_running_call_and_the_window_goes_on(qtbot, store, tmp_path):
+    """Always allowed for the chat (asked once), the slow tool runs; Stop ends it (the server
+    is told) and the turn; the card says stopped; the next message is answered."""
+    from app.core.tools import chat_tools, servers_path, set_consent
+    from engine.tools.servers import ServerDef, write_config
+
+    d, conv = _with_server(store)
+    d = ServerDef("demo", command=sys.executable, args=(str(SERVERS), "tools"), cwd=str(tmp_path))
+    write_config(servers_path(store), [d])
+    set_consent(store, d, True)
+    w = open_window(qtbot, store, max_tokens=48)
+    wait_for(lambda: w.tools.host.state("demo") is not None and w.tools.host.state("demo").phase == "ready")
+    w.composer.edit.setPlainText("/tool wait Wait, please.")
+    w.sending.send()
+    wait_for(lambda: w.tools.live is not None and w.tools.live.get("state") == "asked")
+    w.tools.answer(w.tools.live["id"], "always")
+    assert chat_tools(store, conv).always == {"demo:wait"}
+    wait_for(lambda: w.tools.live is not None and w.tools.live.get("state") == "running")
+    wait_for(lambda: (tmp_path / "wait.started").exists())  # it runs
+    w.sending.stop()
+    wait_for(lambda: not w.chat.busy)
+    msgs = w.store.messages(conv)
+    assert msgs[1].role == "tool" and msgs[1].tool["state"] == "cancelled", [(m.role, m.tool) for m in msgs]
+    assert "stopped" in shown_text(w.transcript)
+    w.composer.edit.setPlainText("Say hello.")
+    w.sending.send()
+
+    def answered() -> bool:  # the model may call a tool by itself now: each is denied
+        live = w.tools.live
+        if live is not None and live.get("state") == "asked":
+            w.tools.answer(live["id"], "deny")
+        return not w.chat.busy
+    wait_for(answered)
+    assert w.store.messages(conv)[-1].role == "assistant" and w.store.messages(conv)[-1].text

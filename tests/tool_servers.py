@@ -2,7 +2,7 @@
 a real server over stdio, or over Streamable HTTP (`http PORT`), and the faults users meet.
 
 Modes: tools (the normal one: echo, add, red (a red picture), fail (an error), slow (waits on
-a file), big (N MB of text), tone (a clip)), garbage (prints lines that are not JSON-RPC first),
+a file), wait (the same, with no arguments), big (N MB of text), tone (a clip)), garbage (prints lines that are not JSON-RPC first),
 crash (its `crash` tool ends the process mid-call), hang (never answers the handshake),
 exit (says why on stderr and exits before the handshake), badschema (one tool with an invalid
 schema beside a good one), same (a second server with `echo` too), old (a hand-written server
@@ -60,6 +60,14 @@ def tools_server(mode: str) -> object:
         while not Path(flag).exists():
             time.sleep(0.02)
         return "slow done"
+
+    @m.tool()
+    def wait() -> str:
+        """Writes wait.started (its pid) in its folder, then waits for wait.go there."""
+        Path("wait.started").write_text(str(os.getpid()))
+        while not Path("wait.go").exists():
+            time.sleep(0.02)
+        return "waited"
 
     @m.tool()
     def big(megabytes: int) -> str:

@@ -64,6 +64,8 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
              "images": [pic(p) for p in m.images], "stats": m.stats.to_json(), "state": m.state}
         if m.fragments:  # what was taken from a video or a PDF ("frames=0,2,4", "pages=3-5")
             d["taken"] = {pic(p): f for p, f in ((Path(k), v) for k, v in m.fragments.items())}
+        if m.tool is not None:  # a tool's call: which, with what, how it went (text: its result)
+            d["tool"] = m.tool
         return d
 
     def attachment(m: Message, p: Path) -> str:
@@ -91,6 +93,14 @@ def render(store: Store, cid: int, fmt: str, every_branch: bool = False,
             out += [f"## Branch {k + 1} of {len(branches)}" + (" (open)" if k == 0 else ""), ""]
             level = "###"
         for m in branch:
+            if m.role == "tool":
+                t = m.tool or {}
+                out += [f"{level} Tool: {t.get('label', '?')} ({t.get('state', '')})", "",
+                        "```json", json.dumps(t.get("arguments", {}), ensure_ascii=False), "```", ""]
+                out += [attachment(m, p) for p in m.images]
+                if m.text:
+                    out += ["```", m.text, "```", ""]
+                continue
             out += [f"{level} {'You' if m.role == 'user' else 'Ebb'}", ""]
             out += [attachment(m, p) for p in m.images]
             out += [m.text, ""]
