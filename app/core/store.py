@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from engine.media.attachments import split as split_ref
 from engine.errors import EbbError
@@ -75,7 +75,7 @@ class Message:
     fragments: dict[str, str] = field(default_factory=dict)
     # role "tool": the call and how it went (engine/tools/loop.py CallRecord.to_stored); its
     # text is the result as the model read it, its attachments the result's pictures and clips
-    tool: dict | None = None
+    tool: dict[str, Any] | None = None
 
     def refs(self) -> list[Path]:
         """The attachments as the engine takes them: each stored file with what was taken."""
@@ -261,7 +261,7 @@ class Store:
     def add_message(self, conversation_id: int, role: str, text: str,
                     images: list[Path] | None = None, stats: ReplyStats | None = None,
                     state: str = "complete", parent: int | None | object = _LEAF,
-                    tool: dict | None = None) -> int:
+                    tool: dict[str, Any] | None = None) -> int:
         """Save a message after `parent` (default: the open branch's last message; None: a
         first message) and make it the open branch's end. StoreError when it cannot be saved:
         nothing of it is kept then."""
@@ -290,7 +290,8 @@ class Store:
             raise _write_error("the message", exc, self.folder) from None
         return mid
 
-    def make_tool_message(self, message_id: int, text: str, files: list[Path], tool: dict) -> None:
+    def make_tool_message(self, message_id: int, text: str, files: list[Path],
+                          tool: dict[str, Any]) -> None:
         """The reply row a turn began with became a tool call (engine/tools/loop.py): it keeps
         the call's record, the result as the model read it and the result's files."""
         stored = [self.store_image(p) for p in files]
@@ -531,7 +532,7 @@ class Store:
                 f.unlink(missing_ok=True)
 
 
-def _tool(text: str | None) -> dict | None:
+def _tool(text: str | None) -> dict[str, Any] | None:
     try:
         value = json.loads(text) if text else None
     except ValueError:

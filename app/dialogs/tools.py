@@ -158,7 +158,9 @@ class ToolsDialog(QDialog):
         self.model_line = QLabel(model_line, wordWrap=True)
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["In this chat", "Server", "Runs", "State"])
-        self.table.horizontalHeaderItem(0).setToolTip(f"Switched on for “{chat_title}”")
+        head = self.table.horizontalHeaderItem(0)
+        if head is not None:
+            head.setToolTip(f"Switched on for “{chat_title}”")
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)

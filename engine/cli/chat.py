@@ -257,7 +257,7 @@ class _ToolsForChat:
 
 
 def _tool_name(offered: list[Any], rec: Any) -> str:
-    return next(o.tool.name for o in offered if o.fn == rec.fn)
+    return str(next(o.tool.name for o in offered if o.fn == rec.fn))
 
 
 def _print_turn(out: dict[str, Any], as_json: bool) -> None:

@@ -247,7 +247,8 @@ def run_tool_turn(session: "Session", text: str, images: list[str], gp: "GenPara
         session.set_system("\n\n".join(x for x in (system, described) if x) or None)
     seen: set[tuple[str, str]] = set()
     choice = choice or ToolChoice("auto" if tools else "none")
-    message, files, role, extra = text, list(images), "user", None
+    files: list[Any] = list(images)  # paths: the message's, then a result's
+    message, role, extra = text, "user", None
     rounds = 0
     while True:
         if rounds >= max_rounds and choice.mode != "none" and out.ended != "repeat":
