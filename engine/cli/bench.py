@@ -559,6 +559,31 @@ def cmd_bench_contention(args: argparse.Namespace) -> int:
     return 0
 
 
+@bench("tools", "the tool loop: a result to the next round's first token ÷ a plain prefill of the "
+                "same new tokens; a crashing server restarted N times",
+       ("model", "threads", "json"),
+       arg("--rounds", type=int, default=5),
+       arg("--lines", type=int, default=30, help="lines of the demo server's result (its tokens)"),
+       arg("--cycles", type=int, default=100, help="crash-and-restart cycles"))
+def cmd_bench_tools(args: argparse.Namespace) -> int:
+    from engine.measure.tools_bench import bench_tools
+    from engine.models.default import resolve_model_path
+
+    out = bench_tools(resolve_model_path(args.model), args.rounds, args.lines, args.cycles,
+                      args.threads, progress_log(args))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']}: a tool result of {out['result_lines']} lines, {out['new_tokens']:.0f} new "
+          f"tokens in the next round (median of {out['rounds']})")
+    print(f"  result → next round's first token  {out['after_result_ms']:8.1f} ms")
+    print(f"  plain prefill of the same tokens     {out['plain_prefill_ms']:8.1f} ms")
+    print(f"  ratio                                {out['ratio']:8.3f}  (goal ≤ 1.05: nothing evaluated again)")
+    print(f"crash and restart: {out['crash_cycles']} cycles, {out['crash_hangs']} hangs, "
+          f"{out['crash_failed_cleanly']} calls failed cleanly, {out['crash_cycle_s']:.2f} s a cycle")
+    return 0
+
+
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     benches = p.add_subparsers(dest="bench", required=True)
