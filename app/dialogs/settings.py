@@ -1,7 +1,7 @@
 """Settings: every window setting, checked before it is saved."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QLabel,
+    QPushButton,
     QLineEdit,
     QSpinBox,
     QWidget,
@@ -25,15 +26,22 @@ Rows = list[tuple[str, QWidget]]  # a section's rows of the form, in order
 
 class SettingsDialog(QDialog):
     def __init__(self, v: Settings, parent: QWidget | None = None,
-                 memory_usage: tuple[int, int] = (0, 0)) -> None:
+                 memory_usage: tuple[int, int] = (0, 0),
+                 open_tools: Callable[[], None] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
+        self.open_tools = open_tools
         self.error = QLabel("")
         self.error.setStyleSheet("color: #c62828;")
         form = QFormLayout(self)
         for label, widget in [*self._placement(v), *self._conversation(v),
                               *self._memory(v, memory_usage), *self._network(v)]:
             form.addRow(label, widget)
+        if open_tools is not None:  # the MCP servers have a dialog of their own
+            tools = QPushButton("Tool servers (MCP)…", toolTip="The MCP servers whose tools a chat "
+                                "may call: add, switch on per chat, restart (also Model → Tools…)")
+            tools.clicked.connect(open_tools)
+            form.addRow("Tools", tools)
         form.addRow(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self._on_ok)

@@ -154,7 +154,8 @@ class Models:
         from engine.llama.state_files import folder_usage
 
         before = self.w.settings()
-        dlg = SettingsDialog(before, self.w.window(), folder_usage(states_dir(self.w.store)))
+        dlg = SettingsDialog(before, self.w.window(), folder_usage(states_dir(self.w.store)),
+                             open_tools=self.w.open_tools)
         if dlg.exec():
             try:
                 for k, v in dlg.values().items():

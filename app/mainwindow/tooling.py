@@ -16,7 +16,7 @@ from app.dialogs.tools import ServerDialog, ToolsDialog, format_line
 from app.mainwindow.parts import WindowParts
 from engine import events
 from engine.errors import EbbError
-from engine.tools.host import READY, ServerState, ToolHost
+from engine.tools.host import FAILED, READY, ServerState, ToolHost
 from engine.tools.servers import ServerDef, merged, other_apps_files, read_config, write_config
 
 
@@ -87,7 +87,14 @@ class Tools:
         return box.exec() == QMessageBox.StandardButton.Yes
 
     def _on_state(self, state: ServerState) -> None:
+        before = self.states.get(state.name)
         self.states[state.name] = state
+        if state.phase == FAILED and (before is None or before.phase != FAILED) \
+                and state.name in chat_tools(self.w.store, self.w.conv_id).servers:
+            last = state.stderr_tail.splitlines()[-1] if state.stderr_tail else ""
+            self.w.notices.error(f"The tool server “{state.name}” {state.words()}"
+                                 + (f" (its last words: {last[:200]})" if last else "")
+                                 + ". Model → Tools… shows more and restarts it.")
         self._refresh_dialog()
 
     def close(self) -> None:
@@ -103,6 +110,12 @@ class Tools:
         ct = chat_tools(self.w.store, conv_id)
         ready = tuple(n for n in ct.servers
                       if (st := self.host.state(n)) is not None and st.phase == READY)
+        missing = [n for n in ct.servers if n not in ready and any(d.name == n for d in self.defs)]
+        if missing:
+            self.w.statusBar().showMessage(
+                f"Not ready, so this message goes without their tools: "
+                + ", ".join(f"{n} ({self.host.state(n).words() if self.host.state(n) else 'not started'})"
+                            for n in missing), 10000)
         return (ready, set(ct.always)) if ready else None
 
     def switch(self, name: str, on: bool) -> None:

@@ -323,7 +323,7 @@ class MainWindow(QMainWindow):
                                    "min-p, repeat penalty and seed")
         chat_settings.triggered.connect(self.edit_chat_settings)
         model.addAction(chat_settings)
-        tools = QAction("Tools…", self, triggered=lambda: self.tools.open_dialog())
+        tools = QAction("Tools…", self, triggered=self.open_tools)
         tools.setStatusTip("MCP servers whose tools the model may call in this chat: add, "
                            "switch on, restart; each call is shown and asked")
         model.addAction(tools)
@@ -555,6 +555,10 @@ class MainWindow(QMainWindow):
         self.update_actions()
 
     # ------------------------------------------------------------ shutdown
+
+    def open_tools(self) -> None:
+        """Model → Tools… (and Settings' Tool servers button): the MCP servers' dialog."""
+        self.tools.open_dialog()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.layout_keeper.save()

@@ -31,7 +31,8 @@ from typing import Any, AsyncIterator, Callable, Iterable
 
 from engine.tools.servers import ServerDef
 
-START_TIMEOUT_S = 30.0  # a server that has not answered the handshake and its tools by then failed
+START_TIMEOUT_S = 90.0  # a server that has not answered the handshake and its tools by then failed
+# (npx and uvx fetch a server on its first start: a minute is not unusual)
 MAX_RESULT_CHARS = 24_000  # of a result's text, for the model (the rest is said to be cut)
 MAX_RESULT_FILES = 8  # pictures and clips of one result
 MAX_FILE_BYTES = 64 << 20  # one picture's or clip's bytes
