@@ -116,8 +116,6 @@ def test_calls_end_as_they_should(host, tmp_path):
     assert host.call("tools", "tone", {}).clips[0].suffix == ".wav"
     failed = host.call("tools", "fail", {})
     assert failed.state == "done" and failed.is_error
-    big = host.call("tools", "big", {"megabytes": 50})
-    assert big.state == "done" and big.chars == 50 << 20 and "the result was cut here" in big.text
 
     def slow_call(server: str, flag: Path, cancel=None, timeout_s=None) -> dict:
         out: dict = {}
@@ -142,10 +140,27 @@ def test_calls_end_as_they_should(host, tmp_path):
     assert crashed.state == "failed" and "about to crash" in crashed.text
     assert host.settled(30, until=lambda s: host.state("crash").phase == "failed")
     assert "about to crash" in host.state("crash").stderr_tail
-    for _ in range(3):
-        host.restart("crash")
-        assert host.settled(60) and host.state("crash").phase == "ready"
-        assert host.call("crash", "crash", {}).state == "failed"
+    host.restart("crash")
+    assert host.settled(120) and host.state("crash").phase == "ready"
+    assert host.call("crash", "crash", {}).state == "failed"
+
+
+@pytest.mark.slow
+def test_fifty_megabytes_removal_and_quit_mid_call(host, tmp_path):
+    """A 50 MB result (cut for the model, said), a server removed while its call runs, and
+    quitting while one runs: the process group ends."""
+    host.set_servers([stdio("tools"), stdio("crash")], lambda d: True)
+    assert host.settled(120) and {s.phase for s in host.states()} == {"ready"}
+    big = host.call("tools", "big", {"megabytes": 50})
+    assert big.state == "done" and big.chars == 50 << 20 and "the result was cut here" in big.text
+
+    def slow_call(server: str, flag: Path) -> dict:
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.update(o=host.call(server, "slow", {"flag": str(flag)})))
+        t.start()
+        out["thread"] = t
+        return out
+
     # removed while a call runs: the call fails, the window's thread is not held
     call = slow_call("tools", tmp_path / "never3")
     pid = _wait_file(Path(str(tmp_path / "never3") + ".started"))
@@ -155,7 +170,7 @@ def test_calls_end_as_they_should(host, tmp_path):
     assert not _alive(pid)
     # quit while a call runs: the process group ends
     host.set_servers([stdio("tools")], lambda d: True)
-    assert host.settled(60)
+    assert host.settled(120)
     call = slow_call("tools", tmp_path / "never4")
     pid = _wait_file(Path(str(tmp_path / "never4") + ".started"))
     host.close()
