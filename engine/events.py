@@ -274,6 +274,10 @@ class GenStats:
     flash_attn: bool | None = None  # whether the turn ran with flash attention (None: not known)
     # Continue: the whole reply's length in tokens (an interrupted reply has no count saved)
     n_reply_tokens: int | None = None
+    # speculative decoding (engine/llama/lookup.py): batches with a draft, tokens guessed, taken
+    n_drafts: int = 0
+    n_drafted: int = 0
+    n_draft_accepted: int = 0
 
     @classmethod
     def cancelled(cls) -> GenStats:
@@ -298,6 +302,7 @@ class GenStats:
             "gen_s": round(self.gen_s, 4), "gen_tokens_per_s": round(self.gen_tokens_per_s, 2),
             "prompt_tokens_per_s": round(self.prompt_tokens_per_s, 2),
             "n_prompt_tokens_evaluated": self.n_prompt_tokens_evaluated,
+            "n_drafted": self.n_drafted, "n_draft_accepted": self.n_draft_accepted,
             "n_prompt_tokens_restored": self.n_prompt_tokens_restored,
             "restore_s": round(self.restore_s, 4), "restored_ahead": self.restored_ahead,
             "stop_reason": self.stop_reason, "flash_attn": self.flash_attn}

@@ -25,6 +25,7 @@ from engine.hw import physical_cores
 from engine.llama import log as llama_log
 from engine.llama.chat_template import ChatTemplate
 from engine.llama.lib import flash_attn_type, llama
+from engine.llama.lookup import MAX_DRAFT, NgramIndex, Speculation, accepted_prefix
 from engine.llama.embeddings import embed
 from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
@@ -112,6 +113,8 @@ class TextRuntime:
             self._proc = ProcSampler()
             self._stack.callback(self._proc.close)
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
+        self.last_speculation: Speculation | None = None  # the last reply's drafting
+        self._resume_token: int | None = None  # chosen by a draft's check, not yet decoded
         try:
             self._load()
         except BaseException:
@@ -503,9 +506,12 @@ class TextRuntime:
         t1 = time.perf_counter()
         self.last_logprobs = []
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel)
+        spec = self.last_speculation
         return GenResult(text, GenStats(
             n_prompt_tokens=n_prompt, n_gen_tokens=n_gen, prompt_s=prompt_s,
             gen_s=time.perf_counter() - t1, stop_reason=stop, n_prompt_tokens_evaluated=n_eval,
+            n_drafts=spec.drafts if spec else 0, n_drafted=spec.drafted if spec else 0,
+            n_draft_accepted=spec.accepted if spec else 0,
             n_prompt_tokens_restored=self.slot.last_restored, restore_s=self.slot.last_restore_s,
             restored_ahead=self.slot.restored_ahead,
             logprobs=tuple(self.last_logprobs) if gp.top_logprobs >= 0 else None))
@@ -536,6 +542,12 @@ class TextRuntime:
         # a JSON reply with a cap ends in one complete value: when the cap is near, the text
         # that closes it is written instead of what the model would sample
         json_tail = JsonTail() if gp.json_reply and not resume else None
+        # n-gram drafts where a greedy reply's choice is the logits' argmax alone (lookup.py)
+        spec = Speculation() if gp.can_speculate else None
+        index = NgramIndex([c for c in self.slot.cells if isinstance(c, int)]) if spec else None
+        self.last_speculation = spec
+        # the next token, already chosen by a draft's check (Continue takes it up)
+        pending: int | None = self._resume_token if resume else None
         try:
             while not gp.max_tokens or n_gen < gp.max_tokens:
                 if cancel is not None and cancel.is_set():
@@ -549,7 +561,8 @@ class TextRuntime:
                     if json_tail is not None and json_tail.closed_a_loop:
                         stop = StopReason.STOP  # closed because it went round: a whole value
                     break
-                tok = L.llama_sampler_sample(chain, self.ctx, -1)
+                tok = pending if pending is not None else L.llama_sampler_sample(chain, self.ctx, -1)
+                pending = None
                 if gp.top_logprobs >= 0:  # from the model's own logits (before any sampler)
                     self.last_logprobs.append(logprob_entry(self.ctx, self.info.n_vocab, tok, gp.top_logprobs, self._piece))
                     if gp.on_logprob is not None:
@@ -568,8 +581,43 @@ class TextRuntime:
                 if len(self.slot.cells) >= self.n_ctx - 1:
                     stop = StopReason.CONTEXT_FULL
                     break
-                self._decode_tokens([tok])
+                if spec is None or index is None:
+                    self._decode_tokens([tok])
+                    continue
+                index.add([tok])
+                room_left = (gp.max_tokens - n_gen) if gp.max_tokens else MAX_DRAFT
+                draft = index.draft(min(MAX_DRAFT, room_left, self.n_ctx - len(self.slot.cells) - 2)) \
+                    if spec.on else []
+                if not draft:
+                    self._decode_tokens([tok])
+                    continue
+                base = len(self.slot.cells) + 1  # the cells up to and with `tok`
+                predicted = self._check_draft(tok, draft)
+                n_ok = accepted_prefix(draft, predicted)
+                spec.record(len(draft), n_ok)
+                kept, ended = 0, False
+                for d in draft[:n_ok]:  # each taken token as if it had been sampled alone
+                    if L.llama_vocab_is_eog(self.vocab, d):
+                        stop, ended = StopReason.STOP, True
+                        break
+                    if gp.max_tokens and n_gen >= gp.max_tokens:
+                        ended = True
+                        break
+                    n_gen += 1
+                    kept += 1
+                    piece = decoder.decode(self._piece(d))
+                    if piece:
+                        pieces.append(piece)
+                        if on_text is not None:
+                            on_text(piece)
+                self.slot.drop_from(base + kept)  # the guesses not taken leave the KV cache
+                index.add(draft[:kept])
+                if stop is not StopReason.STOP:  # the model's own token after the last one taken
+                    pending = predicted[kept]  # (the logits at -1 are the batch's last row's)
+                if ended:
+                    break
         finally:
+            self._resume_token = pending
             L.llama_sampler_free(chain)
             # the last token's decode may still run on an asynchronous device (RPC): finish it
             # here, in this turn's time, not in whatever touches the device next (a swap)
@@ -584,6 +632,30 @@ class TextRuntime:
                 on_text(tail)
         return "".join(pieces), n_gen, stop
 
+
+    def _check_draft(self, tok: int, draft: list[int]) -> list[int]:
+        """Decode `tok` and the drafted tokens after it in one batch (all into the KV cache) and
+        return the model's greedy choice after each: [after tok, after draft[0], ...]."""
+        import numpy as np
+
+        L = llama()
+        tokens = [tok, *draft]
+        n = len(tokens)
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for j, t in enumerate(tokens):
+                batch.token[j] = t
+                batch.pos[j] = self.slot.n_past + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = 1
+            self._decode(batch)
+        finally:
+            L.llama_batch_free(batch)
+        self.slot.record_tokens(tokens)
+        return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, j),
+                                                    shape=(self.info.n_vocab,)))) for j in range(n)]
 
     def _close_json(self, tail: JsonTail, room: int, pieces: list[str],
                     on_text: Callable[[str], None] | None) -> int | None:

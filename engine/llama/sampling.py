@@ -33,6 +33,17 @@ class GenParams:
     top_logprobs: int = -1  # -1: none; else each sampled token's logprob and this many best
     # with top_logprobs: told each token's entry as it is sampled (a stream sends them along)
     on_logprob: Callable[[Logprob], None] | None = field(default=None, compare=False)
+    # speculative decoding from n-gram lookup (engine/llama/lookup.py): "auto" drafts where the
+    # reply is greedy and nothing else shapes the choice, and stops where it does not pay
+    speculate: str = "auto"  # auto | off
+
+    @property
+    def can_speculate(self) -> bool:
+        """Drafts can be checked by the logits' argmax alone: a greedy reply with no grammar,
+        penalties, bias or logprobs (each of those keeps state or needs every token's step)."""
+        return (self.speculate == "auto" and self.temperature <= 0 and not self.grammar
+                and not self.json_reply and self.repeat_penalty == 1.0 and not self.presence_penalty
+                and not self.frequency_penalty and not self.logit_bias and self.top_logprobs < 0)
 
 
 def sampler_chain(gp: GenParams, vocab: Any, n_vocab: int) -> Any:
