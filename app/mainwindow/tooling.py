@@ -112,10 +112,10 @@ class Tools:
                       if (st := self.host.state(n)) is not None and st.phase == READY)
         missing = [n for n in ct.servers if n not in ready and any(d.name == n for d in self.defs)]
         if missing:
+            said = [f"{n} ({st.words() if (st := self.host.state(n)) is not None else 'not started'})"
+                    for n in missing]
             self.w.statusBar().showMessage(
-                f"Not ready, so this message goes without their tools: "
-                + ", ".join(f"{n} ({self.host.state(n).words() if self.host.state(n) else 'not started'})"
-                            for n in missing), 10000)
+                "Not ready, so this message goes without their tools: " + ", ".join(said), 10000)
         return (ready, set(ct.always)) if ready else None
 
     def switch(self, name: str, on: bool) -> None:
