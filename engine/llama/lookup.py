@@ -8,7 +8,7 @@ token ids out.
 off when drafting does not pay (few tokens accepted for the batches it costs)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MAX_DRAFT = 8  # tokens guessed at once (a batch of 9 costs little more than one on a CPU)
 NGRAM_SIZES = (4, 3, 2)  # the longest seen-before run of the last tokens wins
