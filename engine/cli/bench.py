@@ -584,6 +584,28 @@ def cmd_bench_tools(args: argparse.Namespace) -> int:
     return 0
 
 
+@bench("speculate", "greedy replies with n-gram drafts ÷ without, on a reply that quotes its "
+                    "prompt and one that does not",
+       ("model", "threads", "json"),
+       arg("--rounds", type=int, default=3),
+       arg("--max-tokens", type=int, default=128))
+def cmd_bench_speculate(args: argparse.Namespace) -> int:
+    from engine.measure.speculate_bench import bench_speculate
+    from engine.models.default import resolve_model_path
+
+    out = bench_speculate(resolve_model_path(args.model), args.rounds, args.max_tokens, args.threads,
+                          progress_log(args))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']}: greedy, {out['max_tokens']} tokens, median of {out['rounds']} (tok/s)")
+    print(f"{'reply':>8}  {'drafts':>8}  {'none':>8}  {'ratio':>6}  taken of drafted")
+    for name, r in out["rows"].items():
+        print(f"{name:>8}  {r['tok_s_auto']:>8.1f}  {r['tok_s_off']:>8.1f}  {r['ratio']:>6.2f}  "
+              f"{r['taken']} of {r['drafted']}")
+    return 0
+
+
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     benches = p.add_subparsers(dest="bench", required=True)

@@ -106,7 +106,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     cfg = session_config(args)
     cancel = threading.Event()
     gp = GenParams(max_tokens=args.max_tokens, temperature=args.temp, seed=args.seed,
-                   top_logprobs=args.top_logprobs)
+                   top_logprobs=args.top_logprobs, speculate=args.speculate)
     first_token: list[float] = []  # seconds from the process's start to the first token
 
     def on_text(piece: str) -> None:
@@ -326,6 +326,10 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--temp", type=float, default=0.7, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object per turn")
+    p.add_argument("--speculate", choices=["auto", "off"], default="auto",
+                   help="draft tokens from what the conversation already holds (n-gram lookup) "
+                        "and check them in one batch: greedy replies (--temp 0) only; auto "
+                        "stops where it does not pay")
     p.add_argument("--mcp", default=None, metavar="FILE.json",
                    help='tools from the MCP servers of this file ({"mcpServers": {...}}, as '
                         "Claude Desktop and LM Studio write it): the model may call them, each "

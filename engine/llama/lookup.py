@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_DRAFT = 8  # tokens guessed at once (a batch of 9 costs little more than one on a CPU)
+MAX_DRAFT = 8  # tokens guessed at once at most (a GPU checks 9 in about the time of one)
 NGRAM_SIZES = (4, 3, 2)  # the longest seen-before run of the last tokens wins
-MIN_TRIES = 12  # drafts before the account can switch it off
+MIN_TRIES = 6  # drafts before the account can switch it off
 MIN_ACCEPTED_PER_DRAFT = 0.8  # on average: below this it costs more than it gives
 
 
@@ -57,17 +57,33 @@ class NgramIndex:
 
 @dataclass
 class Speculation:
-    """One reply's drafting: on while it pays."""
+    """One reply's drafting, on while it pays: a draft's batch costs `batch_s`, a token alone
+    `single_s`; a draft of k tokens that gets a taken pays when (1 + a) × single_s > batch_s.
+    Each draft is as long as the last ones earned (twice the tokens taken, plus one: 2 to 8)."""
     on: bool = True
     drafts: int = 0  # batches with a draft
     drafted: int = 0  # tokens guessed
     accepted: int = 0  # of them, taken
+    single_s: float = 0.0  # a step of one token (running mean)
+    batch_s: float = 0.0  # a draft's batch (running mean)
+    length: int = MAX_DRAFT // 2  # the next draft's most tokens
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def stepped(self, seconds: float) -> None:
+        """A step of one token took `seconds`."""
+        self.single_s = seconds if not self.single_s else 0.8 * self.single_s + 0.2 * seconds
+
+    def record(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
         self.drafts += 1
         self.drafted += drafted
         self.accepted += accepted
-        if self.drafts >= MIN_TRIES and self.accepted < MIN_ACCEPTED_PER_DRAFT * self.drafts:
+        if seconds:
+            self.batch_s = seconds if not self.batch_s else 0.8 * self.batch_s + 0.2 * seconds
+        self.length = max(2, min(MAX_DRAFT, 2 * accepted + 1))
+        if self.drafts < MIN_TRIES:
+            return
+        taken = self.accepted / self.drafts
+        if taken < MIN_ACCEPTED_PER_DRAFT or (
+                self.single_s and self.batch_s and (1 + taken) * self.single_s < self.batch_s):
             self.on = False
 
     def to_dict(self) -> dict[str, int | bool]:

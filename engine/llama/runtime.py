@@ -586,15 +586,18 @@ class TextRuntime:
                     continue
                 index.add([tok])
                 room_left = (gp.max_tokens - n_gen) if gp.max_tokens else MAX_DRAFT
-                draft = index.draft(min(MAX_DRAFT, room_left, self.n_ctx - len(self.slot.cells) - 2)) \
+                draft = index.draft(min(spec.length, room_left, self.n_ctx - len(self.slot.cells) - 2)) \
                     if spec.on else []
+                t0 = time.perf_counter()
                 if not draft:
                     self._decode_tokens([tok])
+                    L.llama_synchronize(self.ctx)
+                    spec.stepped(time.perf_counter() - t0)
                     continue
                 base = len(self.slot.cells) + 1  # the cells up to and with `tok`
                 predicted = self._check_draft(tok, draft)
                 n_ok = accepted_prefix(draft, predicted)
-                spec.record(len(draft), n_ok)
+                spec.record(len(draft), n_ok, time.perf_counter() - t0)
                 kept, ended = 0, False
                 for d in draft[:n_ok]:  # each taken token as if it had been sampled alone
                     if L.llama_vocab_is_eog(self.vocab, d):

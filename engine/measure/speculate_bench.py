@@ -1,0 +1,42 @@
+"""`ebb-engine bench speculate`: greedy replies with n-gram drafts against the same replies
+without (`--speculate off`), alternating, on a prompt whose reply repeats it (a quote, code to
+edit) and one whose reply does not (drafting must switch itself off and cost little)."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+QUOTE = ("def area(width, height):\n    return width * height\n\n"
+         "def perimeter(width, height):\n    return 2 * (width + height)\n\n") * 3
+PROMPTS = {
+    "quote": f"Repeat this code exactly:\n\n{QUOTE}",
+    "fresh": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def bench_speculate(model: Path, rounds: int, max_tokens: int, threads: int | None,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    from engine.config import SessionConfig
+    from engine.llama.sampling import GenParams
+    from engine.session import Session
+
+    rows: dict[str, dict[str, Any]] = {}
+    with Session(SessionConfig(model, n_ctx=4096, n_threads=threads)) as s:
+        for name, prompt in PROMPTS.items():
+            rates: dict[str, list[float]] = {"auto": [], "off": []}
+            taken = drafted = 0
+            for r in range(rounds):
+                for mode in (("auto", "off") if r % 2 == 0 else ("off", "auto")):
+                    s.set_history([], tag=f"spec-{name}-{r}-{mode}")
+                    res = s.turn(prompt, gp=GenParams(max_tokens=max_tokens, temperature=0, speculate=mode))
+                    rates[mode].append(res.gen.gen_tokens_per_s)
+                    if mode == "auto":
+                        taken, drafted = taken + res.gen.n_draft_accepted, drafted + res.gen.n_drafted
+                    log(f"{name} round {r + 1} {mode}: {res.gen.gen_tokens_per_s:.1f} tok/s, "
+                        f"{res.gen.n_gen_tokens} tokens, {res.gen.n_draft_accepted} of "
+                        f"{res.gen.n_drafted} drafted taken")
+            on, off = statistics.median(rates["auto"]), statistics.median(rates["off"])
+            rows[name] = {"tok_s_auto": on, "tok_s_off": off, "ratio": on / off if off else 0.0,
+                          "drafted": drafted, "taken": taken}
+    return {"model": model.name, "rounds": rounds, "max_tokens": max_tokens, "rows": rows}
