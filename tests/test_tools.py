@@ -41,6 +41,17 @@ def test_the_servers_file_is_the_one_people_have(tmp_path):
     write_config(path, [files, web])
     assert json.loads(path.read_text())["mcpServers"]["files"]["autoApprove"] == ["read"]
     assert read_config(path) == (files, web)
+    # consent is to a definition: another command or argument is asked again
+    from app.core.store import Store
+    from app.core.tools import consented, set_consent
+
+    store = Store(tmp_path / "data")
+    try:
+        set_consent(store, stdio("a"), True)
+        assert consented(store, stdio("a")) and not consented(store, stdio("a", "crash"))
+        assert consented(store, web)  # a URL runs nothing here
+    finally:
+        store.close()
     # an import: a name already taken gets a number
     assert [s.name for s in merged((files,), (files, web))] == ["files", "files 2", "web"]
     for bad, words in (({"mcpServers": {"x": {"command": "a", "url": "http://b"}}}, "both"),
@@ -108,8 +119,15 @@ def test_calls_end_as_they_should(host, tmp_path):
     restart, a server removed during a call, and quitting during one (its process group ends)."""
     from PIL import Image
 
-    host.set_servers([stdio("tools"), stdio("crash")], lambda d: True)
-    assert host.settled(60) and {s.phase for s in host.states()} == {"ready"}
+    os.environ["EBB_TEST_SECRET"] = "not for servers"
+    try:
+        host.set_servers([stdio("tools", env=(("GIVEN", "1"),)), stdio("crash")], lambda d: True)
+        assert host.settled(120) and {s.phase for s in host.states()} == {"ready"}
+    finally:
+        del os.environ["EBB_TEST_SECRET"]
+    # a small environment (ours is not passed on) plus what the user set; a group of its own
+    me = json.loads(host.call("tools", "whoami", {}).text)
+    assert "GIVEN" in me["env"] and "EBB_TEST_SECRET" not in me["env"] and me["own_group"]
     red = host.call("tools", "red", {})
     assert red.state == "done" and len(red.pictures) == 1
     assert Image.open(red.pictures[0]).convert("RGB").getpixel((3, 3)) == (255, 0, 0)
@@ -303,8 +321,10 @@ def test_the_loop_ends_a_repeat_and_keeps_to_its_rounds():
     ran = []
     chat = Chat()
     _, tt = run_tool_turn(chat, "q", [], _gp(), offered, ask=lambda r: Decision.ALWAYS,
-                          call=lambda r, c: ran.append(r) or CallOutcome("done", "2"),
+                          call=lambda r, c: ran.append(r) or CallOutcome("done", "2", clips=[Path("a.wav")]),
                           turn=model([call, call, "unused"]))
+    # a clip in the result, and no projector that hears: the model is told in words
+    assert "which you cannot hear: no projector that hears is loaded" in tt.calls[0].said_to_model
     assert len(ran) == 1 and tt.ended == "repeat" and tt.text == "words" and chat.taken_back
     assert "same arguments" in tt.message and "You can call these functions" in chat.system
     ran.clear()

@@ -62,6 +62,13 @@ def tools_server(mode: str) -> object:
         return "slow done"
 
     @m.tool()
+    def whoami() -> str:
+        """Its environment's names, and whether it leads a process group of its own."""
+        import json
+
+        return json.dumps({"env": sorted(os.environ), "own_group": os.getpgid(0) == os.getpid()})
+
+    @m.tool()
     def wait() -> str:
         """Writes wait.started (its pid) in its folder, then waits for wait.go there."""
         Path("wait.started").write_text(str(os.getpid()))
