@@ -6,6 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+
+from app.core.tools import chat_tools
 from tests.helpers import open_window, shown_text, wait_for
 
 SERVERS = Path(__file__).parent / "tool_servers.py"
@@ -24,8 +27,14 @@ def _with_server(store, name="demo", consent=True):
     return d, conv
 
 
-def test_a_call_is_asked_on_its_card_and_kept_in_the_chat(qtbot, store):
+def test_a_call_is_asked_on_its_card_and_kept_in_the_chat(qtbot, store, tmp_path, monkeypatch):
     d, conv = _with_server(store)
+    # LM Studio's servers on this machine: offered for import in the Tools dialog
+    home = tmp_path / "home"
+    (home / ".lmstudio").mkdir(parents=True)
+    (home / ".lmstudio" / "mcp.json").write_text(
+        '{"mcpServers": {"demo": {"command": "uvx", "args": ["some-server"]}}}')
+    monkeypatch.setenv("HOME", str(home))
     w = open_window(qtbot, store, max_tokens=48)
     wait_for(lambda: w.tools.host.state("demo") is not None and w.tools.host.state("demo").phase == "ready")
     assert w.conv_id == conv  # the only chat: opened first
@@ -62,6 +71,19 @@ def test_a_call_is_asked_on_its_card_and_kept_in_the_chat(qtbot, store):
     msgs = w.store.messages(conv)
     assert [m.role for m in msgs] == ["user", "tool", "assistant"] and msgs[1].tool["state"] == "denied"
     assert len(msgs[2].siblings) == 1 and len(msgs[1].siblings) == 2  # the old call is a version
+    # the Tools dialog: the server ready, on in this chat, LM Studio's offered; imported, its
+    # name taken, it becomes "demo 2" and waits for a yes before it starts
+    w.tools.open_dialog()
+    dlg = w.tools.dialog
+    assert dlg.found.isVisible() and "Import 1 from LM Studio" in dlg.found.text()
+    assert dlg.table.item(0, 1).text() == "demo" and "ready with" in dlg.table.item(0, 3).text()
+    w.tools._act("import_path", "", str(home / ".lmstudio" / "mcp.json"))
+    assert [x.name for x in w.tools.defs] == ["demo", "demo 2"] and not dlg.found.isVisible()
+    assert "not started" in dlg.table.item(1, 3).text()
+    asked = []
+    w.tools.ask = lambda title, text: asked.append(text) or False  # the consent, said no to
+    dlg.table.item(1, 0).setCheckState(Qt.CheckState.Checked)
+    assert "uvx some-server" in asked[0] and "demo 2" not in chat_tools(store, conv).servers
 
 
 def test_stop_ends_a_running_call_and_the_window_goes_on(qtbot, store, tmp_path):

@@ -3,6 +3,7 @@ with its state, switched on for the open chat; add, edit, remove, restart, impor
 servers. GUI thread only: the controller (app/mainwindow/tooling.py) does what it asks."""
 from __future__ import annotations
 
+import html
 import shlex
 from typing import Any, Callable
 
@@ -156,6 +157,10 @@ class ToolsDialog(QDialog):
         self._on: set[str] = set()
         self._states: dict[str, ServerState] = {}
         self.model_line = QLabel(model_line, wordWrap=True)
+        # other apps' servers found on this machine, offered once Ebb's own list is set
+        self.found = QLabel(wordWrap=True, openExternalLinks=False)
+        self.found.linkActivated.connect(lambda path: self.act("import_path", "", path))
+        self.found.hide()
         self.table = QTableWidget(0, 4)
         self.table.setHorizontalHeaderLabels(["In this chat", "Server", "Runs", "State"])
         head = self.table.horizontalHeaderItem(0)
@@ -183,6 +188,7 @@ class ToolsDialog(QDialog):
         close.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
         lay.addWidget(self.model_line)
+        lay.addWidget(self.found)
         lay.addWidget(self.table)
         lay.addLayout(buttons)
         lay.addWidget(self.details)
@@ -210,6 +216,16 @@ class ToolsDialog(QDialog):
         self.table.setColumnWidth(2, min(self.table.columnWidth(2), 260))  # the command: elided
         self.table.blockSignals(False)
         self._show_details()
+
+    def offer_imports(self, found: list[tuple[str, str, int]]) -> None:
+        """(app, its file, servers in it) found on this machine and not imported yet."""
+        if not found:
+            self.found.hide()
+            return
+        links = " · ".join(f'<a href="{html.escape(path)}">Import {n} from {html.escape(app)}</a>'
+                           for app, path, n in found)
+        self.found.setText(f"Other apps' MCP servers are on this computer: {links}")
+        self.found.show()
 
     def state_words(self, d: ServerDef) -> str:
         if d.disabled:

@@ -154,7 +154,22 @@ class Tools:
             return
         on = set(chat_tools(self.w.store, self.w.conv_id).servers)
         self.dialog.model_line.setText(self._model_line())
+        self.dialog.offer_imports(self._importable())
         self.dialog.set_servers(self.defs, on, {**self.states, **{s.name: s for s in self.host.states()}})
+
+    def _importable(self) -> list[tuple[str, str, int]]:
+        """Other apps' files on this machine with servers Ebb does not have (by definition)."""
+        out = []
+        ours = {(d.command, d.args, d.url) for d in self.defs}
+        for app, path in other_apps_files():
+            try:
+                theirs = read_config(path)
+            except EbbError:
+                continue
+            new = [d for d in theirs if (d.command, d.args, d.url) not in ours]
+            if new:
+                out.append((app, str(path), len(new)))
+        return out
 
     def _act(self, what: str, name: str, value: Any) -> None:
         d = next((x for x in self.defs if x.name == name), None)
@@ -174,6 +189,8 @@ class Tools:
                 self.host.restart(name)
         elif what == "import":
             self._import()
+        elif what == "import_path":
+            self._import(Path(str(value)))
         self._refresh_dialog()
 
     def _edit(self, d: ServerDef | None) -> None:
@@ -194,21 +211,25 @@ class Tools:
         else:
             self._apply()
 
-    def _import(self) -> None:
-        found = other_apps_files()
-        start = str(found[0][1]) if found else str(Path.home())
-        names = "; ".join(f"{app}: {p}" for app, p in found)
-        path, _ = QFileDialog.getOpenFileName(
-            self.dialog or self.w.window(),
-            "Import MCP servers" + (f" (found {names})" if names else ""), start, "JSON (*.json)")
-        if not path:
-            return
+    def _import(self, path: Path | None = None) -> None:
+        if path is None:
+            found = other_apps_files()
+            start = str(found[0][1]) if found else str(Path.home())
+            names = "; ".join(f"{app}: {p}" for app, p in found)
+            chosen, _ = QFileDialog.getOpenFileName(
+                self.dialog or self.w.window(),
+                "Import MCP servers" + (f" (found {names})" if names else ""), start, "JSON (*.json)")
+            if not chosen:
+                return
+            path = Path(chosen)
         try:
             theirs = read_config(Path(path))
         except EbbError as exc:
             self.w.notices.error(f"Could not import: {exc}")
             return
         before = len(self.defs)
+        ours = {(d.command, d.args, d.url) for d in self.defs}
+        theirs = tuple(d for d in theirs if (d.command, d.args, d.url) not in ours)  # not twice
         self.defs = list(merged(tuple(self.defs), theirs))
         self._save()
         self._apply()  # each asks for its consent when it is first switched on
