@@ -6,6 +6,7 @@ GUI thread only (engine events reach it through the window's queued slot).
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -459,6 +460,7 @@ def chat_title(text: str, attachments: list[Path], taken: set[str]) -> str:
     """A new chat's title from its first message: its first line, cut at a word within
     TITLE_CHARS; the attachments' names when it has no text; and a number after it when
     another chat has the same title (a list of "What colour is this picture?" told nothing)."""
+    text = re.sub(r"^/tool\s+\S+\s*", "", text)  # "/tool NAME" asks for a tool: not the topic
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     words = " ".join(line.split())
     if len(words) > TITLE_CHARS:
