@@ -132,6 +132,7 @@ def test_autotune_on_a_device_searches_with_fewer_runs_and_answers_what_it_measu
     assert tuned.max_layers == top
 
 
+@pytest.mark.slow  # 25 s of make test's 12 minutes (a fresh clone, 2 cores): the sweep's own tests stay
 # 30-50 s idle on 2 cores; with two busy processes beside it (make test-loaded) its 2-thread runs
 # slowed past the suite's 300 s: llama.cpp's threads wait for each other on a full machine
 @pytest.mark.timeout(1800)

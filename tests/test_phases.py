@@ -213,6 +213,7 @@ def test_the_tune_dialog_draws_a_curve_per_thread_count_and_uses_both_phases(qtb
     assert got.args[0] is tuned
 
 
+@pytest.mark.slow  # 25 s of make test's 12 minutes (a fresh clone, 2 cores)
 def test_a_prompt_with_an_image_moves_to_the_image_batchs_placement(model_path, tiny_projector,
                                                                    pictures, shared_rpc_server):
     """Text prompts stay where generation is; the image's batch, measured slower there (past

@@ -344,6 +344,7 @@ def _gp():
     return GenParams(max_tokens=8)
 
 
+@pytest.mark.slow  # a model loaded in a process of its own: 9 s of make test's 12 minutes
 def test_chat_mcp_asks_on_the_terminal(model_path, tmp_path):
     """`ebb-engine chat --mcp FILE`: the server starts after a yes, the call runs after one,
     and --json lists it."""
@@ -360,3 +361,48 @@ def test_chat_mcp_asks_on_the_terminal(model_path, tmp_path):
     (c,) = out["tool_calls"]
     assert c["tool"] == "demo:add" and c["state"] == "done" and c["result"]["text"] == "5"
     assert out["tool_rounds"] == 2
+
+
+def test_a_template_with_its_own_tool_format(model_path, tmp_path):
+    """SmolLM2 with a Hermes template (as Qwen's): the tools are the template's, the call stays
+    in the history as the template writes calls and the result as a `tool` message; the next
+    round evaluates only what is new; a kept call, set back as history, is the same two."""
+    from engine.config import SessionConfig
+    from engine.llama.sampling import GenParams
+    from engine.session import Session
+    from engine.synth.model_gen import with_chat_template
+    from engine.tools.host import ToolHost
+    from engine.tools.loop import Decision, first_choice, history_turns, offer, run_tool_turn, stored_record
+    from tests.helpers import N_THREADS
+
+    template = (Path(__file__).parent / "templates" / "hermes-tools.jinja").read_text()
+    hermes = with_chat_template(model_path, tmp_path / "smollm2-hermes.gguf", template)
+    host = ToolHost(tmp_path / "files")
+    try:
+        host.set_servers([stdio("demo", "tools")], lambda d: True)
+        assert host.settled(120)
+        offered, _ = offer(host.tools())
+        told = []
+        with Session(SessionConfig(hermes, n_ctx=2048, n_threads=N_THREADS)) as s:
+            s, tt = run_tool_turn(s, "What is 2 plus 3?", [], GenParams(max_tokens=40, temperature=0),
+                                  offered, ask=lambda r: Decision.ONCE, on_call=lambda r: told.append(r.to_dict()),
+                                  call=lambda r, c: host.call("demo", r.fn, r.arguments, c),
+                                  choice=first_choice("add", offered), max_rounds=1)
+            assert tt.calls[0].state == "done" and tt.calls[0].said_to_model == "5"
+            roles = [(t.role, bool(t.extra)) for t in s.history]
+            assert roles == [("user", False), ("assistant", True), ("tool", True), ("assistant", False)]
+            assert s.history[1].extra["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}
+            assert "<tool_call>" not in tt.text  # the call is a card, not text
+            second = tt.rounds[1].gen
+            assert second.n_prompt_tokens_evaluated < second.n_prompt_tokens / 2, second
+            # reopened: the kept call as the loop made it, and a turn after it
+            kept = [("user", "What is 2 plus 3?", []), ("tool", "5", [], stored_record(told[-1])),
+                    ("assistant", tt.text, [])]
+            s.set_history(history_turns(kept, "hermes"))
+            assert [t.role for t in s.history] == ["user", "assistant", "tool", "assistant"]
+            assert s.history[1].extra["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
+            assert s.history[2].extra == {"tool_call_id": tt.calls[0].id, "name": "add"}
+            again = s.turn("Thanks.", gp=GenParams(max_tokens=4, temperature=0))
+            assert again.error is None
+    finally:
+        host.close()
