@@ -316,28 +316,33 @@ class TextRuntime:
                        on_batch: Callable[[int], None] | None = None) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under
         M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch."""
-        L = llama()
         for i in range(0, len(tokens), self.params.n_batch):
             if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
             chunk = tokens[i:i + self.params.n_batch]
-            n = len(chunk)
-            batch = L.llama_batch_init(n, 0, 1)
-            try:
-                batch.n_tokens = n
-                for j, tok in enumerate(chunk):
-                    batch.token[j] = tok
-                    batch.pos[j] = self.slot.n_past + j
-                    batch.n_seq_id[j] = 1
-                    batch.seq_id[j][0] = 0
-                    batch.logits[j] = 1 if j == n - 1 else 0
-                self._decode(batch)
-            finally:
-                L.llama_batch_free(batch)
-            self.slot.record_tokens(chunk)
+            self._decode_run(chunk)
             if on_batch is not None:
-                on_batch(n)
+                on_batch(len(chunk))
+
+    def _decode_run(self, tokens: list[int], every_logit: bool = False) -> None:
+        """Decode `tokens` (at most a batch) at the next positions in one batch and record them
+        in the slot; logits for the last token, or (`every_logit`) for each."""
+        L = llama()
+        n = len(tokens)
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for j, tok in enumerate(tokens):
+                batch.token[j] = tok
+                batch.pos[j] = self.slot.n_past + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = 1 if every_logit or j == n - 1 else 0
+            self._decode(batch)
+        finally:
+            L.llama_batch_free(batch)
+        self.slot.record_tokens(tokens)
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
@@ -642,21 +647,8 @@ class TextRuntime:
         import numpy as np
 
         L = llama()
-        tokens = [tok, *draft]
-        n = len(tokens)
-        batch = L.llama_batch_init(n, 0, 1)
-        try:
-            batch.n_tokens = n
-            for j, t in enumerate(tokens):
-                batch.token[j] = t
-                batch.pos[j] = self.slot.n_past + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = 1
-            self._decode(batch)
-        finally:
-            L.llama_batch_free(batch)
-        self.slot.record_tokens(tokens)
+        n = 1 + len(draft)
+        self._decode_run([tok, *draft], every_logit=True)
         return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, j),
                                                     shape=(self.info.n_vocab,)))) for j in range(n)]
 
