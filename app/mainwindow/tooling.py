@@ -244,6 +244,9 @@ class Tools:
         if call.get("state") == "repeat":  # not run: the model answers without tools (a note says)
             return
         self.w.sending.take_stream()  # text before the call, where it belongs
+        if call.get("state") != "asked" and self.w.statusBar().currentMessage().startswith(
+                "The model asks to call"):
+            self.w.statusBar().clearMessage()  # answered: the card says the rest
         if call.get("state") in ("asked", "running"):
             if call.get("state") == "running":
                 call["since"] = time.monotonic()
