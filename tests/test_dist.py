@@ -77,6 +77,22 @@ def _ymm_zmm(lib: Path) -> int:
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+def test_bundle_calls_a_tool_of_its_own_mcp_server(bundle, tmp_path):
+    """Tools from the bundle: the MCP SDK, its protocol versions' modules and jsonschema's data
+    came along; the bundle's own demo server (`ebb-engine mcp-demo`) is the server."""
+    servers = tmp_path / "mcp.json"
+    servers.write_text(json.dumps({"mcpServers": {"demo": {"command": str(bundle / "ebb-engine"),
+                                                           "args": ["mcp-demo"]}}}))
+    r = subprocess.run([str(bundle / "ebb-engine"), "chat", "--mcp", str(servers), "--allow-tools",
+                        "--tool-choice", "echo", "--prompt", "Say hello.", "--temp", "0",
+                        "--max-tokens", "40", "--max-tool-rounds", "1", "--json"],
+                       env=user_env(tmp_path / "home"), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (call,) = json.loads(r.stdout.strip().splitlines()[-1])["tool_calls"]
+    assert call["tool"] == "demo:echo" and call["state"] == "done", (call, r.stderr[-2000:])
+
+
 def test_bundle_llama_cpp_forces_no_native_only_instructions(bundle):
     """Only the per-CPU variants use AVX and up, each loaded only on a CPU that has it: the
     libraries every machine loads (ggml, llama, mtmd) and the baseline variant use none."""

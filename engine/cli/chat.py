@@ -310,7 +310,17 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
 SESSION_FLAGS = ("rpc", "model", "mmproj", "threads", "vram-budget", "no-flash-attn")
 
 
+def cmd_mcp_demo(args: argparse.Namespace) -> int:
+    from engine.tools.demo_server import build
+
+    build().run()  # stdio: a client starts it and talks over its stdin and stdout
+    return 0
+
+
 def register(sub: Subcommands) -> None:
+    d = sub.add_parser("mcp-demo", help="Ebb's own small MCP server over stdio (echo, lines, "
+                                        "colour): to try tools (`chat --mcp`, the window's Tools)")
+    d.set_defaults(func=cmd_mcp_demo)
     p = sub.add_parser("chat", help="chat with a model from the terminal",
                        parents=[flag_parser(*SESSION_FLAGS)])
     p.add_argument("--prompt", default=None)

@@ -45,8 +45,7 @@ def bench_tools(model: Path, rounds: int, lines: int, cycles: int, threads: int 
     host = ToolHost(work / "files")
     out: dict[str, Any] = {"model": model.name, "rounds": rounds, "result_lines": lines}
     try:
-        host.set_servers([ServerDef("demo", command=sys.executable, args=("-m", "engine.tools.demo_server"))],
-                         lambda d: True)
+        host.set_servers([demo_server()], lambda d: True)
         host.settled(60)
         if host.state("demo") is None or host.state("demo").phase != READY:  # type: ignore[union-attr]
             raise RuntimeError(f"the demo server did not start: {host.state('demo')}")
@@ -101,6 +100,16 @@ def bench_tools(model: Path, rounds: int, lines: int, cycles: int, threads: int 
     return out
 
 
+def demo_server() -> "Any":
+    """Ebb's own demo MCP server (`ebb-engine mcp-demo`), as this Ebb starts itself (the
+    bundle's launcher when frozen)."""
+    from engine.paths import engine_argv
+    from engine.tools.servers import ServerDef
+
+    argv = engine_argv()
+    return ServerDef("demo", command=argv[0], args=(*argv[1:], "mcp-demo"))
+
+
 def crash_restart(host: Any, work: Path, cycles: int, log: Callable[[str], None]) -> dict[str, Any]:
     """A server that ends mid-call, restarted `cycles` times; a cycle that does not settle (ready,
     then failed after its call) within 60 s is a hang."""
@@ -109,8 +118,7 @@ def crash_restart(host: Any, work: Path, cycles: int, log: Callable[[str], None]
     script = work / "crashes.py"
     script.write_text(CRASH_SERVER)
     d = ServerDef("crashes", command=sys.executable, args=(str(script),))
-    host.set_servers([*(ServerDef(s.name, command=sys.executable, args=("-m", "engine.tools.demo_server"))
-                        for s in host.states() if s.name == "demo"), d], lambda x: True)
+    host.set_servers([demo_server(), d], lambda x: True)
     hangs = failed_cleanly = 0
     t0 = time.perf_counter()
     for i in range(cycles):

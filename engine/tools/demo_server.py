@@ -1,4 +1,4 @@
-"""A small MCP server of Ebb's own (`python -m engine.tools.demo_server`, stdio), written with
+"""A small MCP server of Ebb's own (`ebb-engine mcp-demo`, stdio), written with
 the official SDK: tools to try the window's cards and to measure the loop (`ebb-engine bench
 tools`) without anything from the network. `echo` says its text back, `lines` returns N lines
 of text (a result of many tokens), `colour` returns a picture of one colour (the demo projector
