@@ -39,7 +39,6 @@ def bench_tools(model: Path, rounds: int, lines: int, cycles: int, threads: int 
     from engine.session import Session
     from engine.tools.host import READY, ToolHost
     from engine.tools.loop import Decision, first_choice, offer, run_tool_turn
-    from engine.tools.servers import ServerDef
 
     work = Path(tempfile.mkdtemp(prefix="ebb-tools-bench-"))
     host = ToolHost(work / "files")
