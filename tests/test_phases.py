@@ -135,6 +135,7 @@ def _turns(model_path, endpoint, phases):
         return out, on_device, s.model.ledger.total(s.model.accel)
 
 
+@pytest.mark.slow  # 21 s of make test's 12 minutes (a fresh clone, 2 cores)
 def test_a_long_prompt_runs_at_the_prompt_placement_and_replies_as_one_placement(model_path,
                                                                                 shared_rpc_server):
     from engine.llama.devices import connect_rpc
