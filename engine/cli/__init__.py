@@ -20,7 +20,7 @@ from engine.errors import EbbError  # noqa: E402
 __all__ = ["GROUPS", "build_parser", "main"]
 
 # each module of engine/cli and the commands it registers (a test holds this to what they do)
-GROUPS = {"chat": ("chat",), "serve": ("serve",),
+GROUPS = {"chat": ("chat", "mcp-demo"), "serve": ("serve",),
           "files": ("inspect", "make-projector", "make-model", "fetch-model"),
           "devices": ("devices", "about", "rpc-serve", "native-check", "colour-check"),
           "sizing": ("plan", "calibrate", "autotune"), "bench": ("bench",), "models": ("models",)}
