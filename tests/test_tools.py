@@ -182,10 +182,10 @@ def test_fifty_megabytes_removal_and_quit_mid_call(host, tmp_path):
     # removed while a call runs: the call fails, the window's thread is not held
     call = slow_call("tools", tmp_path / "never3")
     pid = _wait_file(Path(str(tmp_path / "never3") + ".started"))
-    host.set_servers([stdio("crash")], lambda d: False)
+    host.set_servers([stdio("crash")], lambda d: False)  # returns at once: it ends on the loop
     call["thread"].join(30)
     assert call["o"].state == "failed"
-    assert not _alive(pid)
+    assert _gone(pid)
     # quit while a call runs: the process group ends
     host.set_servers([stdio("tools")], lambda d: True)
     assert host.settled(120)
@@ -206,6 +206,17 @@ def _wait_file(path: Path) -> int:
         assert time.monotonic() < deadline, f"{path} never came"
         threading.Event().wait(0.02)
     return int(path.read_text())
+
+
+def _gone(pid: int) -> bool:
+    """The process ends (the SDK closes its stdin, then TERM and KILL to its group), waited for
+    as the event it is."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while _alive(pid) and time.monotonic() < deadline:
+        threading.Event().wait(0.05)
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:

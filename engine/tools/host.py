@@ -107,6 +107,7 @@ class _Entry:
         self.stop: asyncio.Event | None = None
         self.task: asyncio.Task[None] | None = None
         self.errlog: Any = None  # the stdio server's stderr, a file of ours
+        self.generation = 0  # its starts: a stopped start's last words do not overwrite a new one's
 
 
 class ToolHost:
@@ -163,8 +164,9 @@ class ToolHost:
         ends as failed)."""
         wanted = {d.name: d for d in defs if not d.disabled}
         for name, entry in list(self._entries.items()):
-            if wanted.get(name) != entry.defn:
-                self.stop(name)
+            if wanted.get(name) != entry.defn:  # it ends on the loop; nobody waits for it
+                if entry.task is not None:
+                    self._submit(self._stop(entry))
                 del self._entries[name]
         for name, d in wanted.items():
             if name not in self._entries:
@@ -173,11 +175,18 @@ class ToolHost:
                 self._start(self._entries[name])
 
     def restart(self, name: str) -> None:
+        """Stop the server's connection and start it again, on the loop: the caller (the
+        window) does not wait for a server that is slow to end. It is "starting" from now."""
         entry = self._entries.get(name)
-        if entry is None:
+        if entry is None or self._closed:
             return
-        self.stop(name)
-        self._start(entry)
+        gen = self._starting(entry)
+
+        async def again() -> None:
+            await self._stop(entry)  # the old connection's last words are not its state now
+            self._begin(entry, gen)
+
+        self._submit(again())
 
     def stop(self, name: str) -> None:
         entry = self._entries.get(name)
@@ -329,8 +338,11 @@ class ToolHost:
 
     # ------------------------------------------------------------ on the loop
 
-    def _set(self, entry: _Entry, **changes: Any) -> None:
+    def _set(self, entry: _Entry, gen: int | None = None, **changes: Any) -> None:
+        """The server's state changes (`gen`: only while that start is the server's latest)."""
         with self._changed:
+            if gen is not None and gen != entry.generation:
+                return
             entry.state = replace(entry.state, **changes)
             self._changed.notify_all()
         try:
@@ -356,16 +368,30 @@ class ToolHost:
     def _start(self, entry: _Entry) -> None:
         if self._closed:
             return
+        gen = self._starting(entry)
+
+        async def begin() -> None:
+            self._begin(entry, gen)
+
+        self._submit(begin()).result()
+
+    def _starting(self, entry: _Entry) -> int:
+        """A new start of the server: its number, and its state "starting" from now."""
+        with self._changed:
+            entry.generation += 1
+            gen = entry.generation
+        self._set(entry, phase=STARTING, message="starting", tools=(), stderr_tail="", skipped=())
+        return gen
+
+    def _begin(self, entry: _Entry, gen: int) -> None:
+        """On the loop: the connection's task for start `gen` (unless a later one came)."""
+        if gen != entry.generation or self._closed:
+            return
         if entry.errlog is not None:  # a failed start's, read by now
             entry.errlog.close()
             entry.errlog = None
-        self._set(entry, phase=STARTING, message="starting", tools=(), stderr_tail="", skipped=())
-
-        async def begin() -> None:
-            entry.stop = asyncio.Event()
-            entry.task = asyncio.ensure_future(self._serve(entry))
-
-        self._submit(begin()).result()
+        entry.stop = asyncio.Event()
+        entry.task = asyncio.ensure_future(self._serve(entry, gen))
 
     async def _stop(self, entry: _Entry) -> None:
         task = entry.task
@@ -381,7 +407,7 @@ class ToolHost:
     async def _stop_all(self) -> None:
         await asyncio.gather(*(self._stop(e) for e in self._entries.values()), return_exceptions=True)
 
-    async def _serve(self, entry: _Entry) -> None:
+    async def _serve(self, entry: _Entry, gen: int) -> None:
         """The server's connection from its start to its stop or failure."""
         import anyio
 
@@ -394,21 +420,21 @@ class ToolHost:
         start = anyio.CancelScope(deadline=anyio.current_time() + self.start_timeout_s)
         try:
             with start:
-                await self._connected(entry, lost, start)
+                await self._connected(entry, lost, start, gen)
             if start.cancelled_caught:
                 raise TimeoutError
         except asyncio.CancelledError:
             entry.client = None
-            self._set(entry, phase=OFF, message="stopped", tools=())
+            self._set(entry, gen, phase=OFF, message="stopped", tools=())
             raise
         except BaseException as exc:  # noqa: BLE001 - any way a server fails is its state
             entry.client = None
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            self._set(entry, phase=FAILED, tools=(), message=_failure_words(exc, self.start_timeout_s),
+            self._set(entry, gen, phase=FAILED, tools=(), message=_failure_words(exc, self.start_timeout_s),
                       stderr_tail=self._tail(entry))
         else:
-            self._set(entry, phase=OFF, message="stopped", tools=())
+            self._set(entry, gen, phase=OFF, message="stopped", tools=())
         finally:
             if entry.errlog is not None and entry.state.phase != FAILED:
                 entry.errlog.close()
@@ -416,7 +442,7 @@ class ToolHost:
             if entry.task is asyncio.current_task() and entry.state.phase == FAILED:
                 entry.task = None  # a restart may start it again
 
-    async def _connected(self, entry: _Entry, lost: Any, start: Any) -> None:
+    async def _connected(self, entry: _Entry, lost: Any, start: Any, gen: int) -> None:
         """Connect, list the tools, and hold the connection until a stop or the server's end."""
         import math
 
@@ -430,7 +456,7 @@ class ToolHost:
             listed = await _list_tools(client, d.name)
             start.deadline = math.inf
             entry.client = client
-            self._set(entry, phase=READY, tools=listed[0], skipped=listed[1], message="",
+            self._set(entry, gen, phase=READY, tools=listed[0], skipped=listed[1], message="",
                       protocol=str(client.protocol_version or ""))
             stop = entry.stop
             assert stop is not None
