@@ -115,6 +115,7 @@ class TextRuntime:
         self.last_logprobs: list[Logprob] = []  # the last reply's, when asked for
         self.last_speculation: Speculation | None = None  # the last reply's drafting
         self._resume_token: int | None = None  # chosen by a draft's check, not yet decoded
+        self._tail_ok: bool | None = None  # the memory can forget its last cells (_tail_can_go)
         try:
             self._load()
         except BaseException:
@@ -548,8 +549,9 @@ class TextRuntime:
         # that closes it is written instead of what the model would sample
         json_tail = JsonTail() if gp.json_reply and not resume else None
         # n-gram drafts where a greedy reply's choice is the logits' argmax alone (lookup.py)
-        spec = Speculation() if gp.can_speculate else None
-        index = NgramIndex([c for c in self.slot.cells if isinstance(c, int)]) if spec else None
+        spec = Speculation() if gp.can_speculate and self._tail_can_go() else None
+        index = NgramIndex([c for c in self.slot.cells[-LOOKUP_WINDOW:] if isinstance(c, int)]) \
+            if spec else None
         self.last_speculation = spec
         # the next token, already chosen by a draft's check (Continue takes it up)
         pending: int | None = self._resume_token if resume else None
@@ -641,6 +643,14 @@ class TextRuntime:
         return "".join(pieces), n_gen, stop
 
 
+    def _tail_can_go(self) -> bool:
+        """Whether the memory can forget its last cells (a draft's guesses not taken): a
+        recurrent or hybrid model's state (Mamba, RWKV, Jamba, LFM2…) cannot be cut back."""
+        if self._tail_ok is None:
+            L = llama()
+            self._tail_ok = not (L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
+        return self._tail_ok
+
     def _check_draft(self, tok: int, draft: list[int]) -> list[int]:
         """Decode `tok` and the drafted tokens after it in one batch (all into the KV cache) and
         return the model's greedy choice after each: [after tok, after draft[0], ...]."""
@@ -673,6 +683,7 @@ class TextRuntime:
         return len(tokens)
 
 
+LOOKUP_WINDOW = 8192  # the last tokens drafts are looked up in (a reply's index is built anew)
 JSON_CLOSE_MARGIN = 8  # tokens kept for the closer beyond its length: one token may open several
 
 
