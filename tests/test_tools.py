@@ -128,7 +128,7 @@ def test_calls_end_as_they_should(host, tmp_path):
     # a small environment (ours is not passed on) plus what the user set; a group of its own
     me = json.loads(host.call("tools", "whoami", {}).text)
     assert "GIVEN" in me["env"] and "EBB_TEST_SECRET" not in me["env"] and me["own_group"]
-    red = host.call("tools", "red", {})
+    red = host.call("tools", "picture", {})
     assert red.state == "done" and len(red.pictures) == 1
     assert Image.open(red.pictures[0]).convert("RGB").getpixel((3, 3)) == (255, 0, 0)
     assert host.call("tools", "tone", {}).clips[0].suffix == ".wav"
@@ -242,7 +242,7 @@ def test_a_streamable_http_server(host, tmp_path):
                 break
         host.set_servers([ServerDef("web", url=f"http://127.0.0.1:{port}/mcp")], lambda d: True)
         assert host.settled(60) and host.state("web").phase == "ready", host.state("web")
-        assert len(host.call("web", "red", {}).pictures) == 1
+        assert len(host.call("web", "picture", {}).pictures) == 1
         assert host.call("web", "big", {"megabytes": 5}).chars == 5 << 20
     finally:
         proc.kill()
@@ -253,9 +253,10 @@ def test_a_streamable_http_server(host, tmp_path):
 
 
 def test_the_model_calls_a_tool_and_sees_its_picture(model_path, colour_projector, tmp_path):
-    """The demo through a tool: the model is made to call `red` (a grammar-forced first round),
-    the picture goes through the projector as an attached one does, and the model names it.
-    The second round evaluates only its new tokens: the KV cache holds the call and before."""
+    """The demo through a tool: the model is made to call `picture` (a grammar-forced first
+    round), the picture goes through the projector as an attached one does, and a colour the
+    reply names is red. The second round evaluates only its new tokens: the KV cache holds the
+    call and before."""
     from engine.config import SessionConfig
     from engine.llama.sampling import GenParams
     from engine.session import Session
@@ -275,11 +276,17 @@ def test_the_model_calls_a_tool_and_sees_its_picture(model_path, colour_projecto
                 GenParams(max_tokens=24, temperature=0), offered,
                 ask=lambda rec: asked.append(rec.label) or Decision.ONCE,
                 call=lambda rec, c: host.call("demo", rec.fn, rec.arguments, c),
-                choice=first_choice("red", offered), max_rounds=1)
-            assert asked == ["demo:red"] and tt.calls[0].state == "done"
-            assert first_colour(tt.text) == "red", tt.text
+                choice=first_choice("picture", offered), max_rounds=1)
+            assert asked == ["demo:picture"] and tt.calls[0].state == "done"
             second = tt.rounds[1]
-            assert second.n_images == 1 and second.gen.n_prompt_tokens_evaluated < second.gen.n_prompt_tokens / 2
+            # the tool's picture went through the projector, as an attached one does
+            assert second.n_images == 1 and second.n_images_encoded == 1, second
+            assert second.gen.n_prompt_tokens_evaluated < second.gen.n_prompt_tokens / 2
+            # a colour it names is the picture's (the tool's name says none). Whether it names
+            # one here is not decided: the words before it were within 0.1 logit of others
+            # (measured: "The function returned: \"picture\"." on the cached path, "...a solid
+            # red picture." on the whole prompt, red then by 6 logits)
+            assert first_colour(tt.text) in (None, "red"), tt.text
             roles = [t.role for t in s.history]
             assert roles == ["user", "assistant", "user", "assistant"] and s.history[2].image_keys
             # denied: the model is told, nothing runs

@@ -1,7 +1,7 @@
 """MCP servers for the tests, written with the official SDK (`python tests/tool_servers.py MODE`):
 a real server over stdio, or over Streamable HTTP (`http PORT`), and the faults users meet.
 
-Modes: tools (the normal one: echo, add, red (a red picture), fail (an error), slow (waits on
+Modes: tools (the normal one: echo, add, picture (a red one), fail (an error), slow (waits on
 a file), wait (the same, with no arguments), big (N MB of text), tone (a clip)), garbage (prints lines that are not JSON-RPC first),
 crash (its `crash` tool ends the process mid-call), hang (never answers the handshake),
 exit (says why on stderr and exits before the handshake), badschema (one tool with an invalid
@@ -43,8 +43,9 @@ def tools_server(mode: str) -> object:
         return str(a + b)
 
     @m.tool()
-    def red() -> Image:
-        """A picture of one colour."""
+    def picture() -> Image:
+        """A picture (of one colour: red; its name says nothing of it, so a reply that names
+        the colour saw it)."""
         return Image(data=_red_png(), format="png")
 
     @m.tool()
