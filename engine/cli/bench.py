@@ -588,21 +588,27 @@ def cmd_bench_tools(args: argparse.Namespace) -> int:
                     "prompt and one that does not",
        ("model", "threads", "json"),
        arg("--rounds", type=int, default=3),
-       arg("--max-tokens", type=int, default=128))
+       arg("--max-tokens", type=int, default=128),
+       arg("--peer", default=None, metavar="PATH",
+           help="llama.cpp's llama-server, run beside (default: EBB_LLAMA_SERVER, else none)"))
 def cmd_bench_speculate(args: argparse.Namespace) -> int:
+    from engine.measure.contention_bench import find_peer
     from engine.measure.speculate_bench import bench_speculate
     from engine.models.default import resolve_model_path
 
     out = bench_speculate(resolve_model_path(args.model), args.rounds, args.max_tokens, args.threads,
-                          progress_log(args))
+                          progress_log(args), find_peer(args.peer))
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"{out['model']}: greedy, {out['max_tokens']} tokens, median of {out['rounds']} (tok/s)")
-    print(f"{'reply':>8}  {'drafts':>8}  {'none':>8}  {'ratio':>6}  taken of drafted")
+    print(f"{'reply':>8}  {'drafts':>8}  {'none':>8}  {'ratio':>6}  {'peer':>8}  {'÷ peer':>7}  taken of drafted")
     for name, r in out["rows"].items():
-        print(f"{name:>8}  {r['tok_s_auto']:>8.1f}  {r['tok_s_off']:>8.1f}  {r['ratio']:>6.2f}  "
+        peer = f"{r['tok_s_peer']:>8.1f}  {r['vs_peer']:>7.2f}" if "tok_s_peer" in r else f"{'-':>8}  {'-':>7}"
+        print(f"{name:>8}  {r['tok_s_auto']:>8.1f}  {r['tok_s_off']:>8.1f}  {r['ratio']:>6.2f}  {peer}  "
               f"{r['taken']} of {r['drafted']}")
+    if out["peer"]:
+        print(f"peer: {out['peer']}")
     return 0
 
 

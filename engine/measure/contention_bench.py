@@ -91,7 +91,7 @@ class _LlamaPeer:
         self.llm.close()
 
 
-class _ServerPeer:
+class ServerPeer:
     """llama.cpp's llama-server (default threads), asked over HTTP; its own timings."""
 
     def __init__(self, binary: Path, model: Path, n_ctx: int) -> None:
@@ -145,7 +145,7 @@ def bench_contention(model: Path, loads: list[int], rounds: int, n_gen: int, pee
     runtimes: dict[str, Any] = {"adaptive": TextRuntime(LoadParams(model, n_ctx=n_ctx, share_threads=True))}
     for n in range(1, cores + 1):
         runtimes[f"fixed {n}"] = TextRuntime(LoadParams(model, n_ctx=n_ctx, n_threads=n))
-    peer: Any = _ServerPeer(peer_binary, model, n_ctx) if peer_binary else _LlamaPeer(model, n_ctx)
+    peer: Any = ServerPeer(peer_binary, model, n_ctx) if peer_binary else _LlamaPeer(model, n_ctx)
     tokens = runtimes["adaptive"].tokenize(PROMPT, add_special=True)
     names = [*runtimes, "peer"]
     seen: dict[tuple[int, str], list[tuple[float, float]]] = {}

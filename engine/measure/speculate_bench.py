@@ -16,15 +16,34 @@ PROMPTS = {
 
 
 def bench_speculate(model: Path, rounds: int, max_tokens: int, threads: int | None,
-                    log: Callable[[str], None]) -> dict[str, Any]:
+                    log: Callable[[str], None], peer_binary: Path | None = None) -> dict[str, Any]:
+    """`peer_binary`: llama.cpp's llama-server, run beside (after each round's two) on the same
+    prompts as the chat template writes them, with its own defaults (no drafts: this llama.cpp's
+    server drafts only with a draft model)."""
+    from engine.measure.contention_bench import ServerPeer
+
+    rows: dict[str, dict[str, Any]] = {}
+    peer = ServerPeer(peer_binary, model, 4096) if peer_binary is not None else None
+    try:
+        _rounds(model, rounds, max_tokens, threads, log, peer, rows)
+    finally:
+        if peer is not None:
+            peer.close()
+    return {"model": model.name, "rounds": rounds, "max_tokens": max_tokens, "rows": rows,
+            "peer": peer.name if peer is not None else None}
+
+
+def _rounds(model: Path, rounds: int, max_tokens: int, threads: int | None, log: Callable[[str], None],
+            peer: Any, rows: dict[str, dict[str, Any]]) -> None:
     from engine.config import SessionConfig
     from engine.llama.sampling import GenParams
     from engine.session import Session
 
-    rows: dict[str, dict[str, Any]] = {}
     with Session(SessionConfig(model, n_ctx=4096, n_threads=threads)) as s:
         for name, prompt in PROMPTS.items():
-            rates: dict[str, list[float]] = {"auto": [], "off": []}
+            rates: dict[str, list[float]] = {"auto": [], "off": [], "peer": []}
+            assert s.model.runtime is not None
+            as_written = s.model.runtime.format_chat([{"role": "user", "content": prompt}])[0]
             taken = drafted = 0
             for r in range(rounds):
                 for mode in (("auto", "off") if r % 2 == 0 else ("off", "auto")):
@@ -36,7 +55,12 @@ def bench_speculate(model: Path, rounds: int, max_tokens: int, threads: int | No
                     log(f"{name} round {r + 1} {mode}: {res.gen.gen_tokens_per_s:.1f} tok/s, "
                         f"{res.gen.n_gen_tokens} tokens, {res.gen.n_draft_accepted} of "
                         f"{res.gen.n_drafted} drafted taken")
+                if peer is not None:
+                    rates["peer"].append(peer.run(as_written, max_tokens)[1])
+                    log(f"{name} round {r + 1} peer: {rates['peer'][-1]:.1f} tok/s")
             on, off = statistics.median(rates["auto"]), statistics.median(rates["off"])
             rows[name] = {"tok_s_auto": on, "tok_s_off": off, "ratio": on / off if off else 0.0,
                           "drafted": drafted, "taken": taken}
-    return {"model": model.name, "rounds": rounds, "max_tokens": max_tokens, "rows": rows}
+            if rates["peer"]:
+                rows[name]["tok_s_peer"] = statistics.median(rates["peer"])
+                rows[name]["vs_peer"] = on / rows[name]["tok_s_peer"]
