@@ -132,3 +132,24 @@ def test_stop_ends_a_running_call_and_the_window_goes_on(qtbot, store, tmp_path)
     w.sending.send()
     _deny_the_rest(w)  # the model may call a tool by itself now: each is denied
     assert w.store.messages(conv)[-1].role == "assistant" and w.store.messages(conv)[-1].text
+
+
+def test_a_tool_asked_for_with_no_server_ready_keeps_the_message(qtbot, store):
+    """/tool NAME with the chat's server failed: nothing is sent, the composer says why and
+    keeps the text; the failure itself is said in a notice with the server's last words."""
+    from app.core.tools import ChatTools, servers_path, set_chat_tools, set_consent
+    from engine.tools.servers import ServerDef, write_config
+
+    d = ServerDef("files", command=sys.executable, args=(str(SERVERS), "exit"))
+    write_config(servers_path(store), [d])
+    set_consent(store, d, True)
+    conv = store.create_conversation()
+    set_chat_tools(store, conv, ChatTools(("files",)))
+    w = open_window(qtbot, store)
+    wait_for(lambda: w.tools.host.state("files") is not None and w.tools.host.state("files").phase == "failed")
+    wait_for(lambda: "no API key given" in (w.notices.last_error or ""))
+    w.composer.edit.setPlainText("/tool read What is in my notes?")
+    w.sending.send()
+    assert not w.chat.busy and not store.messages(conv)
+    assert w.composer.edit.toPlainText() == "/tool read What is in my notes?"
+    assert "needs a tool server that is ready" in w.composer.error.text()

@@ -57,7 +57,7 @@ class SendingPart(Protocol):
 class ToolsPart(Protocol):
     """What the other controllers ask of Tools (tooling.py)."""
 
-    def for_send(self, conv_id: int) -> tuple[tuple[str, ...], set[str]] | None: ...
+    def for_send(self, conv_id: int, tell: bool = True) -> tuple[tuple[str, ...], set[str]] | None: ...
 
 
 class WindowParts(Protocol):

@@ -103,6 +103,13 @@ class Sending:
         if too_big:  # refused from its size at once: not stored, not titled, not tokenized
             self.w.composer.show_error(too_big)
             return
+        if tool_command(text)[1] and self.w.tools.for_send(self.w.conv_id, tell=False) is None:
+            # asked for a tool and none can be called: kept in the composer, not sent without
+            self.w.composer.show_error(
+                f"“/tool {tool_command(text)[1]}” needs a tool server that is ready in this chat: "
+                "Model → Tools… switches one on, shows why one failed and restarts it. Your "
+                "message is kept.")
+            return
         if self.w.composer.editing is not None:
             try:
                 self._send_edit(self.w.composer.editing, text, images)
@@ -163,9 +170,6 @@ class Sending:
             text, choice = tool_command(pending.text)
             tools = self.w.tools.for_send(self.w.conv_id)
             self.w.worker.turn_tools = (*tools, choice) if tools is not None else None
-            if choice and tools is None:
-                self.w.notices.say(f"“/tool {choice}” needs tools in this chat: Model → Tools… "
-                                   "switches a server on.", "info")
             self.w.request_send.emit(request_id, text if tools is not None else pending.text,
                                      [str(p) for p in images], gp)
         self.w.update_actions()

@@ -104,14 +104,14 @@ class Tools:
 
     # ------------------------------------------------------------ a chat's tools
 
-    def for_send(self, conv_id: int) -> tuple[tuple[str, ...], set[str]] | None:
+    def for_send(self, conv_id: int, tell: bool = True) -> tuple[tuple[str, ...], set[str]] | None:
         """The chat's servers that are ready and the tools it always allows, for the next Send;
         None: no tools in this chat."""
         ct = chat_tools(self.w.store, conv_id)
         ready = tuple(n for n in ct.servers
                       if (st := self.host.state(n)) is not None and st.phase == READY)
         missing = [n for n in ct.servers if n not in ready and any(d.name == n for d in self.defs)]
-        if missing:
+        if missing and tell:
             said = [f"{n} ({st.words() if (st := self.host.state(n)) is not None else 'not started'})"
                     for n in missing]
             self.w.statusBar().showMessage(
