@@ -100,6 +100,18 @@ def stored_record(call: dict[str, Any]) -> dict[str, Any]:
             "result": str(result.get("text", ""))[:4000]}
 
 
+def result_message(fn: str, said: str, n_files: int) -> str:
+    """A result as a user message says it (the generic format). With pictures or clips the
+    message says what it brings ("returned this picture."): after "returned: " and a picture,
+    the demo model wrote `The function returned: "picture".`; told what came, it says what it
+    sees ("a solid red picture")."""
+    if not n_files:
+        return result_text(fn, said)
+    what = "this" if n_files == 1 else f"these {n_files}"
+    kind = "picture" if n_files == 1 else "attachments"
+    return f"The function {fn} returned {what} {kind}." + (f"\n{said}" if said else "")
+
+
 def history_turns(turns: list[tuple[Any, ...]], fmt: str | None) -> list[tuple[Any, ...]]:
     """A saved chat's messages as the session takes them, each kept call (role "tool", with
     its stored record) as the two messages the loop made of it: the model's call (as the
@@ -118,7 +130,7 @@ def history_turns(turns: list[tuple[Any, ...]], fmt: str | None) -> list[tuple[A
             out.append(("tool", text, images, {"tool_call_id": cid, "name": fn}))
         else:
             out.append(("assistant", call_text(fn, call.arguments), [], None))
-            out.append(("user", result_text(fn, text), images, None))
+            out.append(("user", result_message(fn, text, len(images)), images, None))
     return out
 
 
@@ -332,7 +344,7 @@ def run_tool_turn(session: "Session", text: str, images: list[str], gp: "GenPara
         if fmt is not None:
             message, role, extra = said, "tool", {"tool_call_id": c.id, "name": c.name}
         else:
-            message, role, extra = result_text(c.name, said), "user", None
+            message, role, extra = result_message(c.name, said, len(files)), "user", None
         choice = ToolChoice("auto")
 
 
