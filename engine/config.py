@@ -82,6 +82,10 @@ class SessionConfig:
     # chat without evaluating it again (engine/llama/state_files.py); None: RAM only
     state_dir: Path | None = None
     state_disk_bytes: int = 4 << 30  # that folder's budget, least recently used first out
+    # sequences answered at once (engine/llama/lanes.py): 1, the session's alone; N, N - 1 lanes
+    # beside it for the endpoint's text requests; 0, auto (4 while the model runs on the CPU
+    # alone, where their KV pool takes RAM only; 1 with an accelerator, whose memory is the layers')
+    parallel: int = 1
 
     @property
     def flash(self) -> bool:
@@ -140,9 +144,15 @@ def flash_attn_for(cfg: SessionConfig, accel: str | None) -> bool:
     """The flash-attention setting a session runs with: the configured one, else on when
     layers go to an accelerator and off on the CPU alone. On the 2-core EPYC Ebb is built on,
     with 2,048 tokens of history, generation ran 0.73x as fast with it on (prompt 1.09x); on a
-    GPU it saves the attention scores' compute buffer and is usually faster."""
+    GPU it saves the attention scores' compute buffer and is usually faster. With sequences
+    beside the session's (`parallel`, engine/llama/lanes.py) it is on on the CPU too: their cells
+    share the session's KV cache, and flash attention's kernel skips another sequence's cells
+    where plain attention computes them all (`ebb-engine bench peer`, 2 cores: one client 108-117
+    tok/s on, 77-99 off; four at once 149-160 on, 114-147 off)."""
     if cfg.flash_attn is not None:
         return cfg.flash_attn
+    if cfg.parallel != 1:
+        return True
     return is_accelerator(accel) and cfg.gpu_layers != 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.helpers import N_THREADS, RpcServer, agree_where_decided, free_port, run_cli, wait_for
+from tests.helpers import N_THREADS, RpcServer, agree_where_decided, free_port, run_cli
 
 KEY = "test-key-123"
 
@@ -55,12 +55,15 @@ def sse_lines(r: http.client.HTTPResponse):
 
 
 class Server:
-    def __init__(self, *flags: str, api_key: str | None = KEY) -> None:
+    def __init__(self, *flags: str, api_key: str | None = KEY, parallel: str | None = "1") -> None:
+        """`parallel`: 1 by default, the session alone, whose replies are the CLI's SAME PATH
+        (several at once turn flash attention on: engine/config.py); None: serve's own default."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log: list[str] = []
+        self.logged = threading.Condition()
         args = [sys.executable, "-m", "engine", "serve", "--port", str(self.port), "--threads",
-                str(N_THREADS), "--ctx", "2048", *flags]
+                str(N_THREADS), "--ctx", "2048", *flags, *(("--parallel", parallel) if parallel else ())]
         if api_key:
             args += ["--api-key", api_key]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -84,7 +87,15 @@ class Server:
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            self.log.append(line)
+            with self.logged:
+                self.log.append(line)
+                self.logged.notify_all()
+
+    def wait_log(self, needle: str, timeout: float = 60) -> None:
+        """Until a line of the server's log holds `needle` (read on the reader's thread)."""
+        with self.logged:
+            assert self.logged.wait_for(lambda: any(needle in ln for ln in self.log), timeout), \
+                f"no {needle!r} in the server's log:\n" + "".join(self.log)
 
     def turns(self) -> list[dict]:
         """The server's own line per answered request."""
@@ -1096,7 +1107,7 @@ def test_a_request_waiting_behind_a_long_reply_sees_its_place_or_a_clear_503(mon
         a, b = Raw(s.port), Raw(s.port)
         busy = a.request("POST", "/v1/chat/completions", body)
         assert busy.status == 200
-        wait_for(lambda: any("paused in prefill" in ln for ln in s.log), timeout=60)
+        s.wait_log("paused in prefill")
         waiting = b.request("POST", "/v1/chat/completions", body)
         lines = sse_lines(waiting)
         assert next(lines).startswith("data: ")  # the role chunk

@@ -612,6 +612,36 @@ def cmd_bench_speculate(args: argparse.Namespace) -> int:
     return 0
 
 
+@bench("peer", "Ebb's server beside llama.cpp's llama-server (built once into Ebb's cache): one client, "
+                "several at once, a reply that copies its prompt (ratios)",
+       ("model", "threads", "json"),
+       arg("--ctx", type=int, default=4096, help="each conversation's context"),
+       arg("--rounds", type=int, default=3),
+       arg("--max-tokens", type=int, default=200),
+       arg("--clients", type=int, default=4, help="clients at once (and each server's parallel sequences)"))
+def cmd_bench_peer(args: argparse.Namespace) -> int:
+    from engine.measure.peer_bench import bench_peer
+    from engine.models.default import resolve_model_path
+
+    out = bench_peer(resolve_model_path(args.model), args.ctx, default_threads(args.threads), args.rounds,
+                     args.max_tokens, args.clients, progress_log(args))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']}: Ebb ÷ llama-server, {out['threads']} threads, {out['max_tokens']} tokens, "
+          f"{out['clients']} at once, median of {out['rounds']} rounds (ratio over 1: Ebb faster)")
+    words = {"first_token_s": "one client: first token (s)", "gen_tok_s": "one client: generation tok/s",
+             "many_tok_s": f"{out['clients']} at once: tok/s in all",
+             "many_last_first_token_s": f"{out['clients']} at once: the last first token (s)",
+             "copy_tok_s": "a reply that copies: tok/s"}
+    for key, what in words.items():
+        r = out["rows"][key]
+        print(f"{what:42s} Ebb {r['ebb']:>8.3f}  llama-server {r['peer']:>8.3f}  ratio {r['ratio']:.3f}")
+    print(f"{out['clients']} at once ÷ one client (Ebb, tok/s in all): {out['rows']['many_vs_one']['ebb']:.3f}")
+    print(f"peer: {out['peer']}")
+    return 0
+
+
 def register(sub: Subcommands) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     benches = p.add_subparsers(dest="bench", required=True)

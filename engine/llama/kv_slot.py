@@ -20,8 +20,9 @@ MIN_SHIFT_CELLS = 16  # a K-shift is worth it from this many cells kept
 
 
 class KvSlot:
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, shared: bool = False) -> None:
         self.ctx = ctx
+        self.shared = shared  # other sequences live in the same cache (lanes.py): never clear it all
         self.cells: list[Any] = []  # one key per KV cell: token id or (image key, i)
         self.cell_pos: list[int] = []  # each cell's position (an image's cells: its first)
         self.n_past = 0  # the next position (under M-RoPE an image takes fewer than its cells)
@@ -244,7 +245,10 @@ class KvSlot:
     def reset(self) -> None:
         """Forget the conversation's KV cache."""
         L = llama()
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        if self.shared:
+            L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), 0, -1, -1)
+        else:
+            L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
         self.cells.clear()
         self.cell_pos.clear()
         self.n_past = 0

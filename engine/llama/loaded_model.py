@@ -44,6 +44,10 @@ class LoadParams:
     # the thread counts given are the most: fewer are used while the cores are shared
     # (engine/llama/thread_share.py); False: exactly those, always
     share_threads: bool = False
+    # sequences beside the session's in the same context (engine/llama/lanes.py), and the KV
+    # cells they share beyond `n_ctx`; 0: the context holds sequence 0 alone
+    lanes: int = 0
+    lane_cells: int = 0
 
 
 def state_identity(model_path: Path, n_ctx: int, flash_attn: bool | None) -> dict[str, Any]:

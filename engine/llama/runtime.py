@@ -29,6 +29,7 @@ from engine.llama.lookup import MAX_DRAFT, NgramIndex, Speculation, accepted_pre
 from engine.llama.embeddings import embed
 from engine.llama.json_tail import JsonTail
 from engine.llama.kv_slot import KvSlot
+from engine.llama.lanes import Lanes
 from engine.llama.prefill_stop import PrefillStop
 from engine.llama.thread_share import ProcSampler, ThreadShare
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
@@ -130,10 +131,16 @@ class TextRuntime:
         self.loaded = LoadedModel(self.params, self.info)
         self._stack.callback(self.loaded.close)
         self.model, self.vocab = self.loaded.model, self.loaded.vocab
-        ctx = self._new_context(self.n_ctx)
+        lanes = self.params.lanes
+        ctx = self._new_context(self.n_ctx, lanes=lanes)
         self._stack.callback(L.llama_free, ctx)
         self.ctx = ctx
-        self.slot = KvSlot(ctx)  # what the KV cache holds, and the states it let go
+        self.slot = KvSlot(ctx, shared=lanes > 0)  # what the KV cache holds, and the states it let go
+        # sequences beside sequence 0, decoded in its batches (lanes.py); cut before the context goes
+        self.lanes = Lanes(self, lanes, self.params.lane_cells) if lanes else None
+        if self.lanes is not None:
+            self._stack.callback(self.lanes.cut, "the model was unloaded")
+        self._own_logits = True  # the last decode's last row is sequence 0's (resume needs it)
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
         self.prefill_done = 0  # positions the running (or last) prefill has evaluated
         self.buffers = buffers_from_log()
@@ -142,10 +149,14 @@ class TextRuntime:
         self.load_s = time.perf_counter() - t0
         self.template = self._chat_template()
 
-    def _new_context(self, n_ctx: int, cb_eval: Any = None) -> Any:
+    def _new_context(self, n_ctx: int, cb_eval: Any = None, lanes: int = 0) -> Any:
         L = llama()
         cparams = L.llama_context_default_params()
         cparams.n_ctx = n_ctx
+        if lanes:  # one KV cache for every sequence: sequence 0's cells and the lanes' pool
+            cparams.n_ctx = n_ctx + self.params.lane_cells
+            cparams.n_seq_max = 1 + lanes
+            cparams.kv_unified = True
         cparams.n_batch = self.params.n_batch
         cparams.n_ubatch = self.params.n_batch
         cparams.n_threads = self.n_threads
@@ -317,33 +328,53 @@ class TextRuntime:
                        on_batch: Callable[[int], None] | None = None) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under
         M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch."""
-        for i in range(0, len(tokens), self.params.n_batch):
+        # room in each batch for the lanes' generating tokens (they keep flowing meanwhile)
+        size = self.params.n_batch - (self.lanes.n_busy() if self.lanes is not None else 0)
+        for i in range(0, len(tokens), size):
             if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
-            chunk = tokens[i:i + self.params.n_batch]
+            chunk = tokens[i:i + size]
             self._decode_run(chunk)
             if on_batch is not None:
                 on_batch(len(chunk))
 
     def _decode_run(self, tokens: list[int], every_logit: bool = False) -> None:
         """Decode `tokens` (at most a batch) at the next positions in one batch and record them
-        in the slot; logits for the last token, or (`every_logit`) for each."""
+        in the slot; logits for the last token, or (`every_logit`) for each. Running lanes'
+        work goes into the same batch, before these tokens: sequence 0's rows are the last ones
+        (index them from the end)."""
         L = llama()
         n = len(tokens)
-        batch = L.llama_batch_init(n, 0, 1)
+        lanes = self.lanes if self.lanes is not None and (self.lanes.busy or self.lanes.feed) else None
+        work = lanes.work(self.params.n_batch - n) if lanes is not None else []
+        extra = sum(len(t) for _, t, _ in work)
+        batch = L.llama_batch_init(n + extra, 0, 1)
         try:
-            batch.n_tokens = n
-            for j, tok in enumerate(tokens):
+            batch.n_tokens = n + extra
+            last = lanes.put(batch, 0, work) if lanes is not None else []
+            for j, tok in enumerate(tokens, extra):
                 batch.token[j] = tok
-                batch.pos[j] = self.slot.n_past + j
+                batch.pos[j] = self.slot.n_past + j - extra
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = 0
-                batch.logits[j] = 1 if every_logit or j == n - 1 else 0
-            self._decode(batch)
+                batch.logits[j] = 1 if every_logit or j == extra + n - 1 else 0
+            try:
+                self._decode(batch)
+            except BaseException:
+                if lanes is not None:
+                    lanes.undo(work)
+                raise
         finally:
             L.llama_batch_free(batch)
         self.slot.record_tokens(tokens)
+        self._own_logits = True
+        if lanes is not None and work:
+            lanes.after(work, last)
+
+    def own_logits_lost(self) -> None:
+        """The lanes decoded alone: the last row is no longer sequence 0's."""
+        self._own_logits = False
 
     def decode_greedy(self) -> int:
         """Decode the most likely next token after what is cached and wait for the device: one
@@ -532,6 +563,11 @@ class TextRuntime:
         if n_cells >= self.n_ctx - 1:
             return GenResult("", GenStats(n_prompt_tokens=n_cells, stop_reason=StopReason.CONTEXT_FULL))
         t1 = time.perf_counter()
+        if not self._own_logits and self._resume_token is None and n_cells and isinstance(self.slot.cells[-1], int):
+            # lanes decoded since: the last token's logits are evaluated again
+            last = self.slot.cells[-1]
+            self.slot.drop_from(n_cells - 1)
+            self._decode_tokens([last])
         text, n_gen, stop = self._decode_loop(gp, on_text, cancel, resume=True)
         return GenResult(text, GenStats(n_prompt_tokens=n_cells, n_gen_tokens=n_gen,
                                         gen_s=time.perf_counter() - t1, stop_reason=stop))
@@ -659,7 +695,8 @@ class TextRuntime:
         L = llama()
         n = 1 + len(draft)
         self._decode_run([tok, *draft], every_logit=True)
-        return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, j),
+        # the last n rows: lanes' rows come first in a batch they share
+        return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, j - n),
                                                     shape=(self.info.n_vocab,)))) for j in range(n)]
 
     def _close_json(self, tail: JsonTail, room: int, pieces: list[str],

@@ -86,13 +86,13 @@ def _logit_bias_sampler(biases: tuple[tuple[int, float], ...], n_vocab: int, cha
 
 
 def logprob_entry(ctx: Any, n_vocab: int, token: int, k: int,
-                  piece: Callable[[int], bytes]) -> Logprob:
+                  piece: Callable[[int], bytes], row: int = -1) -> Logprob:
     """The sampled token's log-probability and the `k` most likely, from the context's last
-    logits (before any sampler)."""
+    logits (before any sampler), or a batch's `row` (a lane's, engine/llama/lanes.py)."""
     import numpy as np
 
     L = llama()
-    logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).astype(np.float64)
+    logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).astype(np.float64)
     top = float(logits.max())
     lp = logits - (top + np.log(np.exp(logits - top).sum()))
 

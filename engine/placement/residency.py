@@ -62,6 +62,9 @@ def live_overrides(accel: str, device_layers: Iterable[int]) -> tuple[tuple[str,
     return on_accel + ((r"^blk\.\d+\.", CPU),)
 
 
+AUTO_PARALLEL = 4  # sequences at once where the KV pool costs RAM alone
+
+
 class ModelResidency:
     """Owns the text model on its devices. `emit` receives Residency events; `projector` is
     where the vision projector is now ("RAM", a device, "loading", "" without one), set by the
@@ -298,9 +301,11 @@ class ModelResidency:
         # threads nobody chose, on a model the CPU runs: fewer while the cores are shared
         share = (cfg.n_threads is None and cfg.n_threads_batch is None and cfg.phases is None
                  and placement.n_layers_on_accel == 0)
+        lanes = self.lanes_for(placement)
         common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
                                       n_threads_batch=cfg.n_threads_batch,
-                                      flash_attn=cfg.flash, n_batch=cfg.n_batch, share_threads=share)
+                                      flash_attn=cfg.flash, n_batch=cfg.n_batch, share_threads=share,
+                                      lanes=lanes, lane_cells=self.n_ctx if lanes else 0)
         if self.spread is not None and placement is self.spread.placement:
             return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers,
                               devices=tuple(name for name, _ in self.spread.split),
@@ -313,6 +318,13 @@ class ModelResidency:
         devices = (placement.accel,) if placement.accel and placement.n_gpu_layers else ()
         return LoadParams(cfg.model_path, n_gpu_layers=placement.n_gpu_layers, devices=devices,
                           **common)
+
+    def lanes_for(self, placement: Placement) -> int:
+        """Sequences beside the session's (SessionConfig.parallel; auto: 3 on the CPU alone)."""
+        n = self.cfg.parallel
+        if n == 0:
+            n = AUTO_PARALLEL if placement.n_layers_on_accel == 0 and not placement.live else 1
+        return max(0, n - 1)
 
     def _load_text(self) -> TextRuntime:
         rt = TextRuntime(self.text_params(self.placement), self.info)

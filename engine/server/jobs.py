@@ -79,6 +79,7 @@ class Job:
     queued_at: float = field(default_factory=time.monotonic)
     image_dir: Path = field(default_factory=lambda: Path("."))  # where its data URLs are written
     image_folder: Path | None = None  # the one folder file:// images may come from (None: none)
+    session_only: bool = False  # a lane looked and left it to the session (server/parallel.py)
 
 
 class Backend(Protocol):
@@ -148,6 +149,26 @@ class JobQueue:
                 self._waiting.remove(job)
                 return True
             return False
+
+    def take_first(self, fits: Callable[[Job], bool]) -> tuple[int, Job] | None:
+        """The oldest live job that `fits`, out of the line, with its place; None when none does."""
+        with self._cond:
+            self._drop_gone()
+            for i, j in enumerate(self._waiting):
+                if fits(j):
+                    del self._waiting[i]
+                    return i, j
+            return None
+
+    def put_back(self, place: int, job: Job) -> None:
+        """A job taken that could not begin after all goes back to its place in the line."""
+        with self._cond:
+            self._waiting.insert(min(place, len(self._waiting)), job)
+            self._cond.notify()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def take(self, block: bool = True) -> Job | None:
         """The oldest live job; None when closed (or, not blocking, when none waits)."""

@@ -9,6 +9,7 @@ session stops between tokens. Dicts are made only at the JSON edge (http.py).
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from pathlib import Path
@@ -19,8 +20,10 @@ from engine.errors import EbbError
 from engine.server.answering import answer_job
 from engine.server.api.common import ApiError
 from engine.server.jobs import Answer, Failed, Job, QueuedBackend, read_ahead, run_job
+from engine.server.parallel import NEVER, STARTED, lane_fits, start_on_lane
 
 if TYPE_CHECKING:
+    from engine.llama.lanes import Lanes
     from engine.session import Session
 
 
@@ -51,6 +54,9 @@ class ServeWorker(QueuedBackend):
             except EbbError:
                 pass
         self.served = 0
+        self._on_lanes: dict[int, Job] = {}  # jobs answered on lanes beside the session (parallel.py)
+        self._lane_ids = itertools.count(1 << 20)  # their request ids (the session's count from 1)
+        self._lanes_full = False  # a job waits for the lanes' room: no new try until one ends
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
         self._thread.start()
 
@@ -66,7 +72,12 @@ class ServeWorker(QueuedBackend):
 
     def close(self, timeout: float = 30.0) -> None:
         self.stop_all("the server is shutting down")  # the thread ends after the current job
+        for job in list(self._on_lanes.values()):
+            job.cancel.set()
         self._thread.join(timeout)
+
+    def answering(self) -> bool:
+        return self.busy_with is not None or bool(self._on_lanes)
 
     # ------------------------------------------------------------ the worker's thread
 
@@ -78,6 +89,11 @@ class ServeWorker(QueuedBackend):
             if self.session.projector_refused:  # text only: said where the server is watched
                 print(f"ebb-engine: note: {self.session.projector_refused}", file=sys.stderr,
                       flush=True)
+            lanes = self._lanes()
+            if lanes is not None:
+                print(f"ebb-engine: answering up to {len(lanes.lanes) + 1} requests at once (text "
+                      f"replies beside the first; {lanes.pool} KV cells for them)", file=sys.stderr,
+                      flush=True)
         except EbbError as exc:
             self.load_error = str(exc)
         except Exception as exc:  # noqa: BLE001 - said to every client, not a crash
@@ -85,7 +101,14 @@ class ServeWorker(QueuedBackend):
         finally:
             self.ready.set()
         while True:
-            job = self.jobs.take()
+            lanes = self._lanes()
+            if lanes is not None and lanes.busy:  # the session is free: it takes the next job,
+                job = self.jobs.take(block=False)  # and the lanes go on in its batches
+                if job is None:
+                    lanes.step()
+                    continue
+            else:
+                job = self.jobs.take()
             if job is None:
                 break
             if self.load_error is not None:
@@ -102,6 +125,36 @@ class ServeWorker(QueuedBackend):
             except EbbError:
                 pass
             self.session.close()
+
+    def _lanes(self) -> Lanes | None:
+        """The loaded runtime's lanes (a reload makes new ones), fed from this queue."""
+        rt = self.session.model.runtime if self.session is not None else None
+        lanes = rt.lanes if rt is not None else None
+        if lanes is not None and lanes.feed is None:
+            lanes.feed = self._feed
+        return lanes
+
+    def _feed(self) -> None:
+        """Before each batch: waiting jobs a lane can answer begin on the free lanes."""
+        lanes = self._lanes()
+        while lanes is not None and lanes.free_lane() and not self._lanes_full and not self.jobs.closing:
+            taken = self.jobs.take_first(lambda j: not j.session_only and lane_fits(j))
+            if taken is None:
+                return
+            place, job = taken
+            self._on_lanes[id(job)] = job
+            how = start_on_lane(lanes, job, self.cfg.system, next(self._lane_ids), self._lane_over)
+            if how != STARTED:
+                self._on_lanes.pop(id(job), None)
+                job.session_only = how == NEVER
+                self._lanes_full = not job.session_only  # no room now: it waits for a lane to end
+                self.jobs.put_back(place, job)
+
+    def _lane_over(self, job: Job, result: Answer | None) -> None:
+        self._on_lanes.pop(id(job), None)
+        self._lanes_full = False
+        if result is not None:
+            self._answered(job, result)
 
     def _answered(self, job: Job, result: Answer) -> None:
         self.served += 1

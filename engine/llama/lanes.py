@@ -1,0 +1,291 @@
+"""Sequences beside the session's own (sequence 0) in its llama.cpp context, decoded in the same
+`llama_decode` as it: llama.cpp's server's slots, for text replies.
+
+A context made with lanes (`LoadParams.lanes`) has `n_seq_max` 1 + lanes and one unified KV
+cache of the session's `n_ctx` cells plus a pool of `lane_cells` for the lanes. Sequence 0
+keeps its `n_ctx` as before (its `KvSlot`, kept states, pictures, swaps); lane `k` is sequence
+`k`. A request's room in the pool is reserved when it starts (its prompt and its cap, or a
+share of the pool when it has none): one lane can never take another's cells, and a request
+that does not fit waits in line. A lane that ends keeps its cells (its conversation's prefix,
+found again by the next request that shares it, as llama-server's slots keep theirs) until
+their room is needed.
+
+Who steps: while sequence 0 prefills or generates, every batch it decodes carries the lanes'
+work too (`TextRuntime._decode_run`): one token per generating lane and a piece of a waiting
+prompt, lanes first and sequence 0's tokens last (its rows stay at the end, where -1 finds
+them). While sequence 0 is idle, the owner of the runtime calls `step` (the serve worker).
+Pictures are decoded by mtmd's own helper, sequence 0 alone: the lanes pause for it, and for
+a swap. One thread, the runtime's.
+"""
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine.errors import EbbError
+from engine.events import GenStats
+from engine.llama.lib import llama
+from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
+from engine.llama.snapshots import common_prefix
+from engine.stops import StopReason
+
+LANE_PIECE = 256  # prompt tokens the lanes put into one batch, all together
+MIN_REPLY = 16  # a request without a cap starts only with room for at least this many tokens
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    text: str
+    stats: GenStats
+    error: str | None = None  # the lane was cut (the model closed): what to tell the client
+
+
+@dataclass
+class LaneRequest:
+    tokens: list[int]  # the whole prompt, templated and tokenized
+    gp: GenParams
+    on_text: Callable[[str], None]
+    on_end: Callable[[LaneResult], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Lane:
+    """One sequence of the pool: its cells (token ids, at positions 0..n-1) and the request it
+    answers, if any."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.cells: list[int] = []
+        self.req: LaneRequest | None = None
+        self.reserve = 0  # cells it may reach while answering (its prompt and its reply)
+        self.todo: list[int] = []  # prompt tokens not decoded yet
+        self.pending: int | None = None  # sampled, shown, not decoded yet
+        self.chain: Any = None
+        self.decoder: Any = None
+        self.pieces: list[str] = []
+        self.logprobs: list[Any] = []  # each sampled token's, when the request asks
+        self.n_gen = 0
+        self.n_eval = 0  # prompt tokens evaluated (the rest were in its cells already)
+        self.t_start = self.t_first = 0.0
+        self.used = 0.0  # when it last answered (the longest idle lane gives its cells first)
+
+
+class Lanes:
+    def __init__(self, rt: Any, n_lanes: int, pool: int) -> None:  # rt: the TextRuntime
+        self.rt = rt
+        self.pool = pool
+        self.lanes = [Lane(k + 1) for k in range(n_lanes)]
+        # asked before each step for requests to start (the serve worker's queue)
+        self.feed: Callable[[], None] | None = None
+        self.steps = 0  # batches decoded with lane work in them
+
+    # ------------------------------------------------------------ requests
+
+    @property
+    def busy(self) -> bool:
+        return any(lane.req is not None for lane in self.lanes)
+
+    def n_busy(self) -> int:
+        return sum(lane.req is not None for lane in self.lanes)
+
+    def free_lane(self) -> bool:
+        return any(lane.req is None for lane in self.lanes)
+
+    def room(self) -> int:
+        """Pool cells no running request has reserved (idle lanes' kept cells count as free:
+        they go when a request needs their room)."""
+        return self.pool - sum(lane.reserve for lane in self.lanes if lane.req is not None)
+
+    def start(self, req: LaneRequest) -> bool:
+        """Begin answering `req` on a free lane: the one whose kept cells share the longest
+        prefix with its prompt. False when no lane is free or its room is not there (it waits)."""
+        free = [lane for lane in self.lanes if lane.req is None]
+        if not free or not req.tokens:
+            return False
+        n = len(req.tokens)
+        room = self.room()
+        want = n + req.gp.max_tokens if req.gp.max_tokens else n + max(MIN_REPLY, self.pool // len(self.lanes) - n)
+        if req.gp.max_tokens and want > room:
+            return False
+        reserve = min(want, room)
+        if reserve < n + min(MIN_REPLY, req.gp.max_tokens or MIN_REPLY):
+            return False
+        lane = max(free, key=lambda ln: (common_prefix(ln.cells, req.tokens), -ln.used))
+        self._make_room(reserve, lane)
+        L = llama()
+        mem = L.llama_get_memory(self.rt.ctx)
+        n_keep = min(common_prefix(lane.cells, req.tokens), n - 1)
+        L.llama_memory_seq_rm(mem, lane.seq, n_keep, -1)
+        del lane.cells[n_keep:]
+        try:
+            lane.chain = sampler_chain(req.gp, self.rt.vocab, self.rt.info.n_vocab)
+        except EbbError as exc:
+            req.on_end(LaneResult("", GenStats(n_prompt_tokens=n), str(exc)))
+            return True
+        lane.req, lane.reserve = req, reserve
+        lane.todo = req.tokens[n_keep:]
+        lane.pending = None
+        lane.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        lane.pieces, lane.logprobs, lane.n_gen, lane.n_eval = [], [], 0, 0
+        lane.t_start, lane.t_first = time.perf_counter(), 0.0
+        return True
+
+    def _make_room(self, reserve: int, taker: Lane) -> None:
+        """Idle lanes' kept cells go (the longest idle first) until `reserve` fits beside what
+        the running requests reserved."""
+        L = llama()
+        mem = L.llama_get_memory(self.rt.ctx)
+        idle = sorted((ln for ln in self.lanes if ln.req is None and ln is not taker and ln.cells),
+                      key=lambda ln: ln.used)
+        held = sum(len(ln.cells) for ln in idle)
+        while idle and self.room() - held < reserve:
+            ln = idle.pop(0)
+            held -= len(ln.cells)
+            L.llama_memory_seq_rm(mem, ln.seq, -1, -1)
+            ln.cells.clear()
+
+    def _end(self, lane: Lane, stop: StopReason, error: str | None = None) -> None:
+        req = lane.req
+        assert req is not None
+        if stop is not StopReason.CANCELLED or error is not None:
+            tail = lane.decoder.decode(b"", final=True)
+            if tail:
+                lane.pieces.append(tail)
+                req.on_text(tail)
+        now = time.perf_counter()
+        first = lane.t_first or now
+        stats = GenStats(n_prompt_tokens=len(req.tokens), n_gen_tokens=lane.n_gen,
+                         prompt_s=first - lane.t_start, gen_s=now - first, stop_reason=stop,
+                         n_prompt_tokens_evaluated=lane.n_eval,
+                         logprobs=tuple(lane.logprobs) if req.gp.top_logprobs >= 0 else None)
+        if lane.pending is not None:  # shown but never decoded: its cell is not there
+            lane.pending = None
+        llama().llama_sampler_free(lane.chain)
+        lane.chain, lane.req, lane.reserve, lane.todo = None, None, 0, []
+        lane.used = now
+        req.on_end(LaneResult("".join(lane.pieces), stats, error))
+
+    def cut(self, why: str) -> None:
+        """The context goes (the model closes or reloads): every running request ends, told why."""
+        for lane in self.lanes:
+            if lane.req is not None:
+                self._end(lane, StopReason.CANCELLED, why)
+            lane.cells.clear()
+
+    # ------------------------------------------------------------ batches
+
+    def work(self, room: int) -> list[tuple[Lane, list[int], bool]]:
+        """The lanes' part of the next batch, within `room` tokens: each generating lane's next
+        token, then pieces of prompts. (lane, tokens, logits for the last one)."""
+        if self.feed is not None:
+            self.feed()
+        out: list[tuple[Lane, list[int], bool]] = []
+        for lane in self.lanes:
+            req = lane.req
+            if req is not None and req.cancel.is_set():
+                self._end(lane, StopReason.CANCELLED)
+            elif req is not None and lane.pending is not None and room > 0:
+                out.append((lane, [lane.pending], True))
+                room -= 1
+        piece = min(room, LANE_PIECE)
+        for lane in self.lanes:
+            if lane.req is not None and lane.todo and piece > 0:
+                toks = lane.todo[:piece]
+                out.append((lane, toks, len(toks) == len(lane.todo)))
+                piece -= len(toks)
+        return out
+
+    def put(self, batch: Any, j: int, work: list[tuple[Lane, list[int], bool]]) -> list[int]:
+        """Write `work` into `batch` from index `j`: each entry's batch index of its last token."""
+        last: list[int] = []
+        for lane, toks, logits in work:
+            base = len(lane.cells)
+            for k, tok in enumerate(toks):
+                batch.token[j] = tok
+                batch.pos[j] = base + k
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = lane.seq
+                batch.logits[j] = 1 if logits and k == len(toks) - 1 else 0
+                j += 1
+            last.append(j - 1)
+        return last
+
+    def undo(self, work: list[tuple[Lane, list[int], bool]]) -> None:
+        """A batch failed or stopped part-way: each lane's cells past its books go; its work is
+        done again by a later batch."""
+        L = llama()
+        mem = L.llama_get_memory(self.rt.ctx)
+        for lane, _, _ in work:
+            L.llama_memory_seq_rm(mem, lane.seq, len(lane.cells), -1)
+
+    def after(self, work: list[tuple[Lane, list[int], bool]], last: list[int]) -> None:
+        """The batch was decoded: record the cells, sample each lane that had logits."""
+        L = llama()
+        rt = self.rt
+        self.steps += 1
+        for (lane, toks, logits), row in zip(work, last):
+            req = lane.req
+            lane.cells.extend(toks)
+            if req is None:  # ended meanwhile (cannot happen within one batch; kept safe)
+                continue
+            if lane.pending is not None and toks == [lane.pending]:
+                lane.pending = None
+            else:
+                del lane.todo[:len(toks)]
+                lane.n_eval += len(toks)
+            if not logits:
+                continue
+            tok = L.llama_sampler_sample(lane.chain, rt.ctx, row)
+            if not lane.t_first:
+                lane.t_first = time.perf_counter()
+            if req.gp.top_logprobs >= 0:  # from the lane's own row, before any sampler
+                lane.logprobs.append(logprob_entry(rt.ctx, rt.info.n_vocab, tok, req.gp.top_logprobs,
+                                                   rt._piece, row))
+                if req.gp.on_logprob is not None:
+                    req.gp.on_logprob(lane.logprobs[-1])
+            if L.llama_vocab_is_eog(rt.vocab, tok):
+                self._end(lane, StopReason.STOP)
+                continue
+            lane.n_gen += 1
+            piece = lane.decoder.decode(rt._piece(tok))
+            if piece:
+                lane.pieces.append(piece)
+                req.on_text(piece)  # may set req.cancel (a stop sequence): seen next batch
+            if req.gp.max_tokens and lane.n_gen >= req.gp.max_tokens:
+                self._end(lane, StopReason.LENGTH)
+            elif len(lane.cells) + 1 >= lane.reserve:  # its room is used up
+                self._end(lane, StopReason.LENGTH if req.gp.max_tokens or lane.reserve < self.pool
+                          else StopReason.CONTEXT_FULL)
+            else:
+                lane.pending = tok
+
+    def step(self) -> None:
+        """One batch of lane work alone (sequence 0 is idle): what `TextRuntime._decode_run`
+        adds to sequence 0's batches otherwise."""
+        rt = self.rt
+        work = self.work(rt.params.n_batch)
+        if not work:
+            return
+        L = llama()
+        n = sum(len(t) for _, t, _ in work)
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            last = self.put(batch, 0, work)
+            try:
+                rt._decode(batch)
+            except BaseException as exc:
+                self.undo(work)
+                for lane, _, _ in work:  # a lane alone failed: its requests end, said
+                    if lane.req is not None:
+                        self._end(lane, StopReason.CANCELLED, str(exc) or type(exc).__name__)
+                if not isinstance(exc, EbbError):
+                    raise
+                return
+        finally:
+            L.llama_batch_free(batch)
+        rt.own_logits_lost()
+        self.after(work, last)

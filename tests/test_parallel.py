@@ -1,0 +1,188 @@
+"""Several sequences in one context (engine/llama/lanes.py) and the endpoint's requests answered
+on them together (engine/server/parallel.py), through real llama.cpp and the real model.
+
+Replies decoded beside others are compared with the same replies decoded alone where the
+choice was decided (agree_where_decided): a batch of several sequences is evaluated with other
+arithmetic than one sequence's token."""
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import N_THREADS, agree_where_decided
+
+STORY = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+OTHER = "Write a long story about a girl who builds a robot from scrap."
+
+
+@pytest.fixture(scope="module")
+def laned(model_path):
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
+
+    rt = TextRuntime(LoadParams(model_path, n_ctx=1024, n_threads=N_THREADS, lanes=2, lane_cells=512))
+    yield rt
+    rt.close()
+
+
+def _tokens(rt, text: str) -> list[int]:
+    prompt, added = rt.format_chat([{"role": "user", "content": text}])
+    return rt.tokenize(prompt, not added)
+
+
+def _clear(rt) -> None:
+    from engine.llama.lib import llama
+
+    L = llama()
+    for lane in rt.lanes.lanes:
+        L.llama_memory_seq_rm(L.llama_get_memory(rt.ctx), lane.seq, -1, -1)
+        lane.cells.clear()
+    rt.slot.reset()
+
+
+def _request(rt, text: str, ends: list, max_tokens: int = 24, **kw):
+    from engine.llama.lanes import LaneRequest
+    from engine.llama.sampling import GenParams
+
+    return LaneRequest(_tokens(rt, text), GenParams(max_tokens=max_tokens, temperature=0, top_logprobs=2, **kw),
+                       lambda s: None, ends.append)
+
+
+def test_a_lane_beside_the_session_says_what_it_says_alone(laned):
+    """OTHER ARITHMETIC: a lane's reply and the session's, each decoded alone and then together
+    in one batch per step, agree wherever the choice was decided (raw prompts whose
+    continuations are: counting, the alphabet)."""
+    from engine.llama.lanes import LaneRequest
+    from engine.llama.sampling import GenParams
+
+    rt = laned
+    gp = GenParams(max_tokens=24, temperature=0, top_logprobs=2)
+    counting, letters = rt.tokenize("1, 2, 3, 4, 5, 6, 7,", True), rt.tokenize("a b c d e f g h", True)
+    _clear(rt)
+    alone: list = []
+    assert rt.lanes.start(LaneRequest(letters, gp, lambda s: None, alone.append))
+    while rt.lanes.busy:
+        rt.lanes.step()
+    mine_alone = rt.generate_from(counting, gp)
+    _clear(rt)
+    beside: list = []
+    assert rt.lanes.start(LaneRequest(letters, gp, lambda s: None, beside.append))
+    steps = rt.lanes.steps
+    mine = rt.generate_from(counting, gp)
+    assert rt.lanes.steps - steps >= 20  # the lane went along in the session's batches
+    while rt.lanes.busy:
+        rt.lanes.step()
+    [a], [b] = alone, beside
+    assert a.error is None and b.error is None
+    assert a.stats.n_gen_tokens == b.stats.n_gen_tokens == 24
+    assert agree_where_decided(a.stats.logprobs, b.stats.logprobs) >= 4
+    assert agree_where_decided(mine_alone.stats.logprobs, mine.stats.logprobs) >= 4
+
+
+def test_each_request_has_its_room_and_a_lane_keeps_its_prefix(laned):
+    """The pool (512 cells) is reserved per request: one that would not fit waits (start says
+    no) and starts once the other ends; a request sent again finds its prompt in its lane."""
+    rt = laned
+    _clear(rt)
+    first: list = []
+    second: list = []
+    n = len(_tokens(rt, STORY))
+    assert not rt.lanes.start(_request(rt, STORY, first, max_tokens=600))  # more than the pool
+    big = _request(rt, STORY, first, max_tokens=400 - n)
+    assert rt.lanes.start(big)
+    assert not rt.lanes.start(_request(rt, OTHER, second, max_tokens=200))  # its room is not there
+    assert rt.lanes.start(_request(rt, OTHER, second, max_tokens=60))  # this one's is
+    rt.lanes.step()
+    big.cancel.set()  # the client left: its lane ends at the next step, the other goes on
+    while rt.lanes.busy:
+        rt.lanes.step()
+    assert first[0].stats.n_prompt_tokens_evaluated == n
+    assert second[0].stats.n_prompt_tokens_evaluated == len(_tokens(rt, OTHER))
+    assert second[0].stats.n_gen_tokens > 1
+    again: list = []
+    assert rt.lanes.start(_request(rt, STORY, again, max_tokens=4))
+    while rt.lanes.busy:
+        rt.lanes.step()
+    assert again[0].stats.n_prompt_tokens_evaluated == 1  # the rest was in the lane's cells
+
+
+def test_the_server_answers_several_requests_at_once(model_path):
+    """Three chat requests sent together: the first goes to the session, the others begin on
+    lanes while it writes (their first pieces come before its end), and all three end whole."""
+    from engine.config import SessionConfig
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.jobs import Done, Failed, Job, Piece
+    from engine.server.worker import ServeWorker
+
+    w = ServeWorker(SessionConfig(model_path, n_ctx=1024, n_threads=N_THREADS, parallel=3),
+                    Path(tempfile.mkdtemp()))
+    order: list[tuple[str, str]] = []
+    ended = threading.Semaphore(0)
+    others_queued = threading.Event()
+    try:
+        def listen(name: str):
+            def on_event(ev) -> None:
+                order.append((name, type(ev).__name__))
+                if name == "a" and isinstance(ev, Piece):
+                    assert others_queued.wait(60)  # b and c wait in line before a goes on
+                if isinstance(ev, (Done, Failed)):
+                    ended.release()
+            return on_event
+
+        jobs = {}
+        for name, text in (("a", STORY), ("b", OTHER), ("c", "Write a long story about a sailor.")):
+            req = parse_chat_request({"messages": [{"role": "user", "content": text}],
+                                      "max_tokens": 24 if name == "a" else 8, "temperature": 0})
+            jobs[name] = Job(req, name, listen(name))
+            w.submit(jobs[name])
+        others_queued.set()
+        for _ in jobs:
+            assert ended.acquire(timeout=300)
+    finally:
+        w.close()
+    ends = {name: kind for name, kind in order if kind in ("Done", "Failed")}
+    assert ends == {"a": "Done", "b": "Done", "c": "Done"}, order
+    a_done = order.index(("a", "Done"))
+    for name in "bc":
+        assert order.index((name, "Piece")) < a_done, order
+        assert order.index((name, "Done")) < a_done, order  # 8 tokens each, beside a's 24
+    assert w.served == 3
+
+
+def test_serve_answers_streams_at_once_by_default(model_path):
+    """`ebb-engine serve` with its default (on the CPU alone: four at once): two streamed
+    chats sent together both end whole, with their usage, and the server's log says each."""
+    from tests.test_server import Server
+
+    server = Server(api_key=None, parallel=None)
+    try:
+        client = server.client()
+        results: dict[int, tuple[str, int]] = {}
+
+        def ask(i: int) -> None:
+            stream = client.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": f"Write a long story, number {i}."}],
+                temperature=0, max_tokens=8, stream=True, stream_options={"include_usage": True})
+            text, used = "", 0
+            for ch in stream:
+                if ch.choices and ch.choices[0].delta.content:
+                    text += ch.choices[0].delta.content
+                if ch.usage is not None:
+                    used = ch.usage.completion_tokens
+            results[i] = (text, used)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert sorted(results) == [0, 1]
+        for text, used in results.values():
+            assert text and used == 8
+    finally:
+        server.stop()
+    assert any("answering up to 4 requests at once" in line for line in server.log), server.log
+    assert sum('"completion_tokens": 8' in line for line in server.log) == 2, server.log
