@@ -186,3 +186,37 @@ def test_serve_answers_streams_at_once_by_default(model_path):
         server.stop()
     assert any("answering up to 4 requests at once" in line for line in server.log), server.log
     assert sum('"completion_tokens": 8' in line for line in server.log) == 2, server.log
+
+
+def test_the_windows_local_server_answers_beside_the_windows_reply(qtbot, store):
+    """Settings → requests at once 2: an HTTP client's text request, sent while the window's
+    own reply is being written, is answered on a lane in the same batches: it ends while the
+    window's reply still runs (no longer "1 ahead" for the whole of it), and the window's chat
+    is the window's."""
+    from openai import OpenAI
+
+    from tests.helpers import free_port, open_window, wait_for
+
+    port = free_port()
+    w = open_window(qtbot, store, max_tokens=2000, server=True, server_port=port, parallel=2)
+    w.composer.edit.setPlainText(STORY)
+    w.sending.send()
+    wait_for(lambda: w.worker.turn_running.is_set())
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    answers: list = []
+
+    def ask() -> None:
+        answers.append(client.chat.completions.create(
+            model="m", temperature=0, max_tokens=6, user="editor",
+            messages=[{"role": "user", "content": "Write a poem about the sea."}]))
+
+    t = threading.Thread(target=ask)
+    t.start()
+    wait_for(lambda: not t.is_alive(), timeout=120_000)
+    assert w.chat.busy, "the window's reply ended before the client's: they were not decoded together"
+    [a] = answers
+    assert a.choices[0].message.content and a.usage.completion_tokens == 6
+    w.worker.cancel()  # Stop the window's reply
+    wait_for(lambda: not w.chat.busy, timeout=120_000)
+    assert "1 answered" in w.server_status.text()
+    assert [m.role for m in w.worker._session.history] == ["user", "assistant"]

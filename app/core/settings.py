@@ -67,6 +67,9 @@ class Settings:
     server_host: str = "127.0.0.1"
     server_port: int = DEFAULT_PORT
     server_api_key: str = ""
+    # requests answered at once (engine/llama/lanes.py): the local server's text requests go on
+    # beside the window's reply; 1: one after another (more turns flash attention on: a reload)
+    parallel: int = 1
     # a new chat's system prompt and sampling (each chat may have its own: chat_params)
     system_prompt: str = ""
     temperature: float = 0.7
@@ -179,7 +182,7 @@ RULES: dict[str, Any] = {
     "chat_presets": _of_type(dict, "a table of named chat settings"),
     "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
-    "server_port": _whole(1, 65535), "server_api_key": _of_type(str, "a text"),
+    "server_port": _whole(1, 65535), "parallel": _whole(1, 16), "server_api_key": _of_type(str, "a text"),
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
     "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(NEW_SEED_EACH_REPLY, 2**32 - 1),
     "top_k": _whole(0, 100_000), "min_p": _between(0.0, 1.0),
@@ -323,7 +326,7 @@ def session_config(store: Store, model: str, mmproj: str, ctx: int | None = None
         spread=s.spread, overflow=s.overflow,
         image_cache_bytes=parse_size(s.image_cache) if s.image_cache else 1 << 30,
         state_dir=states_dir(store), state_disk_bytes=parse_size(s.memory_disk),
-        n_threads_batch=s.threads_batch or None, phases=phase_tuning(s))
+        n_threads_batch=s.threads_batch or None, phases=phase_tuning(s), parallel=s.parallel)
     servers = list(rpc or []) + [r for r in s.rpc if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
 

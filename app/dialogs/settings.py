@@ -118,7 +118,7 @@ class SettingsDialog(QDialog):
         self.flash = QComboBox(toolTip="On a CPU, flash attention measured slower once a chat "
                                        "has history; on a GPU it is usually faster. Model → "
                                        "Tune… measures it on this machine.")
-        self.flash.addItem("auto: on with an accelerator, off on the CPU alone", "auto")
+        self.flash.addItem("auto: on with an accelerator or several requests at once, else off", "auto")
         self.flash.addItem("on", True)
         self.flash.addItem("off", False)
         self.flash.setCurrentIndex(max(0, self.flash.findData(v.flash_attn)))
@@ -138,6 +138,10 @@ class SettingsDialog(QDialog):
                                      toolTip="Loopback (127.0.0.1) answers this machine only; "
                                              "any other address lets other machines in")
         self.server_port = QSpinBox(minimum=1, maximum=65535, value=v.server_port)
+        self.parallel = QSpinBox(
+            minimum=1, maximum=16, value=v.parallel, specialValueText="1: one after another",
+            toolTip="Text requests answered at the same time as the window's reply and each other, "
+                    "decoded together (the model reloads; flash attention goes on with more than one)")
         self.server_key = QLineEdit(v.server_api_key, placeholderText="none: any local program may ask",
                                     echoMode=QLineEdit.EchoMode.Password)
         self.hub_endpoint = QLineEdit(v.hub_endpoint, placeholderText="HF_ENDPOINT, else "
@@ -147,7 +151,7 @@ class SettingsDialog(QDialog):
                                    "models need one)", echoMode=QLineEdit.EchoMode.Password)
         return [("RPC servers", self.rpc), ("Local server", self.server),
                 ("  address", self.server_host), ("  port", self.server_port),
-                ("  API key", self.server_key), ("Hugging Face Hub mirror", self.hub_endpoint),
+                ("  API key", self.server_key), ("  requests at once", self.parallel), ("Hugging Face Hub mirror", self.hub_endpoint),
                 ("  token", self.hub_token)]
 
     def values(self) -> dict[str, Any]:
@@ -164,7 +168,7 @@ class SettingsDialog(QDialog):
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()],
                 "server": self.server.isChecked(),
                 "server_host": self.server_host.text().strip() or "127.0.0.1",
-                "server_port": self.server_port.value(),
+                "server_port": self.server_port.value(), "parallel": self.parallel.value(),
                 "server_api_key": self.server_key.text().strip(),
                 "hub_endpoint": self.hub_endpoint.text().strip(),
                 "hub_token": self.hub_token.text().strip()}

@@ -8,13 +8,14 @@ directly.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QMetaObject, QObject, Qt, Signal, Slot
 
 from app.core.chat_state import ChatHistory
 from app.core.settings import resolve_model
@@ -56,6 +57,8 @@ class EngineWorker(QObject):
         self._tune_cancel = threading.Event()
         self.stream = TextStream()
         self.server_backend: Any = None  # app/mainwindow/serving.py's WindowBackend, while serving
+        self._lane_ids = itertools.count(1 << 20)  # the lanes' request ids (the session's from 1)
+        self._pumping = False  # a queued pump_lanes is due
         # the window's own reply is on its way (set by the GUI thread from Send to its end): the
         # local server counts it ahead of the requests that wait
         self.turn_running = threading.Event()
@@ -72,15 +75,56 @@ class EngineWorker(QObject):
         """The loaded session, for what any thread may ask of it (Session.read_ahead)."""
         return self._session
 
+    def _lanes(self) -> Any:
+        """The loaded runtime's lanes (Settings → requests at once), fed from the local
+        server's queue before each batch: a client's text reply goes on beside the window's."""
+        rt = self._session.model.runtime if self._session is not None else None
+        return rt.lanes if rt is not None else None
+
+    def _feed_lanes(self) -> None:
+        from engine.server.parallel import feed_lanes
+
+        backend, lanes, session = self.server_backend, self._lanes(), self._session
+        if backend is None or lanes is None or session is None:
+            return
+        feed_lanes(lanes, backend, session.cfg.system, lambda: next(self._lane_ids),
+                   lambda j, a: self._server_answered(backend, j, a))
+        if lanes.busy and not self._pumping:  # after what runs now (a turn carries them meanwhile)
+            self._pumping = True
+            QMetaObject.invokeMethod(self, "pump_lanes", Qt.ConnectionType.QueuedConnection)
+
+    @Slot()
+    def pump_lanes(self) -> None:
+        """One batch of the lanes' work while the window's session is idle, then again behind
+        whatever the window asked meanwhile (its sends go first: the lanes ride in its batches)."""
+        lanes = self._lanes()
+        if lanes is None or not lanes.busy or self._closing.is_set():
+            self._pumping = False
+            return
+        lanes.step()
+        QMetaObject.invokeMethod(self, "pump_lanes", Qt.ConnectionType.QueuedConnection)
+
+    def _server_answered(self, backend: Any, j: Job, a: Any) -> None:  # before the client hears
+        backend.served += 1
+        self.engine_event.emit(events.ServerTurn(
+            a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
+            n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,
+            n_images=a.turn.n_images if a.turn else 0,
+            strategy=a.turn.strategy if a.turn else "", client_gone=a.client_gone))
+
     @Slot()
     def serve_next(self) -> None:
-        """The local server's oldest waiting request (app/mainwindow/serving.py), on the window's session;
-        the window's conversation is put back afterwards."""
+        """The local server's oldest waiting request (app/mainwindow/serving.py): on a lane
+        when one can answer it, else on the window's session, whose conversation is put back
+        afterwards."""
         from engine.server.api.common import ApiError
         from engine.server.answering import answer_job
         from engine.server.jobs import Answer, Failed, run_job
 
         backend = self.server_backend
+        lanes = self._lanes() if backend is not None else None
+        if lanes is not None:
+            self._feed_lanes()  # text requests begin on lanes (pumped through queued calls)
         job = backend.jobs.take(block=False) if backend is not None else None
         if job is None:  # its client left while it waited
             return
@@ -95,12 +139,7 @@ class EngineWorker(QObject):
             return result
 
         def answered(j: Job, a: Answer) -> None:  # before the client hears
-            backend.served += 1
-            self.engine_event.emit(events.ServerTurn(
-                a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
-                n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,
-                n_images=a.turn.n_images if a.turn else 0,
-                strategy=a.turn.strategy if a.turn else "", client_gone=a.client_gone))
+            self._server_answered(backend, j, a)
 
         backend.busy_with = job
         try:
@@ -190,6 +229,7 @@ class EngineWorker(QObject):
         from engine.llama.devices import list_devices
         from engine.tools.calls import template_format
 
+        s.model.feed_lanes(self._feed_lanes)  # the local server's text requests, beside
         proj = s.proj_info
         assert s.model.runtime is not None
         self.engine_event.emit(events.ModelLoaded(

@@ -94,6 +94,9 @@ class ModelResidency:
         self.n_model_loads = 0
         self.projector = ""
         self.host_holder: Any = None  # see host_model
+        # what the runtime's lanes ask before each batch for requests to begin (lanes.py); kept
+        # here so that a runtime loaded again (a reload swap) is fed as the one before
+        self.lane_feed: Callable[[], None] | None = None
         self.accel_endpoint: str | None = None  # the RPC server behind the accelerator, if any
         self._stack = contextlib.ExitStack()
         # the KV states of conversations the cache let go, kept across the runtimes this
@@ -326,9 +329,17 @@ class ModelResidency:
             n = AUTO_PARALLEL if placement.n_layers_on_accel == 0 and not placement.live else 1
         return max(0, n - 1)
 
+    def feed_lanes(self, feed: Callable[[], None]) -> None:
+        """`feed` is asked before each batch for requests to begin on the lanes (lanes.py)."""
+        self.lane_feed = feed
+        if self.runtime is not None and self.runtime.lanes is not None:
+            self.runtime.lanes.feed = feed
+
     def _load_text(self) -> TextRuntime:
         rt = TextRuntime(self.text_params(self.placement), self.info)
         rt.slot.snapshots = self.snapshots
+        if rt.lanes is not None:
+            rt.lanes.feed = self.lane_feed
         self.n_model_loads += 1
         for (dev, kind), n in rt.buffers.items():
             if kind in _KIND:

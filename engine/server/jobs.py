@@ -197,13 +197,16 @@ class QueuedBackend:
     def __init__(self, max_queue: int) -> None:
         self.jobs = JobQueue(max_queue)
         self.busy_with: Job | None = None
+        # jobs answered on lanes beside the session (engine/server/parallel.py), by id
+        self.on_lanes: dict[int, Job] = {}
+        self.lanes_full = False  # a job waits for the lanes' room: no new try until one ends
 
     def waiting(self) -> int:
         return len(self.jobs)
 
     def answering(self) -> bool:
         """Whether something is being answered now (ahead of every job that waits)."""
-        return self.busy_with is not None
+        return self.busy_with is not None or bool(self.on_lanes)
 
     def ahead_of(self, job: Job) -> int | None:
         """How many go before `job`: those that wait before it and what is being answered now
@@ -219,9 +222,9 @@ class QueuedBackend:
         tokens."""
         for job in self.jobs.close():
             job.on_event(Failed(ApiError(503, why)))
-        running = self.busy_with
-        if running is not None:
-            running.cancel.set()
+        for job in [self.busy_with, *list(self.on_lanes.values())]:
+            if job is not None:
+                job.cancel.set()
 
 
 def read_ahead(session: Session | None, job: Job) -> None:

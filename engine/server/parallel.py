@@ -14,7 +14,7 @@ from engine.llama.lanes import MIN_REPLY, LaneRequest, LaneResult
 from engine.server.api.chat import ChatRequest
 from engine.server.api.common import ApiError, StopWatcher, finish_reason
 from engine.server.api.completions import CompletionRequest
-from engine.server.jobs import Answer, Done, Failed, Job, Piece
+from engine.server.jobs import Answer, Done, Failed, Job, Piece, QueuedBackend
 
 if TYPE_CHECKING:
     from engine.llama.lanes import Lanes
@@ -101,3 +101,28 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
         job.on_event(Done(answer))
 
     return STARTED if lanes.start(LaneRequest(tokens, gp, on_text, on_end, job.cancel)) else WAIT
+
+
+def feed_lanes(lanes: Lanes, backend: QueuedBackend, default_system: str | None,
+               request_ids: Callable[[], int], answered: Callable[[Job, Answer], None]) -> None:
+    """Before each batch (Lanes.feed), on the engine thread: the oldest waiting jobs a lane can
+    answer begin on the free lanes. One that finds no room waits, and no other is tried until a
+    lane ends; one that is the session's after all keeps its place for it."""
+    def over(job: Job, result: Answer | None) -> None:
+        backend.on_lanes.pop(id(job), None)
+        backend.lanes_full = False
+        if result is not None:
+            answered(job, result)
+
+    while lanes.free_lane() and not backend.lanes_full and not backend.jobs.closing:
+        taken = backend.jobs.take_first(lambda j: not j.session_only and lane_fits(j))
+        if taken is None:
+            return
+        place, job = taken
+        backend.on_lanes[id(job)] = job
+        how = start_on_lane(lanes, job, default_system, request_ids(), over)
+        if how != STARTED:
+            backend.on_lanes.pop(id(job), None)
+            job.session_only = how == NEVER
+            backend.lanes_full = not job.session_only
+            backend.jobs.put_back(place, job)

@@ -20,7 +20,7 @@ from engine.errors import EbbError
 from engine.server.answering import answer_job
 from engine.server.api.common import ApiError
 from engine.server.jobs import Answer, Failed, Job, QueuedBackend, read_ahead, run_job
-from engine.server.parallel import NEVER, STARTED, lane_fits, start_on_lane
+from engine.server.parallel import feed_lanes
 
 if TYPE_CHECKING:
     from engine.llama.lanes import Lanes
@@ -54,9 +54,7 @@ class ServeWorker(QueuedBackend):
             except EbbError:
                 pass
         self.served = 0
-        self._on_lanes: dict[int, Job] = {}  # jobs answered on lanes beside the session (parallel.py)
-        self._lane_ids = itertools.count(1 << 20)  # their request ids (the session's count from 1)
-        self._lanes_full = False  # a job waits for the lanes' room: no new try until one ends
+        self._lane_ids = itertools.count(1 << 20)  # lanes' request ids (the session's count from 1)
         self._thread = threading.Thread(target=self._run, name="ebb-serve-engine", daemon=True)
         self._thread.start()
 
@@ -71,13 +69,8 @@ class ServeWorker(QueuedBackend):
         return place
 
     def close(self, timeout: float = 30.0) -> None:
-        self.stop_all("the server is shutting down")  # the thread ends after the current job
-        for job in list(self._on_lanes.values()):
-            job.cancel.set()
+        self.stop_all("the server is shutting down")  # the thread ends after the current jobs
         self._thread.join(timeout)
-
-    def answering(self) -> bool:
-        return self.busy_with is not None or bool(self._on_lanes)
 
     # ------------------------------------------------------------ the worker's thread
 
@@ -128,33 +121,18 @@ class ServeWorker(QueuedBackend):
 
     def _lanes(self) -> Lanes | None:
         """The loaded runtime's lanes (a reload makes new ones), fed from this queue."""
-        rt = self.session.model.runtime if self.session is not None else None
-        lanes = rt.lanes if rt is not None else None
-        if lanes is not None and lanes.feed is None:
-            lanes.feed = self._feed
-        return lanes
+        if self.session is None:
+            return None
+        if self.session.model.lane_feed is None:  # a new session (a remote device went away)
+            self.session.model.feed_lanes(self._feed)
+        rt = self.session.model.runtime
+        return rt.lanes if rt is not None else None
 
     def _feed(self) -> None:
         """Before each batch: waiting jobs a lane can answer begin on the free lanes."""
         lanes = self._lanes()
-        while lanes is not None and lanes.free_lane() and not self._lanes_full and not self.jobs.closing:
-            taken = self.jobs.take_first(lambda j: not j.session_only and lane_fits(j))
-            if taken is None:
-                return
-            place, job = taken
-            self._on_lanes[id(job)] = job
-            how = start_on_lane(lanes, job, self.cfg.system, next(self._lane_ids), self._lane_over)
-            if how != STARTED:
-                self._on_lanes.pop(id(job), None)
-                job.session_only = how == NEVER
-                self._lanes_full = not job.session_only  # no room now: it waits for a lane to end
-                self.jobs.put_back(place, job)
-
-    def _lane_over(self, job: Job, result: Answer | None) -> None:
-        self._on_lanes.pop(id(job), None)
-        self._lanes_full = False
-        if result is not None:
-            self._answered(job, result)
+        if lanes is not None:
+            feed_lanes(lanes, self, self.cfg.system, lambda: next(self._lane_ids), self._answered)
 
     def _answered(self, job: Job, result: Answer) -> None:
         self.served += 1
