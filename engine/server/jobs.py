@@ -220,11 +220,11 @@ class QueuedBackend:
     def stop_all(self, why: str) -> None:
         """No more jobs: those waiting are told `why` (a 503); the one running stops between
         tokens."""
-        for job in self.jobs.close():
-            job.on_event(Failed(ApiError(503, why)))
-        for job in [self.busy_with, *list(self.on_lanes.values())]:
-            if job is not None:
-                job.cancel.set()
+        for left in self.jobs.close():
+            left.on_event(Failed(ApiError(503, why)))
+        running = [j for j in (self.busy_with, *self.on_lanes.values()) if j is not None]
+        for job in running:
+            job.cancel.set()
 
 
 def read_ahead(session: Session | None, job: Job) -> None:
