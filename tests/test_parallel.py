@@ -152,6 +152,47 @@ def test_the_server_answers_several_requests_at_once(model_path):
     assert w.served == 3
 
 
+def test_a_lane_drafts_a_reply_that_copies_and_says_the_same(laned):
+    """A greedy reply on a lane that copies its prompt takes n-gram drafts (fewer batches
+    than tokens), and its text begins with the token-by-token reply's up to that reply's first
+    step decided by less than DECIDED_BY (a draft's batch is other arithmetic than one token)."""
+    from engine.llama.lanes import LaneRequest
+    from engine.llama.sampling import GenParams
+    from tests.helpers import DECIDED_BY, margin
+
+    rt = laned
+    from tests.test_speculation import QUESTION
+
+    copy = _tokens(rt, QUESTION)
+    got: dict[str, object] = {}
+    for mode, k in (("off", 2), ("auto", -1)):
+        _clear(rt)
+        out: list = []
+        gp = GenParams(max_tokens=40, temperature=0, top_logprobs=k, speculate=mode)
+        assert rt.lanes.start(LaneRequest(copy, gp, lambda s: None, out.append))
+        steps = rt.lanes.steps
+        while rt.lanes.busy:
+            rt.lanes.step()
+        got[mode] = (out[0], rt.lanes.steps - steps)
+    (alone, alone_steps), (drafted, drafted_steps) = got["off"], got["auto"]
+    assert alone.stats.n_drafts == 0 and drafted.stats.n_draft_accepted > 0, drafted.stats
+    assert drafted_steps < alone_steps
+    decided = b""
+    for e in alone.stats.logprobs:
+        if margin(e) < DECIDED_BY:
+            break
+        decided += bytes(e.to_dict()["bytes"])
+    assert len(decided) > 20, "the reply was undecided from its start: nothing to compare"
+    assert drafted.text.encode().startswith(decided), (drafted.text, decided.decode(errors="replace"))
+    _clear(rt)  # a sampled reply drafts too: a guess is taken when the lane's own draw is it
+    sampled: list = []
+    assert rt.lanes.start(LaneRequest(copy, GenParams(max_tokens=24, temperature=0.7, seed=3),
+                                      lambda s: None, sampled.append))
+    while rt.lanes.busy:
+        rt.lanes.step()
+    assert sampled[0].stats.n_drafts > 0 and sampled[0].stats.n_gen_tokens > 0
+
+
 def test_serve_answers_streams_at_once_by_default(model_path):
     """`ebb-engine serve` with its default (on the CPU alone: four at once): two streamed
     chats sent together both end whole, with their usage, and the server's log says each."""

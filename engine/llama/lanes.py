@@ -28,11 +28,13 @@ from typing import Any, Callable
 from engine.errors import EbbError
 from engine.events import GenStats
 from engine.llama.lib import llama
+from engine.llama.lookup import MAX_DRAFT, NgramIndex, Speculation
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
 from engine.llama.snapshots import common_prefix
 from engine.stops import StopReason
 
 LANE_PIECE = 256  # prompt tokens the lanes put into one batch, all together
+LOOKUP_WINDOW = 8192  # the prompt's last tokens a lane's drafts are looked up in (as runtime.py's)
 MIN_REPLY = 16  # a request without a cap starts only with room for at least this many tokens
 
 
@@ -52,6 +54,16 @@ class LaneRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass
+class Work:
+    """A lane's part of a batch: its tokens, the last `n_out` of which want logits (a prompt's
+    last piece: 1; a generating lane's token and its draft: all), from batch index `row` on."""
+    lane: Lane
+    tokens: list[int]
+    n_out: int
+    row: int = 0
+
+
 class Lane:
     """One sequence of the pool: its cells (token ids, at positions 0..n-1) and the request it
     answers, if any."""
@@ -67,6 +79,9 @@ class Lane:
         self.decoder: Any = None
         self.pieces: list[str] = []
         self.logprobs: list[Any] = []  # each sampled token's, when the request asks
+        self.spec: Speculation | None = None  # drafting, for a greedy reply (lookup.py)
+        self.index: NgramIndex | None = None
+        self.indexed = False  # the pending token is in the index
         self.n_gen = 0
         self.n_eval = 0  # prompt tokens evaluated (the rest were in its cells already)
         self.t_start = self.t_first = 0.0
@@ -130,6 +145,9 @@ class Lanes:
         lane.pending = None
         lane.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         lane.pieces, lane.logprobs, lane.n_gen, lane.n_eval = [], [], 0, 0
+        drafts = req.gp.can_speculate and self.rt._tail_can_go()
+        lane.spec = Speculation() if drafts else None
+        lane.index = NgramIndex(req.tokens[-LOOKUP_WINDOW:]) if drafts else None
         lane.t_start, lane.t_first = time.perf_counter(), 0.0
         return True
 
@@ -160,7 +178,10 @@ class Lanes:
         stats = GenStats(n_prompt_tokens=len(req.tokens), n_gen_tokens=lane.n_gen,
                          prompt_s=first - lane.t_start, gen_s=now - first, stop_reason=stop,
                          n_prompt_tokens_evaluated=lane.n_eval,
-                         logprobs=tuple(lane.logprobs) if req.gp.top_logprobs >= 0 else None)
+                         logprobs=tuple(lane.logprobs) if req.gp.top_logprobs >= 0 else None,
+                         n_drafts=lane.spec.drafts if lane.spec else 0,
+                         n_drafted=lane.spec.drafted if lane.spec else 0,
+                         n_draft_accepted=lane.spec.accepted if lane.spec else 0)
         if lane.pending is not None:  # shown but never decoded: its cell is not there
             lane.pending = None
         llama().llama_sampler_free(lane.chain)
@@ -177,90 +198,130 @@ class Lanes:
 
     # ------------------------------------------------------------ batches
 
-    def work(self, room: int) -> list[tuple[Lane, list[int], bool]]:
+    def work(self, room: int) -> list[Work]:
         """The lanes' part of the next batch, within `room` tokens: each generating lane's next
-        token, then pieces of prompts. (lane, tokens, logits for the last one)."""
+        token (and its draft, lookup.py), then pieces of prompts."""
         if self.feed is not None:
             self.feed()
-        out: list[tuple[Lane, list[int], bool]] = []
+        out: list[Work] = []
         for lane in self.lanes:
             req = lane.req
             if req is not None and req.cancel.is_set():
                 self._end(lane, StopReason.CANCELLED)
             elif req is not None and lane.pending is not None and room > 0:
-                out.append((lane, [lane.pending], True))
-                room -= 1
+                draft = self._draft(lane, room - 1)
+                out.append(Work(lane, [lane.pending, *draft], 1 + len(draft)))
+                room -= 1 + len(draft)
         piece = min(room, LANE_PIECE)
         for lane in self.lanes:
             if lane.req is not None and lane.todo and piece > 0:
                 toks = lane.todo[:piece]
-                out.append((lane, toks, len(toks) == len(lane.todo)))
+                out.append(Work(lane, toks, int(len(toks) == len(lane.todo))))
                 piece -= len(toks)
         return out
 
-    def put(self, batch: Any, j: int, work: list[tuple[Lane, list[int], bool]]) -> list[int]:
-        """Write `work` into `batch` from index `j`: each entry's batch index of its last token."""
-        last: list[int] = []
-        for lane, toks, logits in work:
-            base = len(lane.cells)
-            for k, tok in enumerate(toks):
+    def _draft(self, lane: Lane, room: int) -> list[int]:
+        """Tokens guessed after the lane's pending one (greedy replies: runtime.py's rule)."""
+        spec, index, req = lane.spec, lane.index, lane.req
+        if spec is None or index is None or req is None or not spec.on:
+            return []
+        if lane.pending is not None and not lane.indexed:
+            index.add([lane.pending])
+            lane.indexed = True
+        left = (req.gp.max_tokens - lane.n_gen) if req.gp.max_tokens else MAX_DRAFT
+        return index.draft(max(0, min(spec.length, left, room, lane.reserve - len(lane.cells) - 2)))
+
+    def put(self, batch: Any, j: int, work: list[Work]) -> None:
+        """Write `work` into `batch` from index `j`, each entry's outputs last."""
+        for w in work:
+            base = len(w.lane.cells)
+            w.row = j + len(w.tokens) - w.n_out  # the batch index of its first output
+            for k, tok in enumerate(w.tokens):
                 batch.token[j] = tok
                 batch.pos[j] = base + k
                 batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = lane.seq
-                batch.logits[j] = 1 if logits and k == len(toks) - 1 else 0
+                batch.seq_id[j][0] = w.lane.seq
+                batch.logits[j] = 1 if k >= len(w.tokens) - w.n_out else 0
                 j += 1
-            last.append(j - 1)
-        return last
 
-    def undo(self, work: list[tuple[Lane, list[int], bool]]) -> None:
+    def undo(self, work: list[Work]) -> None:
         """A batch failed or stopped part-way: each lane's cells past its books go; its work is
         done again by a later batch."""
         L = llama()
         mem = L.llama_get_memory(self.rt.ctx)
-        for lane, _, _ in work:
-            L.llama_memory_seq_rm(mem, lane.seq, len(lane.cells), -1)
+        for w in work:
+            L.llama_memory_seq_rm(mem, w.lane.seq, len(w.lane.cells), -1)
 
-    def after(self, work: list[tuple[Lane, list[int], bool]], last: list[int]) -> None:
-        """The batch was decoded: record the cells, sample each lane that had logits."""
+    def after(self, work: list[Work]) -> None:
+        """The batch was decoded: record the cells, sample each lane that had logits (a draft's
+        tokens in turn while the model agrees with them; those it did not leave the cache)."""
         L = llama()
         rt = self.rt
         self.steps += 1
-        for (lane, toks, logits), row in zip(work, last):
-            req = lane.req
-            lane.cells.extend(toks)
+        for w in work:
+            lane, req = w.lane, w.lane.req
             if req is None:  # ended meanwhile (cannot happen within one batch; kept safe)
+                lane.cells.extend(w.tokens)
                 continue
-            if lane.pending is not None and toks == [lane.pending]:
-                lane.pending = None
+            if lane.pending is not None and w.tokens[0] == lane.pending and w.n_out == len(w.tokens):
+                lane.pending, lane.indexed = None, False
+                draft = w.tokens[1:]
+                lane.cells.append(w.tokens[0])
             else:
-                del lane.todo[:len(toks)]
-                lane.n_eval += len(toks)
-            if not logits:
+                draft = []
+                lane.cells.extend(w.tokens)
+                del lane.todo[:len(w.tokens)]
+                lane.n_eval += len(w.tokens)
+            if not w.n_out:
                 continue
-            tok = L.llama_sampler_sample(lane.chain, rt.ctx, row)
-            if not lane.t_first:
-                lane.t_first = time.perf_counter()
-            if req.gp.top_logprobs >= 0:  # from the lane's own row, before any sampler
-                lane.logprobs.append(logprob_entry(rt.ctx, rt.info.n_vocab, tok, req.gp.top_logprobs,
-                                                   rt._piece, row))
-                if req.gp.on_logprob is not None:
-                    req.gp.on_logprob(lane.logprobs[-1])
-            if L.llama_vocab_is_eog(rt.vocab, tok):
-                self._end(lane, StopReason.STOP)
-                continue
-            lane.n_gen += 1
-            piece = lane.decoder.decode(rt._piece(tok))
-            if piece:
-                lane.pieces.append(piece)
-                req.on_text(piece)  # may set req.cancel (a stop sequence): seen next batch
-            if req.gp.max_tokens and lane.n_gen >= req.gp.max_tokens:
-                self._end(lane, StopReason.LENGTH)
-            elif len(lane.cells) + 1 >= lane.reserve:  # its room is used up
-                self._end(lane, StopReason.LENGTH if req.gp.max_tokens or lane.reserve < self.pool
-                          else StopReason.CONTEXT_FULL)
-            else:
+            taken = 0
+            for k in range(1 + len(draft)):  # row k: the model's choice after the k-th token
+                tok = self._sampled(lane, w.row + k)
+                if tok is None or lane.req is None:
+                    break
+                if k < len(draft) and tok == draft[k]:
+                    taken += 1
+                    lane.cells.append(tok)
+                    if lane.index is not None:
+                        lane.index.add([tok])
+                    continue
                 lane.pending = tok
+                break
+            if draft:
+                L.llama_memory_seq_rm(L.llama_get_memory(rt.ctx), lane.seq, len(lane.cells), -1)
+                if lane.spec is not None:
+                    lane.spec.record(len(draft), taken)
+
+    def _sampled(self, lane: Lane, row: int) -> int | None:
+        """Sample the lane's next token from `row`, show it, and end the request where it ends:
+        the token, or None when the request ended."""
+        L = llama()
+        rt, req = self.rt, lane.req
+        assert req is not None
+        tok = int(L.llama_sampler_sample(lane.chain, rt.ctx, row))
+        if not lane.t_first:
+            lane.t_first = time.perf_counter()
+        if req.gp.top_logprobs >= 0:  # from the lane's own row, before any sampler
+            lane.logprobs.append(logprob_entry(rt.ctx, rt.info.n_vocab, tok, req.gp.top_logprobs,
+                                               rt._piece, row))
+            if req.gp.on_logprob is not None:
+                req.gp.on_logprob(lane.logprobs[-1])
+        if L.llama_vocab_is_eog(rt.vocab, tok):
+            self._end(lane, StopReason.STOP)
+            return None
+        lane.n_gen += 1
+        piece = lane.decoder.decode(rt._piece(tok))
+        if piece:
+            lane.pieces.append(piece)
+            req.on_text(piece)  # may set req.cancel (a stop sequence): seen next batch
+        if req.gp.max_tokens and lane.n_gen >= req.gp.max_tokens:
+            self._end(lane, StopReason.LENGTH)
+            return None
+        if len(lane.cells) + 1 >= lane.reserve:  # its room is used up (this token takes a cell)
+            self._end(lane, StopReason.LENGTH if req.gp.max_tokens or lane.reserve < self.pool
+                      else StopReason.CONTEXT_FULL)
+            return None
+        return tok
 
     def step(self) -> None:
         """One batch of lane work alone (sequence 0 is idle): what `TextRuntime._decode_run`
@@ -270,22 +331,22 @@ class Lanes:
         if not work:
             return
         L = llama()
-        n = sum(len(t) for _, t, _ in work)
+        n = sum(len(w.tokens) for w in work)
         batch = L.llama_batch_init(n, 0, 1)
         try:
             batch.n_tokens = n
-            last = self.put(batch, 0, work)
+            self.put(batch, 0, work)
             try:
                 rt._decode(batch)
             except BaseException as exc:
                 self.undo(work)
-                for lane, _, _ in work:  # a lane alone failed: its requests end, said
-                    if lane.req is not None:
-                        self._end(lane, StopReason.CANCELLED, str(exc) or type(exc).__name__)
+                for w in work:  # a lane alone failed: its requests end, said
+                    if w.lane.req is not None:
+                        self._end(w.lane, StopReason.CANCELLED, str(exc) or type(exc).__name__)
                 if not isinstance(exc, EbbError):
                     raise
                 return
         finally:
             L.llama_batch_free(batch)
         rt.own_logits_lost()
-        self.after(work, last)
+        self.after(work)

@@ -348,11 +348,12 @@ class TextRuntime:
         n = len(tokens)
         lanes = self.lanes if self.lanes is not None and (self.lanes.busy or self.lanes.feed) else None
         work = lanes.work(self.params.n_batch - n) if lanes is not None else []
-        extra = sum(len(t) for _, t, _ in work)
+        extra = sum(len(w.tokens) for w in work)
         batch = L.llama_batch_init(n + extra, 0, 1)
         try:
             batch.n_tokens = n + extra
-            last = lanes.put(batch, 0, work) if lanes is not None else []
+            if lanes is not None:
+                lanes.put(batch, 0, work)
             for j, tok in enumerate(tokens, extra):
                 batch.token[j] = tok
                 batch.pos[j] = self.slot.n_past + j - extra
@@ -370,7 +371,7 @@ class TextRuntime:
         self.slot.record_tokens(tokens)
         self._own_logits = True
         if lanes is not None and work:
-            lanes.after(work, last)
+            lanes.after(work)
 
     def own_logits_lost(self) -> None:
         """The lanes decoded alone: the last row is no longer sequence 0's."""
@@ -638,7 +639,7 @@ class TextRuntime:
                     spec.stepped(time.perf_counter() - t0)
                     continue
                 base = len(self.slot.cells) + 1  # the cells up to and with `tok`
-                predicted = self._check_draft(tok, draft)
+                predicted = self._check_draft(tok, draft, chain)
                 n_ok = accepted_prefix(draft, predicted)
                 spec.record(len(draft), n_ok, time.perf_counter() - t0)
                 kept, ended = 0, False
@@ -687,17 +688,20 @@ class TextRuntime:
             self._tail_ok = not (L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
         return self._tail_ok
 
-    def _check_draft(self, tok: int, draft: list[int]) -> list[int]:
+    def _check_draft(self, tok: int, draft: list[int], chain: Any) -> list[int]:
         """Decode `tok` and the drafted tokens after it in one batch (all into the KV cache) and
-        return the model's greedy choice after each: [after tok, after draft[0], ...]."""
-        import numpy as np
-
+        return the model's choice after each, drawn by the reply's chain from each row in turn
+        up to the first that is not the guess (GenParams.can_speculate): [after tok, after
+        draft[0], ...]."""
         L = llama()
         n = 1 + len(draft)
         self._decode_run([tok, *draft], every_logit=True)
-        # the last n rows: lanes' rows come first in a batch they share
-        return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, j - n),
-                                                    shape=(self.info.n_vocab,)))) for j in range(n)]
+        out: list[int] = []
+        for j in range(n):  # the last n rows: lanes' rows come first in a batch they share
+            out.append(int(L.llama_sampler_sample(chain, self.ctx, j - n)))
+            if j == len(draft) or out[-1] != draft[j]:
+                break
+        return out
 
     def _close_json(self, tail: JsonTail, room: int, pieces: list[str],
                     on_text: Callable[[str], None] | None) -> int | None:
@@ -721,6 +725,7 @@ class TextRuntime:
 
 
 LOOKUP_WINDOW = 8192  # the last tokens drafts are looked up in (a reply's index is built anew)
+
 JSON_CLOSE_MARGIN = 8  # tokens kept for the closer beyond its length: one token may open several
 
 

@@ -39,9 +39,12 @@ class GenParams:
 
     @property
     def can_speculate(self) -> bool:
-        """Drafts can be checked by the logits' argmax alone: a greedy reply with no grammar,
-        penalties, bias or logprobs (each of those keeps state or needs every token's step)."""
-        return (self.speculate == "auto" and self.temperature <= 0 and not self.grammar
+        """Drafts can be checked: each row of a draft's batch is sampled by the reply's own chain
+        and a guess is taken when the draw is the guess, greedy or sampled (with a sure guess,
+        q(d) = 1, that is speculative sampling's rule: taken with probability p(d), else a draw
+        from p without d, so every token keeps its distribution); with no grammar, penalties,
+        bias or logprobs (each of those keeps state or needs every token's step)."""
+        return (self.speculate == "auto" and not self.grammar
                 and not self.json_reply and self.repeat_penalty == 1.0 and not self.presence_penalty
                 and not self.frequency_penalty and not self.logit_bias and self.top_logprobs < 0)
 
@@ -103,3 +106,4 @@ def logprob_entry(ctx: Any, n_vocab: int, token: int, k: int,
     best = np.argpartition(-lp, k)[:k] if k else np.array([], dtype=int)
     best = best[np.argsort(-lp[best])]
     return entry(token, tuple(entry(int(t)) for t in best))
+
