@@ -86,6 +86,8 @@ class SessionConfig:
     # beside it for the endpoint's text requests; 0, auto (4 while the model runs on the CPU
     # alone, where their KV pool takes RAM only; 1 with an accelerator, whose memory is the layers')
     parallel: int = 1
+    # a small model of the same vocabulary that guesses the reply's next tokens (drafter.py)
+    draft_path: Path | None = None
 
     @property
     def flash(self) -> bool:

@@ -70,6 +70,7 @@ class LoadDetails:
     memory_note: str = ""  # the device held less than its budget said: what was done
     projector: str = ""  # its path; "" without one
     projector_refused: str = ""  # why the projector asked for is not used (the model runs for text)
+    draft_refused: str = ""  # why the draft model asked for is not used (replies come without it)
     projector_synthetic: bool = False
     projector_names_colours: bool = False  # the demo's colour projector
     projector_sees: bool = True  # takes pictures

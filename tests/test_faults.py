@@ -806,7 +806,8 @@ def test_a_projector_the_device_cannot_take_is_run_on_the_cpu(model_path, base_p
         server.stop()
 
 
-@pytest.mark.parametrize("mover", ["live", "reload"])
+# the reload mover's run: make test-slow (CI runs it); the live mover's stays in make test
+@pytest.mark.parametrize("mover", ["live", pytest.param("reload", marks=pytest.mark.slow)])
 def test_a_restore_into_a_device_that_filled_up_goes_on_with_what_fits(mover, model_path,
                                                                       base_projector, pictures):
     """Once the projector is freed, another program takes most of the room the layers left: the

@@ -180,6 +180,7 @@ def test_setup_smoke_test_passes_and_is_remembered(monkeypatch, tmp_path, model_
     assert not native.safe_mode()
 
 
+@pytest.mark.slow  # 13 s (a crashing check is run for real): make test-slow, which CI runs
 def test_setup_says_a_crash_in_one_line_and_falls_back_to_safe_mode(
         monkeypatch, tmp_path, model_path, capsys):
     cache = _isolated(monkeypatch, tmp_path, model_path)

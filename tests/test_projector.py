@@ -47,7 +47,9 @@ def test_tiny_projector_encodes_an_image_to_model_width(text_runtime, tiny_proje
     assert np.isfinite(enc.embeddings).all() and enc.embeddings.std() > 0
 
 
-@pytest.mark.parametrize("size,low_mb,high_mb", [("base", 80, 120), ("large", 550, 650)])
+# the large size: make test-slow (CI runs it); the base size stays in make test
+@pytest.mark.parametrize("size,low_mb,high_mb", [("base", 80, 120),
+                                                  pytest.param("large", 550, 650, marks=pytest.mark.slow)])
 def test_base_and_large_sizes_and_compute_estimate(text_runtime, photo, tmp_path, size, low_mb, high_mb):
     path = write_projector(tmp_path / f"{size}.gguf", 576, size=size, seed=0)
     assert low_mb * 2**20 < path.stat().st_size < high_mb * 2**20

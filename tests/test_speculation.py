@@ -114,3 +114,40 @@ def test_stop_after_a_rejected_draft_continues_with_the_models_token(model_path,
                 assert went_on_with == int(logits.argmax()), (n, cut.text)
                 checked += 1
         assert checked, "no decided step to check"
+
+
+def test_a_draft_model_guesses_and_a_stranger_is_refused(model_path, tmp_path):
+    """A draft model of the same vocabulary (here the model itself: its guesses are its own
+    greedy choices) has most of its guesses taken, and the reply begins with the one decoded
+    without drafts up to that reply's first undecided step; one of another vocabulary (a
+    generated model with three more tokens) is refused before anything is guessed."""
+    import pytest
+
+    from engine.errors import EbbError
+    from engine.llama.drafter import Drafter
+    from engine.llama.loaded_model import LoadParams
+    from engine.llama.runtime import TextRuntime
+    from engine.llama.sampling import GenParams
+    from engine.synth.model_gen import ModelShape, write_model
+
+    story = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    with TextRuntime(LoadParams(model_path, n_ctx=1024, n_threads=N_THREADS)) as rt:
+        alone = rt.generate(story, GenParams(max_tokens=32, temperature=0, top_logprobs=2))
+        rt.drafter = Drafter(model_path, 1024, N_THREADS, rt)
+        try:
+            rt.slot.reset()
+            drafted = rt.generate(story, GenParams(max_tokens=32, temperature=0))
+        finally:
+            rt.drafter.close()
+        stranger = write_model(tmp_path / "qwen.gguf", ModelShape(n_layers=1, n_embd=64, n_ff=128, n_head=2,
+                                                                   n_head_kv=1, n_ctx_train=512),
+                               model_path, family="qwen2.5vl")
+        with pytest.raises(EbbError, match="vocabulary of"):
+            Drafter(stranger, 512, N_THREADS, rt)
+    assert drafted.stats.n_drafted > 0 and drafted.stats.n_draft_accepted >= drafted.stats.n_drafted // 2
+    decided = b""
+    for e in alone.stats.logprobs or ():
+        if margin(e) < DECIDED_BY:
+            break
+        decided += bytes(e.to_dict()["bytes"])
+    assert drafted.text.encode().startswith(decided), (drafted.text, decided.decode(errors="replace"))

@@ -70,6 +70,8 @@ class Settings:
     # requests answered at once (engine/llama/lanes.py): the local server's text requests go on
     # beside the window's reply; 1: one after another (more turns flash attention on: a reload)
     parallel: int = 1
+    # a small model of the same vocabulary that guesses the reply's next tokens ("": none)
+    draft_model: str = ""
     # a new chat's system prompt and sampling (each chat may have its own: chat_params)
     system_prompt: str = ""
     temperature: float = 0.7
@@ -182,7 +184,8 @@ RULES: dict[str, Any] = {
     "chat_presets": _of_type(dict, "a table of named chat settings"),
     "image_layers": _whole(-1, 100_000), "image_speeds": _of_type(dict, "a table of speeds"),
     "server": _of_type(bool, "true or false"), "server_host": _of_type(str, "a host name"),
-    "server_port": _whole(1, 65535), "parallel": _whole(1, 16), "server_api_key": _of_type(str, "a text"),
+    "server_port": _whole(1, 65535), "parallel": _whole(1, 16),
+    "draft_model": _of_type(str, "a file path, or empty"), "server_api_key": _of_type(str, "a text"),
     "system_prompt": _of_type(str, "a text"), "temperature": _between(0.0, 2.0),
     "top_p": _between(0.0, 1.0), "repeat_penalty": _between(0.5, 2.0), "seed": _whole(NEW_SEED_EACH_REPLY, 2**32 - 1),
     "top_k": _whole(0, 100_000), "min_p": _between(0.0, 1.0),
@@ -326,7 +329,8 @@ def session_config(store: Store, model: str, mmproj: str, ctx: int | None = None
         spread=s.spread, overflow=s.overflow,
         image_cache_bytes=parse_size(s.image_cache) if s.image_cache else 1 << 30,
         state_dir=states_dir(store), state_disk_bytes=parse_size(s.memory_disk),
-        n_threads_batch=s.threads_batch or None, phases=phase_tuning(s), parallel=s.parallel)
+        n_threads_batch=s.threads_batch or None, phases=phase_tuning(s), parallel=s.parallel,
+        draft_path=Path(s.draft_model).expanduser() if s.draft_model else None)
     servers = list(rpc or []) + [r for r in s.rpc if r not in (rpc or [])]
     return cfg, [r for r in servers if r not in LOST_RPC]
 

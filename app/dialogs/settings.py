@@ -1,6 +1,7 @@
 """Settings: every window setting, checked before it is saved."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtWidgets import (
@@ -96,8 +97,13 @@ class SettingsDialog(QDialog):
         self.overflow.addItem("let the oldest turns go (images first)", "drop-oldest")
         self.overflow.addItem("stop and say so", "stop")
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(v.overflow)))
+        self.draft = QLineEdit(v.draft_model, placeholderText="none: guesses from the conversation itself",
+                               toolTip="A small GGUF model of the same vocabulary (the same family) "
+                                       "that guesses the reply's next tokens; the loaded model checks "
+                                       "each guess, so the reply is its own (the model reloads)")
         return [("Context length", self.ctx), ("Image token limit", self.img_tokens),
-                ("Reply length cap", self.max_tokens), ("When the context is full", self.overflow)]
+                ("Reply length cap", self.max_tokens), ("When the context is full", self.overflow),
+                ("Draft model", self.draft)]
 
     def _memory(self, v: Settings, usage: tuple[int, int]) -> Rows:
         """What is kept (the image cache, the chats' memory on disk) and how attention and
@@ -163,6 +169,7 @@ class SettingsDialog(QDialog):
                 "threads_batch": self.threads_batch.value(), "prompt_speeds": self.prompt_speeds,
                 "image_layers": self.image_layers.value(), "image_speeds": self.image_speeds,
                 "max_tokens": self.max_tokens.value(), "overflow": self.overflow.currentData(),
+                "draft_model": self.draft.text().strip(),
                 "image_cache": self.image_cache.text().strip(),
                 "memory_disk": self.memory_disk.text().strip() or "0",
                 "rpc": [r.strip() for r in self.rpc.text().split(",") if r.strip()],
@@ -197,6 +204,9 @@ class SettingsDialog(QDialog):
             parse_size(v["memory_disk"])
             for r in v["rpc"]:
                 parse_endpoint(r)
+            if v["draft_model"] and not Path(v["draft_model"]).expanduser().is_file():
+                raise EbbError(f"the draft model {v['draft_model']} is not a file",
+                               "name a GGUF file, or leave it empty")
         except EbbError as exc:
             self.error.setText(str(exc))
             return

@@ -84,6 +84,8 @@ class Models:
             self.w.notices.say(d.memory_note + ".")
         if d.projector_refused:  # the model answers text; why sound is off, and what to do
             self.w.notices.say(f"{d.projector_refused[0].upper()}{d.projector_refused[1:]}.")
+        if d.draft_refused:  # replies come without its guesses
+            self.w.notices.say(f"{d.draft_refused[0].upper()}{d.draft_refused[1:]}.")
         for note in d.backend_notes:
             if not d.safe_mode and note not in self.w.notices.area.text():  # safe mode: its banner
                 self.w.notices.say(note[0].upper() + note[1:] + ".")

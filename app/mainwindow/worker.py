@@ -244,7 +244,7 @@ class EngineWorker(QObject):
                 projector=str(s.cfg.mmproj_path) if s.cfg.mmproj_path else "",
                 projector_synthetic=bool(proj and proj.synthetic), vision=s.encoder.enabled,
                 projector_names_colours=bool(proj and proj.names_colours),
-                projector_refused=s.projector_refused,
+                projector_refused=s.projector_refused, draft_refused=s.model.draft_refused,
                 projector_sees=bool(proj is None or proj.sees),
                 projector_hears=bool(proj and proj.hears), clip_chunk_tokens=s.clip_chunk_tokens(),
                 picture_tokens=s.picture_tokens()[0], picture_side=s.picture_tokens()[1],

@@ -612,6 +612,27 @@ def cmd_bench_speculate(args: argparse.Namespace) -> int:
     return 0
 
 
+@bench("draft", "a draft model (the model itself) guessing for its own larger copy (llama.cpp's quantize "
+                 "makes it once) ÷ the copy alone (ratio)",
+       ("model", "threads", "json"),
+       arg("--copy", choices=["q8_0", "f16"], default="f16", help="the copy drafted for"),
+       arg("--rounds", type=int, default=3),
+       arg("--max-tokens", type=int, default=128))
+def cmd_bench_draft(args: argparse.Namespace) -> int:
+    from engine.measure.speculate_bench import bench_draft
+    from engine.models.default import resolve_model_path
+
+    out = bench_draft(resolve_model_path(args.model), args.copy, args.rounds, args.max_tokens,
+                      args.threads, progress_log(args))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{out['model']} drafting for {out['target']}, greedy, {out['max_tokens']} tokens, median "
+          f"of {out['rounds']}: {out['tok_s_draft']:.1f} tok/s with drafts, {out['tok_s_alone']:.1f} "
+          f"alone, ratio {out['ratio']:.2f} ({out['taken']} of {out['drafted']} guesses taken)")
+    return 0
+
+
 @bench("peer", "Ebb's server beside llama.cpp's llama-server (built once into Ebb's cache): one client, "
                 "several at once, a reply that copies its prompt (ratios)",
        ("model", "threads", "json"),

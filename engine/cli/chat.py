@@ -90,7 +90,8 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
         system=args.system,
         mover=args.mover, rpc=tuple(args.rpc), gpu_layers=args.gpu_layers, spread=args.spread,
         overflow=args.overflow, image_cache_bytes=parse_size(args.image_cache),
-        state_dir=data_dir() / "states", state_disk_bytes=parse_size(args.memory_disk))
+        state_dir=data_dir() / "states", state_disk_bytes=parse_size(args.memory_disk),
+        draft_path=existing_file(args.draft, "draft model") if args.draft else None)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -132,6 +133,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     notes = backend_notes()  # a GPU backend built in but not loaded, safe mode: said once
     if session.projector_refused:
         notes.append(session.projector_refused)
+    if session.model.draft_refused:
+        notes.append(session.model.draft_refused)
     for note in notes:
         print(f"ebb-engine: note: {note}", file=sys.stderr, flush=True)
     install_sigint(cancel)  # from here on the first Ctrl-C stops between tokens
@@ -296,6 +299,9 @@ def add_session_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-cache", default="1GiB", metavar="SIZE",
                    help="most image embeddings kept in RAM (least recently used leave first and "
                         "are encoded again when needed; default 1GiB)")
+    p.add_argument("--draft", default=None, metavar="MODEL.gguf",
+                   help="a small model of the same vocabulary that guesses the reply's next tokens "
+                        "(speculative decoding; the reply is the loaded model's)")
     p.add_argument("--memory-disk", default="0", metavar="SIZE",
                    help="the model's memory of conversations (KV states) and encoded pictures "
                         "kept in the data folder's states/, so a conversation taken up again is "

@@ -141,6 +141,7 @@ class TextRuntime:
         if self.lanes is not None:
             self._stack.callback(self.lanes.cut, "the model was unloaded")
         self._own_logits = True  # the last decode's last row is sequence 0's (resume needs it)
+        self.drafter: Any = None  # a draft model (drafter.py), set by the model's owner
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
         self.prefill_done = 0  # positions the running (or last) prefill has evaluated
         self.buffers = buffers_from_log()
@@ -630,9 +631,12 @@ class TextRuntime:
                     continue
                 index.add([tok])
                 room_left = (gp.max_tokens - n_gen) if gp.max_tokens else MAX_DRAFT
-                draft = index.draft(min(spec.length, room_left, self.n_ctx - len(self.slot.cells) - 2)) \
-                    if spec.on else []
-                t0 = time.perf_counter()
+                t0 = time.perf_counter()  # a draft model's guessing counts in the draft's cost
+                # a draft model guesses every step: a step alone is timed first, so that its
+                # drafts are weighed against it (Speculation switches off where they cost more)
+                guess = spec.on and (bool(spec.single_s) or self.drafter is None)
+                draft = self._guess(index, tok, min(spec.length, room_left, self.n_ctx - len(self.slot.cells) - 2)) \
+                    if guess else []
                 if not draft:
                     self._decode_tokens([tok])
                     L.llama_synchronize(self.ctx)
@@ -679,6 +683,14 @@ class TextRuntime:
                 on_text(tail)
         return "".join(pieces), n_gen, stop
 
+
+    def _guess(self, index: NgramIndex, tok: int, k: int) -> list[int]:
+        """The next `k` tokens' guess after `tok`: the draft model's where one is loaded
+        (drafter.py), else the n-gram lookup's."""
+        if self.drafter is not None:
+            guess: list[int] = self.drafter.draft([c for c in self.slot.cells if isinstance(c, int)] + [tok], k)
+            return guess
+        return index.draft(k)
 
     def _tail_can_go(self) -> bool:
         """Whether the memory can forget its last cells (a draft's guesses not taken): a

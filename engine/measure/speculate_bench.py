@@ -64,3 +64,61 @@ def _rounds(model: Path, rounds: int, max_tokens: int, threads: int | None, log:
             if rates["peer"]:
                 rows[name]["tok_s_peer"] = statistics.median(rates["peer"])
                 rows[name]["vs_peer"] = on / rows[name]["tok_s_peer"]
+
+
+def copy_of(model: Path, ftype: str, log: Callable[[str], None]) -> Path:
+    """The model requantized to `ftype` (q8_0 or f16) with llama.cpp's own quantize, once, in
+    Ebb's cache: the same vocabulary and weights, a larger and slower model to draft for."""
+    import ctypes
+
+    from engine.llama.lib import llama
+    from engine.paths import cache_dir
+
+    L = llama()
+    kinds = {"q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "f16": L.LLAMA_FTYPE_MOSTLY_F16}
+    out = cache_dir() / "models" / f"{model.stem}.{ftype.upper()}.gguf"
+    if not out.is_file():
+        log(f"making {out.name} with llama.cpp's quantize (once)")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        params = L.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize = kinds[ftype], True
+        part = out.with_suffix(".part")
+        if L.llama_model_quantize(str(model).encode(), str(part).encode(), ctypes.byref(params)) != 0:
+            raise RuntimeError(f"llama.cpp could not make {out.name}")
+        part.replace(out)
+    return out
+
+
+def bench_draft(model: Path, ftype: str, rounds: int, max_tokens: int, threads: int | None,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """`model` drafting for its own `ftype` copy, against the copy alone (drafts of neither
+    kind), alternating; greedy, on a reply that repeats nothing."""
+    from dataclasses import replace
+
+    from engine.config import SessionConfig
+    from engine.llama.sampling import GenParams
+    from engine.session import Session
+
+    target = copy_of(model, ftype, log)
+    rates: dict[str, list[float]] = {"draft": [], "alone": []}
+    taken = drafted = 0
+    base = SessionConfig(target, n_ctx=4096, n_threads=threads)
+    with Session(base) as alone, Session(replace(base, draft_path=model)) as drafting:
+        sessions = {"alone": alone, "draft": drafting}
+        for r in range(rounds + 1):  # round 0 warms both up
+            for mode in (("draft", "alone") if r % 2 == 0 else ("alone", "draft")):
+                s = sessions[mode]
+                s.set_history([], tag=f"draft-{r}-{mode}")
+                res = s.turn(PROMPTS["fresh"], gp=GenParams(max_tokens=max_tokens, temperature=0,
+                                                            speculate="auto" if mode == "draft" else "off"))
+                if not r:
+                    continue
+                rates[mode].append(res.gen.gen_tokens_per_s)
+                if mode == "draft":
+                    taken, drafted = taken + res.gen.n_draft_accepted, drafted + res.gen.n_drafted
+                log(f"round {r} {mode}: {res.gen.gen_tokens_per_s:.1f} tok/s, {res.gen.n_gen_tokens} "
+                    f"tokens, {res.gen.n_draft_accepted} of {res.gen.n_drafted} drafted taken")
+    on, off = statistics.median(rates["draft"]), statistics.median(rates["alone"])
+    return {"model": model.name, "target": target.name, "rounds": rounds, "max_tokens": max_tokens,
+            "tok_s_draft": on, "tok_s_alone": off, "ratio": on / off if off else 0.0,
+            "drafted": drafted, "taken": taken}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -97,6 +98,8 @@ class ModelResidency:
         # what the runtime's lanes ask before each batch for requests to begin (lanes.py); kept
         # here so that a runtime loaded again (a reload swap) is fed as the one before
         self.lane_feed: Callable[[], None] | None = None
+        self.drafter: Any = None  # the draft model (engine/llama/drafter.py), loaded once
+        self.draft_refused = ""  # why the draft model asked for is not used
         self.accel_endpoint: str | None = None  # the RPC server behind the accelerator, if any
         self._stack = contextlib.ExitStack()
         # the KV states of conversations the cache let go, kept across the runtimes this
@@ -340,6 +343,20 @@ class ModelResidency:
         rt.slot.snapshots = self.snapshots
         if rt.lanes is not None:
             rt.lanes.feed = self.lane_feed
+        if self.cfg.draft_path is not None:
+            if self.drafter is None:  # on the CPU, in RAM (a small model's few tokens a step)
+                from engine.llama.drafter import Drafter
+
+                try:
+                    self.drafter = Drafter(self.cfg.draft_path, self.n_ctx, self.n_threads, rt)
+                    self._stack.callback(self.drafter.close)
+                except EbbError as exc:  # the model runs without it, and says why
+                    self.draft_refused = f"the draft model is not used: {exc}"
+                    self.cfg = replace(self.cfg, draft_path=None)
+                except BaseException:
+                    rt.close()
+                    raise
+            rt.drafter = self.drafter
         self.n_model_loads += 1
         for (dev, kind), n in rt.buffers.items():
             if kind in _KIND:

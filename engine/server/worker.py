@@ -82,6 +82,8 @@ class ServeWorker(QueuedBackend):
             if self.session.projector_refused:  # text only: said where the server is watched
                 print(f"ebb-engine: note: {self.session.projector_refused}", file=sys.stderr,
                       flush=True)
+            if self.session.model.draft_refused:
+                print(f"ebb-engine: note: {self.session.model.draft_refused}", file=sys.stderr, flush=True)
             lanes = self._lanes()
             if lanes is not None:
                 print(f"ebb-engine: answering up to {len(lanes.lanes) + 1} requests at once (text "
