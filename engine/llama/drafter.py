@@ -23,11 +23,14 @@ VOCAB_CHECKED = 512  # token texts compared with the loaded model's (and the las
 class Drafter:
     def __init__(self, path: Path, n_ctx: int, n_threads: int, target: Any) -> None:
         """`target`: the loaded model's runtime, whose vocabulary the draft must share."""
+        from engine.gguf.info import model_info, read_gguf
         from engine.llama.loaded_model import LoadParams
         from engine.llama.runtime import TextRuntime
 
         self.path = path
-        self.rt = TextRuntime(LoadParams(path, n_ctx=n_ctx, n_threads=n_threads))
+        info = model_info(read_gguf(path))  # a damaged file says so here
+        # its own context up to what it was trained for: past it, no guesses (the reply goes on)
+        self.rt = TextRuntime(LoadParams(path, n_ctx=min(n_ctx, info.max_context), n_threads=n_threads), info)
         try:
             self._check_vocab(target)
         except BaseException:
