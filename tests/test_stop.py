@@ -125,13 +125,27 @@ def test_a_prompt_on_the_stand_in_tells_its_progress_and_stops_between_batches(
             if len(seen) == 2:
                 stop.set()
 
+        rt.stop_within_s = 1e-6  # a batch ends "at once" only at the smallest size: 32 tokens
         with pytest.raises(TurnCancelled):
             rt.prefill(tokens, stop, progress)
-        n = rt.params.n_batch
-        assert seen == [(n, len(tokens)), (2 * n, len(tokens))]
-        assert rt.slot.n_past == 2 * n < len(tokens)
+        # the first batch before any was timed, then batches sized to end within the target
+        assert seen == [(128, len(tokens)), (128 + 32, len(tokens))]
+        assert rt.slot.n_past == 160 < len(tokens)
     finally:
         rt.close()
+
+
+def test_a_prompt_batch_on_a_device_is_sized_to_end_within_the_stop_target():
+    """#67: on a device a batch cannot be stopped midway (the stand-in computes it whole: 1.6-4 s
+    for 512 tokens on 2 cores): each is sized by the last one's pace to end within 0.5 s."""
+    from engine.llama.runtime import prompt_batch_within
+
+    assert prompt_batch_within(512, 0, 0.0, 0.5) == 128  # nothing timed yet
+    assert prompt_batch_within(512, 128, 0.5, 0.5) == 128  # on target
+    assert prompt_batch_within(512, 128, 0.1, 0.5) == 512  # a fast GPU: whole batches
+    assert prompt_batch_within(512, 512, 2.0, 0.5) == 128  # the stand-in, idle
+    assert prompt_batch_within(512, 128, 4.0, 0.5) == 32  # under load: never below 32
+    assert prompt_batch_within(256, 32, 0.001, 0.5) == 256
 
 
 def test_a_prompt_being_read_is_one_growing_step_in_the_panel():

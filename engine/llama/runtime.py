@@ -142,6 +142,10 @@ class TextRuntime:
             self._stack.callback(self.lanes.cut, "the model was unloaded")
         self._own_logits = True  # the last decode's last row is sequence 0's (resume needs it)
         self.drafter: Any = None  # a draft model (drafter.py), set by the model's owner
+        # layers on a device: a prompt batch there is timed and sized to end within stop_within_s
+        self._off_cpu = self.params.n_gpu_layers > 0 and self.params.devices != ()
+        self.stop_within_s = STOP_WITHIN_S
+        self._batch_time: tuple[int, float] = (0, 0.0)  # the last timed batch: (tokens, seconds)
         self.prefill_stop = PrefillStop(ctx)  # Stop during a prompt: between batches and within one
         self.prefill_done = 0  # positions the running (or last) prefill has evaluated
         self.buffers = buffers_from_log()
@@ -329,16 +333,32 @@ class TextRuntime:
                        on_batch: Callable[[int], None] | None = None) -> None:
         """Decode text tokens at the next positions (given explicitly: after an image under
         M-RoPE the next position is not the number of cells). `on_batch(n)` after each batch."""
-        # room in each batch for the lanes' generating tokens (they keep flowing meanwhile)
-        size = self.params.n_batch - (self.lanes.n_busy() if self.lanes is not None else 0)
-        for i in range(0, len(tokens), size):
+        i = 0
+        while i < len(tokens):
             if self.prefill_stop.asked:
                 raise TurnCancelled(f"stopped during the prompt ({self.slot.n_past} positions in the "
                                     "cache; Continue evaluates the rest)")
-            chunk = tokens[i:i + size]
+            # room in each batch for the lanes' generating tokens (they keep flowing meanwhile)
+            size = self._prompt_batch(len(tokens) - i) - (self.lanes.n_busy() if self.lanes is not None else 0)
+            chunk = tokens[i:i + max(1, size)]
+            t0 = time.perf_counter()
             self._decode_run(chunk)
+            if self._off_cpu and len(chunk) > 1:  # its own time, and Stop seen when it ends
+                llama().llama_synchronize(self.ctx)
+                self._batch_time = (len(chunk), time.perf_counter() - t0)
+            i += len(chunk)
             if on_batch is not None:
                 on_batch(len(chunk))
+
+    def _prompt_batch(self, left: int) -> int:
+        """The next prompt batch's size. On the CPU, n_batch: Stop lands inside a batch there
+        (llama.cpp's abort callback). Where a batch runs on a device it cannot be stopped
+        midway (an RPC server computes it whole), so it is sized by the last one's time to end
+        within `stop_within_s` (the stand-in took 1.6-4 s for 512 tokens on 2 cores)."""
+        n = self.params.n_batch
+        if not self._off_cpu or left <= 1:
+            return n
+        return prompt_batch_within(n, *self._batch_time, self.stop_within_s)
 
     def _decode_run(self, tokens: list[int], every_logit: bool = False) -> None:
         """Decode `tokens` (at most a batch) at the next positions in one batch and record them
@@ -734,6 +754,20 @@ class TextRuntime:
             if on_text is not None:
                 on_text(closer)
         return len(tokens)
+
+
+STOP_WITHIN_S = 0.5  # a prompt batch on a device ends within this, so Stop lands this soon
+FIRST_DEVICE_BATCH = 128  # before any batch was timed
+MIN_DEVICE_BATCH = 32
+
+
+def prompt_batch_within(n_batch: int, last_tokens: int, last_s: float, within_s: float) -> int:
+    """A prompt batch's size that should take at most `within_s` at the last batch's pace
+    (multiples of 32, from 32 to n_batch); the first one before any was timed: 128."""
+    if last_tokens <= 0 or last_s <= 0:
+        return min(n_batch, FIRST_DEVICE_BATCH)
+    size = int(within_s * last_tokens / last_s) // MIN_DEVICE_BATCH * MIN_DEVICE_BATCH
+    return max(MIN_DEVICE_BATCH, min(n_batch, size))
 
 
 LOOKUP_WINDOW = 8192  # the last tokens drafts are looked up in (a reply's index is built anew)
