@@ -157,6 +157,7 @@ class Span(Event):
     bytes: int = 0
     predicted_s: float | None = None
     detail: str = ""
+    lane: int = 0  # the sequence it ran in: 0 the session's, k a lane's (engine/llama/lanes.py)
 
     def to_dict(self, t0: float = 0.0) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "start_s": round(self.start_s - t0, 6),

@@ -25,6 +25,8 @@ class Span(Protocol):
     def predicted_s(self) -> float | None: ...
     @property
     def detail(self) -> str: ...
+    @property
+    def lane(self) -> int: ...
 
 # One row (thread) per kind of work, as the window's timeline draws them.
 ROWS = {"evict": 1, "restore": 1, "save_state": 1, "restore_state": 1,
@@ -33,12 +35,23 @@ ROWS = {"evict": 1, "restore": 1, "save_state": 1, "restore_state": 1,
 ROW_NAMES = {1: "transfers", 2: "projector", 3: "compute"}
 
 
+def row_of(span: Span) -> int:
+    """The Steps lane a span is drawn in: a lane's (several requests at once) below compute."""
+    return 3 + span.lane if span.lane else ROWS.get(span.name, 3)
+
+
+def row_names(spans: Iterable[Span]) -> dict[int, str]:
+    """Every row's name: the three, and one per sequence beside the session's that ran."""
+    lanes = sorted({s.lane for s in spans if s.lane})
+    return {**ROW_NAMES, **{3 + k: f"request {k + 1}" for k in lanes}}
+
+
 def chrome_trace(spans: Iterable[Span]) -> dict[str, object]:
     spans = list(spans)
     t0 = min((s.start_s for s in spans), default=0.0)
     out: list[dict[str, object]] = [
         {"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
-        for tid, name in ROW_NAMES.items()]
+        for tid, name in row_names(spans).items()]
     for s in spans:
         args: dict[str, object] = {"device": s.device, "bytes": s.bytes, "request_id": s.request_id}
         if s.predicted_s is not None:
@@ -46,7 +59,7 @@ def chrome_trace(spans: Iterable[Span]) -> dict[str, object]:
         if s.detail:
             args["detail"] = s.detail
         out.append({"name": s.name, "cat": s.device, "ph": "X", "pid": 1,
-                    "tid": ROWS.get(s.name, 3), "ts": round((s.start_s - t0) * 1e6, 1),
+                    "tid": row_of(s), "ts": round((s.start_s - t0) * 1e6, 1),
                     "dur": round((s.end_s - s.start_s) * 1e6, 1), "args": args})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 

@@ -261,3 +261,9 @@ def test_the_windows_local_server_answers_beside_the_windows_reply(qtbot, store)
     wait_for(lambda: not w.chat.busy, timeout=120_000)
     assert "1 answered" in w.server_status.text()
     assert [m.role for m in w.worker._session.history] == ["user", "assistant"]
+    # the Memory panel's Steps: the client's request in a lane of its own, labelled by client
+    lane = [sp for sp in w.telemetry.spans if sp.lane]
+    assert [sp.name for sp in lane] == ["prefill", "decode"] and w.telemetry.labels[lane[0].request_id] == "editor"
+    from engine.trace import row_names
+
+    assert row_names(w.telemetry.spans)[3 + lane[0].lane] == f"request {lane[0].lane + 1}"

@@ -106,6 +106,9 @@ class EngineWorker(QObject):
 
     def _server_answered(self, backend: Any, j: Job, a: Any) -> None:  # before the client hears
         backend.served += 1
+        for span in a.turn.spans if a.turn is not None else ():
+            if span.lane:  # a lane's steps, drawn once it ended (the session's are drawn live)
+                self.engine_event.emit(span)
         self.engine_event.emit(events.ServerTurn(
             a.request_id, client=j.client, n_prompt_tokens=a.prompt_tokens,
             n_gen_tokens=a.completion_tokens, finish_reason=a.finish_reason,

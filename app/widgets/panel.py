@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.widgets.start_folder import start_file
 from engine.events import Span
 from engine.telemetry import Cell, Telemetry
-from engine.trace import ROW_NAMES, ROWS, write_chrome_trace
+from engine.trace import ROW_NAMES, row_names, row_of, write_chrome_trace
 
 # the map and the steps follow the engine's events within this: a change starts a single
 # shot (a timer that polled every 100 ms was a call into Python and a wake of the GUI thread
@@ -252,6 +252,7 @@ class MemoryPanel(QWidget):
         axis = self.timeline.getAxis("left")
         axis.setTicks([[(y, name) for y, name in ROW_NAMES.items()]])
         self.timeline.setYRange(0.4, 3.6)
+        self._row_names = dict(ROW_NAMES)  # with a row per request beside the session's
         # the wheel and a drag zoom and pan time only (lanes stay), on both plots at once
         self.timeline.getPlotItem().vb.setMouseEnabled(x=True, y=False)
         self.memory_plot.getPlotItem().vb.setMouseEnabled(x=True, y=False)
@@ -490,12 +491,17 @@ class MemoryPanel(QWidget):
         for item in self._bars:
             self.timeline.removeItem(item)
         self._bars = []
-        by_name: dict[str, list[Span]] = {}
+        by_row: dict[tuple[str, int], list[Span]] = {}
         for sp in self.telemetry.spans:
-            by_name.setdefault(sp.name, []).append(sp)
-        for name, spans in by_name.items():
+            by_row.setdefault((sp.name, row_of(sp)), []).append(sp)
+        names = row_names(self.telemetry.spans)  # a lane per request beside the session's
+        if names != self._row_names:
+            self._row_names = names
+            self.timeline.getAxis("left").setTicks([[(y, n) for y, n in names.items()]])
+            self.timeline.setYRange(0.4, max(names) + 0.6)
+        for (name, row), spans in by_row.items():
             color = QColor(SPAN_COLORS.get(name, "#888888"))
-            y = [ROWS.get(name, 3)] * len(spans)
+            y = [row] * len(spans)
             x0 = [sp.start_s - self._t0 for sp in spans]
             width = [max(sp.end_s - sp.start_s, 1e-4) for sp in spans]
             pred = [(x, sp.predicted_s) for x, sp in zip(x0, spans) if sp.predicted_s is not None]
@@ -513,7 +519,7 @@ class MemoryPanel(QWidget):
 
     def span_at(self, x: float, y: float) -> Span | None:
         for sp in reversed(self.telemetry.spans):
-            if abs(ROWS.get(sp.name, 3) - y) < 0.4 and sp.start_s - self._t0 <= x <= sp.end_s - self._t0:
+            if abs(row_of(sp) - y) < 0.4 and sp.start_s - self._t0 <= x <= sp.end_s - self._t0:
                 return sp
         return None
 

@@ -43,6 +43,10 @@ class LaneResult:
     text: str
     stats: GenStats
     error: str | None = None  # the lane was cut (the model closed): what to tell the client
+    seq: int = 0  # the lane's sequence
+    started: float = 0.0  # time.monotonic() when it began, its first token, its end
+    first: float = 0.0
+    ended: float = 0.0
 
 
 @dataclass
@@ -187,7 +191,9 @@ class Lanes:
         llama().llama_sampler_free(lane.chain)
         lane.chain, lane.req, lane.reserve, lane.todo = None, None, 0, []
         lane.used = now
-        req.on_end(LaneResult("".join(lane.pieces), stats, error))
+        mono = time.monotonic() - now  # the same moments on the spans' clock
+        req.on_end(LaneResult("".join(lane.pieces), stats, error, lane.seq, lane.t_start + mono,
+                              first + mono, now + mono))
 
     def cut(self, why: str) -> None:
         """The context goes (the model closes or reloads): every running request ends, told why."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from engine.errors import EbbError
-from engine.events import TurnResult
+from engine.events import Span, TurnResult
 from engine.llama.lanes import MIN_REPLY, LaneRequest, LaneResult
 from engine.server.api.chat import ChatRequest
 from engine.server.api.common import ApiError, StopWatcher, finish_reason
@@ -93,7 +93,12 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
             shown.append(rest)
             job.on_event(Piece(rest))
         g = res.stats
-        turn = TurnResult(request_id, text="".join(shown), gen=g)
+        device = "CPU" if not rt.params.devices else rt.params.devices[0]
+        turn = TurnResult(request_id, text="".join(shown), gen=g, spans=[  # its lane in the panel
+            Span(request_id, name="prefill", start_s=res.started, end_s=res.first, device=device,
+                 detail=f"{g.n_prompt_tokens_evaluated} of {g.n_prompt_tokens} tokens", lane=res.seq),
+            Span(request_id, name="decode", start_s=res.first, end_s=res.ended, device=device,
+                 detail=f"{g.n_gen_tokens} tokens", lane=res.seq)])
         answer = Answer(request_id, finish_reason(str(g.stop_reason or ""), watcher.hit),
                         g.n_prompt_tokens, g.n_gen_tokens, "".join(shown), turn,
                         job.cancel.is_set() and not watcher.hit)
