@@ -59,10 +59,17 @@ def margin(entry: Any) -> float:
 
 
 def agree_where_decided(a: Sequence[Any], b: Sequence[Any],
-                        by: float = DECIDED_BY) -> int:
+                        by: float = DECIDED_BY, at_least: int = 1) -> int:
     """Two greedy replies' logprobs (GenParams(top_logprobs=2)) from different evaluation
     paths: the same token at every step until either side's choice was closer than `by`, after
-    which they may part. Returns the number of steps compared."""
+    which they may part. Returns the number of steps compared, which must be `at_least` (a
+    reply whose first step is already close proves nothing: the caller picks another prompt)."""
+    n = _agreeing_steps(a, b, by)
+    assert n >= at_least, f"only {n} decided steps compared (at least {at_least} wanted)"
+    return n
+
+
+def _agreeing_steps(a: Sequence[Any], b: Sequence[Any], by: float) -> int:
     for i, (x, y) in enumerate(zip(map(_entry, a), map(_entry, b))):
         if min(margin(x), margin(y)) < by:
             return i
@@ -72,13 +79,17 @@ def agree_where_decided(a: Sequence[Any], b: Sequence[Any],
     return min(len(a), len(b))
 
 
-def agree_turn_by_turn(these: list[dict[str, Any]], those: list[dict[str, Any]]) -> int:
+def agree_turn_by_turn(these: list[dict[str, Any]], those: list[dict[str, Any]],
+                       at_least: int = 1) -> int:
     """Two conversations' turns (`ebb-engine chat --json --top-logprobs 2` lines, or
-    TurnResult.to_dict()s): each turn's reply agrees where decided. Returns the steps compared."""
+    TurnResult.to_dict()s): each turn's reply agrees where decided. Returns the steps compared,
+    `at_least` of them over all the turns."""
     assert len(these) == len(those), (len(these), len(those))
     for t in (*these, *those):
         assert "error" not in t and t.get("logprobs") is not None, t.get("error", "no logprobs")
-    return sum(agree_where_decided(a["logprobs"], b["logprobs"]) for a, b in zip(these, those))
+    n = sum(_agreeing_steps(a["logprobs"], b["logprobs"], DECIDED_BY) for a, b in zip(these, those))
+    assert n >= at_least, f"only {n} decided steps compared over the turns (at least {at_least} wanted)"
+    return n
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

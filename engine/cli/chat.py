@@ -330,7 +330,9 @@ def register(sub: Subcommands) -> None:
     p = sub.add_parser("chat", help="chat with a model from the terminal",
                        parents=[flag_parser(*SESSION_FLAGS)])
     p.add_argument("--prompt", default=None)
-    p.add_argument("--image", action="append", default=[], help="image file (repeatable)")
+    p.add_argument("--attach", "--image", dest="image", action="append", default=[], metavar="FILE",
+                   help="a picture, clip, video (clip.mp4#every=4), PDF (doc.pdf#pages=3-5) or text "
+                        "file the message carries (repeatable; --image is its older name)")
     p.add_argument("--script", default=None, help='JSON list of {"text", "images"} user turns')
     add_session_flags(p)
     p.add_argument("--trace", default=None, metavar="FILE.json", help="write Chrome trace JSON")

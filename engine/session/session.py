@@ -21,6 +21,7 @@ Every step is a Span event. Owned by one thread (the CLI's, or the app's engine 
 from __future__ import annotations
 
 import contextlib
+import enum
 import threading
 import time
 from dataclasses import replace
@@ -53,6 +54,14 @@ __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResul
            "turn_with_recovery"]
 
 
+class Life(enum.Enum):
+    """A session's life: its model answers; its device went away (nothing may touch its
+    buffers); closed."""
+    LIVE = "live"
+    ABANDONED = "abandoned"
+    CLOSED = "closed"
+
+
 class Session:
     def __init__(self, cfg: SessionConfig, emit: Callable[[events.Event], None] | None = None,
                  files: ModelFiles | None = None) -> None:
@@ -76,7 +85,9 @@ class Session:
         if files.projector_refused:
             cfg = replace(cfg, mmproj_path=None)
         self.cfg = cfg
-        self.abandoned = False
+        # its life, in one place: LIVE, ABANDONED once its accelerator's server went away (its
+        # buffers live there: nothing may touch them, a new session carries the chat on), CLOSED
+        self.life = Life.LIVE
         # the conversation, what its template is given and its last reply's life (ReplyState:
         # an open one is continued from the KV cache, with no prefill)
         self.chat = History()
@@ -120,8 +131,15 @@ class Session:
         self.load_rpc_bytes_sent = (sent1 or 0) - (sent0 or 0)
         self.model.emit()
 
+    @property
+    def abandoned(self) -> bool:
+        return self.life is Life.ABANDONED
+
     def close(self) -> None:
-        if self.abandoned:  # its buffers live on a server that is gone: freeing would abort
+        if self.life is Life.CLOSED:
+            return
+        abandoned, self.life = self.abandoned, Life.CLOSED
+        if abandoned:  # its buffers live on a server that is gone: freeing would abort
             self._stack.pop_all()
             self.model.abandon()
             return
@@ -143,17 +161,18 @@ class Session:
 
     # ------------------------------------------------------------ the turn
 
-    def turn(self, text: str, image_paths: Sequence[str | Path] = (), gp: GenParams | None = None,
+    def turn(self, text: str, attachments: Sequence[str | Path] = (), gp: GenParams | None = None,
              on_text: Callable[[str], None] | None = None,
              cancel: threading.Event | None = None, role: str = "user",
              extra: dict[str, Any] | None = None) -> TurnResult:
-        """One user turn (or a function's result: `role` "tool", `extra` its call's id). A bad
-        input returns a result with `error`; the context is kept."""
+        """One user turn (or a function's result: `role` "tool", `extra` its call's id) with its
+        `attachments`: pictures, clips, videos, documents and text files, by path or reference
+        (`clip.mp4#every=4`). A bad input returns a result with `error`; the context is kept."""
         tl = self._new_request()
-        res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
+        res = TurnResult(self._request_id, n_images=len(attachments), spans=tl.spans)
         self._check_device()
         try:
-            parts = self.prompt.expand(image_paths, role, text)
+            parts = self.prompt.expand(attachments, role, text)
             images = [m for e in parts for m in e.media]
             res.attachments = [e.ref for e in parts]
             res.attachment_lines = [e.line for e in parts]
@@ -343,16 +362,16 @@ class Session:
         loss is reported once by check_rpc_servers; a take-up may have seen it first)."""
         endpoint = self.model.accel_endpoint
         if endpoint and (self.abandoned or endpoint in check_rpc_servers()):
-            self.abandoned = True
+            self.life = Life.ABANDONED
             raise DeviceLost(f"the RPC server {endpoint} ({self.model.accel}) went away",
                              "continuing on the devices that are left")
 
-    def encode_only(self, image_paths: Sequence[str | Path]) -> TurnResult:
+    def encode_only(self, pictures: Sequence[str | Path]) -> TurnResult:
         """Plan and encode images afresh (cache ignored), without adding them to the
         conversation: one full swap cycle when the plan says swap. For benchmarks and tests."""
         tl = self._new_request()
-        res = TurnResult(self._request_id, n_images=len(image_paths), spans=tl.spans)
-        images = [self.encoder.load(Path(p)) for p in image_paths]
+        res = TurnResult(self._request_id, n_images=len(pictures), spans=tl.spans)
+        images = [self.encoder.load(Path(p)) for p in pictures]
         for img in images:
             self.encoder.forget(img)
         keys = [self.encoder.remember(i) for i in images]
@@ -550,7 +569,7 @@ class Session:
         return result
 
 def turn_with_recovery(session: Session, text: str | Sequence[int],
-                       image_paths: Sequence[str | Path] = (),
+                       attachments: Sequence[str | Path] = (),
                        gp: GenParams | None = None, on_text: Callable[[str], None] | None = None,
                        cancel: threading.Event | None = None,
                        emit: Callable[[events.Event], None] | None = None,
@@ -564,7 +583,7 @@ def turn_with_recovery(session: Session, text: str | Sequence[int],
         if raw:
             return s.complete(text, gp, on_text, cancel)
         assert isinstance(text, str)
-        return s.turn(text, image_paths, gp, on_text, cancel, role, extra)
+        return s.turn(text, attachments, gp, on_text, cancel, role, extra)
 
     try:
         return session, run(session)
