@@ -550,5 +550,7 @@ class ModelResidency:
 
     def abandon(self) -> None:
         """Drop every handle without freeing: the device they live on is gone (ggml would
-        abort on a free)."""
+        abort on a free). Requests on its lanes end, told why (nothing of the device is touched)."""
+        if self.runtime is not None and self.runtime.lanes is not None:
+            self.runtime.lanes.cut("the accelerator's server went away")
         self._stack.pop_all()
