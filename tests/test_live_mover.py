@@ -11,9 +11,14 @@ import pytest
 from tests.helpers import N_THREADS, agree_turn_by_turn, run_cli
 
 
-def _one_image_turn(rpc_server, base_projector, pictures, *extra, env=None):
+# a reply whose first steps the model decides (the picture aside): a comparison of two paths
+# then compares something (agree_turn_by_turn's floor); "What is this?" is close from its first
+REPEAT = "Repeat after me: the cat sat on the mat."
+
+
+def _one_image_turn(rpc_server, base_projector, pictures, *extra, env=None, prompt="What is this?"):
     cmd = [sys.executable, "-m", "engine", "chat", "--rpc", rpc_server.endpoint, "--mmproj",
-           str(base_projector), "--prompt", "What is this?", "--image", str(pictures["a.png"]),
+           str(base_projector), "--prompt", prompt, "--image", str(pictures["a.png"]),
            "--vision", "swap", "--vram-budget", "300MiB", "--temp", "0", "--max-tokens", "8",
            "--ctx", "2048", "--threads", str(N_THREADS), "--json", "--top-logprobs", "2", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
@@ -309,11 +314,12 @@ def _budget_only_the_reload_mover_meets(model_path, projector):
 def test_a_swap_the_live_mover_cannot_make_room_for_takes_the_reload_mover(
         rpc_server, base_projector, pictures, model_path):
     budget = _budget_only_the_reload_mover_meets(model_path, base_projector)
-    swap = _one_image_turn(rpc_server, base_projector, pictures, "--vram-budget", f"{budget}B")
+    swap = _one_image_turn(rpc_server, base_projector, pictures, "--vram-budget", f"{budget}B",
+                           prompt=REPEAT)
     assert swap.returncode == 0, swap.stderr
     out = json.loads(swap.stdout)
     cpu = json.loads(_one_image_turn(rpc_server, base_projector, pictures, "--vram-budget",
-                                     f"{budget}B", "--vision", "cpu").stdout)
+                                     f"{budget}B", "--vision", "cpu", prompt=REPEAT).stdout)
     assert out["mover"] == "live" and out["strategy"] == "swap" and out["swap_mover"] == "reload"
     assert "reload mover" in out["mover_note"] and "evicting every layer" in out["mover_note"]
     assert "save_state" in [s["name"] for s in out["spans"]]

@@ -9,7 +9,8 @@ import pytest
 from tests.helpers import N_THREADS, agree_turn_by_turn, run_cli
 
 MiB = 2**20
-SCRIPT = [{"text": "What is the capital of France?"}, {"text": "Name three colours."}]
+# the first reply's first steps are decided: the comparison of the placements compares something
+SCRIPT = [{"text": "Repeat after me: the cat sat on the mat."}, {"text": "What is the capital of France?"}]
 
 
 def _chat(tmp_path, *extra):
