@@ -61,6 +61,7 @@ def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
              ("And this one?", [clips["b.wav"]] + ([pictures["a.png"]] if family == "qwen2.5o" else [])),
              ("Which was louder?", [])]
     gp = GenParams(max_tokens=N_REPLY, temperature=0, top_logprobs=2)
+    compared = 0  # decided steps over the turns (a random family's reply may be close at once)
     with _session(lm, mm) as s:
         seen: list[Path] = []
         for text, files in turns:
@@ -72,10 +73,11 @@ def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
             ref, steps = reference_reply(lm, mm, prompt, seen, N_REPLY, n_threads=N_THREADS,
                                          n_ctx=N_CTX)
             assert res.gen.logprobs is not None
-            agree_where_decided(res.gen.logprobs, steps)
+            compared += agree_where_decided(res.gen.logprobs, steps, at_least=0)
             if text.startswith("What"):
                 first, first_tokens = res.text, res.to_dict()["n_image_tokens_encoded"]
         assert res.to_dict()["n_image_tokens_encoded"] == 0  # nothing new: the clips are cached
+    assert compared > 0, "no decided step in any turn: nothing was compared with llama.cpp's"
     with _session(lm, mm) as s:  # the sound reaches the model: another clip, other embeddings
         for clip in ("a.wav", "noise.wav"):
             assert s.turn(turns[0][0], [clips[clip]], gp).error is None
@@ -232,7 +234,8 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
 
     lm, mm = pairs["qwen2a"]
     with _session(lm, mm, n_ctx=2048) as s:
-        want = s.turn("What is this sound?", [clips["b.wav"]],
+        # a.wav: a reply whose first steps are decided (b.wav's first is close): compared DECIDED
+        want = s.turn("What is this sound?", [clips["a.wav"]],
                       GenParams(max_tokens=N_REPLY, temperature=0, top_logprobs=2))
         # #67: a transcript is no longer than speech of the clip's length can be
         from engine.media.audio import clip_info
@@ -245,7 +248,7 @@ def test_the_endpoint_takes_input_audio_from_the_official_client(pairs, clips):
     try:
         client = server.client(key="none")
         assert "audio" in client.models.list().data[0].model_extra["capabilities"]
-        audio = {"data": base64.b64encode(clips["b.wav"].read_bytes()).decode(), "format": "wav"}
+        audio = {"data": base64.b64encode(clips["a.wav"].read_bytes()).decode(), "format": "wav"}
         got = client.chat.completions.create(
             model="m", temperature=0, max_tokens=N_REPLY, logprobs=True, top_logprobs=2,
             messages=[{"role": "user", "content": [{"type": "text", "text": "What is this sound?"},

@@ -76,11 +76,13 @@ def test_continue_after_a_reopen_prefills_up_to_the_reply(session):
     """The capped reply is SAME PATH as the uncapped one (both from an empty cache); the
     continuation prefills the reply so far instead of having generated it, so it is DECIDED:
     its tokens are the uncapped reply's until either side's choice was close."""
+    from tests.test_speculation import QUESTION  # a copy: decided past the cut, so compared
+
     gp = GenParams(max_tokens=60, temperature=0, top_logprobs=2)
     _afresh(session)
-    whole = session.turn(STORY, gp=gp)
+    whole = session.turn(QUESTION, gp=gp)
     _afresh(session)
-    first = session.turn(STORY, gp=replace(gp, max_tokens=30))
+    first = session.turn(QUESTION, gp=replace(gp, max_tokens=30))
     assert whole.text.startswith(first.text)
     # the conversation is reopened (as when the window starts again): the cache is not trusted
     session.set_history([(t.role, t.text, []) for t in session.history])

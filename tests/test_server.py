@@ -157,7 +157,8 @@ def test_models_and_a_greedy_reply_equal_the_cli(server):
 
     with pytest.raises(NotFoundError):
         client.models.retrieve("gpt-4")
-    prompt = "Write a short poem about the sea."
+    # a reply the model decides from its first step (the streamed one is compared DECIDED)
+    prompt = "Repeat after me: the cat sat on the mat, and the dog sat on the log by the door."
     done = client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}],
                                           temperature=0, max_tokens=12, seed=1, logprobs=True,
                                           top_logprobs=2)

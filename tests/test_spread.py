@@ -10,7 +10,8 @@ from engine.placement.plan import DeviceOffer, plan_spread
 from tests.helpers import N_THREADS, RpcServer, agree_turn_by_turn, run_cli
 
 MiB = 2**20
-SCRIPT = [{"text": "What is the capital of France?"},
+# the first reply is decided from its first step: the placements' comparison compares something
+SCRIPT = [{"text": "Repeat after me: the cat sat on the mat."},
           {"text": "What is in this picture?", "images": ["a.png"]}]
 
 
