@@ -84,9 +84,11 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
             job.cancel.set()  # the stop sequence ends it before its next step
 
     def on_end(res: LaneResult) -> None:
-        if res.error is not None:
+        if res.error is not None:  # refused before it began (its grammar), or cut (the model went)
             over(job, None)
-            job.on_event(Failed(ApiError(503, f"the reply was cut: {res.error}")))
+            began = res.stats.stop_reason is not None
+            job.on_event(Failed(ApiError(503, f"the reply was cut: {res.error}") if began
+                                else ApiError(400, res.error)))
             return
         rest = watcher.flush()
         if rest:
