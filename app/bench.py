@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from app.core.store import Store
+    from app.mainwindow.window import MainWindow
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
 
 @contextlib.contextmanager
-def _bench_window(args: argparse.Namespace) -> Iterator[tuple[Any, Any, Callable[[Callable[[], bool]], None]]]:
+def _bench_window(args: argparse.Namespace) -> Iterator[tuple[MainWindow, Store, Callable[[Callable[[], bool]], None]]]:
     """The real window on a fresh data folder, the Memory panel open (redrawn as the reply
     streams, #54), greedy replies of `--max-tokens`, the model loaded: (window, store, spin)."""
     from PySide6.QtCore import QEventLoop
@@ -105,7 +106,7 @@ def _window_run(args: argparse.Namespace) -> int:
         # stream's share apart from what the window does once the reply is done
         at_end: list[float] = []
 
-        def timed(finished: Callable[[Any], None]) -> Callable[[Any], None]:
+        def timed(finished: Callable[[events.TurnFinished], None]) -> Callable[[events.TurnFinished], None]:
             def on_finished(ev: events.TurnFinished) -> None:
                 at_end.append(time.thread_time())
                 finished(ev)
@@ -186,7 +187,7 @@ def cmd_stream_ab(args: argparse.Namespace) -> int:
     from app.mainwindow.sending import REDRAW_MS
 
     with _bench_window(args) as (w, store, spin):
-        def reply(start: Any) -> float:
+        def reply(start: Callable[[], None]) -> float:
             QTimer.singleShot(0, start)
             spin(lambda: w.chat.busy)
             spin(lambda: not w.chat.busy)

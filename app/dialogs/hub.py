@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
@@ -37,9 +36,9 @@ from PySide6.QtWidgets import (
 from app.core.settings import Settings
 from app.widgets.downloads import CANCELLED, DONE, FAILED, PAUSED, RUNNING, Download, Downloads
 from engine.errors import EbbError
-from engine.hub.catalog import RepoFiles
+from engine.hub.catalog import HubFile, Quant, RepoFiles, RepoHit
 from engine.hub.fetch import Fetched
-from engine.hub.verdict import Machine
+from engine.hub.verdict import Machine, Verdict
 from engine.units import fmt_bytes
 
 
@@ -61,21 +60,21 @@ class HubDialog(QDialog):
     open_pair = Signal(str, str)  # model, projector ("" for none)
 
     def __init__(self, settings: Settings, machine: Machine,
-                 save_setting: Callable[[str, Any], None], downloads: Downloads,
+                 save_setting: Callable[[str, object], None], downloads: Downloads,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Get models")
         self.resize(980, 600)
         self.machine, self._save = machine, save_setting
         self.jobs = _Jobs(self)
-        self.files: Any = None  # the chosen repo's RepoFiles
+        self.files: RepoFiles | None = None  # the chosen repo's
         self.repo = ""
         self.downloads = downloads
         self.current: int | None = None  # the download the bar and the buttons follow
         self.fetched: Fetched | None = None
         self._generation = 0  # a newer listing makes an older one's verdicts stale
         self._searches = 0  # a newer search makes an older one's results stale
-        self.verdicts: dict[int, Any] = {}  # row -> Verdict, as they come (the recommendation)
+        self.verdicts: dict[int, Verdict] = {}  # row -> its verdict, as they come (the recommendation)
         self.refused: dict[int, str] = {}  # row -> why it cannot be loaded (never downloaded)
         self._build(settings)
         self.jobs.found.connect(self._on_found)
@@ -203,7 +202,7 @@ class HubDialog(QDialog):
                 self.jobs.failed.emit(f"{type(exc).__name__}: {exc}")
         _run(run)
 
-    def _on_found(self, found: tuple[int, list[Any]]) -> None:
+    def _on_found(self, found: tuple[int, list[RepoHit]]) -> None:
         n, hits = found
         if n != self._searches:
             return  # a newer search is under way: its results count
@@ -274,13 +273,13 @@ class HubDialog(QDialog):
                 if generation != self._generation:
                     return
                 try:
-                    v: Any = judge_remote(files.repo, q, projector, self.machine, endpoint, token)
+                    v: Verdict | str = judge_remote(files.repo, q, projector, self.machine, endpoint, token)
                 except EbbError as exc:
                     v = f"cannot judge: {exc}"
                 self.jobs.judged.emit(row, (generation, v))
         _run(work)
 
-    def _on_judged(self, row: int, payload: Any) -> None:
+    def _on_judged(self, row: int, payload: tuple[int, Verdict | str]) -> None:
         generation, v = payload
         if generation != self._generation or row >= self.table.rowCount():
             return
@@ -312,10 +311,11 @@ class HubDialog(QDialog):
         busy = self._following(RUNNING)
         rows = {i.row() for i in self.table.selectedItems()}
         picked = bool(rows)
-        rec = None if picked or not self.files else self.recommended_row()
+        files = self.files
+        rec = None if picked or not files else self.recommended_row()
         broken = [self.refused[r] for r in sorted(rows) if r in self.refused]
-        self.download.setText("Download" if picked or rec is None else
-                              f"Download {self.files.quants[rec].label} (suits this machine)")
+        self.download.setText("Download" if picked or rec is None or files is None else
+                              f"Download {files.quants[rec].label} (suits this machine)")
         # a set that cannot be loaded (a part missing, not a GGUF) is never downloaded
         self.download.setEnabled(bool(self.files) and (picked or rec is not None) and not busy
                                  and not broken)
@@ -326,7 +326,7 @@ class HubDialog(QDialog):
     def _following(self, state: str) -> bool:
         return self.current is not None and self.downloads.get(self.current).state == state
 
-    def chosen(self) -> tuple[Any, Any]:
+    def chosen(self) -> tuple[Quant | None, HubFile | None]:
         """The quantisation clicked, else the one recommended for this machine, and the projector."""
         rows = {i.row() for i in self.table.selectedItems()}
         row = min(rows) if rows else self.recommended_row()
@@ -337,7 +337,7 @@ class HubDialog(QDialog):
 
     def start_download(self) -> None:
         quant, proj = self.chosen()
-        if quant is None:
+        if quant is None or self.files is None:
             return
         endpoint, token = self._hub()
         self._say("")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtGui import QAction
@@ -16,6 +16,9 @@ from PySide6.QtWidgets import QInputDialog, QWidget
 from engine import events
 from engine.config import SessionConfig
 from engine.errors import EbbError
+
+if TYPE_CHECKING:
+    from app.core.standin import StandIn
 
 # of the stand-in accelerator's memory, what the session may use (its own cap is exact)
 STANDIN_SHARE = 0.95
@@ -28,7 +31,7 @@ class StandInControl(QObject):
         self.window = window
         self.log_dir = log_dir  # its log beside the window's (None: in memory)
         self.status, self.error, self.ready = status, error, ready
-        self.standin: Any = None  # app/core/standin.py's StandIn, while it runs
+        self.standin: StandIn | None = None  # while it runs
         self.action = QAction("Start a stand-in accelerator…", window)
         self.action.triggered.connect(lambda _checked=False: self.start())
         self.action.setStatusTip("Serve part of this machine's RAM as a device of a "
@@ -67,8 +70,12 @@ class StandInControl(QObject):
         self._poll.start()
 
     def _on_poll(self) -> None:
+        standin = self.standin
+        if standin is None:  # stopped meanwhile
+            self._poll.stop()
+            return
         try:
-            if not self.standin.ready():
+            if not standin.ready():
                 return
         except EbbError as exc:
             self._poll.stop()
@@ -77,8 +84,8 @@ class StandInControl(QObject):
             self.error(f"Could not start the stand-in accelerator: {exc}")
             return
         self._poll.stop()
-        self.status(f"The {self.standin.label} is ready: loading the model onto it", 15000)
-        self.ready(self.standin.endpoint)
+        self.status(f"The {standin.label} is ready: loading the model onto it", 15000)
+        self.ready(standin.endpoint)
 
     def is_standin(self, d: events.LoadDetails) -> bool:
         return (self.standin is not None and bool(d.accelerator)
@@ -86,7 +93,7 @@ class StandInControl(QObject):
 
     def accel_name(self, d: events.LoadDetails) -> str:
         """The accelerator as the user knows it: the stand-in is named so wherever it shows."""
-        return f"{d.accelerator}, the {self.standin.label}" if self.is_standin(d) else str(d.accelerator)
+        return f"{d.accelerator}, the {self.label}" if self.is_standin(d) else str(d.accelerator)
 
     def adjust(self, cfg: SessionConfig) -> SessionConfig:
         """A load's config while the stand-in runs: it is there to show the swap (on loopback,

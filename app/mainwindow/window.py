@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from PySide6.QtCore import QEventLoop, QMetaObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import (
@@ -76,6 +76,8 @@ from app.widgets.conversation_list import ConversationList
 
 CHAT_MIN_WIDTH = 380  # px: the chat column is never squeezed below this by the panel
 PANEL_MIN_WIDTH = 400  # px: narrower, the Memory panel scrolls instead of cutting its content off
+
+E = TypeVar("E", bound=events.Event)  # an engine event's kind
 
 
 class MainWindow(QMainWindow):
@@ -520,7 +522,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ engine events
 
-    def wrap_handler(self, kind: type, wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -> None:
+    def wrap_handler(self, kind: type[E], wrap: Callable[[Callable[[E], None]], Callable[[E], None]]) -> None:
         """Replace the handler of an engine event `kind` with `wrap(handler)` (a bench that
         times what the window does with it)."""
         self._handlers[kind] = wrap(self._handlers[kind])

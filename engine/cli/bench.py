@@ -5,7 +5,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, TypedDict
 
 from engine.cli.common import Subcommands, flag_parser, flash_attn_arg
 from engine.config import default_threads
@@ -17,6 +17,17 @@ from engine.units import fmt_bytes
 Command = Callable[[argparse.Namespace], int]
 
 
+class ArgSpec(TypedDict, total=False):
+    """What a bench's argument passes to argparse's add_argument (the keys the benches use)."""
+    default: object
+    type: Callable[[str], object]
+    help: str
+    metavar: str
+    action: str
+    choices: Sequence[str]
+    required: bool
+
+
 @dataclass(frozen=True)
 class Bench:
     """One `ebb-engine bench NAME`: its help, the common flags it takes (cli/common.py), its
@@ -24,7 +35,7 @@ class Bench:
     name: str
     help: str
     flags: tuple[str, ...]
-    arguments: tuple[tuple[tuple[str, ...], dict[str, Any]], ...]
+    arguments: tuple[tuple[tuple[str, ...], ArgSpec], ...]
     run: Command
 
 
@@ -40,13 +51,35 @@ def progress_log(args: argparse.Namespace) -> Callable[[str], None]:
     return lambda m: print(f"  {m}", file=sys.stderr, flush=True)
 
 
-def arg(*names: str, **kw: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """One argument of a bench, as argparse's add_argument takes it."""
-    return names, kw
+_UNSET = object()
+
+
+def arg(*names: str, help: str | None = None, default: object = _UNSET,
+        type: Callable[[str], object] | None = None, metavar: str | None = None,
+        action: str | None = None, choices: Sequence[str] | None = None,
+        required: bool = False) -> tuple[tuple[str, ...], ArgSpec]:
+    """One argument of a bench, as argparse's add_argument takes it (only what is given: an
+    action's own default stays)."""
+    spec = ArgSpec()
+    if help is not None:
+        spec["help"] = help
+    if default is not _UNSET:
+        spec["default"] = default
+    if type is not None:
+        spec["type"] = type
+    if metavar is not None:
+        spec["metavar"] = metavar
+    if action is not None:
+        spec["action"] = action
+    if choices is not None:
+        spec["choices"] = choices
+    if required:
+        spec["required"] = True
+    return names, spec
 
 
 def bench(name: str, help: str, flags: tuple[str, ...],
-          *arguments: tuple[tuple[str, ...], dict[str, Any]]) -> Callable[[Command], Command]:
+          *arguments: tuple[tuple[str, ...], ArgSpec]) -> Callable[[Command], Command]:
     """Declare the command below as `ebb-engine bench NAME` (a new bench is one function here)."""
     def declare(run: Command) -> Command:
         BENCHES.append(Bench(name, help, flags, arguments, run))

@@ -53,10 +53,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         except EbbError as exc:  # judged as text only, and said
             print(f"ebb-engine: the projector {files.projectors[0].name} cannot be read: {exc}",
                   file=sys.stderr)
-    rows = []
+    rows: list[dict[str, Any]] = []  # printed as JSON
     for q in files.quants:
         try:
-            v: Any = judge_remote(args.repo, q, projector, machine, args.endpoint, args.token,
+            v: dict[str, Any] = judge_remote(args.repo, q, projector, machine, args.endpoint, args.token,
                                   args.ctx).to_dict()
         except EbbError as exc:
             v = {"text": f"cannot judge: {exc}", "fits": None}

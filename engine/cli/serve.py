@@ -9,12 +9,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.cli.chat import SESSION_FLAGS, add_session_flags, session_config
 from engine.server.limits import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT_S, DEFAULT_PORT
 from engine.cli.common import Subcommands, flag_parser
 from engine.errors import EbbError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -51,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     worker = ServeWorker(cfg, image_dir, max_queue=args.queue, on_turn=log_turn)
 
-    def announce(server: Any) -> None:
+    def announce(server: uvicorn.Server) -> None:
         print(f"ebb-engine: serving {cfg.model_path.name} at http://{args.host}:{args.port}/v1 "
               f"(OpenAI-compatible; the model loads now)", file=sys.stderr, flush=True)
 

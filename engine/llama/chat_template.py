@@ -63,7 +63,7 @@ class ChatTemplate:
         self._template = env.from_string(source)
 
     def __call__(self, *, messages: list[dict[str, Any]],
-                 tools: list[dict[str, Any]] | None = None, **extra: Any) -> str:
+                 tools: list[dict[str, Any]] | None = None, **extra: object) -> str:
         """`extra`: the template's own switches (`enable_thinking`, ...), as llama-server's
         `chat_template_kwargs`; they cannot replace the names set here."""
         fixed = dict(

@@ -12,7 +12,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.errors import DeviceOutOfMemory, EbbError
 from engine.gguf.info import ModelInfo, model_info, read_gguf
@@ -77,6 +77,13 @@ def check_context(info: ModelInfo, n_ctx: int | None) -> int:
         raise EbbError(f"context {n_ctx} is larger than this model allows ({limit} tokens)",
                        f"pass --ctx {limit} or less")
     return n_ctx
+
+
+class HoldsModel(Protocol):
+    """What a projector binds to: a loaded llama_model (the ctypes pointer) and its facts, a
+    `LoadedModel` or a `TextRuntime`."""
+    model: Any
+    info: ModelInfo
 
 
 class LoadedModel:

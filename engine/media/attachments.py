@@ -20,12 +20,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import parse_qsl, urlencode
 
 from engine.errors import EbbError
 from engine.media import documents, kinds, video
 from engine.media.images import LoadedMedia, to_rgb
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 KEYS = {"every", "from", "to", "frames", "pages", "as"}
 DEFAULT_SIDE = 896  # frames and pages for a projector whose input size is unknown
@@ -124,7 +127,7 @@ def frame_key(file_sha: str, what: str, size: tuple[int, int]) -> str:
     return hashlib.sha256(f"{file_sha}#{what}@{size[0]}x{size[1]}".encode()).hexdigest()
 
 
-def _media(image: Any, ref: str, key: str) -> LoadedMedia:
+def _media(image: Image.Image, ref: str, key: str) -> LoadedMedia:
     rgb = to_rgb(image)
     return LoadedMedia(ref, key, rgb.width, rgb.height, rgb.tobytes())
 

@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.config import SessionConfig
 from engine.errors import EbbError
@@ -19,6 +19,7 @@ from engine.gguf.info import ProjectorInfo
 from engine.units import fmt_bytes
 from engine.ledger import Ledger
 from engine.llama.devices import find_device
+from engine.llama.loaded_model import HoldsModel
 from engine.placement import calibration
 from engine.placement.plan import CPU, Costs
 from engine.llama.state_files import file_identity
@@ -29,6 +30,9 @@ from engine.media.audio import clip_info, decode_for_projector
 from engine.media.kinds import is_clip
 from engine.media.images import CLIP_HEIGHT, LoadedMedia, image_digest, load_image
 from engine.media.projector import Bitmap, Encoded, MediaPiece, ProjectorRuntime
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def _projector_identity(path: Path, image_max_tokens: int) -> str:
@@ -84,7 +88,7 @@ class MediaEncoder:
     def marker(self) -> str:
         return self.ram.marker if self.ram is not None else ""
 
-    def load_ram(self, holder: Any) -> None:
+    def load_ram(self, holder: HoldsModel) -> None:
         """Load the projector into RAM, bound to `holder` (a model that outlives it)."""
         if self.cfg.mmproj_path is None:
             return
@@ -95,7 +99,7 @@ class MediaEncoder:
         self.ledger.set(CPU, "projector", self.ram.info.weight_bytes)
         self._proj_id = _projector_identity(self.cfg.mmproj_path, self.cfg.image_max_tokens)
 
-    def load_on_device(self, accel: str, bound_to: Any) -> ProjectorRuntime:
+    def load_on_device(self, accel: str, bound_to: HoldsModel) -> ProjectorRuntime:
         """Put the projector on `accel` (bound to a live model) and count its bytes there."""
         assert self.cfg.mmproj_path is not None
         self._check_room(accel)
@@ -244,7 +248,7 @@ class MediaEncoder:
     def note_layout(self, key: str, bitmap: Bitmap, n_chunks: int) -> None:
         self._layout[key] = (bitmap.width, bitmap.height, n_chunks)
 
-    def embeddings(self, chunk_key: str) -> Any:
+    def embeddings(self, chunk_key: str) -> np.ndarray:
         if chunk_key not in self._cache and self.disk is not None:
             enc = self.disk.load(chunk_key)
             if enc is None:

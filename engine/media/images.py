@@ -5,10 +5,13 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.errors import EbbError
 from engine.media.files import too_large
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 MAX_IMAGE_PIXELS = 50_000_000  # larger is refused before decoding
 MAX_IMAGE_FILE_BYTES = 200 * 1024 * 1024
@@ -31,7 +34,7 @@ class LoadedMedia:
         return self.height == CLIP_HEIGHT
 
 
-def to_rgb(im: Any) -> Any:
+def to_rgb(im: Image.Image) -> Image.Image:
     """8-bit RGB from any mode: 16-bit and float greyscale are scaled, alpha is dropped on
     white, CMYK and palettes are converted."""
     import numpy as np

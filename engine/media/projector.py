@@ -23,6 +23,7 @@ from engine.gguf.info import (
 )
 from engine.llama import log as llama_log
 from engine.llama.lib import flash_attn_type, llama
+from engine.llama.loaded_model import HoldsModel
 from engine.media.images import LoadedMedia
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class ProjectorRuntime:
     compute buffer on that accelerator.
     """
 
-    def __init__(self, path: Path, model: Any, n_threads: int, device: str | None = None,
+    def __init__(self, path: Path, model: HoldsModel, n_threads: int, device: str | None = None,
                  flash_attn: bool | None = None, image_max_tokens: int = 0,
                  info: ProjectorInfo | None = None) -> None:
         self.path = Path(path)

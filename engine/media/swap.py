@@ -106,6 +106,7 @@ class PlanRun:
         model = self.model
         swapping = self.plan.strategy == "swap"
         bound_to = model.host_holder if self._model_freed else model.runtime
+        assert bound_to is not None  # the holder is made before a swap frees the runtime
         self._set_projector("loading")
         try:
             with self.tl.step("load_projector", self._accel, step.bytes):

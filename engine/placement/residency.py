@@ -27,7 +27,7 @@ from engine.llama.devices import (
     session_accelerators,
     wait_until_done,
 )
-from engine.llama.loaded_model import LoadedModel, LoadParams, state_identity
+from engine.llama.loaded_model import HoldsModel, LoadedModel, LoadParams, state_identity
 from engine.llama.runtime import TextRuntime
 from engine.llama.snapshots import Snapshots
 from engine.llama.state_files import StateFiles
@@ -94,7 +94,7 @@ class ModelResidency:
         self.layer_state: list[str] = [CPU] * info.n_layers  # live layout: where each layer is
         self.n_model_loads = 0
         self.projector = ""
-        self.host_holder: Any = None  # see host_model
+        self.host_holder: HoldsModel | None = None  # see host_model
         # what the runtime's lanes ask before each batch for requests to begin (lanes.py); kept
         # here so that a runtime loaded again (a reload swap) is fed as the one before
         self.lane_feed: Callable[[], None] | None = None
@@ -363,7 +363,7 @@ class ModelResidency:
                 self.ledger.set(dev, _KIND[kind], n)
         return rt
 
-    def host_model(self) -> Any:
+    def host_model(self) -> HoldsModel:
         """A model for projectors to bind to while the runtime may be freed, alive as long as
         this owner: the runtime itself when everything is in RAM for good (no accelerator: no
         swap ever frees it), else a host-only instance (mmapped, no copy), since a reload swap
@@ -375,9 +375,10 @@ class ModelResidency:
             if self.placement.n_gpu_layers == 0 and not self.placement.live and self.accel is None:
                 self.host_holder = self.runtime
             else:
-                self.host_holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0,
-                                                          devices=(), repack=False), self.info)
-                self._stack.callback(self.host_holder.close)
+                holder = LoadedModel(LoadParams(self.cfg.model_path, n_gpu_layers=0, devices=(),
+                                                repack=False), self.info)
+                self._stack.callback(holder.close)
+                self.host_holder = holder
         return self.host_holder
 
     # ------------------------------------------------------------ moving

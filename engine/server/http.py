@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -37,6 +37,9 @@ from engine.server.guard import Policy, RequestGuard
 from engine.server.streams import Waiting, chat_stream, text_stream, to_sse
 from engine.server.jobs import Answer, Backend, Done, Event, Failed, Job, Piece
 from engine.server.limits import DEFAULT_MAX_BODY, DEFAULT_MAX_WAIT_S
+
+if TYPE_CHECKING:
+    import uvicorn
 
 # a route's answer from the backend's: the whole reply (a JSON body, or a Response)
 Reply = Callable[[Answer, str, str], Any]
@@ -355,7 +358,8 @@ def build_app(worker: Backend, api_key: str | None = None,
     app.state.ebb = ServerState(worker, api_key, max_body, image_folder, max_wait_s)
     return RequestGuard(app, Policy(listen_host, allow_hosts, cors))
 def serve(worker: Backend, host: str, port: int, api_key: str | None = None,
-          max_body: int = DEFAULT_MAX_BODY, ready: Any = None, cors: tuple[str, ...] = (),
+          max_body: int = DEFAULT_MAX_BODY, ready: Callable[[uvicorn.Server], None] | None = None,
+          cors: tuple[str, ...] = (),
           allow_hosts: tuple[str, ...] = (), image_folder: Path | None = None,
           max_wait_s: float = DEFAULT_MAX_WAIT_S) -> None:
     """Run until interrupted (uvicorn handles Ctrl-C and SIGTERM)."""
