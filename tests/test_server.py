@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -707,9 +708,11 @@ import json, sys
 from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
 model, threads, what, arg = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 if what == "complete":
-    llm = Llama(model, n_ctx=2048, n_threads=threads, flash_attn=False, verbose=False)  # as auto on a CPU
-    out = llm.create_completion(arg, max_tokens=12, temperature=0)
-    print(json.dumps({"text": out["choices"][0]["text"], "n_prompt": len(llm.tokenize(arg.encode()))}))
+    llm = Llama(model, n_ctx=2048, n_threads=threads, flash_attn=False, logits_all=True,  # logprobs
+                verbose=False)  # flash attention off: as auto on a CPU
+    out = llm.create_completion(arg, max_tokens=12, temperature=0, logprobs=2)
+    print(json.dumps({"text": out["choices"][0]["text"], "n_prompt": len(llm.tokenize(arg.encode())),
+                      "logprobs": out["choices"][0]["logprobs"]}, default=float))
 else:
     llm = Llama(model, n_ctx=512, n_threads=threads, embedding=True,
                 pooling_type=LLAMA_POOLING_TYPE_MEAN, verbose=False)
@@ -729,16 +732,32 @@ def bare(model_path, what: str, arg: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _legacy_entries(lp: Any) -> list[dict[str, Any]]:
+    """/v1/completions' logprobs (tokens, token_logprobs, top_logprobs as dicts), as the
+    entries `agree_where_decided` compares."""
+    lp = lp if isinstance(lp, dict) else lp.model_dump()
+    return [{"token": t, "bytes": list(t.encode()), "logprob": p,
+             "top_logprobs": [{"token": k, "logprob": v} for k, v in sorted(top.items(), key=lambda kv: -kv[1])]}
+            for t, p, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
+
+
 def test_completions_equal_the_bare_librarys(server, model_path):
-    """#29: /v1/completions is the prompt as it is (no chat template), greedy token for token
-    what llama-cpp-python's create_completion gives; streamed the same; echo and logprobs."""
+    """#29: /v1/completions is the prompt as it is (no chat template), greedy what
+    llama-cpp-python's create_completion gives: DECIDED against it (another program: its prompt
+    threads default to the machine's cores). Then streamed, echoed and with logprobs, each
+    SAME PATH as a plain request made after the first (every one from the cached prompt, its
+    last token evaluated again)."""
     client = server.client()
-    prompt = "The three primary colours are"
+    prompt = "Monday, Tuesday, Wednesday, Thursday,"  # decided from its first step
     peer = bare(model_path, "complete", prompt)
-    want = peer["text"]
+    first = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0,
+                                      logprobs=2)
+    agree_where_decided(_legacy_entries(first.choices[0].logprobs), _legacy_entries(peer["logprobs"]), at_least=2)
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage.completion_tokens == 12 and first.usage.prompt_tokens == peer["n_prompt"]
     done = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0)
-    assert done.choices[0].text == want and done.choices[0].finish_reason == "length"
-    assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == peer["n_prompt"]
+    want = done.choices[0].text
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 12
     streamed = list(client.completions.create(model="m", prompt=prompt, max_tokens=12,
                                               temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in streamed) == want
