@@ -56,6 +56,8 @@ def _session(lm: Path, mm: Path, n_ctx: int = N_CTX) -> Session:
 @pytest.mark.numerics
 @pytest.mark.parametrize("family", GENERATED_AUDIO)
 def test_audio_family_equals_llama_cpp(family, pairs, clips, pictures):
+    """DECIDED: each turn against llama.cpp's own pipeline (its mtmd helper, another program
+    and path), the decided steps counted over the turns."""
     lm, mm = pairs[family]
     turns = [("What is this sound?", [clips["a.wav"]]),
              ("And this one?", [clips["b.wav"]] + ([pictures["a.png"]] if family == "qwen2.5o" else [])),

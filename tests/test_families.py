@@ -62,6 +62,8 @@ def _conversation(lm: Path, mm: Path, pictures: dict[str, Path]) -> list[tuple[s
 @pytest.mark.numerics
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_equals_llama_cpp_and_repeats(family, pairs, pictures):
+    """DECIDED against llama.cpp's own pipeline (another program and path); SAME PATH between
+    two runs of the same conversation (their replies equal)."""
     lm, mm = pairs[family]
     first = _conversation(lm, mm, pictures)
     again = _conversation(lm, mm, pictures)

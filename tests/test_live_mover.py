@@ -244,7 +244,10 @@ def test_bench_swap_reports_both_movers_against_the_limit(rpc_server, base_proje
           f"reload/live {out['reload_vs_live']}x, live/limit {out['live_vs_limit']}x "
           f"(paired {out['live_vs_limit_paired']}x, median {out['live_vs_limit_median']}x, "
           f"against the fastest copy of all {out['live_vs_limit_best']}x)")
-    assert out["replies_equal"]
+    # DECIDED: the reload mover's layers sit where llama.cpp's offload puts them, the live
+    # mover's in its own layout (another path), so the turns agree where the model decided
+    agree_turn_by_turn([{"logprobs": lp} for lp in out["logprobs"]["reload"]],
+                       [{"logprobs": lp} for lp in out["logprobs"]["live"]])
     # the limit: one ideal copy in every live turn (right before its restore), in the piece
     # the scan found fastest
     assert out["n_swaps"] == len(out["live_swaps_s"]) == len(out["bandwidth_samples_Bps"])

@@ -5,7 +5,7 @@ reply of a session that never left; a damaged or foreign state file is passed ov
 How each reply is held against its reference (tests/helpers.py): a restored state is the
 never-left session's own cells, and both evaluate the same new tokens (SAME PATH); a reopen on
 another device is DECIDED; a state passed over evaluates the history in one batch, as a fresh
-session's reference does (SAME PATH)."""
+session's reference does (the same path, compared DECIDED: see that test)."""
 from __future__ import annotations
 
 import pytest
@@ -64,6 +64,8 @@ def _open_under(folder: Path) -> list[str]:
 @pytest.mark.numerics
 def test_a_chat_reopened_after_a_restart_evaluates_only_what_is_new(model_path, tiny_projector,
                                                                     pictures, tmp_path):
+    """SAME PATH: the reopened session takes back the never-left session's own cells (the same
+    bytes, from disk) and evaluates the same new question after them."""
     states = tmp_path / "states"
     pic = [pictures["a.png"]]
     # two exchanges (one with a picture); the window closes there: the memory of the chat is
@@ -360,7 +362,7 @@ def test_an_endpoint_request_reads_its_conversations_state_while_it_waits(model_
             assert s.model.snapshots.disk.n_read_ahead == int(ahead)
     plain, early = answers
     assert early.turn.gen.n_prompt_tokens_restored == plain.turn.gen.n_prompt_tokens_restored > 0
-    assert early.text == plain.text  # the same restored cells, the same new tokens
+    assert early.text == plain.text  # SAME PATH: the same restored cells, the same new tokens
     # another conversation's request reads nothing ahead (its opening names no kept state)
     with Session(_cfg(model_path, tmp_path / "states-True")) as s:
         read_ahead(s, job([{"role": "user", "content": QUESTIONS[0]}]))

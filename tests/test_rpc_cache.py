@@ -60,6 +60,8 @@ def test_warm_cache_sends_hashes_instead_of_weights(tmp_path, wide_model, mover)
     assert cold["n_layers_on_accel"] == warm["n_layers_on_accel"] == WIDE.n_layers
     assert 0.97 * placed <= cold["rpc_bytes_sent"] <= 1.05 * placed
     assert warm["rpc_bytes_sent"] < 0.05 * cold["rpc_bytes_sent"]
+    # SAME PATH: one layout, the same prompt, on two servers of one build and thread count;
+    # the weights are the same bytes whether sent or read from the server's cache
     assert warm["text"] == cold["text"]
 
 
@@ -123,7 +125,7 @@ def test_warm_load_over_a_1_gbit_link(tmp_path, wide_model):
           f"warm {warm['load_s']:.2f}s ({warm['rpc_bytes_sent'] / 2**20:.2f} MiB); "
           f"time saved {cold['load_s'] - warm['load_s']:.2f}s, the saved bytes take "
           f"{expected_s:.2f}s on the link")
-    assert warm["text"] == cold["text"]
+    assert warm["text"] == cold["text"]  # SAME PATH, as in the test above
     # the saved bytes would have taken expected_s on the link; allow for noise on 2 busy cores
     assert cold["load_s"] - warm["load_s"] >= 0.75 * expected_s
 

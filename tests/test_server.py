@@ -626,6 +626,9 @@ def test_a_full_queue_is_a_503_with_retry_after(model_path):
 
 
 def _vision_equals_cli(strategy: str, model_path: Path, base_projector: Path, pictures) -> None:
+    """SAME PATH: the server's first request and the CLI's turn are one session's first turn with
+    the same flags, threads and context (the picture encoded by the same strategy), each from
+    an empty cache."""
     rpc = RpcServer()
     # no pictures kept on disk: each strategy encodes (the CLI keeps none by default)
     flags = ("--mmproj", str(base_projector), "--rpc", rpc.endpoint, "--vision", strategy,

@@ -54,6 +54,8 @@ def _greedy(rt, n: int) -> list[int]:
 @pytest.mark.numerics
 @pytest.mark.parametrize("inside", [False, True], ids=["between-batches", "inside-a-batch"])
 def test_stop_ends_a_prefill_and_the_cache_goes_on_from_where_it_stopped(small_batches, inside):
+    """SAME PATH: the prefill that goes on after a Stop reads the batches an unbroken one reads
+    (a Stop between batches leaves whole batches, one inside the first leaves none)."""
     import llama_cpp as L
 
     rt = small_batches

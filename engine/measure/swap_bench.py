@@ -55,20 +55,26 @@ def _pictures(folder: Path, n: int) -> list[Path]:
     return [write_noise_picture(folder / f"bench-{i}.png", seed=100 + i) for i in range(n)]
 
 
+def _logprobs(entries: Any) -> list[dict[str, Any]]:
+    return [e.to_dict() for e in entries or ()]
+
+
 def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
          before_restore: Callable[[int], None] | None = None) -> dict[str, Any]:
-    gp = GenParams(max_tokens=8, temperature=0)
+    gp = GenParams(max_tokens=8, temperature=0, top_logprobs=2)  # logprobs: compared where decided
     with Session(replace(cfg, mover=mover, vision="swap")) as s:
         if s.model.mover_name != mover:
             raise EbbError(f"the {mover} mover is not available: {s.model.mover_note}")
         s.before_restore = before_restore
-        texts = [s.turn("Say hello.", [], gp).text]
+        first = s.turn("Say hello.", [], gp)
+        texts, logprobs = [first.text], [_logprobs(first.gen.logprobs)]
         swaps, prefills, moved, peak = [], [], [], 0
         for pic in pictures:
             res = s.turn("What is in this picture?", [pic], gp)
             if res.error:
                 raise EbbError(f"the {mover} mover's vision turn failed: {res.error}")
             texts.append(res.text)
+            logprobs.append(_logprobs(res.gen.logprobs))
             s.undo_last_exchange()  # every swap from the same conversation, within the context
             steps = [sp for sp in res.spans if sp.name in SWAP_STEPS]
             swaps.append(sum(sp.end_s - sp.start_s for sp in steps))
@@ -76,7 +82,7 @@ def _run(cfg: SessionConfig, mover: str, pictures: list[Path],
             moved.append(sum(sp.bytes for sp in res.spans if sp.name in ("restore", "restore_state")))
             peak = res.device_peak_bytes.get(s.model.accel or "", 0)
         return {"swaps_s": swaps, "prefills_s": prefills, "bytes_moved": int(statistics.median(moved)) if moved else 0,
-                "texts": texts, "peak_bytes": peak, "n_layers_on_accel": s.model.placement.n_layers_on_accel}
+                "texts": texts, "logprobs": logprobs, "peak_bytes": peak, "n_layers_on_accel": s.model.placement.n_layers_on_accel}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -132,7 +138,11 @@ def bench_swap(cfg: SessionConfig, n_images: int = 10) -> dict[str, Any]:
         "live_vs_limit_median": _ratio(live_med, limit_s),
         "live_vs_limit_paired": round(statistics.median(paired), 2) if paired else None,
         "live_vs_limit_best": _ratio(live_s, limit_best_s),
+        # the movers lay the layers out differently (llama.cpp's offload against the live
+        # layout), so their arithmetic may differ: equal texts are likely, not owed; each turn's
+        # logprobs are given for a comparison where the choice was decided (the suite's)
         "replies_equal": reload["texts"] == live["texts"],
+        "logprobs": {"reload": reload["logprobs"], "live": live["logprobs"]},
         "peak_bytes": {"reload": reload["peak_bytes"], "live": live["peak_bytes"]},
         "n_layers_on_accel": live["n_layers_on_accel"],
     }
