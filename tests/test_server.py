@@ -385,9 +385,9 @@ def test_file_images_are_off_and_say_nothing_of_what_exists(server, tmp_path):
 def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
     """--allow-files FOLDER: a picture inside it is used; outside it, through a link out of
     it, missing, inside but not a picture or too large: one message, with no path."""
-    from engine.server.api.chat import ImageRef, parse_chat_request
+    from engine.server.api.chat import Attachment, parse_chat_request
     from engine.server.errors import ApiError
-    from engine.server.answering import image_path
+    from engine.server.answering import attachment_path
     from engine.server.jobs import Job
 
     folder, outside = tmp_path / "shared", tmp_path / "private"
@@ -401,13 +401,13 @@ def test_allowed_files_come_only_from_inside_the_folder(tmp_path):
         f.truncate(2048 * 2**20)
     job = Job(parse_chat_request({"messages": [{"role": "user", "content": "x"}]}), "c",
               lambda ev: None, image_folder=folder)
-    assert image_path(job, ImageRef(path=folder / "in.png")) == (folder / "in.png").resolve()
+    assert attachment_path(job, Attachment(path=folder / "in.png")) == (folder / "in.png").resolve()
     refused = set()
     for path in (outside / "out.png", folder / "link.png", folder / "missing.png",
                  folder / ".." / "private" / "out.png", folder, folder / "notes.png",
                  folder / "huge.png"):
         with pytest.raises(ApiError) as err:
-            image_path(job, ImageRef(path=path))
+            attachment_path(job, Attachment(path=path))
         refused.add((err.value.status, err.value.message))
     assert len(refused) == 1  # one message: nothing said of what exists or why
     assert str(tmp_path) not in next(iter(refused))[1]

@@ -49,7 +49,7 @@ def test_a_conversation_becomes_system_history_and_the_last_user_turn(tmp_path):
     assert req.system == "Be brief.\n\nUse English."
     assert [(t.role, t.text) for t in req.history] == [("user", "Hi"), ("assistant", "")]
     assert req.last.text == "What is\nthis?"
-    assert req.last.images[0].path == pic and req.last.images[1].data == png.getvalue()
+    assert req.last.attachments[0].path == pic and req.last.attachments[1].data == png.getvalue()
     assert (req.temperature, req.top_p, req.max_tokens, req.stop, req.seed) == (0.0, 0.5, 7, ("END",), 3)
     assert req.stream and req.include_usage and req.user == "ed"
     assert parse_chat_request({**user("x"), "max_completion_tokens": 9}).max_tokens == 9

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from engine.errors import EbbError
 from engine.events import Logprob
 from engine.media.audio import AUDIO_SUFFIXES, OTHER_SOUND_SUFFIXES
-from engine.server.api.chat import ChatRequest, ImageRef
+from engine.server.api.chat import Attachment, ChatRequest
 from engine.server.api.common import ApiError, StopWatcher, finish_reason, logprobs_within
 from engine.server.api.completions import CompletionRequest
 from engine.server.api.embeddings import EmbeddingRequest
@@ -110,12 +110,12 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         before, last, grammar = list(req.history), req.last, req.grammar
         if usable and not calls_allowed:
             grammar = text_grammar(None)
-    session.set_history([(t.role, t.text, [image_path(job, i) for i in t.images], t.extra)
+    session.set_history([(t.role, t.text, [attachment_path(job, i) for i in t.attachments], t.extra)
                          for t in before], tag=req.conversation_tag)
-    images = [image_path(job, i) for i in last.images]
+    attachments = [attachment_path(job, i) for i in last.attachments]
     said = _names_said([*before, last], job)
     if req.transcribe:  # speech, to a model that hears, and no longer than speech can be
-        req = replace(req, max_tokens=_transcript_cap(session, images, req.max_tokens, said))
+        req = replace(req, max_tokens=_transcript_cap(session, attachments, req.max_tokens, said))
     pending: list[Logprob] = []  # sampled tokens' logprobs not yet sent with text
     gp = _gen_params(req, grammar, pending.append if req.top_logprobs >= 0 else None)
     if req.json_reply and grammar == req.grammar:  # response_format's JSON, not a tool grammar
@@ -145,7 +145,7 @@ def _chat(session: Session, job: Job, req: ChatRequest, default_system: str | No
         if watcher.hit:
             job.cancel.set()  # the stop sequence ends the reply, between tokens
 
-    session, res = turn_with_recovery(session, last.text, images, gp, on_text=on_text,
+    session, res = turn_with_recovery(session, last.text, attachments, gp, on_text=on_text,
                                       cancel=job.cancel, role=last.role, extra=last.extra)
     held = gate.flush() + watcher.flush()
     calls = read_calls(held, req.tools, req.tool_choice, fmt) if gate.active else []
@@ -263,12 +263,12 @@ def _names_said(turns: list[Any], job: Job) -> Callable[[str], str]:
     (its sha256): said to the client, it names the client's file, or its place in the request."""
     names: dict[str, str] = {}
     for k, t in enumerate(turns, 1):
-        for j, ref in enumerate(t.images, 1):
+        for j, ref in enumerate(t.attachments, 1):
             if ref.data is None:
                 continue
             written = f"{ref.key()}{ref.suffix}"
             what = "clip" if ref.suffix.lower() in AUDIO_SUFFIXES + OTHER_SOUND_SUFFIXES else "attachment"
-            said = ref.name or (f"the {what} in message {k}" if len(t.images) == 1
+            said = ref.name or (f"the {what} in message {k}" if len(t.attachments) == 1
                                 else f"{what} {j} of message {k}")
             names[str(job.image_dir / written)] = names[written] = said
 
@@ -279,7 +279,7 @@ def _names_said(turns: list[Any], job: Job) -> Callable[[str], str]:
     return say
 
 
-def image_path(job: Job, ref: ImageRef) -> Path:
+def attachment_path(job: Job, ref: Attachment) -> Path:
     """A request's picture as a file the session can read: data URLs are written once, named
     by their content (sent again, the encoder's cache knows them); a file:// picture only from
     inside the server's image folder. A refused path gets one message whatever the reason, so

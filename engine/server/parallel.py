@@ -30,7 +30,7 @@ def lane_fits(job: Job) -> bool:
         return False
     turns = (*req.history, req.last, *req.messages)
     return (req.n == 1 and not req.transcribe and not req.tools and req.top_logprobs < 0
-            and not req.json_reply and not any(t.images for t in turns)
+            and not req.json_reply and not any(t.attachments for t in turns)
             and not any(t.extra for t in turns) and req.last.role == "user")
 
 

@@ -22,9 +22,9 @@ from engine.server.api.common import MAX_CHOICES, check_fields, integer, number,
 
 
 @dataclass(frozen=True)
-class ImageRef:
-    """A picture or a sound clip a message carries: bytes from a data URL or an `input_audio`
-    part, or a local file."""
+class Attachment:
+    """A picture, a sound clip, a video or a file a message carries: bytes from a data URL, an
+    `input_audio`, video or `file` part, or a local file."""
     data: bytes | None = None
     path: Path | None = None
     suffix: str = ".img"  # the file it is written to: a clip's says its format
@@ -38,7 +38,7 @@ class ImageRef:
 class Turn:
     role: str  # "user" or "assistant"; in ChatRequest.messages also "tool"
     text: str
-    images: tuple[ImageRef, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
     # in ChatRequest.messages: an assistant's `tool_calls`, a tool's `tool_call_id` and `name`
     extra: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -93,7 +93,7 @@ class ChatRequest:
         match picks its state). Known before the prompt is rendered: the read of a kept state
         starts from it (Session.read_ahead)."""
         first = (self.history or (self.last,))[0]
-        opening = [self.system, first.role, first.text, [i.key() for i in first.images]]
+        opening = [self.system, first.role, first.text, [i.key() for i in first.attachments]]
         return "api-" + hashlib.sha256(json.dumps(opening).encode()).hexdigest()[:16]
 
     def callable_tools(self) -> tuple[Any, ...]:
@@ -102,7 +102,7 @@ class ChatRequest:
         return offered(self.tools, self.tool_choice) if self.tool_choice is not None else ()
 
 
-def image_from_url(url: Any, param: str) -> ImageRef:
+def image_from_url(url: Any, param: str) -> Attachment:
     """A data URL (base64) or a local file:// path. Ebb fetches nothing from the network."""
     if not isinstance(url, str) or not url:
         raise ApiError(400, "'image_url.url' must be a non-empty string", param)
@@ -124,13 +124,13 @@ def image_from_url(url: Any, param: str) -> ImageRef:
         if not _is_picture(data):
             raise ApiError(400, "the image data URL is not a picture Ebb can read (PNG, JPEG, "
                                 "WebP, GIF, BMP, ...)", param)
-        return ImageRef(data=data)
+        return Attachment(data=data)
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise ApiError(400, f"a file:// URL must name a local file, not host {parsed.netloc!r}", param)
-        # whether it may be read, and exists, is the server's to decide (worker.image_path)
-        return ImageRef(path=Path(urllib.parse.unquote(parsed.path)))
+        # whether it may be read, and exists, is the server's to decide (worker.attachment_path)
+        return Attachment(path=Path(urllib.parse.unquote(parsed.path)))
     if parsed.scheme in ("http", "https"):
         raise ApiError(400, "Ebb does not fetch images from the network: send the picture as a "
                             "data URL (data:image/png;base64,...) or a local file:// path", param)
@@ -154,7 +154,7 @@ def _is_picture(data: bytes) -> bool:
         return False
 
 
-def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, ...]]:
+def _content(content: Any, role: str, param: str) -> tuple[str, tuple[Attachment, ...]]:
     if isinstance(content, str):
         return content, ()
     if content is None and role == "assistant":
@@ -162,7 +162,7 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
     if not isinstance(content, list):
         raise ApiError(400, "'content' must be a string or a list of content parts", param)
     texts: list[str] = []
-    images: list[ImageRef] = []
+    attachments: list[Attachment] = []
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -174,26 +174,26 @@ def _content(content: Any, role: str, param: str) -> tuple[str, tuple[ImageRef, 
             texts.append(part["text"])
         elif kind == "image_url":
             if role != "user":
-                raise ApiError(400, f"images are read from user messages only, not {role}", where)
+                raise ApiError(400, f"pictures, sound, videos and files are read from user messages only, not {role}", where)
             spec = part.get("image_url")
             url = spec.get("url") if isinstance(spec, dict) else spec
-            images.append(image_from_url(url, f"{where}.image_url"))
+            attachments.append(image_from_url(url, f"{where}.image_url"))
         elif kind == "input_audio":
             if role != "user":
                 raise ApiError(400, f"sound is read from user messages only, not {role}", where)
-            images.append(_input_audio(part.get("input_audio"), f"{where}.input_audio"))
+            attachments.append(_input_audio(part.get("input_audio"), f"{where}.input_audio"))
         elif kind in ("input_video", "video_url"):
             if role != "user":
                 raise ApiError(400, f"videos are read from user messages only, not {role}", where)
-            images.append(_input_video(part.get(kind), f"{where}.{kind}"))
+            attachments.append(_input_video(part.get(kind), f"{where}.{kind}"))
         elif kind == "file":
             if role != "user":
                 raise ApiError(400, f"files are read from user messages only, not {role}", where)
-            images.append(_file_part(part.get("file"), f"{where}.file"))
+            attachments.append(_file_part(part.get("file"), f"{where}.file"))
         else:
             raise ApiError(400, f"unsupported content part type {kind!r} (text, image_url, "
                                 "input_audio, input_video and file are)", where)
-    return "\n".join(texts), tuple(images)
+    return "\n".join(texts), tuple(attachments)
 
 
 MAX_AUDIO_PART_BYTES = 64 * 1024 * 1024
@@ -203,7 +203,7 @@ AUDIO_PART_FORMATS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "ogg": ".og
                       "m4a": ".m4a", "aac": ".aac", "webm": ".webm"}
 
 
-def _input_audio(spec: Any, where: str) -> ImageRef:
+def _input_audio(spec: Any, where: str) -> Attachment:
     """OpenAI's `input_audio` part: {"data": base64, "format": "wav" | "mp3"} (and flac, and a
     phone's or browser's ogg, opus, m4a, aac, webm)."""
     from engine.media.audio import AV_CONTAINER_KINDS, sniff
@@ -227,8 +227,8 @@ def _input_audio(spec: Any, where: str) -> ImageRef:
         raise ApiError(400, f"input_audio data is not a sound clip Ebb decodes ({names})",
                        f"{where}.data")
     if kind in AV_CONTAINER_KINDS:  # a container that may hold a video: the part says it is sound
-        return ImageRef(data=data, suffix=AUDIO_PART_FORMATS[fmt])
-    return ImageRef(data=data, suffix=f".{kind.lower()}")
+        return Attachment(data=data, suffix=AUDIO_PART_FORMATS[fmt])
+    return Attachment(data=data, suffix=f".{kind.lower()}")
 
 
 TRANSCRIBE = "Transcribe this audio word for word. Answer with the words alone."
@@ -269,7 +269,7 @@ def parse_transcription_request(form: dict[str, Any]) -> ChatRequest:
     except ApiError as exc:
         raise ApiError(exc.status, exc.message.replace("input_audio ", "the file's "), "file") from None
     if name:  # what is said of the clip names the client's file, not the copy written of it
-        last = replace(req.last, images=tuple(replace(i, name=str(name)) for i in req.last.images))
+        last = replace(req.last, attachments=tuple(replace(i, name=str(name)) for i in req.last.attachments))
         req = replace(req, last=last)
     return replace(req, transcribe=True)
 
@@ -298,7 +298,7 @@ def _base64_part(text: Any, where: str, what: str) -> bytes:
     return data
 
 
-def _input_video(spec: Any, where: str) -> ImageRef:
+def _input_video(spec: Any, where: str) -> Attachment:
     """llama-server's `input_video` part ({"data": base64, "format": "mp4"}, or {"url": ...}),
     or `video_url` ({"url": "data:video/mp4;base64,..." or "file://..."})."""
     if isinstance(spec, str):
@@ -311,7 +311,7 @@ def _input_video(spec: Any, where: str) -> ImageRef:
         parsed = urllib.parse.urlparse(url)
         if parsed.netloc not in ("", "localhost"):
             raise ApiError(400, f"a file:// URL must name a local file, not host {parsed.netloc!r}", where)
-        return ImageRef(path=Path(urllib.parse.unquote(parsed.path)))
+        return Attachment(path=Path(urllib.parse.unquote(parsed.path)))
     if isinstance(url, str) and url.startswith(("http:", "https:")):
         raise ApiError(400, "Ebb does not fetch videos from the network: send the data, or a local "
                             "file:// path", where)
@@ -324,10 +324,10 @@ def _input_video(spec: Any, where: str) -> ImageRef:
     if kind_of_bytes(data) != VIDEO:
         raise ApiError(400, "the video's data is not a video Ebb reads (MP4, MOV, MKV, WebM, AVI, "
                             "animated GIF)", where)
-    return ImageRef(data=data, suffix=VIDEO_FORMATS.get(fmt.lower(), ".mp4"))
+    return Attachment(data=data, suffix=VIDEO_FORMATS.get(fmt.lower(), ".mp4"))
 
 
-def _file_part(spec: Any, where: str) -> ImageRef:
+def _file_part(spec: Any, where: str) -> Attachment:
     """OpenAI's `file` part: {"filename": "report.pdf", "file_data": "data:application/pdf;
     base64,..."}: a PDF, or a text file (by its name)."""
     from engine.media.kinds import PDF, TEXT_SUFFIXES, kind_of_bytes
@@ -340,9 +340,9 @@ def _file_part(spec: Any, where: str) -> ImageRef:
     data = _base64_part(spec.get("file_data"), where, "a file")
     suffix = Path(name).suffix.lower()
     if kind_of_bytes(data) == PDF:
-        return ImageRef(data=data, suffix=".pdf")
+        return Attachment(data=data, suffix=".pdf")
     if suffix in TEXT_SUFFIXES:
-        return ImageRef(data=data, suffix=suffix)
+        return Attachment(data=data, suffix=suffix)
     raise ApiError(400, f"{name!r} is not a PDF or a text file (by its name: .txt, .md, .csv, "
                         "code, ...)", where)
 
@@ -392,7 +392,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if role not in ("system", "developer", "user", "assistant", "tool"):
             raise ApiError(400, f"unsupported role {role!r} (system, developer, user, assistant "
                                 "and tool are)", f"{param}.role")
-        text, images = _content(msg.get("content"), str(role), f"{param}.content")
+        text, attachments = _content(msg.get("content"), str(role), f"{param}.content")
         if role in ("system", "developer"):
             system.append(text)
         elif role == "tool":
@@ -403,7 +403,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
             native.append(Turn("tool", text, (), {"tool_call_id": call_id, "name": called[call_id]}))
             result = tl.result_text(called[call_id], text)
             if turns and turns[-1].role == "user":  # results of one turn's calls: one message
-                turns[-1] = Turn("user", turns[-1].text + "\n\n" + result, turns[-1].images)
+                turns[-1] = Turn("user", turns[-1].text + "\n\n" + result, turns[-1].attachments)
             else:
                 turns.append(Turn("user", result))
         else:
@@ -413,12 +413,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
                 native.append(Turn("assistant", text, (), {"tool_calls": [c.for_template() for c in made]}))
                 text = "\n".join(filter(None, [text] + [tl.call_text(c.name, c.arguments) for c in made]))
             else:
-                native.append(Turn(str(role), text, images))
+                native.append(Turn(str(role), text, attachments))
             if role == "user" and turns and turns[-1].role == "user":  # after tool results
                 turns[-1] = Turn("user", turns[-1].text + "\n\n" + text,
-                                 turns[-1].images + images)
+                                 turns[-1].attachments + attachments)
             else:
-                turns.append(Turn(str(role), text, images))
+                turns.append(Turn(str(role), text, attachments))
     if not turns or turns[-1].role != "user":
         raise ApiError(400, "the last message must be the user's or a tool's", "messages")
     own_system = "\n\n".join(system) if system else None
