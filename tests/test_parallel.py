@@ -267,3 +267,102 @@ def test_the_windows_local_server_answers_beside_the_windows_reply(qtbot, store)
     from engine.trace import row_names
 
     assert row_names(w.telemetry.spans)[3 + lane[0].lane] == f"request {lane[0].lane + 1}"
+
+
+def test_pictures_on_two_lanes_at_once_are_each_seen(model_path, colour_projector, tmp_path):
+    """Two messages with a picture each (a solid red, a solid blue), answered on two lanes at
+    once: each chunk encoded on the CPU as its lane's prompt is made and decoded into its own
+    sequence by mtmd's helper, the text after it at the position llama.cpp gave. The colour
+    projector makes the model name a solid picture's colour, so each reply names its own
+    picture's (no output of two paths is compared: the check is what each reply says). The
+    prompt is the one the session's own turn makes, cell for cell."""
+    from PIL import Image
+
+    from engine.config import SessionConfig
+    from engine.llama.lanes import LaneRequest
+    from engine.llama.sampling import GenParams
+    from engine.measure.colour_check import QUESTION, SHADES
+    from engine.session import Session
+    from tests.helpers import first_colour
+
+    files = {}
+    for colour in ("red", "blue"):
+        files[colour] = tmp_path / f"{colour}.png"
+        Image.new("RGB", (300, 200), SHADES[colour][0]).save(files[colour])
+    gp = GenParams(max_tokens=12, temperature=0)
+    cfg = SessionConfig(model_path, colour_projector, n_ctx=1024, n_threads=N_THREADS, vision="cpu",
+                        parallel=3)
+    ends: dict[str, list] = {"red": [], "blue": []}
+    with Session(cfg) as s:
+        rt = s.model.runtime
+        assert rt is not None and rt.lanes is not None
+        prompts = {}
+        for colour, path in files.items():
+            lp = s.lane_prompt([("user", QUESTION, [path])], None, None, 99)
+            assert lp is not None and sum(not isinstance(i, int) for i in lp.items) >= 1
+            assert [sp.name for sp in lp.spans].count("encode") == 1  # encoded as the prompt was made
+            prompts[colour] = lp
+            assert rt.lanes.start(LaneRequest(lp.keys, gp, lambda t: None, ends[colour].append,
+                                              items=lp.items, close=lp.close))
+        while rt.lanes.busy:
+            rt.lanes.step()
+        own = s.turn(QUESTION, [files["red"]], gp)  # the session's: the picture cached by now
+        assert own.error is None and own.n_images_cached == 1
+        # a picture that cannot be read is the session's turn's to refuse, with its words
+        assert s.lane_prompt([("user", QUESTION, [tmp_path / "gone.png"])], None, None, 100) is None
+    for colour, [r] in ends.items():
+        assert r.error is None and r.seq >= 1
+        assert r.stats.n_prompt_tokens_evaluated == len(prompts[colour].keys)
+        assert first_colour(r.text) == colour, (colour, r.text)
+    assert ends["red"][0].seq != ends["blue"][0].seq
+    assert ends["red"][0].stats.n_prompt_tokens == own.gen.n_prompt_tokens  # the same prompt
+    assert first_colour(own.text) == "red", own.text
+
+
+def test_the_server_answers_a_picture_on_a_lane_beside_the_session(model_path, tiny_projector, pictures):
+    """A request with a picture that comes while the session writes another reply begins on a
+    lane: its steps (the encode and its prefill) are in a lane's row, and it ends before the
+    session's longer reply."""
+    import base64
+
+    from engine.config import SessionConfig
+    from engine.server.api.chat import parse_chat_request
+    from engine.server.jobs import Done, Failed, Job, Piece
+    from engine.server.worker import ServeWorker
+
+    w = ServeWorker(SessionConfig(model_path, tiny_projector, n_ctx=1024, n_threads=N_THREADS,
+                                  vision="cpu", parallel=2), Path(tempfile.mkdtemp()))
+    order: list[tuple[str, str]] = []
+    done: dict[str, object] = {}
+    ended = threading.Semaphore(0)
+    picture_queued = threading.Event()
+    url = "data:image/png;base64," + base64.b64encode(pictures["a.png"].read_bytes()).decode()
+    try:
+        def listen(name: str):
+            def on_event(ev) -> None:
+                order.append((name, type(ev).__name__))
+                if name == "a" and isinstance(ev, Piece):
+                    assert picture_queued.wait(60)
+                if isinstance(ev, Done):
+                    done[name] = ev.answer
+                if isinstance(ev, (Done, Failed)):
+                    ended.release()
+            return on_event
+
+        a = parse_chat_request({"messages": [{"role": "user", "content": STORY}], "max_tokens": 40,
+                                "temperature": 0})
+        b = parse_chat_request({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": url}}]}], "max_tokens": 6, "temperature": 0})
+        w.submit(Job(a, "a", listen("a")))
+        w.submit(Job(b, "b", listen("b"), image_dir=Path(tempfile.mkdtemp())))
+        picture_queued.set()
+        for _ in range(2):
+            assert ended.acquire(timeout=300)
+    finally:
+        w.close()
+    assert {n: k for n, k in order if k in ("Done", "Failed")} == {"a": "Done", "b": "Done"}, order
+    assert order.index(("b", "Done")) < order.index(("a", "Done")), order
+    spans = done["b"].turn.spans
+    assert {sp.name for sp in spans} >= {"encode", "prefill", "decode"}
+    assert all(sp.lane >= 1 for sp in spans), spans

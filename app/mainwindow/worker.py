@@ -88,7 +88,7 @@ class EngineWorker(QObject):
         if backend is None or lanes is None or session is None:
             return
         feed_lanes(lanes, backend, session.cfg.system, lambda: next(self._lane_ids),
-                   lambda j, a: self._server_answered(backend, j, a))
+                   lambda j, a: self._server_answered(backend, j, a), session)
         if lanes.busy and not self._pumping:  # after what runs now (a turn carries them meanwhile)
             self._pumping = True
             QMetaObject.invokeMethod(self, "pump_lanes", Qt.ConnectionType.QueuedConnection)

@@ -14,8 +14,11 @@ Who steps: while sequence 0 prefills or generates, every batch it decodes carrie
 work too (`TextRuntime._decode_run`): one token per generating lane and a piece of a waiting
 prompt, lanes first and sequence 0's tokens last (its rows stay at the end, where -1 finds
 them). While sequence 0 is idle, the owner of the runtime calls `step` (the serve worker).
-Pictures are decoded by mtmd's own helper, sequence 0 alone: the lanes pause for it, and for
-a swap. One thread, the runtime's.
+A request may carry pictures and clips (`LaneRequest.items`: their chunks' embeddings, encoded
+before it starts): each chunk is decoded into its lane by mtmd's own helper (positions, M-RoPE,
+non-causal attention as llama.cpp has them) before the batch its next text goes in, the other
+sequences waiting meanwhile. Sequence 0's pictures are decoded the same way, and a swap runs
+for sequence 0 alone: the lanes pause and keep their cells. One thread, the runtime's.
 """
 from __future__ import annotations
 
@@ -51,11 +54,15 @@ class LaneResult:
 
 @dataclass
 class LaneRequest:
-    tokens: list[int]  # the whole prompt, templated and tokenized
+    tokens: list[Any]  # the whole prompt's cells: token ids, and (picture key, i) per embedding
     gp: GenParams
     on_text: Callable[[str], None]
     on_end: Callable[[LaneResult], None]
     cancel: threading.Event = field(default_factory=threading.Event)
+    # a prompt with pictures or clips: its token ids and ImageSpans (runtime.py), and what
+    # frees the chunks they point into once the request ends
+    items: list[Any] | None = None
+    close: Callable[[], None] | None = None
 
 
 @dataclass
@@ -74,10 +81,11 @@ class Lane:
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
-        self.cells: list[int] = []
+        self.cells: list[Any] = []  # token ids, and (picture key, i) for a picture's cells
+        self.n_past = 0  # the next position (past a picture's cells it is mtmd's, not len(cells))
         self.req: LaneRequest | None = None
         self.reserve = 0  # cells it may reach while answering (its prompt and its reply)
-        self.todo: list[int] = []  # prompt tokens not decoded yet
+        self.todo: list[Any] = []  # prompt tokens (and ImageSpans) not decoded yet
         self.pending: int | None = None  # sampled, shown, not decoded yet
         self.chain: Any = None
         self.decoder: Any = None
@@ -100,6 +108,7 @@ class Lanes:
         # asked before each step for requests to start (the serve worker's queue)
         self.feed: Callable[[], None] | None = None
         self.steps = 0  # batches decoded with lane work in them
+        self.decoded_alone = False  # a picture's chunk went in since the last batch (its own decodes)
 
     # ------------------------------------------------------------ requests
 
@@ -132,26 +141,31 @@ class Lanes:
         reserve = min(want, room)
         if reserve < n + min(MIN_REPLY, req.gp.max_tokens or MIN_REPLY):
             return False
-        lane = max(free, key=lambda ln: (common_prefix(ln.cells, req.tokens), -ln.used))
+        lane = max(free, key=lambda ln: (_kept(ln.cells, req.tokens), -ln.used))
         self._make_room(reserve, lane)
         L = llama()
         mem = L.llama_get_memory(self.rt.ctx)
-        n_keep = min(common_prefix(lane.cells, req.tokens), n - 1)
+        n_keep = min(_kept(lane.cells, req.tokens), n - 1)  # text cells: their positions are their places
         L.llama_memory_seq_rm(mem, lane.seq, n_keep, -1)
         del lane.cells[n_keep:]
+        lane.n_past = n_keep
         try:
             lane.chain = sampler_chain(req.gp, self.rt.vocab, self.rt.info.n_vocab)
         except EbbError as exc:
+            if req.close is not None:
+                req.close()
             req.on_end(LaneResult("", GenStats(n_prompt_tokens=n), str(exc)))
             return True
         lane.req, lane.reserve = req, reserve
-        lane.todo = req.tokens[n_keep:]
+        # the kept cells are text (_kept), so the items before them are the same token ids
+        lane.todo = list(req.items[n_keep:] if req.items is not None else req.tokens[n_keep:])
         lane.pending = None
         lane.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         lane.pieces, lane.logprobs, lane.n_gen, lane.n_eval = [], [], 0, 0
         drafts = req.gp.can_speculate and self.rt._tail_can_go()
         lane.spec = Speculation() if drafts else None
-        lane.index = NgramIndex(req.tokens[-LOOKUP_WINDOW:]) if drafts else None
+        lane.index = NgramIndex([t for t in req.tokens[-LOOKUP_WINDOW:] if isinstance(t, int)]) \
+            if drafts else None
         lane.t_start, lane.t_first = time.perf_counter(), 0.0
         return True
 
@@ -168,6 +182,7 @@ class Lanes:
             held -= len(ln.cells)
             L.llama_memory_seq_rm(mem, ln.seq, -1, -1)
             ln.cells.clear()
+            ln.n_past = 0
 
     def _end(self, lane: Lane, stop: StopReason, error: str | None = None) -> None:
         req = lane.req
@@ -190,6 +205,8 @@ class Lanes:
             lane.pending = None
         llama().llama_sampler_free(lane.chain)
         lane.chain, lane.req, lane.reserve, lane.todo = None, None, 0, []
+        if req.close is not None:  # the pictures' chunks
+            req.close()
         lane.used = now
         mono = time.monotonic() - now  # the same moments on the spans' clock
         req.on_end(LaneResult("".join(lane.pieces), stats, error, lane.seq, lane.t_start + mono,
@@ -201,6 +218,7 @@ class Lanes:
             if lane.req is not None:
                 self._end(lane, StopReason.CANCELLED, why)
             lane.cells.clear()
+            lane.n_past = 0
 
     # ------------------------------------------------------------ batches
 
@@ -214,17 +232,50 @@ class Lanes:
             req = lane.req
             if req is not None and req.cancel.is_set():
                 self._end(lane, StopReason.CANCELLED)
-            elif req is not None and lane.pending is not None and room > 0:
+            elif req is not None and lane.todo and not isinstance(lane.todo[0], int):
+                self._decode_pictures(lane)
+        for lane in self.lanes:
+            req = lane.req
+            if req is None or req.cancel.is_set():
+                continue
+            if req is not None and lane.pending is not None and room > 0:
                 draft = self._draft(lane, room - 1)
                 out.append(Work(lane, [lane.pending, *draft], 1 + len(draft)))
                 room -= 1 + len(draft)
         piece = min(room, LANE_PIECE)
         for lane in self.lanes:
             if lane.req is not None and lane.todo and piece > 0:
-                toks = lane.todo[:piece]
+                toks = _text_run(lane.todo, piece)
+                if not toks:
+                    continue
                 out.append(Work(lane, toks, int(len(toks) == len(lane.todo))))
                 piece -= len(toks)
         return out
+
+    def _decode_pictures(self, lane: Lane) -> None:
+        """The picture chunks at the head of the lane's prompt, each decoded into its sequence
+        now by mtmd's helper (its own decodes: the last batch's logits are gone after it, and
+        were read already). One that fails ends the request, said."""
+        rt = self.rt
+        req = lane.req
+        assert req is not None
+        while lane.todo and not isinstance(lane.todo[0], int):
+            img = lane.todo[0]
+            self.decoded_alone = True
+            try:
+                n_past = rt.decode_image_at(img, lane.n_past, lane.seq)
+            except BaseException as exc:  # what the helper decoded of it goes: it is done again
+                L = llama()
+                L.llama_memory_seq_rm(L.llama_get_memory(rt.ctx), lane.seq, lane.n_past, -1)
+                if not isinstance(exc, EbbError):
+                    raise  # a Stop of the session's prompt (TurnCancelled): the lane goes on later
+                self._end(lane, StopReason.CANCELLED, str(exc))
+                return
+            n = img.embeddings.shape[0]
+            lane.cells.extend((img.key, i) for i in range(n))
+            lane.n_past = n_past
+            lane.n_eval += n
+            del lane.todo[0]
 
     def _draft(self, lane: Lane, room: int) -> list[int]:
         """Tokens guessed after the lane's pending one (greedy replies: runtime.py's rule)."""
@@ -240,7 +291,7 @@ class Lanes:
     def put(self, batch: Any, j: int, work: list[Work]) -> None:
         """Write `work` into `batch` from index `j`, each entry's outputs last."""
         for w in work:
-            base = len(w.lane.cells)
+            base = w.lane.n_past
             w.row = j + len(w.tokens) - w.n_out  # the batch index of its first output
             for k, tok in enumerate(w.tokens):
                 batch.token[j] = tok
@@ -256,7 +307,7 @@ class Lanes:
         L = llama()
         mem = L.llama_get_memory(self.rt.ctx)
         for w in work:
-            L.llama_memory_seq_rm(mem, w.lane.seq, len(w.lane.cells), -1)
+            L.llama_memory_seq_rm(mem, w.lane.seq, w.lane.n_past, -1)
 
     def after(self, work: list[Work]) -> None:
         """The batch was decoded: record the cells, sample each lane that had logits (a draft's
@@ -268,14 +319,17 @@ class Lanes:
             lane, req = w.lane, w.lane.req
             if req is None:  # ended meanwhile (cannot happen within one batch; kept safe)
                 lane.cells.extend(w.tokens)
+                lane.n_past += len(w.tokens)
                 continue
             if lane.pending is not None and w.tokens[0] == lane.pending and w.n_out == len(w.tokens):
                 lane.pending, lane.indexed = None, False
                 draft = w.tokens[1:]
                 lane.cells.append(w.tokens[0])
+                lane.n_past += 1
             else:
                 draft = []
                 lane.cells.extend(w.tokens)
+                lane.n_past += len(w.tokens)
                 del lane.todo[:len(w.tokens)]
                 lane.n_eval += len(w.tokens)
             if not w.n_out:
@@ -288,13 +342,14 @@ class Lanes:
                 if k < len(draft) and tok == draft[k]:
                     taken += 1
                     lane.cells.append(tok)
+                    lane.n_past += 1
                     if lane.index is not None:
                         lane.index.add([tok])
                     continue
                 lane.pending = tok
                 break
             if draft:
-                L.llama_memory_seq_rm(L.llama_get_memory(rt.ctx), lane.seq, len(lane.cells), -1)
+                L.llama_memory_seq_rm(L.llama_get_memory(rt.ctx), lane.seq, lane.n_past, -1)
                 if lane.spec is not None:
                     lane.spec.record(len(draft), taken)
 
@@ -333,7 +388,10 @@ class Lanes:
         """One batch of lane work alone (sequence 0 is idle): what `TextRuntime._decode_run`
         adds to sequence 0's batches otherwise."""
         rt = self.rt
+        self.decoded_alone = False
         work = self.work(rt.params.n_batch)
+        if self.decoded_alone:  # a picture's own decodes: the last row is no longer sequence 0's
+            rt.own_logits_lost()
         if not work:
             return
         L = llama()
@@ -356,3 +414,20 @@ class Lanes:
             L.llama_batch_free(batch)
         rt.own_logits_lost()
         self.after(work)
+
+
+def _kept(cells: list[Any], tokens: list[Any]) -> int:
+    """How much of a lane's cells a request can keep: their common prefix, up to the first
+    picture cell (past it, a cell's position is not its place)."""
+    n = common_prefix(cells, tokens)
+    return next((i for i, c in enumerate(cells[:n]) if not isinstance(c, int)), n)
+
+
+def _text_run(todo: list[Any], most: int) -> list[int]:
+    """The token ids at the head of `todo`, up to `most` and the next picture."""
+    out: list[int] = []
+    for t in todo[:most]:
+        if not isinstance(t, int):
+            break
+        out.append(t)
+    return out

@@ -411,9 +411,14 @@ class TextRuntime:
         return token
 
     def _decode_image(self, img: ImageSpan) -> None:
-        """Decode one image chunk's embeddings with llama.cpp's own helper: its positions
-        (M-RoPE's four per embedding), its attention (non-causal for Gemma 3) and its advance
-        (`n_pos`) are llama.cpp's."""
+        n_past = self.decode_image_at(img, self.slot.n_past, 0)
+        self.slot.record_image(img.key, img.embeddings.shape[0], n_past)
+
+    def decode_image_at(self, img: ImageSpan, n_past: int, seq: int) -> int:
+        """Decode one image chunk's embeddings into sequence `seq` from position `n_past` with
+        llama.cpp's own helper: its positions (M-RoPE's four per embedding), its attention
+        (non-causal for Gemma 3) and its advance (`n_pos`) are llama.cpp's. Returns the next
+        position."""
         import llama_cpp.mtmd_cpp as M
         import numpy as np
 
@@ -429,10 +434,10 @@ class TextRuntime:
         new_n_past = llama().llama_pos(0)
         rc = M.mtmd_helper_decode_image_chunk(
             img.mtmd, self.ctx, img.chunk, emb.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-            self.slot.n_past, 0, n_batch, ctypes.byref(new_n_past),
+            n_past, seq, n_batch, ctypes.byref(new_n_past),
             M.mtmd_helper_post_decode_callback(), None)  # a NULL callback
         self._check(rc)
-        self.slot.record_image(img.key, n, int(new_n_past.value))
+        return int(new_n_past.value)
 
     @staticmethod
     def _keys(items: Sequence[PromptItem]) -> list[Any]:

@@ -1,12 +1,15 @@
 """Jobs answered on lanes (engine/llama/lanes.py) beside the session's sequence: a chat or a
-completion that is text in and text out. Whatever needs the session (pictures, clips, tools,
-logprobs, a JSON reply closed at its cap, several choices, a conversation longer than a lane's
-room) waits for it as before. The prompt is the one the session would write: the same template,
-system prompt and switches. Engine thread only.
+completion whose reply is text, with pictures and sound clips in its messages where the model
+runs on the CPU (encoded on the CPU as the lane starts: `Session.lane_prompt`). Whatever needs
+the session (videos, documents, an accelerator's swap, tools, logprobs, a JSON reply closed at
+its cap, several choices, a conversation longer than a lane's room) waits for it as before. The
+prompt is the one the session would write: the same template, system prompt and switches.
+Engine thread only.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.errors import EbbError
 from engine.events import Span, TurnResult
@@ -19,10 +22,12 @@ from engine.server.jobs import Answer, Done, Failed, Job, Piece, QueuedBackend
 if TYPE_CHECKING:
     from engine.llama.lanes import Lanes
     from engine.llama.runtime import TextRuntime
+    from engine.session.session import LanePrompt, Session
 
 
 def lane_fits(job: Job) -> bool:
-    """Whether a lane can answer `job` (text in, text out, nothing the session alone does)."""
+    """Whether a lane can answer `job` (text and attachments in, text out, nothing the session
+    alone does; whether a lane takes its attachments is `Session.lane_prompt`'s to say)."""
     req = job.request
     if isinstance(req, CompletionRequest):
         return len(req.all_prompts) == 1 and req.top_logprobs < 0
@@ -30,8 +35,25 @@ def lane_fits(job: Job) -> bool:
         return False
     turns = (*req.history, req.last, *req.messages)
     return (req.n == 1 and not req.transcribe and not req.tools and req.top_logprobs < 0
-            and not req.json_reply and not any(t.attachments for t in turns)
-            and not any(t.extra for t in turns) and req.last.role == "user")
+            and not req.json_reply and not any(t.extra for t in turns) and req.last.role == "user")
+
+
+def _with_pictures(session: Session | None, job: Job, req: ChatRequest, default_system: str | None,
+                   request_id: int) -> LanePrompt | None:
+    """The request's prompt with its attachments for a lane, or None: the session's to answer."""
+    from engine.server.answering import attachment_path
+
+    if session is None:
+        return None
+    try:
+        turns = [(t.role, t.text, [attachment_path(job, a) for a in t.attachments])
+                 for t in (*req.history, req.last)]
+        system = req.system if req.system is not None else default_system
+        rt = session.model.runtime
+        return session.lane_prompt(turns, system, req.thinking_kwargs(rt.template_source if rt else ""),
+                                   request_id)
+    except (ApiError, EbbError):
+        return None  # the session's turn says what is wrong with it
 
 
 def _prompt(rt: TextRuntime, req: ChatRequest | CompletionRequest, default_system: str | None) -> list[int]:
@@ -49,7 +71,7 @@ STARTED, WAIT, NEVER = "started", "wait", "never"
 
 
 def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id: int,
-                  over: Callable[[Job, Answer | None], None]) -> str:
+                  over: Callable[[Job, Answer | None], None], session: Session | None = None) -> str:
     """Begin answering `job` on a free lane: STARTED; WAIT when the lanes' room is not there
     now; NEVER when it is the session's to answer after all (a conversation that needs
     fitting, a prompt the session refuses with its own words). The client hears `Piece`s,
@@ -59,19 +81,27 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
     req = job.request
     assert isinstance(req, (ChatRequest, CompletionRequest))
     rt = lanes.rt
-    try:
-        tokens = _prompt(rt, req, default_system)
-    except EbbError:
-        return NEVER  # said by the session's own path, as for any request
-    if not tokens or any(t >= rt.info.n_vocab or t < 0 for t in tokens) \
-            or len(tokens) + MIN_REPLY > lanes.pool // len(lanes.lanes):
-        return NEVER  # empty, bad ids, or a conversation that needs fitting: the session's
-    if isinstance(req, CompletionRequest) and req.echo:
+    pictures = None
+    if isinstance(req, ChatRequest) and any(t.attachments for t in (*req.history, req.last)):
+        pictures = _with_pictures(session, job, req, default_system, request_id)
+        if pictures is None:
+            return NEVER
+        tokens: list[Any] = pictures.keys
+    else:
+        try:
+            tokens = _prompt(rt, req, default_system)
+        except EbbError:
+            return NEVER  # said by the session's own path, as for any request
+    if _never(lanes, req, tokens):
+        if pictures is not None:
+            pictures.close()
         return NEVER
-    if (req.max_tokens and len(tokens) + req.max_tokens > lanes.pool) or not lanes.busy and \
-            len(tokens) + (req.max_tokens or MIN_REPLY) > lanes.room():
-        return NEVER  # a lane's share would never hold it
-    gp = _gen_params(req, req.grammar if isinstance(req, ChatRequest) else req.sampling.grammar)
+    try:
+        gp = _gen_params(req, req.grammar if isinstance(req, ChatRequest) else req.sampling.grammar)
+    except BaseException:
+        if pictures is not None:
+            pictures.close()
+        raise
     watcher = StopWatcher(req.stop)
     shown: list[str] = []
 
@@ -96,7 +126,8 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
             job.on_event(Piece(rest))
         g = res.stats
         device = "CPU" if not rt.params.devices else rt.params.devices[0]
-        turn = TurnResult(request_id, text="".join(shown), gen=g, spans=[  # its lane in the panel
+        encoded = [replace(s, lane=res.seq) for s in pictures.spans] if pictures is not None else []
+        turn = TurnResult(request_id, text="".join(shown), gen=g, spans=[*encoded,  # its lane in the panel
             Span(request_id, name="prefill", start_s=res.started, end_s=res.first, device=device,
                  detail=f"{g.n_prompt_tokens_evaluated} of {g.n_prompt_tokens} tokens", lane=res.seq),
             Span(request_id, name="decode", start_s=res.first, end_s=res.ended, device=device,
@@ -107,11 +138,32 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
         over(job, answer)
         job.on_event(Done(answer))
 
-    return STARTED if lanes.start(LaneRequest(tokens, gp, on_text, on_end, job.cancel)) else WAIT
+    lane_req = LaneRequest(tokens, gp, on_text, on_end, job.cancel,
+                           items=pictures.items if pictures is not None else None,
+                           close=pictures.close if pictures is not None else None)
+    if lanes.start(lane_req):
+        return STARTED
+    if pictures is not None:
+        pictures.close()
+    return WAIT
+
+
+def _never(lanes: Lanes, req: ChatRequest | CompletionRequest, tokens: list[Any]) -> bool:
+    """Whether the request is the session's after all: an empty prompt, bad ids, an echo, a
+    conversation longer than a lane's share (the session fits it) or than the pool."""
+    rt = lanes.rt
+    if not tokens or any(isinstance(t, int) and (t >= rt.info.n_vocab or t < 0) for t in tokens) \
+            or len(tokens) + MIN_REPLY > lanes.pool // len(lanes.lanes):
+        return True
+    if isinstance(req, CompletionRequest) and req.echo:
+        return True
+    return bool((req.max_tokens and len(tokens) + req.max_tokens > lanes.pool) or not lanes.busy
+                and len(tokens) + (req.max_tokens or MIN_REPLY) > lanes.room())
 
 
 def feed_lanes(lanes: Lanes, backend: QueuedBackend, default_system: str | None,
-               request_ids: Callable[[], int], answered: Callable[[Job, Answer], None]) -> None:
+               request_ids: Callable[[], int], answered: Callable[[Job, Answer], None],
+               session: Session | None = None) -> None:
     """Before each batch (Lanes.feed), on the engine thread: the oldest waiting jobs a lane can
     answer begin on the free lanes. One that finds no room waits, and no other is tried until a
     lane ends; one that is the session's after all keeps its place for it."""
@@ -127,7 +179,7 @@ def feed_lanes(lanes: Lanes, backend: QueuedBackend, default_system: str | None,
             return
         place, job = taken
         backend.on_lanes[id(job)] = job
-        how = start_on_lane(lanes, job, default_system, request_ids(), over)
+        how = start_on_lane(lanes, job, default_system, request_ids(), over, session)
         if how != STARTED:
             backend.on_lanes.pop(id(job), None)
             job.session_only = how == NEVER

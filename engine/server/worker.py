@@ -134,7 +134,8 @@ class ServeWorker(QueuedBackend):
         """Before each batch: waiting jobs a lane can answer begin on the free lanes."""
         lanes = self._lanes()
         if lanes is not None:
-            feed_lanes(lanes, self, self.cfg.system, lambda: next(self._lane_ids), self._answered)
+            feed_lanes(lanes, self, self.cfg.system, lambda: next(self._lane_ids), self._answered,
+                       self.session)
 
     def _answered(self, job: Job, result: Answer) -> None:
         self.served += 1

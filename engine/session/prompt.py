@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from engine.config import SessionConfig
 from engine.conversation import History, HistoryTurn, fit_history, reply_room
@@ -43,12 +43,15 @@ class ConversationPrompt:
         return reply_room(self.n_ctx)
 
     def messages(self, extra: HistoryTurn | None = None,
-                 history: Sequence[HistoryTurn] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+                 history: Sequence[HistoryTurn] | None = None,
+                 system: str | None | Literal[False] = False) -> tuple[list[dict[str, Any]], list[str]]:
         """Chat messages for the template (`history`, default the conversation's, then `extra`),
-        and the image keys in prompt order. With vision off, earlier images are left out."""
+        and the image keys in prompt order. With vision off, earlier images are left out.
+        `system`: the system text (None: none), by default the session's."""
         marker = self.encoder.marker
         use_images = bool(marker) and self.encoder.enabled
-        system = self._cfg().system
+        if system is False:
+            system = self._cfg().system
         msgs = [{"role": "system", "content": system}] if system else []
         keys: list[str] = []
         for t in [*(self.chat.turns if history is None else history), *([extra] if extra else [])]:

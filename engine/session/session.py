@@ -24,7 +24,7 @@ import contextlib
 import enum
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -37,12 +37,13 @@ from engine.gguf.model_files import ModelFiles
 from engine.hw import physical_cores
 from engine.llama.devices import check_rpc_servers, pick_accelerator, rpc_bytes_sent
 from engine.llama.loaded_model import check_context
-from engine.llama.runtime import GenResult
+from engine.llama.runtime import GenResult, PromptItem
 from engine.llama.sampling import GenParams
 from engine.placement.plan import CPU, projector_need_bytes
 from engine.placement.phase_mover import PhaseMover
 from engine.placement.residency import ModelResidency
 from engine.placement.timeline import Timeline
+from engine.media import kinds
 from engine.media.attachments import PICTURE_LABEL
 from engine.media.encoder import MediaEncoder
 from engine.media.projector import TokenizedPrompt
@@ -53,6 +54,16 @@ from engine.session.prompt import ConversationPrompt
 __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResult",
            "turn_with_recovery"]
 
+
+
+@dataclass
+class LanePrompt:
+    """A request's prompt for a lane (Session.lane_prompt): its token ids and ImageSpans, its
+    cells' keys, what frees the chunks the spans point into, and the encode's steps."""
+    items: list[PromptItem]
+    keys: list[Any]
+    close: Callable[[], None]
+    spans: list[events.Span]
 
 class Life(enum.Enum):
     """A session's life: its model answers; its device went away (nothing may touch its
@@ -397,6 +408,12 @@ class Session:
         """Replace the conversation with (role, text, image files[, extra]) turns, e.g. a saved
         chat. Images are hashed now and decoded only when the next turn's plan encodes them.
         `tag` names the conversation (a chat's id): its saved states go by it (`forget`)."""
+        self.chat.reset(self._turns_of(turns), tag)
+        self.kept.keep_on_drop(self.chat.tag)
+
+    def _turns_of(self, turns: Sequence[tuple[Any, ...]]) -> list[HistoryTurn]:
+        """(role, text, attachment files[, extra]) as the history keeps them: each attachment's
+        keys (hashed now, decoded when encoded), labels and text."""
         history = []
         for role, text, paths, *more in turns:
             keys: list[str] = []
@@ -415,8 +432,42 @@ class Session:
                 text = "\n\n".join([*texts, text])
             history.append(HistoryTurn(role, text, tuple(keys), more[0] if more else None,
                                        tuple(labels)))
-        self.chat.reset(history, tag)
-        self.kept.keep_on_drop(self.chat.tag)
+        return history
+
+    def lane_prompt(self, turns: Sequence[tuple[str, str, Sequence[Path]]], system: str | None,
+                    template_kwargs: dict[str, Any] | None, request_id: int) -> LanePrompt | None:
+        """A request's prompt with its pictures and clips for a lane (engine/llama/lanes.py),
+        the conversation's own untouched: (role, text, files) turns templated as the session
+        templates them, every picture chunk not cached encoded now on the CPU. None where a lane
+        cannot take it and the session's turn should (an accelerator, whose swap is the
+        session's; videos, PDFs and text files, which the session fits to the context; vision
+        off; an attachment that cannot be read: the session's turn says why)."""
+        rt = self.model.runtime
+        if (rt is None or self.model.accel is not None or self.encoder.ram is None
+                or not self.encoder.enabled or self.projector_refused):
+            return None
+        if any(kinds.kind_of(Path(p)) not in (kinds.PICTURE, kinds.CLIP) for _, _, files in turns for p in files):
+            return None
+        history = self._turns_of([(role, text, list(files)) for role, text, files in turns])
+        if sum(len(t.image_keys) for t in history) != sum(len(files) for _, _, files in turns):
+            return None  # one could not be read
+        messages, keys = self.prompt.messages(None, history, system=system or None)
+        text, added_special = rt.format_chat(messages, None, template_kwargs)
+        pixels, lost = self.encoder.pending(keys)
+        if lost:
+            return None
+        tl = Timeline(request_id, lambda _ev: None, self.model.ledger, None)  # its spans go with the lane's
+        prompt = self.media.tokenize(text, not added_special, keys, pixels)
+        try:
+            res = TurnResult(request_id, spans=tl.spans)
+            self.media.encode_new(prompt, keys, [], res, tl, None, None)
+            items = self.media.prompt_items(prompt, keys)
+        except BaseException:
+            prompt.close()
+            raise
+        finally:
+            self.encoder.pin(set())  # the lane holds the embeddings themselves
+        return LanePrompt(items, rt._keys(items), prompt.close, list(tl.spans))
 
     @property
     def history(self) -> list[HistoryTurn]:
