@@ -363,6 +363,7 @@ def test_the_server_answers_a_picture_on_a_lane_beside_the_session(model_path, t
         w.close()
     assert {n: k for n, k in order if k in ("Done", "Failed")} == {"a": "Done", "b": "Done"}, order
     assert order.index(("b", "Done")) < order.index(("a", "Done")), order
+    assert done["b"].turn.n_images == 1 and done["b"].turn.strategy == "cpu"
     spans = done["b"].turn.spans
     assert {sp.name for sp in spans} >= {"encode", "prefill", "decode"}
     assert all(sp.lane >= 1 for sp in spans), spans

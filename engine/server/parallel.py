@@ -127,7 +127,10 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
         g = res.stats
         device = "CPU" if not rt.params.devices else rt.params.devices[0]
         encoded = [replace(s, lane=res.seq) for s in pictures.spans] if pictures is not None else []
-        turn = TurnResult(request_id, text="".join(shown), gen=g, spans=[*encoded,  # its lane in the panel
+        turn = TurnResult(request_id, text="".join(shown), gen=g,
+                          n_images=pictures.n_images if pictures is not None else 0,
+                          strategy=pictures.strategy if pictures is not None else "none",
+                          spans=[*encoded,  # its lane in the panel
             Span(request_id, name="prefill", start_s=res.started, end_s=res.first, device=device,
                  detail=f"{g.n_prompt_tokens_evaluated} of {g.n_prompt_tokens} tokens", lane=res.seq),
             Span(request_id, name="decode", start_s=res.first, end_s=res.ended, device=device,

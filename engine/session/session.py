@@ -64,6 +64,8 @@ class LanePrompt:
     keys: list[Any]
     close: Callable[[], None]
     spans: list[events.Span]
+    n_images: int = 0  # the last message's pictures and clips
+    strategy: str = "none"  # how they were encoded ("cpu"; "none": all cached)
 
 class Life(enum.Enum):
     """A session's life: its model answers; its device went away (nothing may touch its
@@ -467,7 +469,8 @@ class Session:
             raise
         finally:
             self.encoder.pin(set())  # the lane holds the embeddings themselves
-        return LanePrompt(items, rt._keys(items), prompt.close, list(tl.spans))
+        return LanePrompt(items, rt._keys(items), prompt.close, list(tl.spans), len(turns[-1][2]),
+                          res.strategy)
 
     @property
     def history(self) -> list[HistoryTurn]:
