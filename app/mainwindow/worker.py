@@ -13,7 +13,7 @@ import threading
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QMetaObject, QObject, Qt, Signal, Slot
 
@@ -25,7 +25,10 @@ from engine.conversation import ReplyState
 from engine.errors import EbbError
 from engine.llama.sampling import GenParams
 from engine.session import Session, turn_with_recovery
-from engine.server.jobs import Job
+from engine.server.jobs import Answer, Job
+
+if TYPE_CHECKING:
+    from app.mainwindow.serving import WindowBackend
 
 
 class TextStream:
@@ -56,7 +59,7 @@ class EngineWorker(QObject):
         self._closing = threading.Event()
         self._tune_cancel = threading.Event()
         self.stream = TextStream()
-        self.server_backend: Any = None  # app/mainwindow/serving.py's WindowBackend, while serving
+        self.server_backend: WindowBackend | None = None  # while serving
         self._lane_ids = itertools.count(1 << 20)  # the lanes' request ids (the session's from 1)
         self._pumping = False  # a queued pump_lanes is due
         # the window's own reply is on its way (set by the GUI thread from Send to its end): the
@@ -104,7 +107,7 @@ class EngineWorker(QObject):
         lanes.step()
         QMetaObject.invokeMethod(self, "pump_lanes", Qt.ConnectionType.QueuedConnection)
 
-    def _server_answered(self, backend: Any, j: Job, a: Any) -> None:  # before the client hears
+    def _server_answered(self, backend: WindowBackend, j: Job, a: Answer) -> None:  # before the client hears
         backend.served += 1
         for span in a.turn.spans if a.turn is not None else ():
             if span.lane:  # a lane's steps, drawn once it ended (the session's are drawn live)
@@ -122,13 +125,14 @@ class EngineWorker(QObject):
         afterwards."""
         from engine.server.api.common import ApiError
         from engine.server.answering import answer_job
-        from engine.server.jobs import Answer, Failed, run_job
+        from engine.server.jobs import Failed, run_job
 
         backend = self.server_backend
-        lanes = self._lanes() if backend is not None else None
-        if lanes is not None:
+        if backend is None:
+            return
+        if self._lanes() is not None:
             self._feed_lanes()  # text requests begin on lanes (pumped through queued calls)
-        job = backend.jobs.take(block=False) if backend is not None else None
+        job = backend.jobs.take(block=False)
         if job is None:  # its client left while it waited
             return
         if self._session is None:

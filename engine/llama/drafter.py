@@ -11,17 +11,20 @@ On the runtime's thread.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.errors import EbbError
 from engine.llama.lib import llama
 from engine.llama.snapshots import common_prefix
 
+if TYPE_CHECKING:
+    from engine.llama.runtime import TextRuntime
+
 VOCAB_CHECKED = 512  # token texts compared with the loaded model's (and the last ones, and the specials)
 
 
 class Drafter:
-    def __init__(self, path: Path, n_ctx: int, n_threads: int, target: Any) -> None:
+    def __init__(self, path: Path, n_ctx: int, n_threads: int, target: TextRuntime) -> None:
         """`target`: the loaded model's runtime, whose vocabulary the draft must share."""
         from engine.gguf.info import model_info, read_gguf
         from engine.llama.loaded_model import LoadParams
@@ -38,7 +41,7 @@ class Drafter:
             raise
         self.n_ctx = self.rt.n_ctx
 
-    def _check_vocab(self, target: Any) -> None:
+    def _check_vocab(self, target: TextRuntime) -> None:
         L = llama()
         mine, theirs = self.rt.vocab, target.vocab
         n = L.llama_vocab_n_tokens(mine)

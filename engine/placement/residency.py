@@ -30,7 +30,7 @@ from engine.llama.devices import (
 from engine.llama.loaded_model import HoldsModel, LoadedModel, LoadParams, state_identity
 from engine.llama.runtime import TextRuntime
 from engine.llama.snapshots import Snapshots
-from engine.llama.state_files import StateFiles
+from engine.llama.state_files import State, StateFiles
 from engine.placement import calibration
 from engine.placement.plan import (
     CPU,
@@ -505,11 +505,11 @@ class ModelResidency:
         """The KV cache holds something (a swap then saves its state)."""
         return self.runtime is not None and self.runtime.slot.n_positions() > 0
 
-    def save_state(self) -> Any:
+    def save_state(self) -> State:
         assert self.runtime is not None
         return self.runtime.slot.save_state()
 
-    def restore_state(self, state: Any) -> None:
+    def restore_state(self, state: State) -> None:
         assert self.runtime is not None
         self.runtime.slot.restore_state(state)
 
