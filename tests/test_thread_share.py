@@ -107,3 +107,25 @@ def test_only_threads_nobody_chose_on_a_model_the_cpu_runs_are_shared(model_path
         assert s.model.runtime.shares is not None
     with Session(SessionConfig(model_path, None, n_ctx=256, n_threads=1)) as s:
         assert s.model.runtime.shares is None
+
+
+def test_a_split_with_its_server_on_this_machine_leaves_the_server_half_the_cores(model_path, rpc_server):
+    """#71, Ebb's own processes by plan: with some layers on an RPC server on this machine (the
+    stand-in) and the rest on the CPU, the server computes its layers on the same cores between
+    ours, so a token's decode takes half of them and a prompt's batches all; threads the user
+    chose, or all layers on the server (the engine then only waits), stay as they are."""
+    from engine.config import SessionConfig
+    from engine.hw import physical_cores
+    from engine.session import Session
+    from engine.units import parse_size
+
+    cores = physical_cores()
+    for budget, threads, want in (("200MiB", None, (max(1, cores // 2), cores)),
+                                  ("200MiB", 2, (2, 2)), ("380MiB", None, (cores, cores))):
+        cfg = SessionConfig(model_path, rpc=(rpc_server.endpoint,), n_threads=threads,
+                            vram_budget_bytes=parse_size(budget))
+        with Session(cfg) as s:
+            rt = s.model.runtime
+            split = 0 < s.model.placement.n_layers_on_accel < s.info.n_layers
+            assert split == (budget == "200MiB"), s.model.placement
+            assert (rt.n_threads, rt.n_threads_batch) == want, (budget, threads)

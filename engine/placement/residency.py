@@ -308,8 +308,16 @@ class ModelResidency:
         share = (cfg.n_threads is None and cfg.n_threads_batch is None and cfg.phases is None
                  and placement.n_layers_on_accel == 0)
         lanes = self.lanes_for(placement)
-        common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=self.n_threads,
-                                      n_threads_batch=cfg.n_threads_batch,
+        n_threads, n_threads_batch = self.n_threads, cfg.n_threads_batch
+        if (cfg.n_threads is None and cfg.phases is None and placement.accel
+                and 0 < placement.n_layers_on_accel < self.info.n_layers and server_here(placement.accel)):
+            # the accelerator's server (the stand-in, a local rpc-serve) computes its layers on
+            # these cores between ours, its threads spinning as ours do: a token's few ops of ours
+            # take half of them (2 cores, 13 of 30 layers on the stand-in: 55-70 tok/s with 2
+            # threads, 77-90 with 1); a prompt's long batches keep them all (300 against 210)
+            n_threads, n_threads_batch = max(1, self.n_threads // 2), n_threads_batch or self.n_threads
+        common: dict[str, Any] = dict(n_ctx=self.n_ctx, n_threads=n_threads,
+                                      n_threads_batch=n_threads_batch,
                                       flash_attn=cfg.flash, n_batch=cfg.n_batch, share_threads=share,
                                       lanes=lanes, lane_cells=self.n_ctx if lanes else 0)
         if self.spread is not None and placement is self.spread.placement:
@@ -555,3 +563,14 @@ class ModelResidency:
         if self.runtime is not None and self.runtime.lanes is not None:
             self.runtime.lanes.cut("the accelerator's server went away")
         self._stack.pop_all()
+
+
+def server_here(accel: str) -> bool:
+    """The accelerator is an RPC server on this machine (loopback): its compute shares our cores."""
+    from engine.llama.rpc_server import is_loopback
+
+    try:
+        dev = find_device(accel)
+    except EbbError:
+        return False
+    return bool(dev.remote) and is_loopback(dev.description.rsplit(":", 1)[0].strip("[]"))
