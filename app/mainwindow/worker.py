@@ -13,7 +13,7 @@ import threading
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PySide6.QtCore import QMetaObject, QObject, Qt, Signal, Slot
 
@@ -27,8 +27,6 @@ from engine.llama.sampling import GenParams
 from engine.session import Session, turn_with_recovery
 from engine.server.jobs import Answer, Job
 
-if TYPE_CHECKING:
-    from app.mainwindow.serving import WindowBackend
 
 
 class TextStream:
@@ -59,7 +57,8 @@ class EngineWorker(QObject):
         self._closing = threading.Event()
         self._tune_cancel = threading.Event()
         self.stream = TextStream()
-        self.server_backend: WindowBackend | None = None  # while serving
+        # app/mainwindow/serving.py's WindowBackend, while serving (serving.py imports this module)
+        self.server_backend: Any = None
         self._lane_ids = itertools.count(1 << 20)  # the lanes' request ids (the session's from 1)
         self._pumping = False  # a queued pump_lanes is due
         # the window's own reply is on its way (set by the GUI thread from Send to its end): the
@@ -107,7 +106,7 @@ class EngineWorker(QObject):
         lanes.step()
         QMetaObject.invokeMethod(self, "pump_lanes", Qt.ConnectionType.QueuedConnection)
 
-    def _server_answered(self, backend: WindowBackend, j: Job, a: Answer) -> None:  # before the client hears
+    def _server_answered(self, backend: Any, j: Job, a: Answer) -> None:  # before the client hears
         backend.served += 1
         for span in a.turn.spans if a.turn is not None else ():
             if span.lane:  # a lane's steps, drawn once it ended (the session's are drawn live)

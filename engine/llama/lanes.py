@@ -26,7 +26,7 @@ import codecs
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from engine.errors import EbbError
 from engine.events import GenStats
@@ -35,9 +35,6 @@ from engine.llama.lookup import MAX_DRAFT, NgramIndex, Speculation
 from engine.llama.sampling import GenParams, logprob_entry, sampler_chain
 from engine.llama.snapshots import common_prefix
 from engine.stops import StopReason
-
-if TYPE_CHECKING:
-    from engine.llama.runtime import TextRuntime
 
 LANE_PIECE = 256  # prompt tokens the lanes put into one batch, all together
 LOOKUP_WINDOW = 8192  # the prompt's last tokens a lane's drafts are looked up in (as runtime.py's)
@@ -104,7 +101,8 @@ class Lane:
 
 
 class Lanes:
-    def __init__(self, rt: TextRuntime, n_lanes: int, pool: int) -> None:
+    def __init__(self, rt: Any, n_lanes: int, pool: int) -> None:  # rt: the TextRuntime that
+        # owns it (runtime.py imports this module: naming the type here would make a circle)
         self.rt = rt
         self.pool = pool
         self.lanes = [Lane(k + 1) for k in range(n_lanes)]
