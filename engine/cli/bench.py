@@ -5,7 +5,7 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypedDict
+from typing import Any, Callable, Sequence, TypedDict, cast
 
 from engine.cli.common import Subcommands, flag_parser, flash_attn_arg
 from engine.config import default_threads
@@ -60,22 +60,13 @@ def arg(*names: str, help: str | None = None, default: object = _UNSET,
         required: bool = False) -> tuple[tuple[str, ...], ArgSpec]:
     """One argument of a bench, as argparse's add_argument takes it (only what is given: an
     action's own default stays)."""
-    spec = ArgSpec()
-    if help is not None:
-        spec["help"] = help
+    spec: dict[str, object] = {k: v for k, v in (("help", help), ("type", type), ("metavar", metavar),
+                                                 ("action", action), ("choices", choices)) if v is not None}
     if default is not _UNSET:
         spec["default"] = default
-    if type is not None:
-        spec["type"] = type
-    if metavar is not None:
-        spec["metavar"] = metavar
-    if action is not None:
-        spec["action"] = action
-    if choices is not None:
-        spec["choices"] = choices
     if required:
         spec["required"] = True
-    return names, spec
+    return names, cast(ArgSpec, spec)
 
 
 def bench(name: str, help: str, flags: tuple[str, ...],

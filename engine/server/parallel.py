@@ -76,8 +76,6 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
     now; NEVER when it is the session's to answer after all (a conversation that needs
     fitting, a prompt the session refuses with its own words). The client hears `Piece`s,
     then `Done` or `Failed`; `over` runs just before (with the answer, or None)."""
-    from engine.server.answering import _gen_params
-
     req = job.request
     assert isinstance(req, (ChatRequest, CompletionRequest))
     rt = lanes.rt
@@ -92,16 +90,24 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
             tokens = _prompt(rt, req, default_system)
         except EbbError:
             return NEVER  # said by the session's own path, as for any request
-    if _never(lanes, req, tokens):
-        if pictures is not None:
+    started = False
+    try:  # a request that does not start frees its pictures' chunks (one that does: when it ends)
+        if _never(lanes, req, tokens):
+            return NEVER
+        started = _start(lanes, job, req, tokens, pictures, rt, request_id, over)
+        return STARTED if started else WAIT
+    finally:
+        if pictures is not None and not started:
             pictures.close()
-        return NEVER
-    try:
-        gp = _gen_params(req, req.grammar if isinstance(req, ChatRequest) else req.sampling.grammar)
-    except BaseException:
-        if pictures is not None:
-            pictures.close()
-        raise
+
+
+def _start(lanes: Lanes, job: Job, req: ChatRequest | CompletionRequest, tokens: list[Any],
+           pictures: LanePrompt | None, rt: TextRuntime, request_id: int,
+           over: Callable[[Job, Answer | None], None]) -> bool:
+    """The request on a free lane, its answer told to the client as it comes; False: no room now."""
+    from engine.server.answering import _gen_params
+
+    gp = _gen_params(req, req.grammar if isinstance(req, ChatRequest) else req.sampling.grammar)
     watcher = StopWatcher(req.stop)
     shown: list[str] = []
 
@@ -141,14 +147,9 @@ def start_on_lane(lanes: Lanes, job: Job, default_system: str | None, request_id
         over(job, answer)
         job.on_event(Done(answer))
 
-    lane_req = LaneRequest(tokens, gp, on_text, on_end, job.cancel,
-                           items=pictures.items if pictures is not None else None,
-                           close=pictures.close if pictures is not None else None)
-    if lanes.start(lane_req):
-        return STARTED
-    if pictures is not None:
-        pictures.close()
-    return WAIT
+    return lanes.start(LaneRequest(tokens, gp, on_text, on_end, job.cancel,
+                                   items=pictures.items if pictures is not None else None,
+                                   close=pictures.close if pictures is not None else None))
 
 
 def _never(lanes: Lanes, req: ChatRequest | CompletionRequest, tokens: list[Any]) -> bool:

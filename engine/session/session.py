@@ -55,7 +55,6 @@ __all__ = ["Conversation", "HistoryTurn", "Session", "SessionConfig", "TurnResul
            "turn_with_recovery"]
 
 
-
 @dataclass
 class LanePrompt:
     """A request's prompt for a lane (Session.lane_prompt): its token ids and ImageSpans, its
@@ -66,6 +65,7 @@ class LanePrompt:
     spans: list[events.Span]
     n_images: int = 0  # the last message's pictures and clips
     strategy: str = "none"  # how they were encoded ("cpu"; "none": all cached)
+
 
 class Life(enum.Enum):
     """A session's life: its model answers; its device went away (nothing may touch its
